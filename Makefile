@@ -1,0 +1,39 @@
+# GpuGeek: `make run` serves the console with demo data; `make test` runs the suite.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+VENDOR := static/vendor
+
+.PHONY: setup run test lint bench clean
+
+setup: $(VENV)/.installed $(VENDOR)/.installed
+
+$(VENV)/.installed: requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	touch $@
+
+# htmx and its ws extension from npm (package-lock.json), plotly.js from the plotly wheel.
+$(VENDOR)/.installed: package-lock.json $(VENV)/.installed
+	npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(VENDOR)
+	cp node_modules/htmx.org/dist/htmx.min.js $(VENDOR)/htmx.min.js
+	cp node_modules/htmx-ext-ws/dist/ws.js $(VENDOR)/htmx-ext-ws.js
+	$(PY) -c "import plotly, pathlib, shutil; shutil.copy(pathlib.Path(plotly.__file__).parent / 'package_data' / 'plotly.min.js', '$(VENDOR)/plotly.min.js')"
+	touch $@
+
+# exec: make does not forward SIGTERM, so the launcher must replace it.
+run: setup
+	exec $(PY) manage.py runconsole
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) -m pytest tests/bench -p no:cacheprovider -s
+
+clean:
+	rm -rf $(VENV) node_modules $(VENDOR)

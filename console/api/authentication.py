@@ -1,0 +1,50 @@
+"""`Authorization: Bearer <token>` for scripts and CI; the token fixes the tenant."""
+
+from __future__ import annotations
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions
+
+from console.models import Membership
+from console.services import api_token_authenticate
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, raw = header.partition(" ")
+        if scheme.lower() != self.keyword.lower():
+            return None
+        raw = raw.strip()
+        if not raw or " " in raw:
+            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
+        token = api_token_authenticate(raw)
+        if token is None:
+            raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
+        membership = (
+            Membership.objects.for_tenant(token.tenant)
+            .select_related("tenant")
+            .filter(user=token.user)
+            .first()
+        )
+        if membership is None:
+            raise exceptions.AuthenticationFailed("The token's user is no longer a member.")
+        # The request's tenant is the token's, whatever the session says.
+        request._request.tenant = token.tenant
+        request._request.membership = membership
+        return token.user, token
+
+    def authenticate_header(self, request) -> str:
+        return f'{self.keyword} realm="api"'
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = BearerTokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer"}

@@ -1,0 +1,22 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from console.api import views
+
+router = SimpleRouter(trailing_slash="/?")
+router.register("tenants", views.TenantListView, basename="api-tenant")
+router.register("members", views.MemberViewSet, basename="api-member")
+router.register("invitations", views.InvitationViewSet, basename="api-invitation")
+router.register("tokens", views.ApiTokenViewSet, basename="api-token")
+router.register("audit", views.AuditEventViewSet, basename="api-audit")
+
+urlpatterns = [
+    path("auth/token", views.TokenLoginView.as_view(), name="api-auth-token"),
+    path("me", views.MeView.as_view(), name="api-me"),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("schema/swagger/", SpectacularSwaggerView.as_view(url_name="api-schema"),
+         name="api-swagger"),
+    path("schema/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    *router.urls,
+]

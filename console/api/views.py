@@ -1,0 +1,167 @@
+"""Accounts and tenancy API: thin views over console.services and console.selectors."""
+
+from __future__ import annotations
+
+from django.contrib.auth import authenticate
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console import selectors, services
+from console.api import serializers as s
+from console.api.base import TenantScopedViewSet
+from console.models import ApiToken, AuditEvent, Invitation, Membership
+from console.permissions import Capability
+
+
+class TokenLoginView(APIView):
+    """Exchange e-mail + password for an API token (the SDK/CLI login). Shown once."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=s.TokenLoginSerializer, responses={201: s.RawTokenSerializer},
+                   auth=[])
+    def post(self, request):
+        data = s.TokenLoginSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = authenticate(
+            request._request,
+            username=data.validated_data["email"],
+            password=data.validated_data["password"],
+        )
+        if getattr(request._request, "axes_locked_out", False):
+            return Response(status=429)  # replaced by AxesMiddleware with the lockout body
+        if user is None:
+            return Response({"detail": "E-mail or password is wrong."},
+                            status=status.HTTP_401_UNAUTHORIZED)
+        memberships = selectors.memberships_of_user(user=user)
+        slug = data.validated_data.get("tenant")
+        membership = memberships.filter(tenant__slug=slug).first() if slug else memberships.first()
+        if membership is None:
+            detail = (f"You are not a member of “{slug}”." if slug
+                      else "You are not a member of any organisation.")
+            return Response({"detail": detail}, status=status.HTTP_403_FORBIDDEN)
+        token, raw = services.api_token_create(
+            user=user, tenant=membership.tenant, name=data.validated_data["name"],
+            request=request._request,
+        )
+        return Response(
+            {"token": raw, "id": token.pk, "name": token.name, "tenant": membership.tenant.slug},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class MeView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=s.MeSerializer)
+    def get(self, request):
+        user = request.user
+        membership = getattr(request, "membership", None)
+        return Response(s.MeSerializer({
+            "id": user.pk, "email": user.email, "full_name": user.full_name,
+            "is_staff": user.is_staff,
+            "tenant": membership.tenant.slug if membership else None,
+            "role": membership.role if membership else None,
+        }).data)
+
+
+class TenantListView(mixins.ListModelMixin, TenantScopedViewSet):
+    """Organisations the caller belongs to (not scoped to one tenant: it's the user's list)."""
+
+    serializer_class = s.TenantMembershipSerializer
+    permission_classes = [IsAuthenticated]
+
+    def get_queryset(self):
+        return selectors.memberships_of_user(user=self.request.user)
+
+
+class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
+                    mixins.DestroyModelMixin, TenantScopedViewSet):
+    queryset = Membership.objects.select_related("user").order_by("user__email")
+    serializer_class = s.MemberSerializer
+    required_capabilities = {
+        "update": Capability.MANAGE_MEMBERS,
+        "partial_update": Capability.MANAGE_MEMBERS,
+        "destroy": Capability.MANAGE_MEMBERS,
+    }
+
+    def perform_update(self, serializer):
+        serializer.instance = services.membership_change_role(
+            membership=serializer.instance, role=serializer.validated_data["role"],
+            by_membership=self.request.membership, request=self.request._request,
+        )
+
+    def perform_destroy(self, instance):
+        services.membership_remove(membership=instance, by_membership=self.request.membership,
+                                   request=self.request._request)
+
+
+class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                        mixins.CreateModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet):
+    queryset = Invitation.objects.all()
+    serializer_class = s.InvitationSerializer
+    required_capability = Capability.MANAGE_MEMBERS
+
+    @extend_schema(responses={201: s.InvitationCreatedSerializer})
+    def create(self, request, *args, **kwargs):
+        data = s.InvitationSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        invitation, raw = services.invitation_create(
+            tenant=request.tenant, by_membership=request.membership,
+            email=data.validated_data["email"], role=data.validated_data["role"],
+            accept_url_for=lambda t: request.build_absolute_uri(reverse("invitation_accept",
+                                                                        args=[t])),
+            request=request._request,
+        )
+        invitation.accept_url = request.build_absolute_uri(reverse("invitation_accept",
+                                                                   args=[raw]))
+        return Response(s.InvitationCreatedSerializer(invitation).data,
+                        status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, *args, **kwargs):
+        invitation = services.invitation_revoke(invitation=self.get_object(), by_user=request.user,
+                                                request=request._request)
+        return Response(s.InvitationSerializer(invitation).data)
+
+
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                      mixins.DestroyModelMixin, TenantScopedViewSet):
+    queryset = ApiToken.objects.all()
+    serializer_class = s.ApiTokenSerializer
+    required_capability = Capability.USE_API_TOKENS
+
+    def get_queryset(self):
+        return selectors.api_tokens_visible_to(membership=self.request.membership)
+
+    @extend_schema(responses={201: s.ApiTokenCreatedSerializer})
+    def create(self, request, *args, **kwargs):
+        data = s.ApiTokenSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        token, raw = services.api_token_create(user=request.user, tenant=request.tenant,
+                                               name=data.validated_data["name"],
+                                               request=request._request)
+        token.token = raw
+        return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=s.ApiTokenSerializer)
+    def destroy(self, request, *args, **kwargs):
+        token = services.api_token_revoke(token=self.get_object(), by_user=request.user,
+                                          request=request._request)
+        return Response(s.ApiTokenSerializer(token).data)
+
+
+class AuditEventViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+    queryset = AuditEvent.objects.select_related("actor")
+    serializer_class = s.AuditEventSerializer
+    required_capability = Capability.VIEW_AUDIT
+
+    def scope_queryset(self, queryset):
+        prefix = self.request.query_params.get("action")
+        return queryset.filter(action__startswith=prefix) if prefix else queryset
+
+

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class ConsoleConfig(AppConfig):
+    name = "console"
+    verbose_name = "Console"
+
+    def ready(self) -> None:
+        from console import signals  # noqa: F401  (connects the sign-in audit receivers)

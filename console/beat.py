@@ -1,0 +1,26 @@
+"""Celery beat's scheduler (imported by beat only, once Django is set up)."""
+
+from django_celery_beat.schedulers import DatabaseScheduler
+
+
+class HeartbeatDatabaseScheduler(DatabaseScheduler):
+    """django-celery-beat's scheduler that also records beat's heartbeat on each tick."""
+
+    def tick(self, *args, **kwargs):
+        from django.conf import settings
+        from django.utils import timezone
+
+        from console.services import heartbeat_record
+
+        now = timezone.now()
+        last = getattr(self, "_last_heartbeat", None)
+        if last is None or (now - last).total_seconds() >= settings.HEARTBEAT_INTERVAL:
+            try:
+                heartbeat_record(component="beat")
+                self._last_heartbeat = now
+            except Exception:
+                import logging
+
+                logging.getLogger(__name__).exception("beat heartbeat failed")
+        # Wake at least every heartbeat interval, even when no task is due.
+        return min(super().tick(*args, **kwargs), settings.HEARTBEAT_INTERVAL)

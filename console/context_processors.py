@@ -1,0 +1,48 @@
+"""What every page needs: navigation, the tenant switcher, the role's capabilities."""
+
+from __future__ import annotations
+
+from django.urls import NoReverseMatch, reverse
+
+from console.permissions import Capability, has_capability
+
+# (label, url name, capability). A section whose URL isn't registered yet is shown
+# disabled rather than linking to a 404; it lights up when its app provides the URL.
+NAVIGATION = [
+    ("Launch", "jobs:launch", Capability.LAUNCH_JOBS),
+    ("Jobs", "jobs:list", Capability.VIEW_TENANT),
+    ("Catalog", "marketplace:offers", Capability.VIEW_TENANT),
+    ("Costs", "billing:costs", Capability.VIEW_TENANT),
+    ("Budgets", "billing:budgets", Capability.VIEW_TENANT),
+    ("Invoices", "billing:invoices", Capability.VIEW_BILLING),
+]
+
+
+def _nav_items(request) -> list[dict]:
+    membership = getattr(request, "membership", None)
+    items = []
+    for label, url_name, capability in NAVIGATION:
+        if not has_capability(membership, capability):
+            continue
+        try:
+            url = reverse(url_name)
+        except NoReverseMatch:
+            url = None
+        items.append({"label": label, "url": url,
+                      "active": bool(url) and request.path.startswith(url)})
+    return items
+
+
+def console(request) -> dict:
+    if not getattr(request, "user", None) or not request.user.is_authenticated:
+        return {}
+    from console.selectors import memberships_of_user
+
+    membership = getattr(request, "membership", None)
+    return {
+        "nav_items": _nav_items(request),
+        "current_tenant": getattr(request, "tenant", None),
+        "current_membership": membership,
+        "my_memberships": memberships_of_user(user=request.user),
+        "can": {cap.value: has_capability(membership, cap) for cap in Capability},
+    }

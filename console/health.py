@@ -1,0 +1,49 @@
+"""GET /healthz: can the web process reach its database and Redis, and are the
+background components alive? 503 names the failing part."""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+
+from console.selectors import heartbeat_status
+
+
+def _check_database() -> dict:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as error:
+        return {"status": "error", "error": f"{type(error).__name__}: {error}"[:300]}
+    return {"status": "ok", "vendor": connection.vendor}
+
+
+def _check_redis() -> dict:
+    if not settings.REDIS_URL:
+        return {"status": "error",
+                "error": "REDIS_URL is not set and the embedded Redis is not running "
+                         "(start the console with `manage.py runconsole`)."}
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2,
+                                      socket_timeout=2)
+        client.ping()
+        client.close()
+    except Exception as error:
+        return {"status": "error", "error": f"{type(error).__name__}: {error}"[:300]}
+    return {"status": "ok"}
+
+
+@never_cache
+def healthz(request: HttpRequest) -> JsonResponse:
+    components: dict = {"database": _check_database(), "redis": _check_redis()}
+    if components["database"]["status"] == "ok":
+        components.update(heartbeat_status())
+    failing = [name for name in ("database", "redis") if components[name]["status"] != "ok"]
+    body = {"status": "ok" if not failing else "error", "components": components}
+    if failing:
+        body["failing"] = failing
+    return JsonResponse(body, status=503 if failing else 200)

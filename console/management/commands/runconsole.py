@@ -1,0 +1,46 @@
+"""`manage.py runconsole`: migrate, seed demo data on first start, run every process."""
+
+import logging
+import os
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.db import connections
+
+from console.launcher import ConsoleLauncher
+
+
+class Command(BaseCommand):
+    help = "Run the whole console (web, worker, beat, watcher; embedded Redis if needed)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--no-seed", action="store_true",
+                            help="Don't create demo data on first start.")
+        parser.add_argument("--worker-concurrency", type=int,
+                            default=int(os.environ.get("WORKER_CONCURRENCY", "2")))
+
+    def handle(self, *args, host, port, no_seed, worker_concurrency, **options):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher: %(message)s")
+        launcher = ConsoleLauncher(base_dir=settings.BASE_DIR, data_dir=settings.DATA_DIR,
+                                   host=host, port=port, worker_concurrency=worker_concurrency)
+        env = dict(os.environ)
+        env["GPUGEEK_DATA_DIR"] = str(settings.DATA_DIR)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        try:
+            if not os.environ.get("REDIS_URL"):
+                env["REDIS_URL"] = launcher.start_embedded_redis()
+                self.stdout.write(f"Embedded Redis at {env['REDIS_URL']}")
+            call_command("migrate", interactive=False, verbosity=0)
+            if not settings.PRODUCTION and not no_seed:
+                call_command("seed_demo", if_empty=True)
+            connections.close_all()  # children open their own
+        except BaseException:
+            launcher.stop()
+            raise
+        shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104
+        self.stdout.write(self.style.SUCCESS(
+            f"GpuGeek console: http://{shown_host}:{port}/  (Ctrl-C stops everything)"))
+        raise SystemExit(launcher.run(env))

