@@ -32,7 +32,15 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(Invitation)
 class InvitationAdmin(admin.ModelAdmin):
-    list_display = ["email", "tenant", "role", "created_at", "expires_at", "accepted_at", "revoked_at"]
+    list_display = [
+        "email",
+        "tenant",
+        "role",
+        "created_at",
+        "expires_at",
+        "accepted_at",
+        "revoked_at",
+    ]
     exclude = ["token_hash"]
 
 

@@ -48,4 +48,3 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(WorkerHeartbeat)
-

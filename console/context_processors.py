@@ -28,8 +28,9 @@ def _nav_items(request) -> list[dict]:
             url = reverse(url_name)
         except NoReverseMatch:
             url = None
-        items.append({"label": label, "url": url,
-                      "active": bool(url) and request.path.startswith(url)})
+        items.append(
+            {"label": label, "url": url, "active": bool(url) and request.path.startswith(url)}
+        )
     return items
 
 

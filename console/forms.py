@@ -20,13 +20,22 @@ class EmailAuthenticationForm(AuthenticationForm):
 
 class SignupForm(forms.Form):
     full_name = forms.CharField(label="Your name", max_length=150, required=False)
-    email = forms.EmailField(label="E-mail", widget=forms.EmailInput(attrs={"autocomplete": "email"}))
-    organisation_name = forms.CharField(label="Organisation", max_length=120,
-                                        help_text="Your team or company; you'll be its owner.")
-    password1 = forms.CharField(label="Password", strip=False,
-                                widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
-    password2 = forms.CharField(label="Repeat password", strip=False,
-                                widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
+    email = forms.EmailField(
+        label="E-mail", widget=forms.EmailInput(attrs={"autocomplete": "email"})
+    )
+    organisation_name = forms.CharField(
+        label="Organisation", max_length=120, help_text="Your team or company; you'll be its owner."
+    )
+    password1 = forms.CharField(
+        label="Password",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+    )
+    password2 = forms.CharField(
+        label="Repeat password",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+    )
 
     def clean(self):
         cleaned = super().clean()
@@ -37,10 +46,16 @@ class SignupForm(forms.Form):
 
 class InvitationSignupForm(forms.Form):
     full_name = forms.CharField(label="Your name", max_length=150, required=False)
-    password1 = forms.CharField(label="Password", strip=False,
-                                widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
-    password2 = forms.CharField(label="Repeat password", strip=False,
-                                widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
+    password1 = forms.CharField(
+        label="Password",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+    )
+    password2 = forms.CharField(
+        label="Repeat password",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+    )
 
     def clean(self):
         cleaned = super().clean()
@@ -59,8 +74,11 @@ class RoleForm(forms.Form):
 
 
 class ApiTokenForm(forms.Form):
-    name = forms.CharField(label="Token name", max_length=100,
-                           widget=forms.TextInput(attrs={"placeholder": "e.g. ci-pipeline"}))
+    name = forms.CharField(
+        label="Token name",
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. ci-pipeline"}),
+    )
 
 
 class TenantForm(forms.Form):

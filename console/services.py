@@ -6,6 +6,7 @@ transaction, so the log can't miss a change that happened.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -14,7 +15,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
-from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 from django.utils import timezone
@@ -32,6 +32,8 @@ from console.models import (
 )
 from console.permissions import Role, can_assign_role
 
+logger = logging.getLogger(__name__)
+
 
 class ServiceError(Exception):
     """A refused request, with a message fit to show the user.
@@ -47,7 +49,7 @@ class ServiceError(Exception):
         self.field = field
 
 
-# --- audit ---------------------------------------------------------------------------------
+# --- audit ----
 
 
 def client_ip(request: HttpRequest | None) -> str | None:
@@ -87,7 +89,20 @@ def audit_record(
     )
 
 
-# --- tenants and sign-up -----------------------------------------------------------------------
+def email_send_later(*, subject: str, body: str, recipients: list[str]) -> bool:
+    """Queue an e-mail for the worker. A broker outage must not fail the page that
+    triggered it (the invitation link is also shown on screen), so it is logged instead."""
+    from console.tasks import send_email_task
+
+    try:
+        send_email_task.delay(subject, body, recipients)
+    except Exception:
+        logger.exception("could not queue e-mail %r to %s", subject, recipients)
+        return False
+    return True
+
+
+# --- tenants and sign-up ----
 
 
 def _unique_slug(name: str) -> str:
@@ -110,7 +125,9 @@ def tenant_create(
         raise ServiceError(f"The slug “{slug}” is taken.", code="conflict", field="slug")
     tenant = Tenant.objects.create(name=name, slug=slug or _unique_slug(name))
     Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
-    audit_record(action="tenant.created", tenant=tenant, actor=owner, target=tenant, request=request)
+    audit_record(
+        action="tenant.created", tenant=tenant, actor=owner, target=tenant, request=request
+    )
     return tenant
 
 
@@ -151,7 +168,7 @@ def user_signup(
     return user, tenant
 
 
-# --- invitations ------------------------------------------------------------------------------
+# --- invitations ----
 
 
 def invitation_create(
@@ -168,7 +185,9 @@ def invitation_create(
     if role not in Role.values:
         raise ServiceError("Choose a valid role.", field="role")
     if not can_assign_role(by_membership, role):
-        raise ServiceError("Only an owner can invite another owner.", code="forbidden", field="role")
+        raise ServiceError(
+            "Only an owner can invite another owner.", code="forbidden", field="role"
+        )
     if Membership.objects.for_tenant(tenant).filter(user__email__iexact=email).exists():
         raise ServiceError(f"{email} is already a member.", code="conflict", field="email")
     if Invitation.objects.for_tenant(tenant).pending().filter(email__iexact=email).exists():
@@ -197,16 +216,14 @@ def invitation_create(
         )
     if accept_url_for is not None:
         link = accept_url_for(raw_token)
+        subject = f"You are invited to {tenant.name} on GpuGeek"
+        body = (
+            f"{by_membership.user.display_name} invited you to join {tenant.name} as "
+            f"{invitation.get_role_display()}.\n\nAccept: {link}\n\n"
+            f"The link works once and expires on {invitation.expires_at:%Y-%m-%d %H:%M} UTC."
+        )
         transaction.on_commit(
-            lambda: send_mail(
-                f"You are invited to {tenant.name} on GpuGeek",
-                f"{by_membership.user.display_name} invited you to join {tenant.name} as "
-                f"{invitation.get_role_display()}.\n\nAccept: {link}\n\n"
-                f"The link works once and expires on {invitation.expires_at:%Y-%m-%d %H:%M} UTC.",
-                None,
-                [email],
-                fail_silently=True,
-            )
+            lambda: email_send_later(subject=subject, body=body, recipients=[email])
         )
     return invitation, raw_token
 
@@ -269,8 +286,9 @@ def signup_with_invitation(
     invitation = invitation_for_token(raw_token)
     email = _validate_new_user(invitation.email, password)
     user = User.objects.create_user(email=email, password=password, full_name=full_name)
-    audit_record(action="user.signed_up", tenant=invitation.tenant, actor=user, target=user,
-                 request=request)
+    audit_record(
+        action="user.signed_up", tenant=invitation.tenant, actor=user, target=user, request=request
+    )
     return user, invitation_accept(raw_token=raw_token, user=user, request=request)
 
 
@@ -282,12 +300,18 @@ def invitation_revoke(
         return invitation  # revoking a used, expired or revoked invitation changes nothing
     invitation.revoked_at = timezone.now()
     invitation.save(update_fields=["revoked_at"])
-    audit_record(action="invitation.revoked", tenant=invitation.tenant, actor=by_user,
-                 target=invitation, request=request, metadata={"email": invitation.email})
+    audit_record(
+        action="invitation.revoked",
+        tenant=invitation.tenant,
+        actor=by_user,
+        target=invitation,
+        request=request,
+        metadata={"email": invitation.email},
+    )
     return invitation
 
 
-# --- memberships ---------------------------------------------------------------------------------
+# --- memberships ----
 
 
 def _owner_count(tenant: Tenant) -> int:
@@ -296,7 +320,10 @@ def _owner_count(tenant: Tenant) -> int:
 
 @transaction.atomic
 def membership_change_role(
-    *, membership: Membership, role: str, by_membership: Membership,
+    *,
+    membership: Membership,
+    role: str,
+    by_membership: Membership,
     request: HttpRequest | None = None,
 ) -> Membership:
     if role not in Role.values:
@@ -307,17 +334,25 @@ def membership_change_role(
     if not can_assign_role(by_membership, role) or not can_assign_role(
         by_membership, membership.role
     ):
-        raise ServiceError("Only an owner can change an owner's role or make an owner.",
-                           code="forbidden")
+        raise ServiceError(
+            "Only an owner can change an owner's role or make an owner.", code="forbidden"
+        )
     if membership.role == Role.OWNER and _owner_count(membership.tenant) <= 1:
-        raise ServiceError("An organisation needs at least one owner; make someone else owner "
-                           "first.", code="conflict")
+        raise ServiceError(
+            "An organisation needs at least one owner; make someone else owner first.",
+            code="conflict",
+        )
     previous = membership.role
     membership.role = role
     membership.save(update_fields=["role"])
-    audit_record(action="membership.role_changed", tenant=membership.tenant,
-                 actor=by_membership.user, target=membership, request=request,
-                 metadata={"from": previous, "to": role, "user": membership.user.email})
+    audit_record(
+        action="membership.role_changed",
+        tenant=membership.tenant,
+        actor=by_membership.user,
+        target=membership,
+        request=request,
+        metadata={"from": previous, "to": role, "user": membership.user.email},
+    )
     return membership
 
 
@@ -331,20 +366,25 @@ def membership_remove(
     if not leaving and not can_assign_role(by_membership, membership.role):
         raise ServiceError("Only an owner can remove an owner.", code="forbidden")
     if membership.role == Role.OWNER and _owner_count(membership.tenant) <= 1:
-        raise ServiceError("The last owner can't be removed; make someone else owner first.",
-                           code="conflict")
+        raise ServiceError(
+            "The last owner can't be removed; make someone else owner first.", code="conflict"
+        )
     now = timezone.now()
     ApiToken.objects.for_tenant(membership.tenant).active().filter(user=membership.user).update(
         revoked_at=now
     )
-    audit_record(action="membership.left" if leaving else "membership.removed",
-                 tenant=membership.tenant, actor=by_membership.user, target=membership,
-                 request=request, metadata={"user": membership.user.email,
-                                            "role": membership.role})
+    audit_record(
+        action="membership.left" if leaving else "membership.removed",
+        tenant=membership.tenant,
+        actor=by_membership.user,
+        target=membership,
+        request=request,
+        metadata={"user": membership.user.email, "role": membership.role},
+    )
     membership.delete()
 
 
-# --- API tokens ---------------------------------------------------------------------------------
+# --- API tokens ----
 
 
 @transaction.atomic
@@ -363,8 +403,14 @@ def api_token_create(
     token = ApiToken.objects.create(
         tenant=tenant, user=user, name=name, prefix=raw[:12], key_hash=sha256_hex(raw)
     )
-    audit_record(action="api_token.created", tenant=tenant, actor=user, target=token,
-                 request=request, metadata={"name": name, "prefix": token.prefix})
+    audit_record(
+        action="api_token.created",
+        tenant=tenant,
+        actor=user,
+        target=token,
+        request=request,
+        metadata={"name": name, "prefix": token.prefix},
+    )
     return token, raw
 
 
@@ -376,8 +422,14 @@ def api_token_revoke(
         return token  # already revoked: nothing changes, nothing to log
     token.revoked_at = timezone.now()
     token.save(update_fields=["revoked_at"])
-    audit_record(action="api_token.revoked", tenant=token.tenant, actor=by_user, target=token,
-                 request=request, metadata={"name": token.name, "owner": token.user.email})
+    audit_record(
+        action="api_token.revoked",
+        tenant=token.tenant,
+        actor=by_user,
+        target=token,
+        request=request,
+        metadata={"name": token.name, "owner": token.user.email},
+    )
     return token
 
 
@@ -407,7 +459,7 @@ def api_token_authenticate(raw: str) -> ApiToken | None:
     return token
 
 
-# --- heartbeats ----------------------------------------------------------------------------------
+# --- heartbeats ----
 
 
 def heartbeat_record(*, component: str) -> None:
@@ -419,8 +471,11 @@ def heartbeat_record(*, component: str) -> None:
     if not updated:
         try:
             with transaction.atomic():
-                Heartbeat.objects.create(component=component, last_seen=now,
-                                         hostname=socket.gethostname(), pid=os.getpid())
+                Heartbeat.objects.create(
+                    component=component,
+                    last_seen=now,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                )
         except IntegrityError:  # created concurrently by a second process of this component
             Heartbeat.objects.filter(component=component).update(last_seen=now)
-

@@ -116,8 +116,10 @@ TEMPLATES = [
     }
 ]
 
-# --- Database -------------------------------------------------------------------------
-_database_url = _required_in_production("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'gpugeek.sqlite3'}"
+# --- Database ----
+_database_url = (
+    _required_in_production("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'gpugeek.sqlite3'}"
+)
 DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Web, worker, beat and watcher share one file: WAL plus immediate transactions,
@@ -133,7 +135,7 @@ else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- Accounts ---------------------------------------------------------------------------
+# --- Accounts ----
 AUTH_USER_MODEL = "console.User"
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
@@ -164,13 +166,13 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )
 
-# --- Internationalisation -----------------------------------------------------------------
+# --- Internationalisation ----
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True
 
-# --- Static files -----------------------------------------------------------------------
+# --- Static files ----
 STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
@@ -178,7 +180,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
-# --- REST API --------------------------------------------------------------------------
+# --- REST API ----
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "console.api.authentication.BearerTokenAuthentication",
@@ -203,7 +205,7 @@ SPECTACULAR_SETTINGS = {
     "SCHEMA_PATH_PREFIX": "/api/v1",
 }
 
-# --- Channels -----------------------------------------------------------------------------
+# --- Channels ----
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -211,7 +213,7 @@ CHANNEL_LAYERS = {
     }
 }
 
-# --- Celery -------------------------------------------------------------------------------
+# --- Celery ----
 CELERY_BROKER_URL = _BROKER_URL
 CELERY_RESULT_BACKEND = None  # the database row is the truth; results are never read
 CELERY_TASK_ACKS_LATE = True
@@ -229,7 +231,7 @@ HEARTBEAT_INTERVAL = env_int("HEARTBEAT_INTERVAL", 10)
 HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 
-# --- E-mail ---------------------------------------------------------------------------------
+# --- E-mail ----
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25)
@@ -238,7 +240,7 @@ EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GpuGeek <noreply@gpugeek.local>")
 
-# --- Security ------------------------------------------------------------------------------
+# --- Security ----
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads it for hx-headers
 X_FRAME_OPTIONS = "DENY"

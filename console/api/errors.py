@@ -25,9 +25,12 @@ def exception_handler(exc, context):
             body[exc.field] = [exc.message]
         return Response(body, status=SERVICE_ERROR_STATUS.get(exc.code, 400))
     response = drf_exception_handler(exc, context)
-    if response is not None and isinstance(exc, exceptions.APIException):
-        if isinstance(response.data, list):
-            response.data = {"detail": response.data}
+    if (
+        response is not None
+        and isinstance(exc, exceptions.APIException)
+        and isinstance(response.data, list)
+    ):
+        response.data = {"detail": response.data}
     return response
 
 

@@ -9,10 +9,15 @@ from console.permissions import Role
 class TokenLoginSerializer(serializers.Serializer):
     email = serializers.EmailField()
     password = serializers.CharField(trim_whitespace=False, style={"input_type": "password"})
-    tenant = serializers.SlugField(required=False, allow_blank=True,
-                                   help_text="Slug of the organisation; default: your first.")
-    name = serializers.CharField(max_length=100, required=False, default="cli",
-                                 help_text="A name to tell the token apart later.")
+    tenant = serializers.SlugField(
+        required=False, allow_blank=True, help_text="Slug of the organisation; default: your first."
+    )
+    name = serializers.CharField(
+        max_length=100,
+        required=False,
+        default="cli",
+        help_text="A name to tell the token apart later.",
+    )
 
 
 class RawTokenSerializer(serializers.Serializer):
@@ -74,10 +79,25 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "owner", "created_at", "last_used_at", "revoked_at",
-                  "is_active"]
-        read_only_fields = ["id", "prefix", "owner", "created_at", "last_used_at",
-                            "revoked_at", "is_active"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "owner",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "is_active",
+        ]
+        read_only_fields = [
+            "id",
+            "prefix",
+            "owner",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "is_active",
+        ]
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):
@@ -92,5 +112,14 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AuditEvent
-        fields = ["id", "created_at", "actor", "action", "target_type", "target_id",
-                  "target_repr", "ip_address", "metadata"]
+        fields = [
+            "id",
+            "created_at",
+            "actor",
+            "action",
+            "target_type",
+            "target_id",
+            "target_repr",
+            "ip_address",
+            "metadata",
+        ]

@@ -15,8 +15,9 @@ urlpatterns = [
     path("auth/token", views.TokenLoginView.as_view(), name="api-auth-token"),
     path("me", views.MeView.as_view(), name="api-me"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("schema/swagger/", SpectacularSwaggerView.as_view(url_name="api-schema"),
-         name="api-swagger"),
+    path(
+        "schema/swagger/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-swagger"
+    ),
     path("schema/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     *router.urls,
 ]

@@ -23,8 +23,7 @@ class TokenLoginView(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
-    @extend_schema(request=s.TokenLoginSerializer, responses={201: s.RawTokenSerializer},
-                   auth=[])
+    @extend_schema(request=s.TokenLoginSerializer, responses={201: s.RawTokenSerializer}, auth=[])
     def post(self, request):
         data = s.TokenLoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -36,17 +35,23 @@ class TokenLoginView(APIView):
         if getattr(request._request, "axes_locked_out", False):
             return Response(status=429)  # replaced by AxesMiddleware with the lockout body
         if user is None:
-            return Response({"detail": "E-mail or password is wrong."},
-                            status=status.HTTP_401_UNAUTHORIZED)
+            return Response(
+                {"detail": "E-mail or password is wrong."}, status=status.HTTP_401_UNAUTHORIZED
+            )
         memberships = selectors.memberships_of_user(user=user)
         slug = data.validated_data.get("tenant")
         membership = memberships.filter(tenant__slug=slug).first() if slug else memberships.first()
         if membership is None:
-            detail = (f"You are not a member of “{slug}”." if slug
-                      else "You are not a member of any organisation.")
+            detail = (
+                f"You are not a member of “{slug}”."
+                if slug
+                else "You are not a member of any organisation."
+            )
             return Response({"detail": detail}, status=status.HTTP_403_FORBIDDEN)
         token, raw = services.api_token_create(
-            user=user, tenant=membership.tenant, name=data.validated_data["name"],
+            user=user,
+            tenant=membership.tenant,
+            name=data.validated_data["name"],
             request=request._request,
         )
         return Response(
@@ -62,12 +67,18 @@ class MeView(APIView):
     def get(self, request):
         user = request.user
         membership = getattr(request, "membership", None)
-        return Response(s.MeSerializer({
-            "id": user.pk, "email": user.email, "full_name": user.full_name,
-            "is_staff": user.is_staff,
-            "tenant": membership.tenant.slug if membership else None,
-            "role": membership.role if membership else None,
-        }).data)
+        return Response(
+            s.MeSerializer(
+                {
+                    "id": user.pk,
+                    "email": user.email,
+                    "full_name": user.full_name,
+                    "is_staff": user.is_staff,
+                    "tenant": membership.tenant.slug if membership else None,
+                    "role": membership.role if membership else None,
+                }
+            ).data
+        )
 
 
 class TenantListView(mixins.ListModelMixin, TenantScopedViewSet):
@@ -80,8 +91,13 @@ class TenantListView(mixins.ListModelMixin, TenantScopedViewSet):
         return selectors.memberships_of_user(user=self.request.user)
 
 
-class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
-                    mixins.DestroyModelMixin, TenantScopedViewSet):
+class MemberViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    TenantScopedViewSet,
+):
     queryset = Membership.objects.select_related("user").order_by("user__email")
     serializer_class = s.MemberSerializer
     required_capabilities = {
@@ -92,17 +108,27 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upd
 
     def perform_update(self, serializer):
         serializer.instance = services.membership_change_role(
-            membership=serializer.instance, role=serializer.validated_data["role"],
-            by_membership=self.request.membership, request=self.request._request,
+            membership=serializer.instance,
+            role=serializer.validated_data["role"],
+            by_membership=self.request.membership,
+            request=self.request._request,
         )
 
     def perform_destroy(self, instance):
-        services.membership_remove(membership=instance, by_membership=self.request.membership,
-                                   request=self.request._request)
+        services.membership_remove(
+            membership=instance,
+            by_membership=self.request.membership,
+            request=self.request._request,
+        )
 
 
-class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                        mixins.CreateModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet):
+class InvitationViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    TenantScopedViewSet,
+):
     queryset = Invitation.objects.all()
     serializer_class = s.InvitationSerializer
     required_capability = Capability.MANAGE_MEMBERS
@@ -112,25 +138,34 @@ class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         data = s.InvitationSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         invitation, raw = services.invitation_create(
-            tenant=request.tenant, by_membership=request.membership,
-            email=data.validated_data["email"], role=data.validated_data["role"],
-            accept_url_for=lambda t: request.build_absolute_uri(reverse("invitation_accept",
-                                                                        args=[t])),
+            tenant=request.tenant,
+            by_membership=request.membership,
+            email=data.validated_data["email"],
+            role=data.validated_data["role"],
+            accept_url_for=lambda t: request.build_absolute_uri(
+                reverse("invitation_accept", args=[t])
+            ),
             request=request._request,
         )
-        invitation.accept_url = request.build_absolute_uri(reverse("invitation_accept",
-                                                                   args=[raw]))
-        return Response(s.InvitationCreatedSerializer(invitation).data,
-                        status=status.HTTP_201_CREATED)
+        invitation.accept_url = request.build_absolute_uri(reverse("invitation_accept", args=[raw]))
+        return Response(
+            s.InvitationCreatedSerializer(invitation).data, status=status.HTTP_201_CREATED
+        )
 
     def destroy(self, request, *args, **kwargs):
-        invitation = services.invitation_revoke(invitation=self.get_object(), by_user=request.user,
-                                                request=request._request)
+        invitation = services.invitation_revoke(
+            invitation=self.get_object(), by_user=request.user, request=request._request
+        )
         return Response(s.InvitationSerializer(invitation).data)
 
 
-class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                      mixins.DestroyModelMixin, TenantScopedViewSet):
+class ApiTokenViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    TenantScopedViewSet,
+):
     queryset = ApiToken.objects.all()
     serializer_class = s.ApiTokenSerializer
     required_capability = Capability.USE_API_TOKENS
@@ -142,16 +177,20 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.C
     def create(self, request, *args, **kwargs):
         data = s.ApiTokenSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        token, raw = services.api_token_create(user=request.user, tenant=request.tenant,
-                                               name=data.validated_data["name"],
-                                               request=request._request)
+        token, raw = services.api_token_create(
+            user=request.user,
+            tenant=request.tenant,
+            name=data.validated_data["name"],
+            request=request._request,
+        )
         token.token = raw
         return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=s.ApiTokenSerializer)
     def destroy(self, request, *args, **kwargs):
-        token = services.api_token_revoke(token=self.get_object(), by_user=request.user,
-                                          request=request._request)
+        token = services.api_token_revoke(
+            token=self.get_object(), by_user=request.user, request=request._request
+        )
         return Response(s.ApiTokenSerializer(token).data)
 
 
@@ -163,5 +202,3 @@ class AuditEventViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     def scope_queryset(self, queryset):
         prefix = self.request.query_params.get("action")
         return queryset.filter(action__startswith=prefix) if prefix else queryset
-
-

@@ -17,15 +17,22 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-        parser.add_argument("--no-seed", action="store_true",
-                            help="Don't create demo data on first start.")
-        parser.add_argument("--worker-concurrency", type=int,
-                            default=int(os.environ.get("WORKER_CONCURRENCY", "2")))
+        parser.add_argument(
+            "--no-seed", action="store_true", help="Don't create demo data on first start."
+        )
+        parser.add_argument(
+            "--worker-concurrency", type=int, default=int(os.environ.get("WORKER_CONCURRENCY", "2"))
+        )
 
     def handle(self, *args, host, port, no_seed, worker_concurrency, **options):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher: %(message)s")
-        launcher = ConsoleLauncher(base_dir=settings.BASE_DIR, data_dir=settings.DATA_DIR,
-                                   host=host, port=port, worker_concurrency=worker_concurrency)
+        launcher = ConsoleLauncher(
+            base_dir=settings.BASE_DIR,
+            data_dir=settings.DATA_DIR,
+            host=host,
+            port=port,
+            worker_concurrency=worker_concurrency,
+        )
         env = dict(os.environ)
         env["GPUGEEK_DATA_DIR"] = str(settings.DATA_DIR)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -41,6 +48,9 @@ class Command(BaseCommand):
             launcher.stop()
             raise
         shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104
-        self.stdout.write(self.style.SUCCESS(
-            f"GpuGeek console: http://{shown_host}:{port}/  (Ctrl-C stops everything)"))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"GpuGeek console: http://{shown_host}:{port}/  (Ctrl-C stops everything)"
+            )
+        )
         raise SystemExit(launcher.run(env))

@@ -8,9 +8,15 @@ from console.models import Membership, Tenant, User
 from console.permissions import Role
 
 DEMO_TENANTS = [
-    ("Acme", "acme", [("alice@acme.example", "Alice Owner", Role.OWNER),
-                      ("dev@acme.example", "Dev Member", Role.MEMBER),
-                      ("fin@acme.example", "Fin Finance", Role.FINANCE)]),
+    (
+        "Acme",
+        "acme",
+        [
+            ("alice@acme.example", "Alice Owner", Role.OWNER),
+            ("dev@acme.example", "Dev Member", Role.MEMBER),
+            ("fin@acme.example", "Fin Finance", Role.FINANCE),
+        ],
+    ),
     ("Globex", "globex", [("bob@globex.example", "Bob Owner", Role.OWNER)]),
 ]
 STAFF_EMAIL = "admin@example.com"
@@ -20,8 +26,11 @@ class Command(BaseCommand):
     help = "Create the demo staff user, tenants Acme and Globex and their members."
 
     def add_arguments(self, parser):
-        parser.add_argument("--if-empty", action="store_true",
-                            help="Do nothing when any user exists (first start only).")
+        parser.add_argument(
+            "--if-empty",
+            action="store_true",
+            help="Do nothing when any user exists (first start only).",
+        )
 
     @transaction.atomic
     def handle(self, *args, if_empty=False, **options):
@@ -30,8 +39,9 @@ class Command(BaseCommand):
             return
         password = settings.DEMO_PASSWORD
         staff, created = User.objects.get_or_create(
-            email=STAFF_EMAIL, defaults={"is_staff": True, "is_superuser": True,
-                                         "full_name": "Platform Admin"})
+            email=STAFF_EMAIL,
+            defaults={"is_staff": True, "is_superuser": True, "full_name": "Platform Admin"},
+        )
         if created:
             staff.set_password(password)
             staff.save()
@@ -39,13 +49,13 @@ class Command(BaseCommand):
         for name, slug, people in DEMO_TENANTS:
             tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
             for email, full_name, role in people:
-                user, created = User.objects.get_or_create(email=email,
-                                                           defaults={"full_name": full_name})
+                user, created = User.objects.get_or_create(
+                    email=email, defaults={"full_name": full_name}
+                )
                 if created:
                     user.set_password(password)
                     user.save()
-                Membership.objects.get_or_create(tenant=tenant, user=user,
-                                                 defaults={"role": role})
+                Membership.objects.get_or_create(tenant=tenant, user=user, defaults={"role": role})
                 rows.append((email, role, slug))
         self.stdout.write(self.style.SUCCESS("Demo data ready. Sign in with any of:"))
         for email, role, slug in rows:
