@@ -209,7 +209,7 @@ SPECTACULAR_SETTINGS = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [_BROKER_URL]},
+        "CONFIG": {"hosts": [_BROKER_URL], "prefix": env_str("CHANNELS_PREFIX", "gpugeek")},
     }
 }
 
@@ -223,7 +223,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600),
 }
-CELERY_TASK_DEFAULT_QUEUE = "gpugeek"
+# A separate queue name lets test sessions share one Redis without eating each other's tasks.
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "gpugeek")
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "console.beat:HeartbeatDatabaseScheduler"
 HEARTBEAT_INTERVAL = env_int("HEARTBEAT_INTERVAL", 10)
@@ -233,6 +234,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 
 # --- E-mail ----
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(DATA_DIR / "mail"))
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25)
 EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")

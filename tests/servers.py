@@ -1,0 +1,189 @@
+"""Real processes for integration and browser tests: an ASGI server and a Celery worker.
+
+They run against the test database (a file for SQLite, `test_…` on Postgres), so tests
+using them need `transactional_db` (committed data is visible across processes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from console.launcher import free_loopback_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_database_url() -> str:
+    """The URL of the database this test session uses, for child processes."""
+    params = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{params['NAME']}"
+    if connection.vendor == "postgresql":
+        user = quote(params.get("USER") or "")
+        password = quote(params.get("PASSWORD") or "")
+        auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+        host = params.get("HOST") or "127.0.0.1"
+        port = params.get("PORT") or 5432
+        return f"postgres://{auth}{host}:{port}/{params['NAME']}"
+    raise RuntimeError(f"unsupported test database vendor {connection.vendor}")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=test_database_url(),
+        REDIS_URL=settings.REDIS_URL,
+        GPUGEEK_DATA_DIR=str(settings.DATA_DIR),
+        DJANGO_SETTINGS_MODULE="console.settings",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    env.update(extra)
+    return env
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 15) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=5)
+    except ProcessLookupError:
+        pass
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+class AsgiServer:
+    def __init__(self, process: subprocess.Popen, port: int, log_path: Path):
+        self.process = process
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.ws_url = f"ws://127.0.0.1:{port}"
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def asgi_server(transactional_db, tmp_path) -> Iterator[AsgiServer]:
+    """Daphne serving console.asgi on a free loopback port, against the test database."""
+    port = free_loopback_port()
+    log_path = tmp_path / "daphne.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "console.asgi:application",
+            ],
+            cwd=ROOT,
+            env=child_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = AsgiServer(process, port, log_path)
+    try:
+        wait_until(lambda: process.poll() is not None or _port_open(port), 30, what="daphne")
+        if process.poll() is not None:
+            raise AssertionError(f"daphne exited early:\n{server.log()}")
+        yield server
+    finally:
+        stop_process_group(process)
+
+
+class CeleryWorker:
+    def __init__(self, process: subprocess.Popen, log_path: Path):
+        self.process = process
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, tmp_path) -> Iterator[CeleryWorker]:
+    """A real `celery worker` process (solo pool) consuming from the test Redis."""
+    log_path = tmp_path / "worker.log"
+    mail_dir = tmp_path / "mail"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "-l",
+                "INFO",
+                "--pool",
+                "solo",
+                "--without-gossip",
+                "--without-mingle",
+                "-n",
+                f"test-{os.getpid()}@%h",
+            ],
+            cwd=ROOT,
+            env=child_env(
+                EMAIL_BACKEND="django.core.mail.backends.filebased.EmailBackend",
+                EMAIL_FILE_PATH=str(mail_dir),
+            ),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = CeleryWorker(process, log_path)
+    worker.mail_dir = mail_dir
+    try:
+        wait_until(
+            lambda: process.poll() is not None or " ready." in worker.log(),
+            60,
+            what="celery worker ready",
+        )
+        if process.poll() is not None:
+            raise AssertionError(f"celery worker exited early:\n{worker.log()}")
+        yield worker
+    finally:
+        stop_process_group(process)
+
+
+def http_get(url: str, **kwargs) -> httpx.Response:
+    return httpx.get(url, timeout=10, **kwargs)
