@@ -175,6 +175,7 @@ USE_TZ = True
 # --- Static files ----
 STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns about a missing STATIC_ROOT
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # WhiteNoise serves from the finders, so no collectstatic step is needed to start.
 WHITENOISE_USE_FINDERS = True
