@@ -25,6 +25,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
     _state["data_dir"] = data_dir
     os.environ["GPUGEEK_DATA_DIR"] = data_dir
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    # Password hashing dominates test time otherwise; children inherit the same choice.
+    os.environ["PASSWORD_HASHERS"] = "django.contrib.auth.hashers.MD5PasswordHasher"
     # Own queue and channel prefix: a shared Redis (CI's) never mixes sessions' messages.
     os.environ["CELERY_QUEUE"] = f"gpugeek-test-{os.getpid()}"
     os.environ["CHANNELS_PREFIX"] = f"gpugeek-test-{os.getpid()}"

@@ -1,0 +1,194 @@
+"""Generated walk over every URL pattern: sign-in is required, and a foreign tenant's
+objects are 404 (never 403, never shown).
+
+A new URL with an unknown keyword argument fails this test until FOREIGN_KWARGS says
+which foreign object fills it, so no route escapes the walk.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from console import services
+from tests.conftest import signed_in_client, token_client
+
+# URL names anyone may open without signing in.
+PUBLIC = {
+    "login",
+    "logout",
+    "signup",
+    "healthz",
+    "invitation_accept",
+    "api-auth-token",
+    "api-schema",
+    "api-swagger",
+    "api-redoc",
+}
+# Django's own admin has its own staff sign-in; checked separately below.
+SKIP_PREFIXES = ("django-admin/",)
+
+
+def walk(patterns, prefix=""):
+    for entry in patterns:
+        if isinstance(entry, URLResolver):
+            yield from walk(entry.url_patterns, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            route = prefix + str(entry.pattern)
+            if route.startswith(SKIP_PREFIXES) or not entry.name:
+                continue
+            kwarg_names = tuple(sorted(entry.pattern.regex.groupindex))
+            yield entry.name, route, kwarg_names
+
+
+ALL_ROUTES = sorted(set(walk(get_resolver().url_patterns)), key=lambda r: r[0])
+PRIVATE_ROUTES = [r for r in ALL_ROUTES if r[0] not in PUBLIC]
+# (route, auth) pairs: every private route with a session, API routes also with a token.
+ISOLATION_CASES = [(r, "session") for r in PRIVATE_ROUTES] + [
+    (r, "token") for r in PRIVATE_ROUTES if r[1].startswith("api/")
+]
+
+
+@pytest.fixture
+def foreign(other_world, world):
+    """Objects of the other tenant (globex) that the acme user must never reach."""
+    membership = other_world.membership(other_world.member)
+    invitation, raw_invite = services.invitation_create(
+        tenant=other_world.tenant,
+        by_membership=other_world.membership(other_world.owner),
+        email="secret-invitee@globex.test",
+        role="member",
+    )
+    token, _ = services.api_token_create(
+        user=other_world.owner, tenant=other_world.tenant, name="globex-secret-token"
+    )
+    services.audit_record(
+        action="globex.secret_action", tenant=other_world.tenant, actor=other_world.owner
+    )
+    by_basename = {
+        "api-member": membership.pk,
+        "api-invitation": invitation.pk,
+        "api-token": token.pk,
+    }
+    return {
+        "kwargs": {
+            "membership_id": membership.pk,
+            "invitation_id": invitation.pk,
+            "token_id": token.pk,
+            "tenant_slug": other_world.tenant.slug,
+            "token": raw_invite,
+        },
+        "pk_by_basename": by_basename,
+        # Strings that would only appear if foreign data leaked into a page or response.
+        "markers": [
+            "secret-invitee@globex.test",
+            "globex-secret-token",
+            "globex.secret_action",
+            other_world.member.email,
+        ],
+    }
+
+
+def url_for(name, kwarg_names, foreign):
+    kwargs = {}
+    for kwarg in kwarg_names:
+        if kwarg == "pk":
+            basename = name.rsplit("-", 1)[0]
+            assert basename in foreign["pk_by_basename"], f"map `pk` of {name} to a model"
+            kwargs["pk"] = foreign["pk_by_basename"][basename]
+        else:
+            assert kwarg in foreign["kwargs"], (
+                f"URL {name} has kwarg {kwarg!r}: add a foreign object for it to this test"
+            )
+            kwargs[kwarg] = foreign["kwargs"][kwarg]
+    return reverse(name, kwargs=kwargs) if kwargs else reverse(name)
+
+
+def test_public_urls_are_only_the_known_ones():
+    assert {name for name, _, _ in ALL_ROUTES} >= PUBLIC
+
+
+def test_walk_covers_the_console():
+    names = {name for name, _, _ in ALL_ROUTES}
+    assert {
+        "dashboard",
+        "members",
+        "api_tokens",
+        "audit_log",
+        "api-token-list",
+        "api-token-detail",
+        "api-member-detail",
+    } <= names
+
+
+@pytest.mark.parametrize(
+    ("name", "route", "kwarg_names"), PRIVATE_ROUTES, ids=[r[0] for r in PRIVATE_ROUTES]
+)
+def test_every_private_url_requires_sign_in(client, foreign, name, route, kwarg_names):
+    url = url_for(name, kwarg_names, foreign)
+    for method in ("get", "post"):
+        response = getattr(client, method)(url)
+        if url.startswith("/api/"):
+            assert response.status_code in (401, 403, 405), (method, url, response.status_code)
+            if response.status_code != 405:
+                assert "detail" in response.json()
+        else:
+            assert response.status_code in (302, 405), (method, url, response.status_code)
+            if response.status_code == 302:
+                assert response["Location"].startswith(reverse("login")), response["Location"]
+
+
+@pytest.mark.parametrize(
+    ("route_info", "auth"), ISOLATION_CASES, ids=[f"{auth}-{r[0]}" for r, auth in ISOLATION_CASES]
+)
+def test_foreign_tenant_objects_are_404_or_absent(world, foreign, route_info, auth):
+    name, route, kwarg_names = route_info
+    # The owner has every capability, so a 404 here is isolation, not a role refusal.
+    client = (
+        signed_in_client(world.owner, world.tenant)
+        if auth == "session"
+        else token_client(world.owner, world.tenant)
+    )
+    url = url_for(name, kwarg_names, foreign)
+    methods = ("get", "post", "patch", "delete") if kwarg_names else ("get",)
+    for method in methods:
+        response = getattr(client, method)(url)
+        body = response.content.decode(errors="replace")
+        if kwarg_names:
+            assert response.status_code in (404, 405), (method, url, response.status_code)
+        else:
+            assert response.status_code in (200, 302, 404, 405), (method, url, response.status_code)
+        for marker in foreign["markers"]:
+            assert marker not in body, f"{marker} leaked through {method.upper()} {url}"
+        if response.status_code == 404 and url.startswith("/api/"):
+            assert response.json()["detail"]
+
+
+def test_staff_pages_are_404_for_non_staff(world):
+    client = signed_in_client(world.owner, world.tenant)
+    assert client.get(reverse("staff_tenants")).status_code == 404
+    assert client.get("/django-admin/").status_code == 302  # Django admin: staff sign-in
+
+
+def test_tenant_switch_to_a_foreign_tenant_is_404(world, other_world):
+    client = signed_in_client(world.owner, world.tenant)
+    response = client.post(reverse("tenant_switch"), {"tenant": other_world.tenant.slug})
+    assert response.status_code == 404
+    # and the session still points at the user's own tenant
+    assert world.tenant.name in client.get(reverse("dashboard")).content.decode()
+
+
+def test_session_pointing_at_foreign_tenant_falls_back_to_own(world, other_world):
+    client = signed_in_client(world.owner, other_world.tenant)
+    page = client.get(reverse("dashboard")).content.decode()
+    assert world.tenant.name in page
+    assert other_world.tenant.name not in page
+
+
+def test_routes_use_explicit_kwarg_names():
+    """`pk` is only allowed in router routes whose basename maps to a model above."""
+    for name, route, kwarg_names in ALL_ROUTES:
+        if "pk" in kwarg_names:
+            assert re.match(r"api-[a-z]+-", name), name
