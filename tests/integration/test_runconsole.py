@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -35,15 +36,20 @@ SESSION_VARIABLES = (
 )
 
 
-def _processes_using(data_dir: Path) -> list[psutil.Process]:
-    """Live processes started for this data dir (its path in their argv or environment)."""
+def _processes_using(data_dir: Path, redis_address: str | None) -> list[psutil.Process]:
+    """Live processes started for this data dir: its path in their argv or environment,
+    or, for redis-server (which overwrites both with its title), its address."""
     found = []
     for process in psutil.process_iter(["cmdline", "environ", "status"]):
         if process.pid == os.getpid() or process.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         cmdline = " ".join(process.info["cmdline"] or [])
         environ = process.info["environ"] or {}
-        if str(data_dir) in cmdline or environ.get("GPUGEEK_DATA_DIR") == str(data_dir):
+        if (
+            str(data_dir) in cmdline
+            or environ.get("GPUGEEK_DATA_DIR") == str(data_dir)
+            or (redis_address and "redis-server" in cmdline and redis_address in cmdline)
+        ):
             found.append(process)
     return found
 
@@ -57,13 +63,18 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-def _kill_everything(launcher: subprocess.Popen, known: list[psutil.Process], data_dir: Path):
+def _kill_everything(
+    launcher: subprocess.Popen,
+    known: list[psutil.Process],
+    data_dir: Path,
+    redis_address: str | None,
+):
     """Last resort on failure: nothing this test started may outlive it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(launcher.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         launcher.wait(timeout=5)
-    for process in _alive(known) + _processes_using(data_dir):
+    for process in _alive(known) + _processes_using(data_dir, redis_address):
         with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, PermissionError):
             os.killpg(os.getpgid(process.pid), signal.SIGKILL)
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -94,6 +105,7 @@ def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path)
     env.update(GPUGEEK_DATA_DIR=str(data_dir), PORT=str(port), PYTHONUNBUFFERED="1")
     log_path = tmp_path / "runconsole.log"
     known: list[psutil.Process] = []
+    redis_address: str | None = None
     with log_path.open("wb") as log_file:
         launcher = subprocess.Popen(
             [sys.executable, "manage.py", "runconsole"],
@@ -116,8 +128,10 @@ def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path)
         assert components["database"] == {"status": "ok", "vendor": "sqlite"}
         assert components["redis"]["status"] == "ok"
         redis_url_file = embedded_redis_url_file(data_dir)
-        assert redis_url_file.read_text().startswith("redis://127.0.0.1:")
-        assert redis_url_file.read_text().strip() != "redis://127.0.0.1:6379/0"
+        redis_url = urlsplit(redis_url_file.read_text().strip())
+        assert redis_url.hostname == "127.0.0.1"
+        assert redis_url.port != 6379  # never the system Redis's port
+        redis_address = redis_url.netloc
 
         # Demo data was seeded on first start: alice signs in and sees her organisation.
         with httpx.Client(base_url=base_url, timeout=10) as client:
@@ -133,6 +147,8 @@ def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path)
             assert components[name]["pid"] in known_pids, f"{name} is not the launcher's child"
         # redis, web, worker (+ its prefork pool), beat, watcher
         assert len(known) >= 5
+        # The leak check below can see them: each has the data dir in its argv or env.
+        assert known_pids <= {p.pid for p in _processes_using(data_dir, redis_address)}
 
         launcher.send_signal(signal.SIGTERM)
         try:
@@ -146,6 +162,10 @@ def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path)
         survivors = _alive(known)
         assert not survivors, [(p.pid, p.cmdline()) for p in survivors]
         # Nothing else started for this data dir either (e.g. a grandchild that escaped).
-        wait_until(lambda: not _processes_using(data_dir), 5, what="no process using the data dir")
+        wait_until(
+            lambda: not _processes_using(data_dir, redis_address),
+            5,
+            what="no process left for this data dir",
+        )
     finally:
-        _kill_everything(launcher, known, data_dir)
+        _kill_everything(launcher, known, data_dir, redis_address)
