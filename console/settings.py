@@ -226,6 +226,13 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Compute backends ---------------------------------------------------------------------
+# "local" runs jobs on this host (embedded default); "kubernetes" on a cluster.
+COMPUTE_BACKENDS = env_list("COMPUTE_BACKENDS", ["local"])
+KUBECONFIG = env_str("KUBECONFIG", "")  # empty: in-cluster config
+KUBERNETES_REQUEST_TIMEOUT = env_int("KUBERNETES_REQUEST_TIMEOUT", 10)
+CAPACITY_SYNC_INTERVAL = env_int("CAPACITY_SYNC_INTERVAL", 60)
+
 # --- Celery ----
 CELERY_BROKER_URL = _BROKER_URL
 CELERY_RESULT_BACKEND = None  # the database row is the truth; results are never read
@@ -243,7 +250,12 @@ CELERY_BEAT_SCHEDULER = "console.beat:HeartbeatDatabaseScheduler"
 HEARTBEAT_INTERVAL = env_int("HEARTBEAT_INTERVAL", 10)
 # A component whose last heartbeat is older than this is reported as stale.
 HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
-CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {
+    "capacity-sync": {
+        "task": "marketplace.tasks.capacity_sync_task",
+        "schedule": float(CAPACITY_SYNC_INTERVAL),
+    },
+}
 
 # --- E-mail ----
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")

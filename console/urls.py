@@ -27,6 +27,8 @@ urlpatterns = [
     path(
         "staff/tenants/<slug:tenant_slug>/", views.staff_tenant_detail, name="staff_tenant_detail"
     ),
+    path("marketplace/", include("marketplace.urls")),
+    path("api/v1/", include("marketplace.api.urls")),
     path("api/v1/", include("console.api.urls")),
     path("django-admin/", admin.site.urls),
 ]

@@ -1,0 +1,295 @@
+"""The catalog users browse before launching: GPU types, regions, node pools with their
+capacity, the dated price book, tenant overrides and quotas, and the image catalog."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from console.tenancy import TenantScopedQuerySet
+
+# Prices carry 6 decimals (4+ required); amounts are rounded to the cent only on invoices.
+PRICE_DIGITS = 14
+PRICE_PLACES = 6
+PERCENT = {"max_digits": 5, "decimal_places": 2,
+           "validators": [MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(100))]}
+
+
+class Vendor(models.TextChoices):
+    NVIDIA = "nvidia", "NVIDIA"
+    AMD = "amd", "AMD"
+    HUAWEI = "huawei", "Huawei"
+
+
+class Tier(models.TextChoices):
+    ON_DEMAND = "on_demand", "On-demand"
+    SPOT = "spot", "Spot"
+    RESERVED = "reserved", "Reserved"
+
+
+class Backend(models.TextChoices):
+    LOCAL = "local", "Local host"
+    KUBERNETES = "kubernetes", "Kubernetes"
+
+
+class GpuType(models.Model):
+    slug = models.SlugField(max_length=40, unique=True)
+    vendor = models.CharField(max_length=16, choices=Vendor.choices)
+    model = models.CharField(max_length=80, help_text="Marketing name, e.g. H100 80GB SXM")
+    memory_gib = models.PositiveIntegerField()
+    architecture = models.CharField(max_length=40)
+    interconnect = models.CharField(max_length=60, blank=True)
+    # Peak dense FP16/BF16 tensor throughput, for $/PFLOP-hour comparisons.
+    peak_tflops = models.DecimalField(max_digits=8, decimal_places=1)
+    # How Kubernetes identifies it: the node label value and the extended resource.
+    node_label_key = models.CharField(max_length=80, default="nvidia.com/gpu.product")
+    node_label_value = models.CharField(max_length=120)
+    resource_name = models.CharField(max_length=60, default="nvidia.com/gpu")
+    # Substrings of the name NVML reports, to recognise local GPUs (e.g. "H100 80GB").
+    nvml_names = models.JSONField(default=list, blank=True)
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["vendor", "-peak_tflops"]
+
+    def __str__(self) -> str:
+        return f"{self.get_vendor_display()} {self.model}"
+
+
+class Region(models.Model):
+    slug = models.SlugField(max_length=40, unique=True)
+    name = models.CharField(max_length=80)
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodePool(models.Model):
+    """A group of like nodes: one backend, region, tier and GPU type (none: CPU-only).
+
+    Capacity fields are written only by the capacity sync from the backend's inventory.
+    """
+
+    slug = models.SlugField(max_length=80, unique=True)
+    name = models.CharField(max_length=120)
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="pools")
+    backend = models.CharField(max_length=16, choices=Backend.choices)
+    tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.ON_DEMAND)
+    gpu_type = models.ForeignKey(GpuType, null=True, blank=True, on_delete=models.PROTECT,
+                                 related_name="pools")
+    # Extra node labels that select this pool's nodes (besides GPU product and region).
+    node_selector = models.JSONField(default=dict, blank=True)
+    node_count = models.PositiveIntegerField(default=0)
+    gpus_per_node = models.PositiveIntegerField(default=0)
+    total_gpus = models.PositiveIntegerField(default=0)
+    allocatable_gpus = models.PositiveIntegerField(default=0)
+    in_use_gpus = models.PositiveIntegerField(default=0)
+    vcpus_per_node = models.PositiveIntegerField(default=0)
+    memory_gib_per_node = models.PositiveIntegerField(default=0)
+    allocatable_vcpus = models.PositiveIntegerField(default=0)
+    in_use_vcpus = models.PositiveIntegerField(default=0)
+    last_synced_at = models.DateTimeField(null=True, blank=True)
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["region__slug", "gpu_type__slug", "tier"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def available_gpus(self) -> int:
+        return max(0, self.allocatable_gpus - self.in_use_gpus)
+
+    @property
+    def available_vcpus(self) -> int:
+        return max(0, self.allocatable_vcpus - self.in_use_vcpus)
+
+
+class PriceVersionQuerySet(models.QuerySet):
+    def in_force(self, at=None) -> PriceVersion | None:
+        at = at or timezone.now()
+        return self.filter(effective_from__lte=at).order_by("-effective_from", "-pk").first()
+
+
+class PriceVersion(models.Model):
+    """One dated edition of the price book. Usage is rated by the version in force when it
+    ran; a version whose effective time has passed can't be changed (enforced in
+    marketplace.services)."""
+
+    currency = models.CharField(max_length=3, default="USD")
+    effective_from = models.DateTimeField(db_index=True)
+    spot_discount_percent = models.DecimalField(**PERCENT)
+    # Reserved commitment discounts off on-demand, by term in months.
+    reserved_1m_discount_percent = models.DecimalField(**PERCENT)
+    reserved_3m_discount_percent = models.DecimalField(**PERCENT)
+    reserved_12m_discount_percent = models.DecimalField(**PERCENT)
+    note = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = PriceVersionQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-effective_from", "-pk"]
+
+    def __str__(self) -> str:
+        return f"v{self.pk} from {self.effective_from:%Y-%m-%d %H:%M} ({self.currency})"
+
+    def is_editable(self, now=None) -> bool:
+        return self.effective_from > (now or timezone.now())
+
+    def reserved_discount(self, months: int) -> Decimal:
+        return {1: self.reserved_1m_discount_percent, 3: self.reserved_3m_discount_percent,
+                12: self.reserved_12m_discount_percent}[months]
+
+
+class PriceEntry(models.Model):
+    """On-demand price of one GPU type (per GPU-hour) or of CPU (per vCPU-hour) in a region.
+    Spot and reserved prices derive from it through the version's discounts."""
+
+    version = models.ForeignKey(PriceVersion, on_delete=models.CASCADE, related_name="entries")
+    gpu_type = models.ForeignKey(GpuType, null=True, blank=True, on_delete=models.PROTECT,
+                                 related_name="+")
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
+    on_demand_price = models.DecimalField(
+        max_digits=PRICE_DIGITS, decimal_places=PRICE_PLACES,
+        validators=[MinValueValidator(Decimal("0.000001"))],
+        help_text="Per GPU-hour, or per vCPU-hour for CPU (no GPU type).",
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["version", "gpu_type", "region"],
+                                    name="price_entry_unique"),
+            models.UniqueConstraint(fields=["version", "region"], condition=Q(gpu_type=None),
+                                    name="price_entry_unique_cpu"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_type or 'CPU'} in {self.region}: {self.on_demand_price}"
+
+
+class TenantPricing(models.Model):
+    """Negotiated discount for one tenant, applied on top of the price book."""
+
+    tenant = models.OneToOneField("console.Tenant", on_delete=models.CASCADE,
+                                  related_name="pricing")
+    discount_percent = models.DecimalField(default=Decimal(0), **PERCENT)
+    note = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "tenant"
+
+    def __str__(self) -> str:
+        return f"{self.tenant}: {self.discount_percent}% off"
+
+
+class TenantQuota(models.Model):
+    """Per-tenant limits: max GPUs of one type (gpu_type set), or tenant-wide limits
+    (gpu_type empty: max GPUs of all types together and max concurrent jobs)."""
+
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="quotas")
+    gpu_type = models.ForeignKey(GpuType, null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="+")
+    max_gpus = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "tenant"
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "gpu_type"], name="quota_unique"),
+            models.UniqueConstraint(fields=["tenant"], condition=Q(gpu_type=None),
+                                    name="quota_unique_tenant_wide"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}: {self.gpu_type or 'all GPUs'} ≤ {self.max_gpus}"
+
+
+class ImageKind(models.TextChoices):
+    BASE = "base", "Base (OS + driver/CUDA runtime)"
+    FRAMEWORK = "framework", "Framework (PyTorch/TensorFlow)"
+    FULL_STACK = "full_stack", "Full-stack (framework + data tools)"
+
+
+class AllowedRegistry(models.Model):
+    """Registries (host and optional path prefix) tenants may add private images from."""
+
+    host = models.CharField(max_length=253)
+    path_prefix = models.CharField(max_length=200, blank=True)
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["host", "path_prefix"],
+                                               name="allowed_registry_unique")]
+        ordering = ["host", "path_prefix"]
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.path_prefix}".rstrip("/")
+
+
+class ImageQuerySet(TenantScopedQuerySet):
+    def for_tenant(self, tenant):
+        """What a tenant may use: public images plus its own private ones."""
+        if tenant is None:
+            return self.filter(tenant__isnull=True)
+        return self.filter(Q(tenant__isnull=True) | Q(tenant=tenant))
+
+    def owned_by(self, tenant):
+        """What a tenant may change: only its private images."""
+        return self.filter(tenant=tenant) if tenant is not None else self.none()
+
+
+class Image(models.Model):
+    tenant_field = "tenant"
+
+    slug = models.SlugField(max_length=80)
+    name = models.CharField(max_length=120)
+    reference = models.CharField(max_length=400, help_text="registry/repo:tag or @sha256:digest")
+    kind = models.CharField(max_length=16, choices=ImageKind.choices)
+    cuda_version = models.CharField(max_length=20, blank=True)
+    rocm_version = models.CharField(max_length=20, blank=True)
+    framework = models.CharField(max_length=40, blank=True)
+    framework_version = models.CharField(max_length=40, blank=True)
+    # Vendors it runs on ("nvidia", "amd", "huawei") and/or "cpu".
+    compatible_with = models.JSONField(default=list)
+    size_gib = models.DecimalField(max_digits=6, decimal_places=1, default=Decimal(0))
+    description = models.TextField(blank=True)
+    default_command = models.JSONField(default=list, blank=True)
+    ports = models.JSONField(default=list, blank=True, help_text='e.g. [{"name": "jupyter", '
+                                                                  '"port": 8888}]')
+    tenant = models.ForeignKey("console.Tenant", null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="private_images")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = ImageQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["kind", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["slug"], condition=Q(tenant=None),
+                                    name="image_public_slug_unique"),
+            models.UniqueConstraint(fields=["tenant", "slug"], name="image_tenant_slug_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_public(self) -> bool:
+        return self.tenant_id is None

@@ -27,20 +27,25 @@ PUBLIC = {
     "api-swagger",
     "api-redoc",
 }
+# Shared catalog data (not owned by a tenant): readable by every member, written by staff
+# only. The walk still checks sign-in and that no foreign tenant data shows up.
+SHARED_CATALOG = {"api-gpu-type-detail", "api-region-detail", "api-pool-detail",
+                  "api-price-version-detail", "api-staff-pool-detail"}
 # Django's own admin has its own staff sign-in; checked separately below.
 SKIP_PREFIXES = ("django-admin/",)
 
 
-def walk(patterns, prefix=""):
+def walk(patterns, prefix="", namespace=""):
     for entry in patterns:
         if isinstance(entry, URLResolver):
-            yield from walk(entry.url_patterns, prefix + str(entry.pattern))
+            inner = f"{namespace}{entry.namespace}:" if entry.namespace else namespace
+            yield from walk(entry.url_patterns, prefix + str(entry.pattern), inner)
         elif isinstance(entry, URLPattern):
             route = prefix + str(entry.pattern)
             if route.startswith(SKIP_PREFIXES) or not entry.name:
                 continue
             kwarg_names = tuple(sorted(entry.pattern.regex.groupindex))
-            yield entry.name, route, kwarg_names
+            yield namespace + entry.name, route, kwarg_names
 
 
 ALL_ROUTES = sorted(set(walk(get_resolver().url_patterns)), key=lambda r: r[0])
@@ -67,11 +72,20 @@ def foreign(other_world, world):
     services.audit_record(
         action="globex.secret_action", tenant=other_world.tenant, actor=other_world.owner
     )
-    by_basename = {
-        "api-member": membership.pk,
-        "api-invitation": invitation.pk,
-        "api-token": token.pk,
-    }
+    from marketplace.demo import seed_catalog
+    from marketplace.models import AllowedRegistry, GpuType, NodePool, PriceVersion
+    from marketplace.services import image_create
+
+    seed_catalog()
+    private_image = image_create(
+        tenant=other_world.tenant, slug="globex-secret-image", name="globex-secret-image",
+        reference="ghcr.io/globex/secret:1.0", kind="framework", compatible_with=["nvidia"],
+        user=other_world.owner)
+    pool = NodePool.objects.first()
+    version = PriceVersion.objects.first()
+    by_basename = {"api-member": membership.pk, "api-invitation": invitation.pk,
+                   "api-token": token.pk, "api-image": private_image.pk, "api-pool": pool.pk,
+                   "api-staff-pool": pool.pk, "api-price-version": version.pk}
     return {
         "kwargs": {
             "membership_id": membership.pk,
@@ -79,6 +93,13 @@ def foreign(other_world, world):
             "token_id": token.pk,
             "tenant_slug": other_world.tenant.slug,
             "token": raw_invite,
+            "image_id": private_image.pk,
+            # staff-only pages: a tenant owner must get 404 whatever the object
+            "version_id": version.pk,
+            "pool_id": pool.pk,
+            "gpu_type_slug": GpuType.objects.first().slug,
+            "registry_id": AllowedRegistry.objects.first().pk,
+            "slug": GpuType.objects.first().slug,
         },
         "pk_by_basename": by_basename,
         # Strings that would only appear if foreign data leaked into a page or response.
@@ -87,6 +108,7 @@ def foreign(other_world, world):
             "globex-secret-token",
             "globex.secret_action",
             other_world.member.email,
+            "globex-secret-image",
         ],
     }
 
@@ -156,7 +178,10 @@ def test_foreign_tenant_objects_are_404_or_absent(world, foreign, route_info, au
     for method in methods:
         response = getattr(client, method)(url)
         body = response.content.decode(errors="replace")
-        if kwarg_names:
+        if name in SHARED_CATALOG:
+            assert response.status_code in (200, 403, 404, 405), (method, url,
+                                                                  response.status_code)
+        elif kwarg_names:
             assert response.status_code in (404, 405), (method, url, response.status_code)
         else:
             assert response.status_code in (200, 302, 404, 405), (method, url, response.status_code)

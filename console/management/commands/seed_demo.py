@@ -1,4 +1,5 @@
-"""Demo data: a platform admin and two tenants with their people. Safe to run twice."""
+"""Demo data: a platform admin, two tenants with their people, and the marketplace
+catalog. Safe to run twice."""
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -57,6 +58,15 @@ class Command(BaseCommand):
                     user.save()
                 Membership.objects.get_or_create(tenant=tenant, user=user, defaults={"role": role})
                 rows.append((email, role, slug))
+        from jobs.backends.local import LocalBackend
+        from marketplace.demo import seed_catalog
+        from marketplace.services import capacity_sync
+
+        catalog = seed_catalog()
+        # This host's real capacity (its CPUs, and GPUs if NVML finds any).
+        capacity_sync(backend=LocalBackend())
+        self.stdout.write(f"Catalog: {catalog['gpu_types']} GPU types, {catalog['regions']} "
+                          f"regions, {catalog['images']} images.")
         self.stdout.write(self.style.SUCCESS("Demo data ready. Sign in with any of:"))
         for email, role, slug in rows:
             self.stdout.write(f"  {email:<24} {role:<15} tenant={slug}")

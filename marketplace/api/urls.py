@@ -1,0 +1,18 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from marketplace.api import views
+
+router = SimpleRouter(trailing_slash="/?")
+router.register("gpu-types", views.GpuTypeViewSet, basename="api-gpu-type")
+router.register("regions", views.RegionViewSet, basename="api-region")
+router.register("offers", views.OfferViewSet, basename="api-offer")
+router.register("images", views.ImageViewSet, basename="api-image")
+router.register("pools", views.NodePoolViewSet, basename="api-pool")
+router.register("staff/pools", views.StaffNodePoolViewSet, basename="api-staff-pool")
+router.register("price-versions", views.PriceVersionViewSet, basename="api-price-version")
+
+urlpatterns = [
+    path("estimates", views.EstimateView.as_view(), name="api-estimate"),
+    *router.urls,
+]

@@ -1,0 +1,164 @@
+"""The one pricing rule: what a GPU (or CPU) configuration costs per hour and in total.
+
+Pure: it reads the price book and the tenant's discount but never capacity or quota. The
+spot ratio blends prices by GPU share:
+    hourly = units × (ratio × spot price + (1 − ratio) × base price) × (1 − tenant discount)
+where the base price is on-demand or, for the reserved tier, reserved for the chosen term.
+Everything is Decimal at full precision; money is rounded to the cent once, at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.utils import timezone
+
+from marketplace.models import GpuType, PriceEntry, PriceVersion, Region, TenantPricing, Tier
+
+CENT = Decimal("0.01")
+HUNDRED = Decimal(100)
+RESERVED_TERMS = (1, 3, 12)
+
+
+class PricingError(Exception):
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def to_cents(amount: Decimal) -> Decimal:
+    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def _off(price: Decimal, percent: Decimal) -> Decimal:
+    return price * (HUNDRED - percent) / HUNDRED
+
+
+@dataclass(frozen=True)
+class UnitPrices:
+    """Per GPU-hour (or vCPU-hour) prices of one offer in one price version, undiscounted."""
+
+    version: PriceVersion
+    on_demand: Decimal
+    spot: Decimal
+    reserved: dict[int, Decimal]
+
+    @property
+    def currency(self) -> str:
+        return self.version.currency
+
+    def for_tier(self, tier: str, reserved_months: int = 1) -> Decimal:
+        if tier == Tier.SPOT:
+            return self.spot
+        if tier == Tier.RESERVED:
+            return self.reserved[reserved_months]
+        return self.on_demand
+
+
+def unit_prices(entry: PriceEntry, version: PriceVersion) -> UnitPrices:
+    od = entry.on_demand_price
+    return UnitPrices(
+        version=version,
+        on_demand=od,
+        spot=_off(od, version.spot_discount_percent),
+        reserved={m: _off(od, version.reserved_discount(m)) for m in RESERVED_TERMS},
+    )
+
+
+def price_entry_in_force(
+    *, gpu_type: GpuType | None, region: Region, at: datetime | None = None
+) -> tuple[PriceVersion, PriceEntry]:
+    version = PriceVersion.objects.in_force(at)
+    if version is None:
+        raise PricingError("No price book is in force yet.")
+    entry = version.entries.filter(gpu_type=gpu_type, region=region).first()
+    if entry is None:
+        what = gpu_type.slug if gpu_type else "CPU"
+        raise PricingError(f"{what} has no price in {region.slug}.", field="region")
+    return version, entry
+
+
+def tenant_discount_percent(tenant) -> Decimal:
+    if tenant is None:
+        return Decimal(0)
+    pricing = TenantPricing.objects.for_tenant(tenant).first()
+    return pricing.discount_percent if pricing else Decimal(0)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    hourly: Decimal
+    total: Decimal
+    currency: str
+    spot_share: Decimal
+    on_demand_share: Decimal
+    price_version: int
+    units: int
+    unit: str
+    unit_price_spot: Decimal
+    unit_price_base: Decimal
+    tenant_discount_percent: Decimal
+
+
+def estimate_cost(
+    *,
+    gpu_type: GpuType | None,
+    region: Region,
+    nodes: int,
+    gpus_per_node: int = 0,
+    cpus: int = 0,
+    spot_ratio: Decimal = Decimal(0),
+    hours: Decimal = Decimal(1),
+    tier: str = Tier.ON_DEMAND,
+    reserved_months: int = 1,
+    tenant=None,
+    at: datetime | None = None,
+) -> Estimate:
+    spot_ratio = Decimal(spot_ratio)
+    hours = Decimal(hours)
+    if nodes < 1:
+        raise PricingError("Ask for at least one node.", field="nodes")
+    if not Decimal(0) <= spot_ratio <= Decimal(1):
+        raise PricingError("The spot ratio is between 0 and 1.", field="spot_ratio")
+    if hours <= 0:
+        raise PricingError("Hours must be more than zero.", field="hours")
+    if reserved_months not in RESERVED_TERMS:
+        raise PricingError("Reserved terms are 1, 3 or 12 months.", field="reserved_months")
+    if gpu_type is not None:
+        if gpus_per_node < 1:
+            raise PricingError("Ask for at least one GPU per node.", field="gpus_per_node")
+        units, unit = gpus_per_node * nodes, "gpu_hour"
+    else:
+        if cpus < 1:
+            raise PricingError("Ask for at least one vCPU per node.", field="cpus")
+        units, unit = cpus * nodes, "vcpu_hour"
+    if tier == Tier.SPOT:
+        spot_ratio = Decimal(1)
+
+    version, entry = price_entry_in_force(gpu_type=gpu_type, region=region,
+                                          at=at or timezone.now())
+    prices = unit_prices(entry, version)
+    discount = tenant_discount_percent(tenant)
+    spot_price = _off(prices.spot, discount)
+    base_price = _off(prices.for_tier(tier, reserved_months), discount)
+
+    spot_hourly = units * spot_ratio * spot_price
+    base_hourly = units * (1 - spot_ratio) * base_price
+    total = to_cents((spot_hourly + base_hourly) * hours)
+    spot_share = to_cents(spot_hourly * hours)
+    return Estimate(
+        hourly=to_cents(spot_hourly + base_hourly),
+        total=total,
+        currency=version.currency,
+        spot_share=spot_share,
+        on_demand_share=total - spot_share,
+        price_version=version.pk,
+        units=units,
+        unit=unit,
+        unit_price_spot=spot_price,
+        unit_price_base=base_price,
+        tenant_discount_percent=discount,
+    )

@@ -1,0 +1,158 @@
+"""Reads for the marketplace: offers, catalog, images."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Q, QuerySet
+
+from marketplace.models import GpuType, Image, NodePool, PriceVersion, Region, Tier
+from marketplace.pricing import _off, tenant_discount_percent, unit_prices
+
+THOUSAND = Decimal(1000)
+SORTS = {
+    "price": lambda o: (o.unit_price, o.gpu_label),
+    "price_per_tflop": lambda o: (o.price_per_pflop_hour or Decimal("Infinity"), o.unit_price),
+    "availability": lambda o: (-o.available, o.unit_price),
+}
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One sellable row: GPU type (or CPU) × region × tier."""
+
+    gpu_type: GpuType | None
+    region: Region
+    tier: str
+    unit_price: Decimal  # per GPU-hour, or per vCPU-hour for CPU offers
+    currency: str
+    available: int  # GPUs, or vCPUs for CPU offers
+    total: int
+    vcpus_per_node: int
+    memory_gib_per_node: int
+    price_version: int
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.gpu_type is None
+
+    @property
+    def gpu_label(self) -> str:
+        return self.gpu_type.slug if self.gpu_type else "cpu"
+
+    @property
+    def memory_gib(self) -> int | None:
+        return self.gpu_type.memory_gib if self.gpu_type else None
+
+    @property
+    def tflops(self) -> Decimal | None:
+        return self.gpu_type.peak_tflops if self.gpu_type else None
+
+    @property
+    def price_per_pflop_hour(self) -> Decimal | None:
+        if not self.gpu_type or not self.gpu_type.peak_tflops:
+            return None
+        return (self.unit_price * THOUSAND / self.gpu_type.peak_tflops).quantize(Decimal("0.0001"))
+
+    @property
+    def tier_label(self) -> str:
+        return Tier(self.tier).label
+
+
+def offers(
+    *,
+    tenant=None,
+    vendor: str | None = None,
+    gpu_type: str | None = None,
+    min_memory_gib: int | None = None,
+    region: str | None = None,
+    tier: str | None = None,
+    available_only: bool = False,
+    include_cpu: bool = True,
+    sort: str = "price",
+    at: datetime | None = None,
+) -> list[Offer]:
+    version = PriceVersion.objects.in_force(at)
+    if version is None:
+        return []
+    discount = tenant_discount_percent(tenant)
+    capacity: dict[tuple, dict[str, int]] = defaultdict(
+        lambda: {"available": 0, "total": 0, "vcpus": 0, "memory": 0})
+    for pool in NodePool.objects.filter(is_active=True):
+        bucket = capacity[(pool.gpu_type_id, pool.region_id, pool.tier)]
+        if pool.gpu_type_id:
+            bucket["available"] += pool.available_gpus
+            bucket["total"] += pool.total_gpus
+        else:
+            bucket["available"] += pool.available_vcpus
+            bucket["total"] += pool.allocatable_vcpus
+        bucket["vcpus"] = max(bucket["vcpus"], pool.vcpus_per_node)
+        bucket["memory"] = max(bucket["memory"], pool.memory_gib_per_node)
+
+    entries = version.entries.select_related("gpu_type", "region").filter(
+        region__is_active=True).filter(Q(gpu_type__isnull=True) | Q(gpu_type__is_active=True))
+    rows = []
+    for entry in entries:
+        prices = unit_prices(entry, version)
+        for tier_value in Tier.values:
+            bucket = capacity.get((entry.gpu_type_id, entry.region_id, tier_value),
+                                  {"available": 0, "total": 0, "vcpus": 0, "memory": 0})
+            rows.append(Offer(
+                gpu_type=entry.gpu_type, region=entry.region, tier=tier_value,
+                unit_price=_off(prices.for_tier(tier_value), discount).quantize(
+                    Decimal("0.000001")),
+                currency=version.currency, available=bucket["available"],
+                total=bucket["total"], vcpus_per_node=bucket["vcpus"],
+                memory_gib_per_node=bucket["memory"], price_version=version.pk,
+            ))
+
+    def keep(offer: Offer) -> bool:
+        if offer.is_cpu:
+            if not include_cpu or vendor or gpu_type or min_memory_gib:
+                return False
+        else:
+            if vendor and offer.gpu_type.vendor != vendor:
+                return False
+            if gpu_type and offer.gpu_type.slug != gpu_type:
+                return False
+            if min_memory_gib and offer.gpu_type.memory_gib < min_memory_gib:
+                return False
+        if region and offer.region.slug != region:
+            return False
+        if tier and offer.tier != tier:
+            return False
+        return not (available_only and offer.available <= 0)
+
+    return sorted(filter(keep, rows), key=SORTS.get(sort, SORTS["price"]))
+
+
+def gpu_types_active() -> QuerySet[GpuType]:
+    return GpuType.objects.filter(is_active=True)
+
+
+def regions_active() -> QuerySet[Region]:
+    return Region.objects.filter(is_active=True)
+
+
+def images_for_tenant(*, tenant, query: str = "", kind: str = "", vendor: str = "",
+                      include_inactive: bool = False) -> QuerySet[Image]:
+    images = Image.objects.for_tenant(tenant)
+    if not include_inactive:
+        images = images.filter(is_active=True)
+    if query:
+        images = images.filter(Q(name__icontains=query) | Q(description__icontains=query)
+                               | Q(framework__icontains=query) | Q(slug__icontains=query))
+    if kind:
+        images = images.filter(kind=kind)
+    if vendor:
+        # JSON list containment isn't portable to SQLite; filter the (small) catalog here.
+        ids = [image.pk for image in images if vendor in image.compatible_with]
+        images = images.filter(pk__in=ids)
+    return images
+
+
+def price_versions() -> QuerySet[PriceVersion]:
+    return PriceVersion.objects.select_related("created_by")
