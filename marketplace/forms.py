@@ -7,82 +7,117 @@ from django.utils import timezone
 
 from marketplace.models import GpuType, ImageKind, NodePool, Region, Tier, Vendor
 
-SORT_CHOICES = [("price", "Price per GPU-hour"), ("price_per_tflop", "Price per PFLOP-hour"),
-                ("availability", "Most available")]
+SORT_CHOICES = [
+    ("price", "Price per GPU-hour"),
+    ("price_per_tflop", "Price per PFLOP-hour"),
+    ("availability", "Most available"),
+]
 
 
 class OfferFilterForm(forms.Form):
     vendor = forms.ChoiceField(choices=[("", "Any vendor"), *Vendor.choices], required=False)
     min_memory_gib = forms.IntegerField(label="Memory ≥ (GiB)", min_value=0, required=False)
-    region = forms.ModelChoiceField(queryset=Region.objects.filter(is_active=True),
-                                    to_field_name="slug", required=False,
-                                    empty_label="Any region")
+    region = forms.ModelChoiceField(
+        queryset=Region.objects.filter(is_active=True),
+        to_field_name="slug",
+        required=False,
+        empty_label="Any region",
+    )
     tier = forms.ChoiceField(choices=[("", "Any tier"), *Tier.choices], required=False)
     available = forms.BooleanField(label="Available now", required=False)
     sort = forms.ChoiceField(choices=SORT_CHOICES, required=False, initial="price")
 
 
 class EstimateForm(forms.Form):
-    gpu_type = forms.ModelChoiceField(queryset=GpuType.objects.filter(is_active=True),
-                                      to_field_name="slug", required=False,
-                                      empty_label="CPU only")
-    gpus_per_node = forms.IntegerField(min_value=0, max_value=16, initial=8, required=False)
-    cpus = forms.IntegerField(label="vCPUs per node", min_value=1, max_value=512, initial=8,
-                              required=False)
+    gpu_type = forms.ModelChoiceField(
+        label="GPU type",
+        queryset=GpuType.objects.filter(is_active=True),
+        to_field_name="slug",
+        required=False,
+        empty_label="CPU only",
+    )
+    gpus_per_node = forms.IntegerField(
+        label="GPUs per node", min_value=0, max_value=16, initial=8, required=False
+    )
+    cpus = forms.IntegerField(
+        label="vCPUs per node", min_value=1, max_value=512, initial=8, required=False
+    )
     nodes = forms.IntegerField(min_value=1, max_value=512, initial=1)
-    region = forms.ModelChoiceField(queryset=Region.objects.filter(is_active=True),
-                                    to_field_name="slug", empty_label=None)
+    region = forms.ModelChoiceField(
+        queryset=Region.objects.filter(is_active=True), to_field_name="slug", empty_label=None
+    )
     tier = forms.ChoiceField(choices=Tier.choices, initial=Tier.ON_DEMAND)
-    reserved_months = forms.TypedChoiceField(choices=[(1, "1 month"), (3, "3 months"),
-                                                      (12, "12 months")], coerce=int, initial=1,
-                                             required=False, empty_value=1)
-    spot_ratio = forms.DecimalField(min_value=Decimal(0), max_value=Decimal(1), initial="0",
-                                    max_digits=4, decimal_places=3)
-    hours = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal(100000),
-                               initial=Decimal(24), max_digits=9, decimal_places=2)
+    reserved_months = forms.TypedChoiceField(
+        choices=[(1, "1 month"), (3, "3 months"), (12, "12 months")],
+        coerce=int,
+        initial=1,
+        required=False,
+        empty_value=1,
+    )
+    spot_ratio = forms.DecimalField(
+        min_value=Decimal(0), max_value=Decimal(1), initial="0", max_digits=4, decimal_places=3
+    )
+    hours = forms.DecimalField(
+        min_value=Decimal("0.01"),
+        max_value=Decimal(100000),
+        initial=Decimal(24),
+        max_digits=9,
+        decimal_places=2,
+    )
 
 
 class ImageFilterForm(forms.Form):
     q = forms.CharField(label="Search", required=False)
     kind = forms.ChoiceField(choices=[("", "Any kind"), *ImageKind.choices], required=False)
-    vendor = forms.ChoiceField(choices=[("", "Any hardware"), *Vendor.choices, ("cpu", "CPU")],
-                               required=False)
+    vendor = forms.ChoiceField(
+        choices=[("", "Any hardware"), *Vendor.choices, ("cpu", "CPU")], required=False
+    )
 
 
 class ImageForm(forms.Form):
     slug = forms.SlugField(max_length=80)
     name = forms.CharField(max_length=120)
-    reference = forms.CharField(max_length=400, help_text="e.g. ghcr.io/acme/trainer:1.4.2 or "
-                                                          "…@sha256:<digest>")
+    reference = forms.CharField(
+        max_length=400, help_text="e.g. ghcr.io/acme/trainer:1.4.2 or …@sha256:<digest>"
+    )
     kind = forms.ChoiceField(choices=ImageKind.choices)
     compatible_with = forms.MultipleChoiceField(
-        choices=[*Vendor.choices, ("cpu", "CPU")], widget=forms.CheckboxSelectMultiple,
-        initial=["nvidia"])
+        choices=[*Vendor.choices, ("cpu", "CPU")],
+        widget=forms.CheckboxSelectMultiple,
+        initial=["nvidia"],
+    )
     cuda_version = forms.CharField(max_length=20, required=False)
     rocm_version = forms.CharField(max_length=20, required=False)
     framework = forms.CharField(max_length=40, required=False)
     framework_version = forms.CharField(max_length=40, required=False)
     size_gib = forms.DecimalField(min_value=0, max_digits=6, decimal_places=1, initial=0)
     description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
-    default_command = forms.JSONField(required=False, initial=list,
-                                      help_text='A JSON list, e.g. ["python", "train.py"]')
-    ports = forms.JSONField(required=False, initial=list,
-                            help_text='e.g. [{"name": "jupyter", "port": 8888}]')
+    default_command = forms.JSONField(
+        required=False, initial=list, help_text='A JSON list, e.g. ["python", "train.py"]'
+    )
+    ports = forms.JSONField(
+        required=False, initial=list, help_text='e.g. [{"name": "jupyter", "port": 8888}]'
+    )
 
 
 class PriceVersionForm(forms.Form):
     effective_from = forms.DateTimeField(
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
-        help_text="UTC. Usage before this time keeps the old prices.")
+        help_text="UTC. Usage before this time keeps the old prices.",
+    )
     currency = forms.CharField(max_length=3, initial="USD")
-    spot_discount_percent = forms.DecimalField(min_value=0, max_value=Decimal("99.99"),
-                                               max_digits=5, decimal_places=2)
-    reserved_1m_discount_percent = forms.DecimalField(min_value=0, max_value=Decimal("99.99"),
-                                                      max_digits=5, decimal_places=2)
-    reserved_3m_discount_percent = forms.DecimalField(min_value=0, max_value=Decimal("99.99"),
-                                                      max_digits=5, decimal_places=2)
-    reserved_12m_discount_percent = forms.DecimalField(min_value=0, max_value=Decimal("99.99"),
-                                                       max_digits=5, decimal_places=2)
+    spot_discount_percent = forms.DecimalField(
+        min_value=0, max_value=Decimal("99.99"), max_digits=5, decimal_places=2
+    )
+    reserved_1m_discount_percent = forms.DecimalField(
+        min_value=0, max_value=Decimal("99.99"), max_digits=5, decimal_places=2
+    )
+    reserved_3m_discount_percent = forms.DecimalField(
+        min_value=0, max_value=Decimal("99.99"), max_digits=5, decimal_places=2
+    )
+    reserved_12m_discount_percent = forms.DecimalField(
+        min_value=0, max_value=Decimal("99.99"), max_digits=5, decimal_places=2
+    )
     note = forms.CharField(max_length=200, required=False)
 
     def clean_effective_from(self):
@@ -93,14 +128,19 @@ class PriceVersionForm(forms.Form):
 
 
 class TenantPricingForm(forms.Form):
-    discount_percent = forms.DecimalField(min_value=0, max_value=Decimal("99.99"), max_digits=5,
-                                          decimal_places=2)
+    discount_percent = forms.DecimalField(
+        min_value=0, max_value=Decimal("99.99"), max_digits=5, decimal_places=2
+    )
     note = forms.CharField(max_length=200, required=False)
 
 
 class TenantQuotaForm(forms.Form):
-    gpu_type = forms.ModelChoiceField(queryset=GpuType.objects.all(), to_field_name="slug",
-                                      required=False, empty_label="All GPU types (tenant-wide)")
+    gpu_type = forms.ModelChoiceField(
+        queryset=GpuType.objects.all(),
+        to_field_name="slug",
+        required=False,
+        empty_label="All GPU types (tenant-wide)",
+    )
     max_gpus = forms.IntegerField(min_value=0, required=False)
     max_concurrent_jobs = forms.IntegerField(min_value=0, required=False)
 
@@ -108,9 +148,19 @@ class TenantQuotaForm(forms.Form):
 class GpuTypeForm(forms.ModelForm):
     class Meta:
         model = GpuType
-        fields = ["model", "vendor", "memory_gib", "architecture", "interconnect", "peak_tflops",
-                  "node_label_key", "node_label_value", "resource_name", "nvml_names",
-                  "is_active"]
+        fields = [
+            "model",
+            "vendor",
+            "memory_gib",
+            "architecture",
+            "interconnect",
+            "peak_tflops",
+            "node_label_key",
+            "node_label_value",
+            "resource_name",
+            "nvml_names",
+            "is_active",
+        ]
 
 
 class NodePoolForm(forms.ModelForm):
@@ -121,6 +171,9 @@ class NodePoolForm(forms.ModelForm):
 
 class AllowedRegistryForm(forms.Form):
     host = forms.CharField(max_length=253, help_text="e.g. ghcr.io or registry.example.com:5000")
-    path_prefix = forms.CharField(max_length=200, required=False,
-                                  help_text="Optional, e.g. acme/ to allow only that namespace")
+    path_prefix = forms.CharField(
+        max_length=200,
+        required=False,
+        help_text="Optional, e.g. acme/ to allow only that namespace",
+    )
     note = forms.CharField(max_length=200, required=False)

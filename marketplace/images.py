@@ -46,16 +46,23 @@ def parse_reference(text: str) -> ImageReference:
     if not match:
         raise InvalidReference(
             "Not a valid image reference; use registry/repository:tag or "
-            "registry/repository@sha256:<64 hex digits>.")
+            "registry/repository@sha256:<64 hex digits>."
+        )
     domain, path = match["domain"], match["path"]
     # Like Docker: the first part is a registry only if it looks like a host.
     if domain and not ("." in domain or ":" in domain or domain == "localhost"):
         path, domain = f"{domain}/{path}", None
     if not (match["tag"] or match["digest"]):
-        raise InvalidReference("Pin the image by tag or digest (e.g. :2.4.0 or @sha256:…); "
-                               "an implicit :latest is refused.")
-    return ImageReference(registry=(domain or DEFAULT_REGISTRY).lower(), path=path,
-                          tag=match["tag"], digest=match["digest"])
+        raise InvalidReference(
+            "Pin the image by tag or digest (e.g. :2.4.0 or @sha256:…); "
+            "an implicit :latest is refused."
+        )
+    return ImageReference(
+        registry=(domain or DEFAULT_REGISTRY).lower(),
+        path=path,
+        tag=match["tag"],
+        digest=match["digest"],
+    )
 
 
 def is_allowed(reference: ImageReference, allowed: list[tuple[str, str]]) -> bool:

@@ -16,8 +16,11 @@ from console.tenancy import TenantScopedQuerySet
 # Prices carry 6 decimals (4+ required); amounts are rounded to the cent only on invoices.
 PRICE_DIGITS = 14
 PRICE_PLACES = 6
-PERCENT = {"max_digits": 5, "decimal_places": 2,
-           "validators": [MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(100))]}
+PERCENT = {
+    "max_digits": 5,
+    "decimal_places": 2,
+    "validators": [MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(100))],
+}
 
 
 class Vendor(models.TextChoices):
@@ -84,8 +87,9 @@ class NodePool(models.Model):
     region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="pools")
     backend = models.CharField(max_length=16, choices=Backend.choices)
     tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.ON_DEMAND)
-    gpu_type = models.ForeignKey(GpuType, null=True, blank=True, on_delete=models.PROTECT,
-                                 related_name="pools")
+    gpu_type = models.ForeignKey(
+        GpuType, null=True, blank=True, on_delete=models.PROTECT, related_name="pools"
+    )
     # Extra node labels that select this pool's nodes (besides GPU product and region).
     node_selector = models.JSONField(default=dict, blank=True)
     node_count = models.PositiveIntegerField(default=0)
@@ -134,8 +138,9 @@ class PriceVersion(models.Model):
     reserved_3m_discount_percent = models.DecimalField(**PERCENT)
     reserved_12m_discount_percent = models.DecimalField(**PERCENT)
     note = models.CharField(max_length=200, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                   on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = PriceVersionQuerySet.as_manager()
@@ -150,8 +155,11 @@ class PriceVersion(models.Model):
         return self.effective_from > (now or timezone.now())
 
     def reserved_discount(self, months: int) -> Decimal:
-        return {1: self.reserved_1m_discount_percent, 3: self.reserved_3m_discount_percent,
-                12: self.reserved_12m_discount_percent}[months]
+        return {
+            1: self.reserved_1m_discount_percent,
+            3: self.reserved_3m_discount_percent,
+            12: self.reserved_12m_discount_percent,
+        }[months]
 
 
 class PriceEntry(models.Model):
@@ -159,21 +167,27 @@ class PriceEntry(models.Model):
     Spot and reserved prices derive from it through the version's discounts."""
 
     version = models.ForeignKey(PriceVersion, on_delete=models.CASCADE, related_name="entries")
-    gpu_type = models.ForeignKey(GpuType, null=True, blank=True, on_delete=models.PROTECT,
-                                 related_name="+")
+    gpu_type = models.ForeignKey(
+        GpuType, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
     on_demand_price = models.DecimalField(
-        max_digits=PRICE_DIGITS, decimal_places=PRICE_PLACES,
+        max_digits=PRICE_DIGITS,
+        decimal_places=PRICE_PLACES,
         validators=[MinValueValidator(Decimal("0.000001"))],
         help_text="Per GPU-hour, or per vCPU-hour for CPU (no GPU type).",
     )
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["version", "gpu_type", "region"],
-                                    name="price_entry_unique"),
-            models.UniqueConstraint(fields=["version", "region"], condition=Q(gpu_type=None),
-                                    name="price_entry_unique_cpu"),
+            models.UniqueConstraint(
+                fields=["version", "gpu_type", "region"], name="price_entry_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["version", "region"],
+                condition=Q(gpu_type=None),
+                name="price_entry_unique_cpu",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -183,8 +197,9 @@ class PriceEntry(models.Model):
 class TenantPricing(models.Model):
     """Negotiated discount for one tenant, applied on top of the price book."""
 
-    tenant = models.OneToOneField("console.Tenant", on_delete=models.CASCADE,
-                                  related_name="pricing")
+    tenant = models.OneToOneField(
+        "console.Tenant", on_delete=models.CASCADE, related_name="pricing"
+    )
     discount_percent = models.DecimalField(default=Decimal(0), **PERCENT)
     note = models.CharField(max_length=200, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -201,8 +216,9 @@ class TenantQuota(models.Model):
     (gpu_type empty: max GPUs of all types together and max concurrent jobs)."""
 
     tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="quotas")
-    gpu_type = models.ForeignKey(GpuType, null=True, blank=True, on_delete=models.CASCADE,
-                                 related_name="+")
+    gpu_type = models.ForeignKey(
+        GpuType, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
     max_gpus = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True)
 
@@ -212,8 +228,9 @@ class TenantQuota(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "gpu_type"], name="quota_unique"),
-            models.UniqueConstraint(fields=["tenant"], condition=Q(gpu_type=None),
-                                    name="quota_unique_tenant_wide"),
+            models.UniqueConstraint(
+                fields=["tenant"], condition=Q(gpu_type=None), name="quota_unique_tenant_wide"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -234,8 +251,9 @@ class AllowedRegistry(models.Model):
     note = models.CharField(max_length=200, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["host", "path_prefix"],
-                                               name="allowed_registry_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "path_prefix"], name="allowed_registry_unique")
+        ]
         ordering = ["host", "path_prefix"]
 
     def __str__(self) -> str:
@@ -270,10 +288,16 @@ class Image(models.Model):
     size_gib = models.DecimalField(max_digits=6, decimal_places=1, default=Decimal(0))
     description = models.TextField(blank=True)
     default_command = models.JSONField(default=list, blank=True)
-    ports = models.JSONField(default=list, blank=True, help_text='e.g. [{"name": "jupyter", '
-                                                                  '"port": 8888}]')
-    tenant = models.ForeignKey("console.Tenant", null=True, blank=True, on_delete=models.CASCADE,
-                               related_name="private_images")
+    ports = models.JSONField(
+        default=list, blank=True, help_text='e.g. [{"name": "jupyter", "port": 8888}]'
+    )
+    tenant = models.ForeignKey(
+        "console.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="private_images",
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -282,8 +306,9 @@ class Image(models.Model):
     class Meta:
         ordering = ["kind", "name"]
         constraints = [
-            models.UniqueConstraint(fields=["slug"], condition=Q(tenant=None),
-                                    name="image_public_slug_unique"),
+            models.UniqueConstraint(
+                fields=["slug"], condition=Q(tenant=None), name="image_public_slug_unique"
+            ),
             models.UniqueConstraint(fields=["tenant", "slug"], name="image_tenant_slug_unique"),
         ]
 

@@ -138,8 +138,7 @@ def estimate_cost(
     if tier == Tier.SPOT:
         spot_ratio = Decimal(1)
 
-    version, entry = price_entry_in_force(gpu_type=gpu_type, region=region,
-                                          at=at or timezone.now())
+    version, entry = price_entry_in_force(gpu_type=gpu_type, region=region, at=at or timezone.now())
     prices = unit_prices(entry, version)
     discount = tenant_discount_percent(tenant)
     spot_price = _off(prices.spot, discount)

@@ -80,7 +80,8 @@ def offers(
         return []
     discount = tenant_discount_percent(tenant)
     capacity: dict[tuple, dict[str, int]] = defaultdict(
-        lambda: {"available": 0, "total": 0, "vcpus": 0, "memory": 0})
+        lambda: {"available": 0, "total": 0, "vcpus": 0, "memory": 0}
+    )
     for pool in NodePool.objects.filter(is_active=True):
         bucket = capacity[(pool.gpu_type_id, pool.region_id, pool.tier)]
         if pool.gpu_type_id:
@@ -92,22 +93,35 @@ def offers(
         bucket["vcpus"] = max(bucket["vcpus"], pool.vcpus_per_node)
         bucket["memory"] = max(bucket["memory"], pool.memory_gib_per_node)
 
-    entries = version.entries.select_related("gpu_type", "region").filter(
-        region__is_active=True).filter(Q(gpu_type__isnull=True) | Q(gpu_type__is_active=True))
+    entries = (
+        version.entries.select_related("gpu_type", "region")
+        .filter(region__is_active=True)
+        .filter(Q(gpu_type__isnull=True) | Q(gpu_type__is_active=True))
+    )
     rows = []
     for entry in entries:
         prices = unit_prices(entry, version)
         for tier_value in Tier.values:
-            bucket = capacity.get((entry.gpu_type_id, entry.region_id, tier_value),
-                                  {"available": 0, "total": 0, "vcpus": 0, "memory": 0})
-            rows.append(Offer(
-                gpu_type=entry.gpu_type, region=entry.region, tier=tier_value,
-                unit_price=_off(prices.for_tier(tier_value), discount).quantize(
-                    Decimal("0.000001")),
-                currency=version.currency, available=bucket["available"],
-                total=bucket["total"], vcpus_per_node=bucket["vcpus"],
-                memory_gib_per_node=bucket["memory"], price_version=version.pk,
-            ))
+            bucket = capacity.get(
+                (entry.gpu_type_id, entry.region_id, tier_value),
+                {"available": 0, "total": 0, "vcpus": 0, "memory": 0},
+            )
+            rows.append(
+                Offer(
+                    gpu_type=entry.gpu_type,
+                    region=entry.region,
+                    tier=tier_value,
+                    unit_price=_off(prices.for_tier(tier_value), discount).quantize(
+                        Decimal("0.000001")
+                    ),
+                    currency=version.currency,
+                    available=bucket["available"],
+                    total=bucket["total"],
+                    vcpus_per_node=bucket["vcpus"],
+                    memory_gib_per_node=bucket["memory"],
+                    price_version=version.pk,
+                )
+            )
 
     def keep(offer: Offer) -> bool:
         if offer.is_cpu:
@@ -137,14 +151,19 @@ def regions_active() -> QuerySet[Region]:
     return Region.objects.filter(is_active=True)
 
 
-def images_for_tenant(*, tenant, query: str = "", kind: str = "", vendor: str = "",
-                      include_inactive: bool = False) -> QuerySet[Image]:
+def images_for_tenant(
+    *, tenant, query: str = "", kind: str = "", vendor: str = "", include_inactive: bool = False
+) -> QuerySet[Image]:
     images = Image.objects.for_tenant(tenant)
     if not include_inactive:
         images = images.filter(is_active=True)
     if query:
-        images = images.filter(Q(name__icontains=query) | Q(description__icontains=query)
-                               | Q(framework__icontains=query) | Q(slug__icontains=query))
+        images = images.filter(
+            Q(name__icontains=query)
+            | Q(description__icontains=query)
+            | Q(framework__icontains=query)
+            | Q(slug__icontains=query)
+        )
     if kind:
         images = images.filter(kind=kind)
     if vendor:

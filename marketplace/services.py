@@ -37,7 +37,7 @@ from marketplace.pricing import RESERVED_TERMS
 log = logging.getLogger(__name__)
 
 
-# --- capacity -----------------------------------------------------------------------------
+# --- capacity ----
 
 
 def _match_gpu_type(node: NodeInventory, gpu_types: list[GpuType]) -> GpuType | None:
@@ -109,8 +109,10 @@ def capacity_sync(*, backend: ComputeBackend, now: datetime | None = None) -> li
             slug=slug,
             defaults={
                 "name": f"{gpu_by_slug[gpu_slug].model if gpu_slug else 'CPU'} · "
-                        f"{region_slug} · {tier.replace('_', '-')}",
-                "region": regions[region_slug], "backend": backend.name, "tier": tier,
+                f"{region_slug} · {tier.replace('_', '-')}",
+                "region": regions[region_slug],
+                "backend": backend.name,
+                "tier": tier,
                 "gpu_type": gpu_by_slug.get(gpu_slug) if gpu_slug else None,
             },
         )
@@ -121,13 +123,18 @@ def capacity_sync(*, backend: ComputeBackend, now: datetime | None = None) -> li
         seen.append(pool)
     # Pools whose nodes disappeared keep their row (jobs refer to them) but no capacity.
     NodePool.objects.filter(backend=backend.name).exclude(pk__in=[p.pk for p in seen]).update(
-        node_count=0, total_gpus=0, allocatable_gpus=0, in_use_gpus=0, allocatable_vcpus=0,
-        in_use_vcpus=0, last_synced_at=now,
+        node_count=0,
+        total_gpus=0,
+        allocatable_gpus=0,
+        in_use_gpus=0,
+        allocatable_vcpus=0,
+        in_use_vcpus=0,
+        last_synced_at=now,
     )
     return seen
 
 
-# --- price book ----------------------------------------------------------------------------
+# --- price book ----
 
 
 @dataclass(frozen=True)
@@ -156,8 +163,9 @@ def _validate_discounts(spot: Decimal, reserved: dict[int, Decimal]) -> None:
         (f"reserved_{m}m_discount_percent", v) for m, v in reserved.items()
     ]:
         if not Decimal(0) <= value < Decimal(100):
-            raise ServiceError("A discount is a percentage from 0 up to (not including) 100.",
-                               field=label)
+            raise ServiceError(
+                "A discount is a percentage from 0 up to (not including) 100.", field=label
+            )
     if set(reserved) != set(RESERVED_TERMS):
         raise ServiceError("Give a discount for each reserved term: 1, 3 and 12 months.")
 
@@ -169,9 +177,12 @@ def price_version_preview(*, rows: list[PriceRow], at: datetime | None = None) -
     if current is not None:
         old = {(e.gpu_type_id, e.region_id): e.on_demand_price for e in current.entries.all()}
     return [
-        PreviewRow(gpu_type=row.gpu_type, region=row.region,
-                   old_price=old.get((row.gpu_type.pk if row.gpu_type else None, row.region.pk)),
-                   new_price=row.on_demand_price)
+        PreviewRow(
+            gpu_type=row.gpu_type,
+            region=row.region,
+            old_price=old.get((row.gpu_type.pk if row.gpu_type else None, row.region.pk)),
+            new_price=row.on_demand_price,
+        )
         for row in rows
     ]
 
@@ -193,8 +204,10 @@ def price_version_publish(
     rated must keep the price it ran at."""
     now = now or timezone.now()
     if effective_from < now:
-        raise ServiceError("A new price version can't take effect in the past; pick now or a "
-                           "later time.", field="effective_from")
+        raise ServiceError(
+            "A new price version can't take effect in the past; pick now or a later time.",
+            field="effective_from",
+        )
     if not rows:
         raise ServiceError("A price version needs at least one price.")
     if len(currency) != 3 or not currency.isalpha():
@@ -202,96 +215,158 @@ def price_version_publish(
     seen = set()
     for row in rows:
         if row.on_demand_price <= 0:
-            raise ServiceError(f"The price of {row.gpu_type or 'CPU'} in {row.region.slug} must "
-                               "be above zero.", field="prices")
+            raise ServiceError(
+                f"The price of {row.gpu_type or 'CPU'} in {row.region.slug} must be above zero.",
+                field="prices",
+            )
         key = (row.gpu_type.pk if row.gpu_type else None, row.region.pk)
         if key in seen:
-            raise ServiceError(f"{row.gpu_type or 'CPU'} in {row.region.slug} is priced twice.",
-                               field="prices")
+            raise ServiceError(
+                f"{row.gpu_type or 'CPU'} in {row.region.slug} is priced twice.", field="prices"
+            )
         seen.add(key)
     _validate_discounts(spot_discount_percent, reserved_discount_percent)
     version = PriceVersion.objects.create(
-        currency=currency.upper(), effective_from=effective_from,
+        currency=currency.upper(),
+        effective_from=effective_from,
         spot_discount_percent=spot_discount_percent,
         reserved_1m_discount_percent=reserved_discount_percent[1],
         reserved_3m_discount_percent=reserved_discount_percent[3],
         reserved_12m_discount_percent=reserved_discount_percent[12],
-        note=note, created_by=user,
+        note=note,
+        created_by=user,
     )
-    PriceEntry.objects.bulk_create([
-        PriceEntry(version=version, gpu_type=row.gpu_type, region=row.region,
-                   on_demand_price=row.on_demand_price)
-        for row in rows
-    ])
-    audit_record(action="price_version.published", actor=user, target=version, request=request,
-                 metadata={"effective_from": effective_from.isoformat(), "entries": len(rows),
-                           "spot_discount_percent": str(spot_discount_percent),
-                           "note": note})
+    PriceEntry.objects.bulk_create(
+        [
+            PriceEntry(
+                version=version,
+                gpu_type=row.gpu_type,
+                region=row.region,
+                on_demand_price=row.on_demand_price,
+            )
+            for row in rows
+        ]
+    )
+    audit_record(
+        action="price_version.published",
+        actor=user,
+        target=version,
+        request=request,
+        metadata={
+            "effective_from": effective_from.isoformat(),
+            "entries": len(rows),
+            "spot_discount_percent": str(spot_discount_percent),
+            "note": note,
+        },
+    )
     return version
 
 
 @transaction.atomic
-def price_version_withdraw(*, version: PriceVersion, user: User,
-                           request: HttpRequest | None = None) -> None:
+def price_version_withdraw(
+    *, version: PriceVersion, user: User, request: HttpRequest | None = None
+) -> None:
     """Withdraw a version that hasn't taken effect yet; one in force or past is history."""
     version = PriceVersion.objects.select_for_update().get(pk=version.pk)
     if not version.is_editable():
-        raise ServiceError("This price version has taken effect; it can't be changed. Publish "
-                           "a new version instead.", code="conflict")
-    audit_record(action="price_version.withdrawn", actor=user, target=version, request=request,
-                 metadata={"effective_from": version.effective_from.isoformat()})
+        raise ServiceError(
+            "This price version has taken effect; it can't be changed. Publish "
+            "a new version instead.",
+            code="conflict",
+        )
+    audit_record(
+        action="price_version.withdrawn",
+        actor=user,
+        target=version,
+        request=request,
+        metadata={"effective_from": version.effective_from.isoformat()},
+    )
     version.delete()
 
 
-# --- tenant pricing and quotas -------------------------------------------------------------
+# --- tenant pricing and quotas ----
 
 
 @transaction.atomic
-def tenant_pricing_set(*, tenant: Tenant, discount_percent: Decimal, note: str, user: User,
-                       request: HttpRequest | None = None) -> TenantPricing:
+def tenant_pricing_set(
+    *,
+    tenant: Tenant,
+    discount_percent: Decimal,
+    note: str,
+    user: User,
+    request: HttpRequest | None = None,
+) -> TenantPricing:
     if not Decimal(0) <= discount_percent < Decimal(100):
-        raise ServiceError("A discount is a percentage from 0 up to 100.",
-                           field="discount_percent")
+        raise ServiceError("A discount is a percentage from 0 up to 100.", field="discount_percent")
     pricing, _ = TenantPricing.objects.get_or_create(tenant=tenant)
     previous = pricing.discount_percent
     pricing.discount_percent = discount_percent
     pricing.note = note
     pricing.save()
-    audit_record(action="tenant_pricing.changed", tenant=tenant, actor=user, target=tenant,
-                 request=request, metadata={"from": str(previous), "to": str(discount_percent),
-                                            "note": note})
+    audit_record(
+        action="tenant_pricing.changed",
+        tenant=tenant,
+        actor=user,
+        target=tenant,
+        request=request,
+        metadata={"from": str(previous), "to": str(discount_percent), "note": note},
+    )
     return pricing
 
 
 @transaction.atomic
-def tenant_quota_set(*, tenant: Tenant, gpu_type: GpuType | None, max_gpus: int | None,
-                     max_concurrent_jobs: int | None, user: User,
-                     request: HttpRequest | None = None) -> TenantQuota | None:
+def tenant_quota_set(
+    *,
+    tenant: Tenant,
+    gpu_type: GpuType | None,
+    max_gpus: int | None,
+    max_concurrent_jobs: int | None,
+    user: User,
+    request: HttpRequest | None = None,
+) -> TenantQuota | None:
     """Set (or clear, with both limits empty) one quota row of a tenant."""
     for field, value in (("max_gpus", max_gpus), ("max_concurrent_jobs", max_concurrent_jobs)):
         if value is not None and value < 0:
             raise ServiceError("Limits can't be negative.", field=field)
     if gpu_type is not None and max_concurrent_jobs is not None:
-        raise ServiceError("Concurrent jobs are limited tenant-wide, not per GPU type.",
-                           field="max_concurrent_jobs")
+        raise ServiceError(
+            "Concurrent jobs are limited tenant-wide, not per GPU type.",
+            field="max_concurrent_jobs",
+        )
     quotas = TenantQuota.objects.for_tenant(tenant).filter(gpu_type=gpu_type)
-    metadata: dict[str, Any] = {"gpu_type": gpu_type.slug if gpu_type else None,
-                                "max_gpus": max_gpus, "max_concurrent_jobs": max_concurrent_jobs}
+    metadata: dict[str, Any] = {
+        "gpu_type": gpu_type.slug if gpu_type else None,
+        "max_gpus": max_gpus,
+        "max_concurrent_jobs": max_concurrent_jobs,
+    }
     if max_gpus is None and max_concurrent_jobs is None:
         quotas.delete()
-        audit_record(action="tenant_quota.cleared", tenant=tenant, actor=user, target=tenant,
-                     request=request, metadata=metadata)
+        audit_record(
+            action="tenant_quota.cleared",
+            tenant=tenant,
+            actor=user,
+            target=tenant,
+            request=request,
+            metadata=metadata,
+        )
         return None
     quota, _ = TenantQuota.objects.update_or_create(
-        tenant=tenant, gpu_type=gpu_type,
+        tenant=tenant,
+        gpu_type=gpu_type,
         defaults={"max_gpus": max_gpus, "max_concurrent_jobs": max_concurrent_jobs},
     )
-    audit_record(action="tenant_quota.changed", tenant=tenant, actor=user, target=tenant,
-                 request=request, metadata=metadata)
+    audit_record(
+        action="tenant_quota.changed",
+        tenant=tenant,
+        actor=user,
+        target=tenant,
+        request=request,
+        metadata=metadata,
+    )
     return quota
 
 
-# --- images ------------------------------------------------------------------------------------
+# --- images ----
 
 
 def _allowed_registries() -> list[tuple[str, str]]:
@@ -306,37 +381,64 @@ def image_validate_reference(*, reference: str, tenant: Tenant | None) -> str:
     except InvalidReference as error:
         raise ServiceError(str(error), field="reference") from None
     if tenant is not None and not is_allowed(parsed, _allowed_registries()):
-        raise ServiceError(f"Registry {parsed.registry} (path {parsed.path}) is not on the "
-                           "allow-list for private images; ask platform staff to add it.",
-                           field="reference")
+        raise ServiceError(
+            f"Registry {parsed.registry} (path {parsed.path}) is not on the "
+            "allow-list for private images; ask platform staff to add it.",
+            field="reference",
+        )
     return str(parsed)
 
 
-IMAGE_FIELDS = ("name", "kind", "cuda_version", "rocm_version", "framework",
-                "framework_version", "compatible_with", "size_gib", "description",
-                "default_command", "ports")
+IMAGE_FIELDS = (
+    "name",
+    "kind",
+    "cuda_version",
+    "rocm_version",
+    "framework",
+    "framework_version",
+    "compatible_with",
+    "size_gib",
+    "description",
+    "default_command",
+    "ports",
+)
 COMPATIBLE_VALUES = {"nvidia", "amd", "huawei", "cpu"}
 
 
 def _validate_image_fields(fields: dict[str, Any]) -> None:
     compatible = fields.get("compatible_with") or []
     if not compatible or not set(compatible) <= COMPATIBLE_VALUES:
-        raise ServiceError("Say which hardware it runs on: nvidia, amd, huawei and/or cpu.",
-                           field="compatible_with")
+        raise ServiceError(
+            "Say which hardware it runs on: nvidia, amd, huawei and/or cpu.",
+            field="compatible_with",
+        )
     command = fields.get("default_command") or []
     if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
-        raise ServiceError("The default command is a list of strings (no shell string).",
-                           field="default_command")
+        raise ServiceError(
+            "The default command is a list of strings (no shell string).", field="default_command"
+        )
     for port in fields.get("ports") or []:
-        if (not isinstance(port, dict) or not str(port.get("name", "")).strip()
-                or not isinstance(port.get("port"), int) or not 1 <= port["port"] <= 65535):
-            raise ServiceError('Ports look like [{"name": "jupyter", "port": 8888}].',
-                               field="ports")
+        if (
+            not isinstance(port, dict)
+            or not str(port.get("name", "")).strip()
+            or not isinstance(port.get("port"), int)
+            or not 1 <= port["port"] <= 65535
+        ):
+            raise ServiceError(
+                'Ports look like [{"name": "jupyter", "port": 8888}].', field="ports"
+            )
 
 
 @transaction.atomic
-def image_create(*, tenant: Tenant | None, slug: str, reference: str, user: User,
-                 request: HttpRequest | None = None, **fields: Any) -> Image:
+def image_create(
+    *,
+    tenant: Tenant | None,
+    slug: str,
+    reference: str,
+    user: User,
+    request: HttpRequest | None = None,
+    **fields: Any,
+) -> Image:
     """A public image (tenant None, staff) or a tenant's private image."""
     unknown = set(fields) - set(IMAGE_FIELDS)
     if unknown:
@@ -349,12 +451,18 @@ def image_create(*, tenant: Tenant | None, slug: str, reference: str, user: User
     clash = Image.objects.filter(slug=slug)
     clash = clash.filter(tenant=tenant) if tenant else clash.filter(tenant__isnull=True)
     if clash.exists():
-        raise ServiceError(f"An image with slug “{slug}” exists already.", code="conflict",
-                           field="slug")
+        raise ServiceError(
+            f"An image with slug “{slug}” exists already.", code="conflict", field="slug"
+        )
     image = Image.objects.create(tenant=tenant, slug=slug, reference=normalised, **fields)
-    audit_record(action="image.created", tenant=tenant, actor=user, target=image,
-                 request=request, metadata={"reference": normalised,
-                                            "public": tenant is None})
+    audit_record(
+        action="image.created",
+        tenant=tenant,
+        actor=user,
+        target=image,
+        request=request,
+        metadata={"reference": normalised, "public": tenant is None},
+    )
     return image
 
 
@@ -363,6 +471,11 @@ def image_deactivate(*, image: Image, user: User, request: HttpRequest | None = 
     if image.is_active:
         image.is_active = False
         image.save(update_fields=["is_active"])
-        audit_record(action="image.deactivated", tenant=image.tenant, actor=user, target=image,
-                     request=request)
+        audit_record(
+            action="image.deactivated",
+            tenant=image.tenant,
+            actor=user,
+            target=image,
+            request=request,
+        )
     return image

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-
 from django.conf import settings
 
 from jobs.backends import BackendUnavailable, get_backend

@@ -1,4 +1,5 @@
-"""Marketplace pages: offers, live estimate, image catalog; staff pages for the catalog,
+"""Marketplace pages: offers, live estimate, image catalog (open to every signed-in user,
+staff included); staff pages for the catalog,
 price book, tenant pricing and quotas. Thin: parse, call a service/selector, render."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.contrib import messages
+from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
@@ -47,10 +49,10 @@ def _form_error(form, error: ServiceError | PricingError) -> None:
     form.add_error(error.field if error.field in form.fields else None, error.message)
 
 
-# --- offers and estimate ------------------------------------------------------------------------
+# --- offers and estimate ----
 
 
-@capability_required(Capability.VIEW_TENANT)
+@login_required
 def offers(request: HttpRequest) -> HttpResponse:
     form = OfferFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
@@ -67,15 +69,16 @@ def offers(request: HttpRequest) -> HttpResponse:
         "form": form,
         "gpu_offers": [o for o in rows if not o.is_cpu],
         "cpu_offers": [o for o in rows if o.is_cpu],
-        "estimate_form": EstimateForm(initial={"region": "us-west", "gpu_type": "a100-80gb",
-                                               "spot_ratio": "0.7", "hours": 24}),
+        "estimate_form": EstimateForm(
+            initial={"region": "us-west", "gpu_type": "a100-80gb", "spot_ratio": "0.7", "hours": 24}
+        ),
     }
     if request.htmx and request.htmx.target == "offers-table":
         return render(request, "marketplace/offers.html#offers-table", context)
     return render(request, "marketplace/offers.html", context)
 
 
-@capability_required(Capability.VIEW_TENANT)
+@login_required
 def estimate(request: HttpRequest) -> HttpResponse:
     """Live estimate partial (htmx, as the user types); also a full page without JS."""
     form = EstimateForm(request.GET or None)
@@ -84,10 +87,16 @@ def estimate(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             result = estimate_cost(
-                gpu_type=data["gpu_type"], region=data["region"], nodes=data["nodes"],
-                gpus_per_node=data.get("gpus_per_node") or 0, cpus=data.get("cpus") or 0,
-                spot_ratio=data["spot_ratio"], hours=data["hours"], tier=data["tier"],
-                reserved_months=data.get("reserved_months") or 1, tenant=request.tenant,
+                gpu_type=data["gpu_type"],
+                region=data["region"],
+                nodes=data["nodes"],
+                gpus_per_node=data.get("gpus_per_node") or 0,
+                cpus=data.get("cpus") or 0,
+                spot_ratio=data["spot_ratio"],
+                hours=data["hours"],
+                tier=data["tier"],
+                reserved_months=data.get("reserved_months") or 1,
+                tenant=request.tenant,
             )
         except PricingError as error:
             _form_error(form, error)
@@ -95,10 +104,10 @@ def estimate(request: HttpRequest) -> HttpResponse:
     return render(request, template, {"estimate_form": form, "estimate": result})
 
 
-# --- image catalog -----------------------------------------------------------------------------
+# --- image catalog ----
 
 
-@capability_required(Capability.VIEW_TENANT)
+@login_required
 @require_http_methods(["GET", "POST"])
 def images(request: HttpRequest) -> HttpResponse:
     can_add = has_capability(request.membership, Capability.MANAGE_PRIVATE_IMAGES)
@@ -110,8 +119,11 @@ def images(request: HttpRequest) -> HttpResponse:
             data = dict(image_form.cleaned_data)
             try:
                 image = services.image_create(
-                    tenant=request.tenant, slug=data.pop("slug"),
-                    reference=data.pop("reference"), user=request.user, request=request,
+                    tenant=request.tenant,
+                    slug=data.pop("slug"),
+                    reference=data.pop("reference"),
+                    user=request.user,
+                    request=request,
                     **{k: (v if v is not None else []) for k, v in data.items()},
                 )
             except ServiceError as error:
@@ -121,12 +133,19 @@ def images(request: HttpRequest) -> HttpResponse:
                 return redirect("marketplace:images")
     filters = ImageFilterForm(request.GET or None)
     data = filters.cleaned_data if filters.is_valid() else {}
-    catalog = selectors.images_for_tenant(tenant=request.tenant, query=data.get("q", ""),
-                                          kind=data.get("kind", ""),
-                                          vendor=data.get("vendor", ""))
-    context = {"filters": filters, "images": Paginator(catalog, 50).get_page(
-        request.GET.get("page")), "image_form": image_form, "can_add": can_add,
-        "allowed_registries": AllowedRegistry.objects.all()}
+    catalog = selectors.images_for_tenant(
+        tenant=request.tenant,
+        query=data.get("q", ""),
+        kind=data.get("kind", ""),
+        vendor=data.get("vendor", ""),
+    )
+    context = {
+        "filters": filters,
+        "images": Paginator(catalog, 50).get_page(request.GET.get("page")),
+        "image_form": image_form,
+        "can_add": can_add,
+        "allowed_registries": AllowedRegistry.objects.all(),
+    }
     if request.htmx and request.htmx.target == "image-list":
         return render(request, "marketplace/images.html#image-list", context)
     return render(request, "marketplace/images.html", context)
@@ -135,19 +154,26 @@ def images(request: HttpRequest) -> HttpResponse:
 @capability_required(Capability.MANAGE_PRIVATE_IMAGES)
 @require_http_methods(["GET", "POST"])
 def image_deactivate(request: HttpRequest, image_id: int) -> HttpResponse:
-    image = get_for_tenant_or_404(Image.objects.owned_by(request.tenant), request.tenant,
-                                  pk=image_id)
+    image = get_for_tenant_or_404(
+        Image.objects.owned_by(request.tenant), request.tenant, pk=image_id
+    )
     if request.method == "POST":
         services.image_deactivate(image=image, user=request.user, request=request)
         messages.success(request, f"“{image.name}” is no longer offered for new jobs.")
         return redirect("marketplace:images")
-    return render(request, "partials/confirm.html", {
-        "title": "Retire private image",
-        "message": f"Stop offering “{image.name}” for new jobs? Running jobs are not affected.",
-        "confirm_label": "Retire", "cancel_url": reverse("marketplace:images")})
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Retire private image",
+            "message": f"Stop offering “{image.name}” for new jobs? Running jobs are not affected.",
+            "confirm_label": "Retire",
+            "cancel_url": reverse("marketplace:images"),
+        },
+    )
 
 
-# --- staff: price book ------------------------------------------------------------------------------
+# --- staff: price book ----
 
 
 def _price_rows_from_post(request: HttpRequest) -> tuple[list[services.PriceRow], list[str]]:
@@ -170,8 +196,11 @@ def _price_rows_from_post(request: HttpRequest) -> tuple[list[services.PriceRow]
         if not price.is_finite() or price <= 0:
             errors.append(f"Prices are above zero ({gpu_slug} in {region_slug}).")
             continue
-        rows.append(services.PriceRow(gpu_type=gpu_types.get(gpu_slug), region=regions[region_slug],
-                                      on_demand_price=price))
+        rows.append(
+            services.PriceRow(
+                gpu_type=gpu_types.get(gpu_slug), region=regions[region_slug], on_demand_price=price
+            )
+        )
     return rows, errors
 
 
@@ -180,8 +209,10 @@ def _price_grid(version: PriceVersion | None, posted: dict | None = None) -> dic
     gpu_types = list(GpuType.objects.all())
     current = {}
     if version is not None:
-        current = {(e.gpu_type.slug if e.gpu_type else "cpu", e.region.slug): e.on_demand_price
-                   for e in version.entries.select_related("gpu_type", "region")}
+        current = {
+            (e.gpu_type.slug if e.gpu_type else "cpu", e.region.slug): e.on_demand_price
+            for e in version.entries.select_related("gpu_type", "region")
+        }
     grid = []
     for label, slug in [(str(g), g.slug) for g in gpu_types] + [("CPU (per vCPU-hour)", "cpu")]:
         cells = []
@@ -199,9 +230,17 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
     in_force = PriceVersion.objects.in_force()
     initial = {"currency": in_force.currency if in_force else "USD"}
     if in_force:
-        initial.update({f: getattr(in_force, f) for f in (
-            "spot_discount_percent", "reserved_1m_discount_percent",
-            "reserved_3m_discount_percent", "reserved_12m_discount_percent")})
+        initial.update(
+            {
+                f: getattr(in_force, f)
+                for f in (
+                    "spot_discount_percent",
+                    "reserved_1m_discount_percent",
+                    "reserved_3m_discount_percent",
+                    "reserved_12m_discount_percent",
+                )
+            }
+        )
     form = PriceVersionForm(request.POST or None, initial=initial)
     preview = None
     if request.method == "POST":
@@ -213,26 +252,37 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
             if request.POST.get("action") == "publish":
                 try:
                     version = services.price_version_publish(
-                        effective_from=data["effective_from"], rows=rows,
+                        effective_from=data["effective_from"],
+                        rows=rows,
                         spot_discount_percent=data["spot_discount_percent"],
                         reserved_discount_percent={
                             1: data["reserved_1m_discount_percent"],
                             3: data["reserved_3m_discount_percent"],
-                            12: data["reserved_12m_discount_percent"]},
-                        currency=data["currency"], note=data["note"], user=request.user,
-                        request=request)
+                            12: data["reserved_12m_discount_percent"],
+                        },
+                        currency=data["currency"],
+                        note=data["note"],
+                        user=request.user,
+                        request=request,
+                    )
                 except ServiceError as error:
                     _form_error(form, error)
                 else:
-                    messages.success(request, f"Price version {version.pk} published, effective "
-                                              f"{version.effective_from:%Y-%m-%d %H:%M} UTC.")
+                    messages.success(
+                        request,
+                        f"Price version {version.pk} published, effective "
+                        f"{version.effective_from:%Y-%m-%d %H:%M} UTC.",
+                    )
                     return redirect("marketplace:staff_prices")
             else:
                 preview = services.price_version_preview(rows=rows)
-    context = {"form": form, "preview": preview, "in_force": in_force,
-               "versions": Paginator(selectors.price_versions(), 20).get_page(
-                   request.GET.get("page")),
-               **_price_grid(in_force, request.POST if request.method == "POST" else None)}
+    context = {
+        "form": form,
+        "preview": preview,
+        "in_force": in_force,
+        "versions": Paginator(selectors.price_versions(), 20).get_page(request.GET.get("page")),
+        **_price_grid(in_force, request.POST if request.method == "POST" else None),
+    }
     return render(request, "marketplace/staff_prices.html", context)
 
 
@@ -251,22 +301,28 @@ def staff_price_version(request: HttpRequest, version_id: int) -> HttpResponse:
         messages.success(request, "The scheduled price version was withdrawn.")
         return redirect("marketplace:staff_prices")
     entries = version.entries.select_related("gpu_type", "region").order_by(
-        "gpu_type__vendor", "gpu_type__slug", "region__slug")
-    return render(request, "marketplace/staff_price_version.html",
-                  {"version": version, "entries": entries})
+        "gpu_type__vendor", "gpu_type__slug", "region__slug"
+    )
+    return render(
+        request, "marketplace/staff_price_version.html", {"version": version, "entries": entries}
+    )
 
 
-# --- staff: catalog --------------------------------------------------------------------------------
+# --- staff: catalog ----
 
 
 @staff_required
 def staff_catalog(request: HttpRequest) -> HttpResponse:
-    return render(request, "marketplace/staff_catalog.html", {
-        "gpu_types": GpuType.objects.all(),
-        "pools": NodePool.objects.select_related("region", "gpu_type"),
-        "registries": AllowedRegistry.objects.all(),
-        "registry_form": AllowedRegistryForm(),
-    })
+    return render(
+        request,
+        "marketplace/staff_catalog.html",
+        {
+            "gpu_types": GpuType.objects.all(),
+            "pools": NodePool.objects.select_related("region", "gpu_type"),
+            "registries": AllowedRegistry.objects.all(),
+            "registry_form": AllowedRegistryForm(),
+        },
+    )
 
 
 def _staff_model_edit(request, instance, form_class, action: str, title: str):
@@ -274,13 +330,20 @@ def _staff_model_edit(request, instance, form_class, action: str, title: str):
     if request.method == "POST" and form.is_valid():
         with transaction.atomic():
             saved = form.save()
-            audit_record(action=action, actor=request.user, target=saved, request=request,
-                         metadata={"changed": form.changed_data})
+            audit_record(
+                action=action,
+                actor=request.user,
+                target=saved,
+                request=request,
+                metadata={"changed": form.changed_data},
+            )
         messages.success(request, f"{saved} saved.")
         return redirect("marketplace:staff_catalog")
-    return render(request, "marketplace/staff_edit.html", {"form": form, "title": title,
-                                                           "cancel_url": reverse(
-                                                               "marketplace:staff_catalog")})
+    return render(
+        request,
+        "marketplace/staff_edit.html",
+        {"form": form, "title": title, "cancel_url": reverse("marketplace:staff_catalog")},
+    )
 
 
 @staff_required
@@ -289,8 +352,9 @@ def staff_gpu_type_edit(request: HttpRequest, gpu_type_slug: str) -> HttpRespons
     gpu_type = GpuType.objects.filter(slug=gpu_type_slug).first()
     if gpu_type is None:
         raise Http404("Not found.")
-    return _staff_model_edit(request, gpu_type, GpuTypeForm, "gpu_type.changed",
-                             f"GPU type {gpu_type.slug}")
+    return _staff_model_edit(
+        request, gpu_type, GpuTypeForm, "gpu_type.changed", f"GPU type {gpu_type.slug}"
+    )
 
 
 @staff_required
@@ -299,8 +363,9 @@ def staff_pool_edit(request: HttpRequest, pool_id: int) -> HttpResponse:
     pool = NodePool.objects.filter(pk=pool_id).first()
     if pool is None:
         raise Http404("Not found.")
-    return _staff_model_edit(request, pool, NodePoolForm, "node_pool.changed",
-                             f"Node pool {pool.slug}")
+    return _staff_model_edit(
+        request, pool, NodePoolForm, "node_pool.changed", f"Node pool {pool.slug}"
+    )
 
 
 @staff_required
@@ -311,10 +376,12 @@ def staff_registry_add(request: HttpRequest) -> HttpResponse:
         registry, created = AllowedRegistry.objects.get_or_create(
             host=form.cleaned_data["host"].strip().lower(),
             path_prefix=form.cleaned_data["path_prefix"].strip("/"),
-            defaults={"note": form.cleaned_data["note"]})
+            defaults={"note": form.cleaned_data["note"]},
+        )
         if created:
-            audit_record(action="registry.allowed", actor=request.user, target=registry,
-                         request=request)
+            audit_record(
+                action="registry.allowed", actor=request.user, target=registry, request=request
+            )
         messages.success(request, f"{registry} is allowed for private images.")
     else:
         messages.error(request, "Give a registry host.")
@@ -333,7 +400,7 @@ def staff_registry_remove(request: HttpRequest, registry_id: int) -> HttpRespons
     return redirect("marketplace:staff_catalog")
 
 
-# --- staff: tenant pricing and quotas ------------------------------------------------------------
+# --- staff: tenant pricing and quotas ----
 
 
 @staff_required
@@ -345,26 +412,38 @@ def staff_tenant_commercials(request: HttpRequest, tenant_slug: str) -> HttpResp
     pricing = TenantPricing.objects.for_tenant(tenant).first()
     pricing_form = TenantPricingForm(
         request.POST if request.POST.get("form") == "pricing" else None,
-        initial={"discount_percent": pricing.discount_percent if pricing else 0,
-                 "note": pricing.note if pricing else ""}, prefix="pricing")
-    quota_form = TenantQuotaForm(request.POST if request.POST.get("form") == "quota" else None,
-                                 prefix="quota")
+        initial={
+            "discount_percent": pricing.discount_percent if pricing else 0,
+            "note": pricing.note if pricing else "",
+        },
+        prefix="pricing",
+    )
+    quota_form = TenantQuotaForm(
+        request.POST if request.POST.get("form") == "quota" else None, prefix="quota"
+    )
     if request.method == "POST":
         try:
             if request.POST.get("form") == "pricing" and pricing_form.is_valid():
-                services.tenant_pricing_set(tenant=tenant, user=request.user, request=request,
-                                            **pricing_form.cleaned_data)
+                services.tenant_pricing_set(
+                    tenant=tenant, user=request.user, request=request, **pricing_form.cleaned_data
+                )
                 messages.success(request, "Discount saved; it applies to usage from now on.")
                 return redirect("marketplace:staff_tenant_commercials", tenant_slug=tenant.slug)
             if request.POST.get("form") == "quota" and quota_form.is_valid():
-                services.tenant_quota_set(tenant=tenant, user=request.user, request=request,
-                                          **quota_form.cleaned_data)
+                services.tenant_quota_set(
+                    tenant=tenant, user=request.user, request=request, **quota_form.cleaned_data
+                )
                 messages.success(request, "Quota saved.")
                 return redirect("marketplace:staff_tenant_commercials", tenant_slug=tenant.slug)
         except ServiceError as error:
-            _form_error(quota_form if request.POST.get("form") == "quota" else pricing_form,
-                        error)
-    return render(request, "marketplace/staff_tenant_commercials.html", {
-        "tenant": tenant, "pricing_form": pricing_form, "quota_form": quota_form,
-        "quotas": TenantQuota.objects.for_tenant(tenant).select_related("gpu_type"),
-    })
+            _form_error(quota_form if request.POST.get("form") == "quota" else pricing_form, error)
+    return render(
+        request,
+        "marketplace/staff_tenant_commercials.html",
+        {
+            "tenant": tenant,
+            "pricing_form": pricing_form,
+            "quota_form": quota_form,
+            "quotas": TenantQuota.objects.for_tenant(tenant).select_related("gpu_type"),
+        },
+    )

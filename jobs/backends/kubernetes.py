@@ -26,8 +26,11 @@ SPOT_LABELS = {
     ("kubernetes.azure.com/scalesetpriority", "spot"),
     ("node.kubernetes.io/lifecycle", "spot"),
 }
-SPOT_TAINT_KEYS = {"gpugeek.io/spot", "cloud.google.com/gke-spot",
-                   "kubernetes.azure.com/scalesetpriority"}
+SPOT_TAINT_KEYS = {
+    "gpugeek.io/spot",
+    "cloud.google.com/gke-spot",
+    "kubernetes.azure.com/scalesetpriority",
+}
 ACTIVE_POD_PHASES = {"Pending", "Running", "Unknown"}
 
 
@@ -42,8 +45,16 @@ def parse_cpu(quantity: str | None) -> int:
 def parse_memory_gib(quantity: str | None) -> int:
     if not quantity:
         return 0
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6,
-             "G": 10**9, "T": 10**12}
+    units = {
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "K": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "T": 10**12,
+    }
     for suffix, factor in units.items():
         if quantity.endswith(suffix):
             return int(float(quantity[: -len(suffix)]) * factor // 2**30)
@@ -72,8 +83,9 @@ class KubernetesBackend:
         configuration = client.Configuration()
         try:
             if settings.KUBECONFIG:
-                config.load_kube_config(config_file=settings.KUBECONFIG,
-                                        client_configuration=configuration)
+                config.load_kube_config(
+                    config_file=settings.KUBECONFIG, client_configuration=configuration
+                )
             else:
                 config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException as error:
@@ -101,8 +113,7 @@ class KubernetesBackend:
                     amount = limits.get(resource) or requests.get(resource)
                     if amount:
                         gpus_used[node_name] = gpus_used.get(node_name, 0) + int(amount)
-                cpus_used[node_name] = cpus_used.get(node_name, 0) + parse_cpu(
-                    requests.get("cpu"))
+                cpus_used[node_name] = cpus_used.get(node_name, 0) + parse_cpu(requests.get("cpu"))
 
         inventory = []
         for node in nodes:
@@ -111,18 +122,20 @@ class KubernetesBackend:
             resource = next((r for r in GPU_RESOURCES if int(allocatable.get(r, 0) or 0)), None)
             product = next((labels[k] for k in GPU_PRODUCT_LABELS if k in labels), None)
             name = node.metadata.name
-            inventory.append(NodeInventory(
-                name=name,
-                region=labels.get(REGION_LABEL, ""),
-                tier=node_tier(labels, node.spec.taints if node.spec else []),
-                labels=labels,
-                gpu_resource=resource,
-                gpu_product=product if resource else None,
-                gpus_allocatable=int(allocatable.get(resource, 0)) if resource else 0,
-                gpus_in_use=gpus_used.get(name, 0),
-                vcpus_allocatable=parse_cpu(allocatable.get("cpu")),
-                vcpus_in_use=cpus_used.get(name, 0),
-                memory_gib=parse_memory_gib(allocatable.get("memory")),
-                schedulable=not (node.spec and node.spec.unschedulable),
-            ))
+            inventory.append(
+                NodeInventory(
+                    name=name,
+                    region=labels.get(REGION_LABEL, ""),
+                    tier=node_tier(labels, node.spec.taints if node.spec else []),
+                    labels=labels,
+                    gpu_resource=resource,
+                    gpu_product=product if resource else None,
+                    gpus_allocatable=int(allocatable.get(resource, 0)) if resource else 0,
+                    gpus_in_use=gpus_used.get(name, 0),
+                    vcpus_allocatable=parse_cpu(allocatable.get("cpu")),
+                    vcpus_in_use=cpus_used.get(name, 0),
+                    memory_gib=parse_memory_gib(allocatable.get("memory")),
+                    schedulable=not (node.spec and node.spec.unschedulable),
+                )
+            )
         return inventory

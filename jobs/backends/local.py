@@ -51,13 +51,27 @@ class LocalBackend:
         host = socket.gethostname()
         vcpus = os.cpu_count() or 1
         memory = _memory_gib()
-        nodes = [NodeInventory(name=f"{host}/cpu", region=LOCAL_REGION, tier="on_demand",
-                               vcpus_allocatable=vcpus, memory_gib=memory)]
+        nodes = [
+            NodeInventory(
+                name=f"{host}/cpu",
+                region=LOCAL_REGION,
+                tier="on_demand",
+                vcpus_allocatable=vcpus,
+                memory_gib=memory,
+            )
+        ]
         # One inventory entry per GPU model on the host (mixed hosts are possible).
         for product, count in Counter(nvml_gpu_names()).items():
-            nodes.append(NodeInventory(
-                name=f"{host}/{product}", region=LOCAL_REGION, tier="on_demand",
-                gpu_resource="nvidia.com/gpu", gpu_product=product, gpus_allocatable=count,
-                vcpus_allocatable=vcpus, memory_gib=memory,
-            ))
+            nodes.append(
+                NodeInventory(
+                    name=f"{host}/{product}",
+                    region=LOCAL_REGION,
+                    tier="on_demand",
+                    gpu_resource="nvidia.com/gpu",
+                    gpu_product=product,
+                    gpus_allocatable=count,
+                    vcpus_allocatable=vcpus,
+                    memory_gib=memory,
+                )
+            )
         return nodes

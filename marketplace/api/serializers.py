@@ -10,8 +10,18 @@ from marketplace.models import GpuType, Image, NodePool, PriceVersion, Region, T
 class GpuTypeSerializer(serializers.ModelSerializer):
     class Meta:
         model = GpuType
-        fields = ["slug", "vendor", "model", "memory_gib", "architecture", "interconnect",
-                  "peak_tflops", "node_label_key", "node_label_value", "resource_name"]
+        fields = [
+            "slug",
+            "vendor",
+            "model",
+            "memory_gib",
+            "architecture",
+            "interconnect",
+            "peak_tflops",
+            "node_label_key",
+            "node_label_value",
+            "resource_name",
+        ]
 
 
 class RegionSerializer(serializers.ModelSerializer):
@@ -32,8 +42,9 @@ class OfferSerializer(serializers.Serializer):
     available_vcpus = serializers.SerializerMethodField()
     memory_gib = serializers.IntegerField(allow_null=True)
     tflops = serializers.DecimalField(max_digits=8, decimal_places=1, allow_null=True)
-    price_per_pflop_hour = serializers.DecimalField(max_digits=14, decimal_places=4,
-                                                    allow_null=True)
+    price_per_pflop_hour = serializers.DecimalField(
+        max_digits=14, decimal_places=4, allow_null=True
+    )
     vcpus_per_node = serializers.IntegerField()
     memory_gib_per_node = serializers.IntegerField()
     price_version = serializers.IntegerField()
@@ -55,28 +66,37 @@ class OfferSerializer(serializers.Serializer):
 
 
 class EstimateRequestSerializer(serializers.Serializer):
-    gpu_type = serializers.SlugRelatedField(slug_field="slug", allow_null=True, required=False,
-                                            default=None,
-                                            queryset=GpuType.objects.filter(is_active=True))
+    gpu_type = serializers.SlugRelatedField(
+        slug_field="slug",
+        allow_null=True,
+        required=False,
+        default=None,
+        queryset=GpuType.objects.filter(is_active=True),
+    )
     gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, default=0)
     cpus = serializers.IntegerField(min_value=1, max_value=1024, required=False)
     nodes = serializers.IntegerField(min_value=1, max_value=4096)
-    region = serializers.SlugRelatedField(slug_field="slug",
-                                          queryset=Region.objects.filter(is_active=True))
-    spot_ratio = serializers.DecimalField(max_digits=6, decimal_places=4,
-                                          min_value=Decimal(0), max_value=Decimal(1), default=0)
-    hours = serializers.DecimalField(max_digits=10, decimal_places=2,
-                                     min_value=Decimal("0.01"), default=Decimal(1))
+    region = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Region.objects.filter(is_active=True)
+    )
+    spot_ratio = serializers.DecimalField(
+        max_digits=6, decimal_places=4, min_value=Decimal(0), max_value=Decimal(1), default=0
+    )
+    hours = serializers.DecimalField(
+        max_digits=10, decimal_places=2, min_value=Decimal("0.01"), default=Decimal(1)
+    )
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.ON_DEMAND)
     reserved_months = serializers.ChoiceField(choices=[1, 3, 12], default=1)
 
     def validate(self, attrs):
         if attrs.get("gpu_type") is not None and attrs.get("gpus_per_node", 0) < 1:
             raise serializers.ValidationError(
-                {"gpus_per_node": ["A GPU offer needs at least one GPU per node."]})
+                {"gpus_per_node": ["A GPU offer needs at least one GPU per node."]}
+            )
         if attrs.get("gpu_type") is None and not attrs.get("cpus"):
             raise serializers.ValidationError(
-                {"cpus": ["A CPU offer needs the number of vCPUs per node."]})
+                {"cpus": ["A CPU offer needs the number of vCPUs per node."]}
+            )
         return attrs
 
 
@@ -84,19 +104,22 @@ class EstimateSerializer(serializers.Serializer):
     hourly = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)
     total = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)
     currency = serializers.CharField()
-    spot_share = serializers.DecimalField(max_digits=18, decimal_places=2,
-                                          coerce_to_string=True)
-    on_demand_share = serializers.DecimalField(max_digits=18, decimal_places=2,
-                                               coerce_to_string=True)
+    spot_share = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)
+    on_demand_share = serializers.DecimalField(
+        max_digits=18, decimal_places=2, coerce_to_string=True
+    )
     price_version = serializers.IntegerField()
     units = serializers.IntegerField()
     unit = serializers.CharField()
-    unit_price_spot = serializers.DecimalField(max_digits=18, decimal_places=6,
-                                               coerce_to_string=True)
-    unit_price_base = serializers.DecimalField(max_digits=18, decimal_places=6,
-                                               coerce_to_string=True)
-    tenant_discount_percent = serializers.DecimalField(max_digits=5, decimal_places=2,
-                                                       coerce_to_string=True)
+    unit_price_spot = serializers.DecimalField(
+        max_digits=18, decimal_places=6, coerce_to_string=True
+    )
+    unit_price_base = serializers.DecimalField(
+        max_digits=18, decimal_places=6, coerce_to_string=True
+    )
+    tenant_discount_percent = serializers.DecimalField(
+        max_digits=5, decimal_places=2, coerce_to_string=True
+    )
 
 
 class ImageSerializer(serializers.ModelSerializer):
@@ -104,9 +127,24 @@ class ImageSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Image
-        fields = ["id", "slug", "name", "reference", "kind", "cuda_version", "rocm_version",
-                  "framework", "framework_version", "compatible_with", "size_gib",
-                  "description", "default_command", "ports", "public", "is_active"]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "reference",
+            "kind",
+            "cuda_version",
+            "rocm_version",
+            "framework",
+            "framework_version",
+            "compatible_with",
+            "size_gib",
+            "description",
+            "default_command",
+            "ports",
+            "public",
+            "is_active",
+        ]
         read_only_fields = ["id", "public", "is_active"]
 
 
@@ -117,20 +155,39 @@ class NodePoolSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = NodePool
-        fields = ["id", "slug", "name", "region", "backend", "tier", "gpu_type", "node_selector",
-                  "node_count", "gpus_per_node", "total_gpus", "allocatable_gpus",
-                  "in_use_gpus", "available_gpus", "vcpus_per_node", "memory_gib_per_node",
-                  "last_synced_at", "is_active"]
-        read_only_fields = [f for f in fields if f not in ("name", "tier", "node_selector",
-                                                           "is_active")]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "region",
+            "backend",
+            "tier",
+            "gpu_type",
+            "node_selector",
+            "node_count",
+            "gpus_per_node",
+            "total_gpus",
+            "allocatable_gpus",
+            "in_use_gpus",
+            "available_gpus",
+            "vcpus_per_node",
+            "memory_gib_per_node",
+            "last_synced_at",
+            "is_active",
+        ]
+        read_only_fields = [
+            f for f in fields if f not in ("name", "tier", "node_selector", "is_active")
+        ]
 
 
 class PriceEntryInSerializer(serializers.Serializer):
-    gpu_type = serializers.SlugRelatedField(slug_field="slug", queryset=GpuType.objects.all(),
-                                            allow_null=True)
+    gpu_type = serializers.SlugRelatedField(
+        slug_field="slug", queryset=GpuType.objects.all(), allow_null=True
+    )
     region = serializers.SlugRelatedField(slug_field="slug", queryset=Region.objects.all())
-    on_demand_price = serializers.DecimalField(max_digits=14, decimal_places=6,
-                                               min_value=Decimal("0.000001"))
+    on_demand_price = serializers.DecimalField(
+        max_digits=14, decimal_places=6, min_value=Decimal("0.000001")
+    )
 
 
 class PriceVersionSerializer(serializers.ModelSerializer):
@@ -138,14 +195,28 @@ class PriceVersionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = PriceVersion
-        fields = ["id", "currency", "effective_from", "spot_discount_percent",
-                  "reserved_1m_discount_percent", "reserved_3m_discount_percent",
-                  "reserved_12m_discount_percent", "note", "created_at", "entries"]
+        fields = [
+            "id",
+            "currency",
+            "effective_from",
+            "spot_discount_percent",
+            "reserved_1m_discount_percent",
+            "reserved_3m_discount_percent",
+            "reserved_12m_discount_percent",
+            "note",
+            "created_at",
+            "entries",
+        ]
 
     def get_entries(self, version) -> list[dict]:
-        return [{"gpu_type": e.gpu_type.slug if e.gpu_type else None, "region": e.region.slug,
-                 "on_demand_price": str(e.on_demand_price)}
-                for e in version.entries.all()]
+        return [
+            {
+                "gpu_type": e.gpu_type.slug if e.gpu_type else None,
+                "region": e.region.slug,
+                "on_demand_price": str(e.on_demand_price),
+            }
+            for e in version.entries.all()
+        ]
 
 
 class PriceVersionInSerializer(serializers.Serializer):

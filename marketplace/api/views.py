@@ -40,12 +40,18 @@ class RegionViewSet(viewsets.ReadOnlyModelViewSet):
 class OfferViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = s.OfferSerializer
 
-    @extend_schema(parameters=[
-        OpenApiParameter("gpu_type", str), OpenApiParameter("vendor", str),
-        OpenApiParameter("region", str), OpenApiParameter("tier", str),
-        OpenApiParameter("min_memory_gib", int), OpenApiParameter("available", bool),
-        OpenApiParameter("sort", str, enum=list(selectors.SORTS)),
-        OpenApiParameter("include_cpu", bool)])
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("gpu_type", str),
+            OpenApiParameter("vendor", str),
+            OpenApiParameter("region", str),
+            OpenApiParameter("tier", str),
+            OpenApiParameter("min_memory_gib", int),
+            OpenApiParameter("available", bool),
+            OpenApiParameter("sort", str, enum=list(selectors.SORTS)),
+            OpenApiParameter("include_cpu", bool),
+        ]
+    )
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 
@@ -56,9 +62,12 @@ class OfferViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         except ValueError:
             min_memory = None
         return selectors.offers(
-            tenant=self.request.tenant, vendor=params.get("vendor") or None,
-            gpu_type=params.get("gpu_type") or None, min_memory_gib=min_memory,
-            region=params.get("region") or None, tier=params.get("tier") or None,
+            tenant=self.request.tenant,
+            vendor=params.get("vendor") or None,
+            gpu_type=params.get("gpu_type") or None,
+            min_memory_gib=min_memory,
+            region=params.get("region") or None,
+            tier=params.get("tier") or None,
             available_only=params.get("available", "").lower() in ("1", "true", "yes"),
             include_cpu=params.get("include_cpu", "true").lower() not in ("0", "false", "no"),
             sort=params.get("sort") or "price",
@@ -73,45 +82,67 @@ class EstimateView(APIView):
         values = data.validated_data
         try:
             result = estimate_cost(
-                gpu_type=values.get("gpu_type"), region=values["region"], nodes=values["nodes"],
-                gpus_per_node=values.get("gpus_per_node", 0), cpus=values.get("cpus") or 0,
-                spot_ratio=values["spot_ratio"], hours=values["hours"], tier=values["tier"],
-                reserved_months=int(values["reserved_months"]), tenant=request.tenant,
+                gpu_type=values.get("gpu_type"),
+                region=values["region"],
+                nodes=values["nodes"],
+                gpus_per_node=values.get("gpus_per_node", 0),
+                cpus=values.get("cpus") or 0,
+                spot_ratio=values["spot_ratio"],
+                hours=values["hours"],
+                tier=values["tier"],
+                reserved_months=int(values["reserved_months"]),
+                tenant=request.tenant,
             )
         except PricingError as error:
             raise ServiceError(error.message, field=error.field) from None
         return Response(s.EstimateSerializer(result).data)
 
 
-class ImageViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                   mixins.DestroyModelMixin, TenantScopedViewSet):
+class ImageViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    TenantScopedViewSet,
+):
     """Public images and the tenant's private ones; admins add and retire private images."""
 
     queryset = Image.objects.filter(is_active=True)
     serializer_class = s.ImageSerializer
-    required_capabilities = {"create": Capability.MANAGE_PRIVATE_IMAGES,
-                             "destroy": Capability.MANAGE_PRIVATE_IMAGES}
+    required_capabilities = {
+        "create": Capability.MANAGE_PRIVATE_IMAGES,
+        "destroy": Capability.MANAGE_PRIVATE_IMAGES,
+    }
 
     def scope_queryset(self, queryset):
         params = self.request.query_params
         if self.action == "destroy":
             return queryset.owned_by(self.request.tenant)
-        return selectors.images_for_tenant(tenant=self.request.tenant, query=params.get("q", ""),
-                                           kind=params.get("kind", ""),
-                                           vendor=params.get("vendor", ""))
+        return selectors.images_for_tenant(
+            tenant=self.request.tenant,
+            query=params.get("q", ""),
+            kind=params.get("kind", ""),
+            vendor=params.get("vendor", ""),
+        )
 
     def create(self, request, *args, **kwargs):
         data = s.ImageSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        image = services.image_create(tenant=request.tenant, slug=values.pop("slug"),
-                                      reference=values.pop("reference"), user=request.user,
-                                      request=request._request, **values)
+        image = services.image_create(
+            tenant=request.tenant,
+            slug=values.pop("slug"),
+            reference=values.pop("reference"),
+            user=request.user,
+            request=request._request,
+            **values,
+        )
         return Response(s.ImageSerializer(image).data, status=status.HTTP_201_CREATED)
 
     def destroy(self, request, *args, **kwargs):
-        image = services.image_deactivate(image=self.get_object(), user=request.user,
-                                          request=request._request)
+        image = services.image_deactivate(
+            image=self.get_object(), user=request.user, request=request._request
+        )
         return Response(s.ImageSerializer(image).data)
 
 
@@ -129,17 +160,26 @@ class StaffNodePoolViewSet(mixins.UpdateModelMixin, viewsets.GenericViewSet):
         from console.services import audit_record
 
         pool = serializer.save()
-        audit_record(action="node_pool.changed", actor=self.request.user, target=pool,
-                     request=self.request._request,
-                     metadata={"fields": sorted(serializer.validated_data)})
+        audit_record(
+            action="node_pool.changed",
+            actor=self.request.user,
+            target=pool,
+            request=self.request._request,
+            metadata={"fields": sorted(serializer.validated_data)},
+        )
 
 
-class PriceVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                          mixins.CreateModelMixin, viewsets.GenericViewSet):
+class PriceVersionViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
     """Read by every member (prices are public to customers); published by staff."""
 
     queryset = PriceVersion.objects.prefetch_related(
-        Prefetch("entries", queryset=PriceEntry.objects.select_related("gpu_type", "region")))
+        Prefetch("entries", queryset=PriceEntry.objects.select_related("gpu_type", "region"))
+    )
     serializer_class = s.PriceVersionSerializer
 
     def get_permissions(self):
@@ -154,14 +194,21 @@ class PriceVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         values = data.validated_data
         version = services.price_version_publish(
             effective_from=values["effective_from"],
-            rows=[services.PriceRow(gpu_type=e["gpu_type"], region=e["region"],
-                                    on_demand_price=e["on_demand_price"])
-                  for e in values["entries"]],
+            rows=[
+                services.PriceRow(
+                    gpu_type=e["gpu_type"], region=e["region"], on_demand_price=e["on_demand_price"]
+                )
+                for e in values["entries"]
+            ],
             spot_discount_percent=values["spot_discount_percent"],
-            reserved_discount_percent={1: values["reserved_1m_discount_percent"],
-                                       3: values["reserved_3m_discount_percent"],
-                                       12: values["reserved_12m_discount_percent"]},
-            currency=values["currency"], note=values["note"], user=request.user,
+            reserved_discount_percent={
+                1: values["reserved_1m_discount_percent"],
+                3: values["reserved_3m_discount_percent"],
+                12: values["reserved_12m_discount_percent"],
+            },
+            currency=values["currency"],
+            note=values["note"],
+            user=request.user,
             request=request._request,
         )
         return Response(s.PriceVersionSerializer(version).data, status=status.HTTP_201_CREATED)

@@ -29,8 +29,13 @@ PUBLIC = {
 }
 # Shared catalog data (not owned by a tenant): readable by every member, written by staff
 # only. The walk still checks sign-in and that no foreign tenant data shows up.
-SHARED_CATALOG = {"api-gpu-type-detail", "api-region-detail", "api-pool-detail",
-                  "api-price-version-detail", "api-staff-pool-detail"}
+SHARED_CATALOG = {
+    "api-gpu-type-detail",
+    "api-region-detail",
+    "api-pool-detail",
+    "api-price-version-detail",
+    "api-staff-pool-detail",
+}
 # Django's own admin has its own staff sign-in; checked separately below.
 SKIP_PREFIXES = ("django-admin/",)
 
@@ -78,14 +83,25 @@ def foreign(other_world, world):
 
     seed_catalog()
     private_image = image_create(
-        tenant=other_world.tenant, slug="globex-secret-image", name="globex-secret-image",
-        reference="ghcr.io/globex/secret:1.0", kind="framework", compatible_with=["nvidia"],
-        user=other_world.owner)
+        tenant=other_world.tenant,
+        slug="globex-secret-image",
+        name="globex-secret-image",
+        reference="ghcr.io/globex/secret:1.0",
+        kind="framework",
+        compatible_with=["nvidia"],
+        user=other_world.owner,
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
-    by_basename = {"api-member": membership.pk, "api-invitation": invitation.pk,
-                   "api-token": token.pk, "api-image": private_image.pk, "api-pool": pool.pk,
-                   "api-staff-pool": pool.pk, "api-price-version": version.pk}
+    by_basename = {
+        "api-member": membership.pk,
+        "api-invitation": invitation.pk,
+        "api-token": token.pk,
+        "api-image": private_image.pk,
+        "api-pool": pool.pk,
+        "api-staff-pool": pool.pk,
+        "api-price-version": version.pk,
+    }
     return {
         "kwargs": {
             "membership_id": membership.pk,
@@ -166,7 +182,7 @@ def test_every_private_url_requires_sign_in(client, foreign, name, route, kwarg_
     ("route_info", "auth"), ISOLATION_CASES, ids=[f"{auth}-{r[0]}" for r, auth in ISOLATION_CASES]
 )
 def test_foreign_tenant_objects_are_404_or_absent(world, foreign, route_info, auth):
-    name, route, kwarg_names = route_info
+    name, _route, kwarg_names = route_info
     # The owner has every capability, so a 404 here is isolation, not a role refusal.
     client = (
         signed_in_client(world.owner, world.tenant)
@@ -179,8 +195,7 @@ def test_foreign_tenant_objects_are_404_or_absent(world, foreign, route_info, au
         response = getattr(client, method)(url)
         body = response.content.decode(errors="replace")
         if name in SHARED_CATALOG:
-            assert response.status_code in (200, 403, 404, 405), (method, url,
-                                                                  response.status_code)
+            assert response.status_code in (200, 403, 404, 405), (method, url, response.status_code)
         elif kwarg_names:
             assert response.status_code in (404, 405), (method, url, response.status_code)
         else:

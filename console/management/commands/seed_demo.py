@@ -65,8 +65,10 @@ class Command(BaseCommand):
         catalog = seed_catalog()
         # This host's real capacity (its CPUs, and GPUs if NVML finds any).
         capacity_sync(backend=LocalBackend())
-        self.stdout.write(f"Catalog: {catalog['gpu_types']} GPU types, {catalog['regions']} "
-                          f"regions, {catalog['images']} images.")
+        self.stdout.write(
+            f"Catalog: {catalog['gpu_types']} GPU types, {catalog['regions']} "
+            f"regions, {catalog['images']} images."
+        )
         self.stdout.write(self.style.SUCCESS("Demo data ready. Sign in with any of:"))
         for email, role, slug in rows:
             self.stdout.write(f"  {email:<24} {role:<15} tenant={slug}")
