@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -77,3 +78,11 @@ def token_client(user: User, tenant: Tenant) -> APIClient:
 @pytest.fixture
 def owner_api(world) -> APIClient:
     return token_client(world.owner, world.tenant)
+
+
+# Property tests: a bounded profile for CI (DESIGN.md: about 50 examples, no deadline).
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+hypothesis_settings.register_profile("ci", max_examples=50, deadline=None)
+hypothesis_settings.register_profile("dev", max_examples=100, deadline=None)
+hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
