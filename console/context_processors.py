@@ -11,7 +11,7 @@ from console.permissions import Capability, has_capability
 NAVIGATION = [
     ("Launch", "jobs:launch", Capability.LAUNCH_JOBS),
     ("Jobs", "jobs:list", Capability.VIEW_TENANT),
-    ("Catalog", "marketplace:offers", Capability.VIEW_TENANT),
+    ("Catalog", "marketplace:offers", None),  # shared catalog: any signed-in user
     ("Costs", "billing:costs", Capability.VIEW_TENANT),
     ("Budgets", "billing:budgets", Capability.VIEW_TENANT),
     ("Invoices", "billing:invoices", Capability.VIEW_BILLING),
@@ -22,7 +22,7 @@ def _nav_items(request) -> list[dict]:
     membership = getattr(request, "membership", None)
     items = []
     for label, url_name, capability in NAVIGATION:
-        if not has_capability(membership, capability):
+        if capability is not None and not has_capability(membership, capability):
             continue
         try:
             url = reverse(url_name)

@@ -24,6 +24,10 @@ urlpatterns = [
         views.staff_registry_remove,
         name="staff_registry_remove",
     ),
+    path("staff/images/", views.staff_images, name="staff_images"),
+    path(
+        "staff/images/<int:image_id>/retire/", views.staff_image_retire, name="staff_image_retire"
+    ),
     path(
         "staff/tenants/<slug:tenant_slug>/commercials/",
         views.staff_tenant_commercials,

@@ -400,6 +400,61 @@ def staff_registry_remove(request: HttpRequest, registry_id: int) -> HttpRespons
     return redirect("marketplace:staff_catalog")
 
 
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_images(request: HttpRequest) -> HttpResponse:
+    """Public images: curated by staff, offered to every tenant."""
+    image_form = ImageForm(request.POST or None, prefix="new")
+    if request.method == "POST" and image_form.is_valid():
+        data = dict(image_form.cleaned_data)
+        try:
+            image = services.image_create(
+                tenant=None,
+                slug=data.pop("slug"),
+                reference=data.pop("reference"),
+                user=request.user,
+                request=request,
+                **{k: (v if v is not None else []) for k, v in data.items()},
+            )
+        except ServiceError as error:
+            _form_error(image_form, error)
+        else:
+            messages.success(request, f"Public image “{image.name}” published.")
+            return redirect("marketplace:staff_images")
+    public = Image.objects.filter(tenant__isnull=True).order_by("-is_active", "kind", "name")
+    return render(
+        request,
+        "marketplace/staff_images.html",
+        {
+            "images": Paginator(public, 50).get_page(request.GET.get("page")),
+            "image_form": image_form,
+        },
+    )
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_image_retire(request: HttpRequest, image_id: int) -> HttpResponse:
+    image = Image.objects.filter(pk=image_id, tenant__isnull=True).first()
+    if image is None:
+        raise Http404("Not found.")
+    if request.method == "POST":
+        services.image_deactivate(image=image, user=request.user, request=request)
+        messages.success(request, f"“{image.name}” is no longer offered for new jobs.")
+        return redirect("marketplace:staff_images")
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Retire public image",
+            "message": f"Stop offering “{image.name}” to every tenant for new jobs? Running jobs "
+            "are not affected.",
+            "confirm_label": "Retire",
+            "cancel_url": reverse("marketplace:staff_images"),
+        },
+    )
+
+
 # --- staff: tenant pricing and quotas ----
 
 

@@ -109,7 +109,7 @@ def foreign(other_world, world):
             "token_id": token.pk,
             "tenant_slug": other_world.tenant.slug,
             "token": raw_invite,
-            "image_id": private_image.pk,
+            "image_id": private_image.pk,  # also staff_image_retire: staff-only, 404
             # staff-only pages: a tenant owner must get 404 whatever the object
             "version_id": version.pk,
             "pool_id": pool.pk,
