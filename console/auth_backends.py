@@ -3,6 +3,14 @@
 from django.contrib.auth.backends import ModelBackend
 
 
+def axes_username(request, credentials) -> str:
+    """The account django-axes counts failures against: the e-mail, normalised."""
+    value = (credentials or {}).get("username") or (credentials or {}).get("email")
+    if value is None and request is not None:
+        value = request.POST.get("username", "")
+    return str(value or "").strip().lower()
+
+
 class EmailBackend(ModelBackend):
     def authenticate(self, request, username=None, password=None, **kwargs):
         email = username or kwargs.get("email")

@@ -75,7 +75,15 @@ def capability_required(capability: Capability) -> Callable:
                 from django.contrib.auth.views import redirect_to_login
 
                 return redirect_to_login(request.get_full_path())
-            if not has_capability(getattr(request, "membership", None), capability):
+            membership = getattr(request, "membership", None)
+            if membership is None:
+                from django.contrib import messages
+                from django.shortcuts import redirect
+
+                messages.info(request, "Create an organisation, or open an invitation link, "
+                                       "to get started.")
+                return redirect("tenant_create")
+            if not has_capability(membership, capability):
                 raise PermissionDenied("Your role in this organisation does not allow this.")
             return view(request, *args, **kwargs)
 

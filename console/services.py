@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
@@ -444,7 +445,8 @@ def api_token_authenticate(raw: str) -> ApiToken | None:
     token = (
         ApiToken.objects.active()
         .select_related("user", "tenant")
-        .filter(key_hash=sha256_hex(raw), user__is_active=True, tenant__is_active=True)
+        .filter(key_hash=sha256_hex(raw), user__is_active=True, tenant__is_active=True,
+                tenant__memberships__user=F("user"))
         .first()
     )
     if token is None:

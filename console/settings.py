@@ -170,6 +170,9 @@ DEMO_PASSWORD = env_str("DEMO_PASSWORD", "gpugeek-demo")
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_USERNAME_FORM_FIELD = "username"
+# Sign-in is case-insensitive, so the lock must be too.
+AXES_USERNAME_CALLABLE = "console.auth_backends.axes_username"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "console.views.lockout_response"
 AXES_VERBOSE = False

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth import login
+from django.contrib.auth import get_user_model, login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -280,7 +280,9 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
             status=404 if error.code == "not_found" else 410,
         )
     form = InvitationSignupForm(request.POST or None)
-    existing_account = type(request.user).objects.filter(email__iexact=invitation.email).exists()
+    existing_account = (
+        get_user_model().objects.filter(email__iexact=invitation.email).exists()
+    )
     if request.method == "POST":
         try:
             if request.user.is_authenticated:

@@ -1,10 +1,10 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
-from rest_framework.routers import SimpleRouter
+from console.api.routers import OptionalSlashRouter
 
 from console.api import views
 
-router = SimpleRouter(trailing_slash="/?")
+router = OptionalSlashRouter()
 router.register("tenants", views.TenantListView, basename="api-tenant")
 router.register("members", views.MemberViewSet, basename="api-member")
 router.register("invitations", views.InvitationViewSet, basename="api-invitation")

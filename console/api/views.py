@@ -109,7 +109,7 @@ class MemberViewSet(
     def perform_update(self, serializer):
         serializer.instance = services.membership_change_role(
             membership=serializer.instance,
-            role=serializer.validated_data["role"],
+            role=serializer.validated_data.get("role", serializer.instance.role),
             by_membership=self.request.membership,
             request=self.request._request,
         )

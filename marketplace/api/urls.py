@@ -1,9 +1,9 @@
 from django.urls import path
-from rest_framework.routers import SimpleRouter
+from console.api.routers import OptionalSlashRouter
 
 from marketplace.api import views
 
-router = SimpleRouter(trailing_slash="/?")
+router = OptionalSlashRouter()
 router.register("gpu-types", views.GpuTypeViewSet, basename="api-gpu-type")
 router.register("regions", views.RegionViewSet, basename="api-region")
 router.register("offers", views.OfferViewSet, basename="api-offer")

@@ -139,13 +139,6 @@ def test_token_login_lockout_answers_json_429(world):
     assert "Too many failed sign-in attempts" in response.json()["detail"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: django-axes records username=None (AXES_USERNAME_FORM_FIELD defaults to "
-    "User.USERNAME_FIELD 'email', but authenticate() gets username=), so a locked-out "
-    "account still gets a token with the right password.",
-)
 def test_token_login_lockout_also_refuses_the_right_password(world, password):
     client = APIClient()
     for _ in range(5):
@@ -315,12 +308,6 @@ def test_invalid_role_is_400_with_field_error(world, owner_api):
     assert "role" in response.json()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: MemberViewSet.perform_update reads serializer.validated_data['role'] and "
-    "a PATCH without 'role' raises KeyError (500).",
-)
 def test_patch_without_role_is_not_a_server_error(world, owner_api):
     owner_api.raise_request_exception = False
 
@@ -536,22 +523,7 @@ def test_docs_pages_load_without_a_cdn(client, db, name):
     assert "/static/drf_spectacular_sidecar/" in page
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "api-swagger",
-        pytest.param(
-            "api-redoc",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="BUG: drf-spectacular's redoc.html links Google Fonts "
-                "(fonts.googleapis.com / fonts.gstatic.com): an offline self-hosted "
-                "console makes third-party requests from the API docs.",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("name", ["api-swagger", "api-redoc"])
 def test_docs_pages_load_nothing_from_third_parties(client, db, name):
     page = client.get(reverse(name)).content.decode()
 
@@ -562,13 +534,6 @@ def test_docs_pages_load_nothing_from_third_parties(client, db, name):
 # --- trailing slashes ----
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: console/api/urls.py passes SimpleRouter(trailing_slash='/?'), but DRF "
-    "treats the argument as a bool and uses '/', so /api/v1/members (no slash) is a "
-    "301 and a POST/PATCH/DELETE there never reaches the API.",
-)
 def test_list_and_detail_routes_work_without_trailing_slash(world, owner_api):
     membership = world.membership(world.member)
 

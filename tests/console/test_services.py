@@ -571,13 +571,6 @@ def test_token_of_a_deactivated_user_or_tenant_does_not_authenticate(world):
     assert services.api_token_authenticate(viewer_raw) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: api_token_authenticate promises 'whose user is still a member' but never "
-    "checks membership; a membership deleted outside membership_remove (Django admin's "
-    "Tenant inline) leaves the token authenticating (only the DRF auth class re-checks).",
-)
 def test_token_of_a_user_who_is_no_longer_a_member_does_not_authenticate(world):
     _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="orphan")
 

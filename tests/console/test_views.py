@@ -98,14 +98,6 @@ def test_lockout_spares_the_same_account_elsewhere_and_other_accounts_here(world
     assert other_account.status_code == 302
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: settings lack AXES_USERNAME_FORM_FIELD='username'; axes falls back to "
-    "User.USERNAME_FIELD ('email'), finds no such credential and records username=None. "
-    "The lock then never matches the account: the right password still signs in, and "
-    "everyone's failures from one IP share one counter.",
-)
 def test_lockout_is_per_account_and_ip(world, client, password):
     for _ in range(5):
         sign_in(client, world.member.email, "wrong", ip="192.0.2.1")
@@ -118,13 +110,6 @@ def test_lockout_is_per_account_and_ip(world, client, password):
     assert neighbour_typo.status_code == 200  # a form error, not someone else's lockout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: the axes username is not normalised; sign-in is case-insensitive, so "
-    "varying the e-mail's case must not buy five more guesses (needs an "
-    "AXES_USERNAME_CALLABLE that strips and lower-cases).",
-)
 def test_lockout_counts_case_variants_of_one_email_together(world, client, password):
     for variant in ["member@acme.test", "Member@acme.test", "MEMBER@acme.test"] * 2:
         sign_in(client, variant, "wrong")
@@ -195,13 +180,6 @@ def test_dashboard_without_any_tenant_sends_to_tenant_creation(db):
     assert response["Location"] == reverse("tenant_create")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: capability_required's docstring says a signed-in user without any "
-    "membership 'is sent to create or join one', but it raises PermissionDenied (403 "
-    "'Your role ... does not allow this') for /members/, /tokens/, /audit/.",
-)
 def test_tenant_pages_without_any_tenant_send_to_tenant_creation(db):
     client = signed_in_client(UserFactory())
 
@@ -374,16 +352,6 @@ def invite(world, email, role=Role.MEMBER):
     )
 
 
-BUG_ACCEPT_PAGE = pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="BUG: console/views.py invitation_accept uses type(request.user).objects; "
-    "request.user is a SimpleLazyObject, so every usable invitation link is a 500 "
-    "(AttributeError: type object 'SimpleLazyObject' has no attribute 'objects').",
-)
-
-
-@BUG_ACCEPT_PAGE
 def test_invitation_accept_for_a_new_person(world, client):
     _, raw = invite(world, "newbie@example.test")
 
@@ -404,7 +372,6 @@ def test_invitation_accept_for_a_new_person(world, client):
     assert f"You joined {world.tenant.name}" in page(response)
 
 
-@BUG_ACCEPT_PAGE
 def test_invitation_accept_for_an_existing_account_goes_through_sign_in(world, client, password):
     existing = UserFactory(email="existing@example.test")
     _, raw = invite(world, existing.email, role=Role.FINANCE)
