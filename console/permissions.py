@@ -80,8 +80,9 @@ def capability_required(capability: Capability) -> Callable:
                 from django.contrib import messages
                 from django.shortcuts import redirect
 
-                messages.info(request, "Create an organisation, or open an invitation link, "
-                                       "to get started.")
+                messages.info(
+                    request, "Create an organisation, or open an invitation link, to get started."
+                )
                 return redirect("tenant_create")
             if not has_capability(membership, capability):
                 raise PermissionDenied("Your role in this organisation does not allow this.")

@@ -445,8 +445,12 @@ def api_token_authenticate(raw: str) -> ApiToken | None:
     token = (
         ApiToken.objects.active()
         .select_related("user", "tenant")
-        .filter(key_hash=sha256_hex(raw), user__is_active=True, tenant__is_active=True,
-                tenant__memberships__user=F("user"))
+        .filter(
+            key_hash=sha256_hex(raw),
+            user__is_active=True,
+            tenant__is_active=True,
+            tenant__memberships__user=F("user"),
+        )
         .first()
     )
     if token is None:

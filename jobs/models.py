@@ -1,0 +1,195 @@
+"""Jobs: what a tenant asked to run (the spec), where it stands (status), and its history."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    DISPATCHING = "dispatching", "Dispatching"
+    PROVISIONING = "provisioning", "Provisioning"
+    RUNNING = "running", "Running"
+    PAUSING = "pausing", "Pausing"
+    PAUSED = "paused", "Paused"
+    RESUMING = "resuming", "Resuming"
+    PREEMPTED = "preempted", "Preempted"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+# Statuses that hold compute (count against capacity and quota).
+HOLDING_COMPUTE = frozenset(
+    {
+        JobStatus.DISPATCHING,
+        JobStatus.PROVISIONING,
+        JobStatus.RUNNING,
+        JobStatus.PAUSING,
+        JobStatus.RESUMING,
+    }
+)
+
+
+class Priority(models.TextChoices):
+    CRITICAL = "critical", "Critical"
+    NORMAL = "normal", "Normal"
+    LOW = "low", "Low"
+
+
+PRIORITY_RANK = {Priority.CRITICAL: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+
+
+class JobQuerySet(TenantScopedQuerySet):
+    def active(self):
+        return self.exclude(status__in=FINISHED)
+
+    def holding_compute(self):
+        return self.filter(status__in=HOLDING_COMPUTE)
+
+
+class Job(TenantOwnedModel):
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="jobs")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    name = models.CharField(max_length=100)
+    project = models.CharField(max_length=100, blank=True, db_index=True)
+    labels = models.JSONField(default=dict, blank=True)
+
+    # --- spec (immutable after launch; clone to change) ---
+    image = models.ForeignKey("marketplace.Image", on_delete=models.PROTECT, related_name="+")
+    image_reference = models.CharField(max_length=400)
+    command = models.JSONField(default=list)
+    env = models.JSONField(default=dict, blank=True)
+    # Values encrypted with console.crypto; names kept in clear for display.
+    secret_env_encrypted = models.TextField(blank=True)
+    secret_env_names = models.JSONField(default=list, blank=True)
+    gpu_type = models.ForeignKey(
+        "marketplace.GpuType", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    gpus_per_node = models.PositiveIntegerField(default=0)
+    cpus = models.PositiveIntegerField(default=1)
+    nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    region = models.ForeignKey("marketplace.Region", on_delete=models.PROTECT, related_name="+")
+    spot_ratio = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal(0),
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))],
+    )
+    priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.NORMAL)
+    max_runtime_minutes = models.PositiveIntegerField(default=24 * 60)
+    checkpoint_path = models.CharField(max_length=400, blank=True)
+    auto_release = models.BooleanField(default=True)
+    ports = models.JSONField(default=list, blank=True)
+
+    # --- placement (decided at launch from the spot ratio) ---
+    backend = models.CharField(max_length=16)
+    spot_nodes = models.PositiveIntegerField(default=0)
+    on_demand_nodes = models.PositiveIntegerField(default=0)
+    pool = models.ForeignKey(
+        "marketplace.NodePool", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    spot_pool = models.ForeignKey(
+        "marketplace.NodePool", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # Local backend: GPU indices handed to this job through CUDA_VISIBLE_DEVICES.
+    assigned_devices = models.JSONField(default=list, blank=True)
+
+    # --- state ---
+    status = models.CharField(
+        max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
+    )
+    status_reason = models.CharField(max_length=500, blank=True)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    attempt = models.PositiveIntegerField(default=1)
+    exit_code = models.IntegerField(null=True, blank=True)
+    # Set when the budget paused it, so raising the budget resumes only those.
+    paused_by_budget = models.BooleanField(default=False)
+    idempotency_key = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="job_idempotency_key_unique",
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def backend_name(self) -> str:
+        """Deterministic name of this attempt's backend objects (`gg-<id>-a<attempt>`)."""
+        return f"gg-{self.pk}-a{self.attempt}"
+
+
+class JobEvent(models.Model):
+    """One status change (or notable backend event) in a job's timeline."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    from_status = models.CharField(max_length=16, blank=True)
+    to_status = models.CharField(max_length=16, blank=True)
+    actor = models.CharField(max_length=254)  # user e-mail, "system", "budget", "backend"
+    reason = models.CharField(max_length=1000, blank=True)
+    attempt = models.PositiveIntegerField(default=1)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "job__tenant"
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_status} → {self.to_status}"
+
+
+class LaunchTemplate(TenantOwnedModel):
+    """A saved job spec to launch again."""
+
+    tenant = models.ForeignKey(
+        "console.Tenant", on_delete=models.CASCADE, related_name="launch_templates"
+    )
+    name = models.CharField(max_length=100)
+    spec = models.JSONField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="launch_template_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name

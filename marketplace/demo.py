@@ -248,6 +248,23 @@ IMAGES = [
         ["bash", "-lc", "uname -a"],
         [],
     ),
+    # The contract's CPU image: jobs with gpus_per_node 0 run it on the local backend.
+    (
+        "python-3.11",
+        "Python 3.11 (CPU)",
+        "docker.io/library/python:3.11-slim",
+        "base",
+        "",
+        "",
+        "Python",
+        "3.11",
+        ["cpu", "nvidia", "amd"],
+        D("0.05"),
+        "Python for CPU jobs and scripts. On the local backend the command runs on the host "
+        "with the console's own Python first on PATH.",
+        ["python", "--version"],
+        [],
+    ),
     (
         "pytorch-2-5-cuda12-4",
         "PyTorch 2.5 · CUDA 12.4",

@@ -86,3 +86,6 @@ from hypothesis import settings as hypothesis_settings  # noqa: E402
 hypothesis_settings.register_profile("ci", max_examples=50, deadline=None)
 hypothesis_settings.register_profile("dev", max_examples=100, deadline=None)
 hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# The fake Kubernetes API server (real HTTP, official client) for backend tests.
+from tests.fakes.kube_api import kube_api  # noqa: E402, F401

@@ -1,8 +1,8 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
-from console.api.routers import OptionalSlashRouter
 
 from console.api import views
+from console.api.routers import OptionalSlashRouter
 
 router = OptionalSlashRouter()
 router.register("tenants", views.TenantListView, basename="api-tenant")

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-from jobs.backends.base import BackendUnavailable, ComputeBackend, NodeInventory
+from jobs.backends.base import (
+    BackendRejected,
+    BackendUnavailable,
+    ComputeBackend,
+    NodeInventory,
+    Observation,
+)
 
-__all__ = ["BackendUnavailable", "ComputeBackend", "NodeInventory", "get_backend"]
+__all__ = [
+    "BackendRejected",
+    "BackendUnavailable",
+    "ComputeBackend",
+    "NodeInventory",
+    "Observation",
+    "get_backend",
+]
 
 
 def get_backend(name: str) -> ComputeBackend:

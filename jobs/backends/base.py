@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from jobs.models import Job
 
 
 class BackendUnavailable(Exception):
     """The backend can't be reached right now (API down, timeout): retry later."""
+
+
+class BackendRejected(Exception):
+    """The backend refused the job for good (e.g. a Kubernetes 422): don't retry."""
 
 
 @dataclass(frozen=True)
@@ -28,9 +35,53 @@ class NodeInventory:
     schedulable: bool = True
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What the backend sees of one job's current attempt.
+
+    phase: "pending" (accepted, not yet running), "running", "succeeded", "failed",
+    "suspended" (paused and released), "preempted", "missing" (no backend object).
+    """
+
+    phase: str
+    reason: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class LogLine:
+    line_no: int
+    rank: int
+    text: str
+
+
 class ComputeBackend(Protocol):
     name: str
 
     def inventory(self) -> list[NodeInventory]:
         """Every node this backend can place work on, with capacity and current use."""
+        ...
+
+    def submit(self, job: Job) -> None:
+        """Start the job's current attempt. Idempotent: an existing attempt is success."""
+        ...
+
+    def suspend(self, job: Job) -> None:
+        """Stop the attempt with notice (SIGTERM, grace period) and release its compute."""
+        ...
+
+    def resume(self, job: Job) -> None:
+        """Start a suspended attempt again, with GPUGEEK_RESUMED=1."""
+        ...
+
+    def cancel(self, job: Job) -> None:
+        """Stop the attempt for good and remove what it runs. Idempotent."""
+        ...
+
+    def observe(self, job: Job) -> Observation:
+        """The attempt's state as the backend sees it now."""
+        ...
+
+    def logs(self, job: Job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
+        """Log lines after `since_line` (1-based, global across ranks)."""
         ...

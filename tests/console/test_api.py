@@ -140,6 +140,8 @@ def test_token_login_lockout_answers_json_429(world):
 
 
 def test_token_login_lockout_also_refuses_the_right_password(world, password):
+    """Regression: axes recorded username=None (it read the `email` credential), so a
+    locked-out account still got a token with the right password."""
     client = APIClient()
     for _ in range(5):
         client.post(TOKEN_LOGIN, {"email": world.member.email, "password": "wrong"}, format="json")
@@ -309,6 +311,7 @@ def test_invalid_role_is_400_with_field_error(world, owner_api):
 
 
 def test_patch_without_role_is_not_a_server_error(world, owner_api):
+    """Regression: perform_update read validated_data["role"]; a PATCH without it was a 500."""
     owner_api.raise_request_exception = False
 
     response = owner_api.patch(member_url(world.membership(world.member)), {}, format="json")
@@ -525,6 +528,7 @@ def test_docs_pages_load_without_a_cdn(client, db, name):
 
 @pytest.mark.parametrize("name", ["api-swagger", "api-redoc"])
 def test_docs_pages_load_nothing_from_third_parties(client, db, name):
+    """Regression: drf-spectacular's redoc.html linked Google Fonts."""
     page = client.get(reverse(name)).content.decode()
 
     external = re.findall(r'(?:src|href)="(https?://[^"]+)"', page)
@@ -535,6 +539,8 @@ def test_docs_pages_load_nothing_from_third_parties(client, db, name):
 
 
 def test_list_and_detail_routes_work_without_trailing_slash(world, owner_api):
+    """Regression: SimpleRouter(trailing_slash="/?") meant "/" (DRF takes a bool), so a
+    write without the slash met a 301."""
     membership = world.membership(world.member)
 
     listed = owner_api.get("/api/v1/members")

@@ -572,6 +572,8 @@ def test_token_of_a_deactivated_user_or_tenant_does_not_authenticate(world):
 
 
 def test_token_of_a_user_who_is_no_longer_a_member_does_not_authenticate(world):
+    """Regression: membership was not checked, so a membership deleted outside
+    membership_remove (the Django admin's tenant inline) left the token working."""
     _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="orphan")
 
     world.membership(world.member).delete()  # e.g. from the Django admin's tenant inline

@@ -99,6 +99,9 @@ def test_lockout_spares_the_same_account_elsewhere_and_other_accounts_here(world
 
 
 def test_lockout_is_per_account_and_ip(world, client, password):
+    """Regression: without AXES_USERNAME_FORM_FIELD axes looked for an `email` credential
+    and recorded username=None: the right password still signed in and everyone's
+    failures from one IP shared one counter."""
     for _ in range(5):
         sign_in(client, world.member.email, "wrong", ip="192.0.2.1")
 
@@ -111,6 +114,7 @@ def test_lockout_is_per_account_and_ip(world, client, password):
 
 
 def test_lockout_counts_case_variants_of_one_email_together(world, client, password):
+    """Sign-in is case-insensitive, so changing the e-mail's case must not buy more guesses."""
     for variant in ["member@acme.test", "Member@acme.test", "MEMBER@acme.test"] * 2:
         sign_in(client, variant, "wrong")
 
@@ -181,6 +185,7 @@ def test_dashboard_without_any_tenant_sends_to_tenant_creation(db):
 
 
 def test_tenant_pages_without_any_tenant_send_to_tenant_creation(db):
+    """Regression: capability_required answered 403 "your role does not allow this"."""
     client = signed_in_client(UserFactory())
 
     response = client.get(reverse("api_tokens"))
@@ -353,6 +358,8 @@ def invite(world, email, role=Role.MEMBER):
 
 
 def test_invitation_accept_for_a_new_person(world, client):
+    """Regression: the view used type(request.user).objects; request.user is a
+    SimpleLazyObject, so every usable invitation link was a 500."""
     _, raw = invite(world, "newbie@example.test")
 
     form = client.get(accept_path(raw))

@@ -7,7 +7,9 @@ watch streams (newline-delimited JSON, 410 on expired resourceVersions) and pod 
 streams, plus a fake controller (Job controller + scheduler + kubelet) and fault
 injection.
 
-Typical use::
+Typical use (import the fixture once in a conftest.py; in a test module, a plain import
+makes ruff report F811 at each test parameter, so bind it by assignment there:
+``from tests.fakes import kube_api as fake`` then ``kube_api = fake.kube_api``)::
 
     from tests.fakes.kube_api import kube_api  # noqa: F401  (the pytest fixture)
 
@@ -16,6 +18,20 @@ Typical use::
         core = kubernetes.client.CoreV1Api(kube_api.api_client())
         ...
         kube_api.tick()  # run the fake controllers now (they also run every 50 ms)
+
+Real-cluster behaviour it reproduces on purpose (code under test must cope with it):
+
+- Deleting a batch/v1 Job without ``propagationPolicy`` orphans its pods (with the real
+  ``Warning`` header); pass ``propagation_policy="Background"`` (or Foreground).
+- Job status omits zero counts (``active``/``succeeded``/``failed`` are None, not 0);
+  list items carry no ``kind``/``apiVersion``; no-op updates keep the resourceVersion.
+- Creating in a missing namespace is 404; a stale ``resourceVersion`` on PUT is 409;
+  status written through the main resource is ignored (use the ``/status`` subresource).
+- Logs of a container that has not started are a 400 ("waiting to start").
+- Pod creation over a ResourceQuota is 403; a Job then records a ``FailedCreate`` event.
+- urllib3 (under the client) retries idempotent requests on read timeouts/connection
+  resets 3 times, and any 429/503 that carries ``Retry-After``: fault injection with
+  ``times=1`` may be invisible to the caller for those.
 
 Fidelity notes (differences from a real cluster) are listed in ``LIMITATIONS`` below.
 """
@@ -30,13 +46,14 @@ import random
 import re
 import select
 import socket
+import sys
 import threading
 import time
 import traceback
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -477,9 +494,7 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
             if mk is not None:
                 merged = [copy.deepcopy(i) for i in old]
                 for item in v:
-                    pos = next(
-                        (n for n, o in enumerate(merged) if o.get(mk) == item.get(mk)), None
-                    )
+                    pos = next((n for n, o in enumerate(merged) if o.get(mk) == item.get(mk)), None)
                     if item.get("$patch") == "delete":
                         if pos is not None:
                             merged.pop(pos)
@@ -635,27 +650,22 @@ def _truthy(value: str | None) -> bool:
 def _set_condition(
     conds: list[dict], ctype: str, status: str, reason: str, message: str, ts: str
 ) -> None:
+    """Set a condition; empty reason/message are omitted, as the real API does."""
     for c in conds:
         if c.get("type") == ctype:
-            if c.get("status") != status or c.get("reason") != reason:
-                c.update(
-                    status=status,
-                    reason=reason,
-                    message=message,
-                    lastTransitionTime=ts,
-                    lastProbeTime=ts,
-                )
-            return
-    conds.append(
-        {
-            "type": ctype,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": ts,
-            "lastProbeTime": ts,
-        }
-    )
+            if c.get("status") != status or (c.get("reason") or "") != reason:
+                c.update(status=status, lastTransitionTime=ts, lastProbeTime=ts)
+            elif (c.get("message") or "") == message:
+                return
+            break
+    else:
+        c = {"type": ctype, "status": status, "lastTransitionTime": ts, "lastProbeTime": ts}
+        conds.append(c)
+    for k, v in (("reason", reason), ("message", message)):
+        if v:
+            c[k] = v
+        else:
+            c.pop(k, None)
 
 
 def _condition(obj: dict, ctype: str) -> dict | None:
@@ -741,13 +751,11 @@ class _HTTPServer(ThreadingHTTPServer):
         with self._conn_lock:
             conns = list(self.conns)
         for s in conns:
-            try:
+            with suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = __import__("sys").exc_info()[1]
+        exc = sys.exc_info()[1]
         if isinstance(exc, ConnectionError | TimeoutError | OSError):
             return
         self.kube.errors.append(traceback.format_exc())
@@ -756,9 +764,10 @@ class _HTTPServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fake-kube-apiserver/1.0"
+    disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms stalls
     server: _HTTPServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def do_GET(self) -> None:
@@ -784,14 +793,17 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         try:
             resp = kube._serve(
-                method, split.path, query, raw, self.headers, lambda: not _peer_closed(self.connection)
+                method,
+                split.path,
+                query,
+                raw,
+                self.headers,
+                lambda: not _peer_closed(self.connection),
             )
         except _ResetConnection:
             self.close_connection = True
-            try:
+            with suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             return
         except ApiError as e:
             resp = _Response(e.code, e.body(), headers=e.headers)
@@ -939,10 +951,8 @@ class KubeAPIServer:
             self._cond.notify_all()
         httpd.shutdown()
         for c in self._clients:
-            try:
+            with suppress(Exception):
                 c.close()
-            except Exception:  # noqa: S110
-                pass
         self._clients.clear()
         httpd.close_connections()
         httpd.server_close()
@@ -1139,9 +1149,7 @@ class KubeAPIServer:
         return [o for k, o in sorted(items, key=lambda kv: kv[0]) if ns is None or k[0] == ns]
 
     @staticmethod
-    def _matches(
-        obj: dict, ns: str | None, lsel: list[Predicate], fsel: list[Predicate]
-    ) -> bool:
+    def _matches(obj: dict, ns: str | None, lsel: list[Predicate], fsel: list[Predicate]) -> bool:
         meta = obj.get("metadata") or {}
         if ns is not None and (meta.get("namespace") or "") != ns:
             return False
@@ -1188,9 +1196,7 @@ class KubeAPIServer:
         name = meta.get("name")
         if not name:
             if not meta.get("generateName"):
-                raise _invalid(
-                    rt, "", "metadata.name", "", "name or generateName is required"
-                )
+                raise _invalid(rt, "", "metadata.name", "", "name or generateName is required")
             for _ in range(50):
                 name = meta["generateName"] + "".join(self._rand.choices(_NAME_CHARS, k=5))
                 if self._get(rt, ns, name) is None:
@@ -1365,9 +1371,19 @@ class KubeAPIServer:
             c.setdefault("terminationMessagePolicy", "File")
             c.setdefault(
                 "imagePullPolicy",
-                "Always" if c["image"].endswith(":latest") or ":" not in c["image"] else "IfNotPresent",
+                "Always"
+                if c["image"].endswith(":latest") or ":" not in c["image"]
+                else "IfNotPresent",
             )
-            c.setdefault("resources", {})
+            res = c.setdefault("resources", {})
+            for which in ("requests", "limits"):
+                for k, v in (res.get(which) or {}).items():
+                    try:
+                        parse_quantity(v)
+                    except ValueError as exc:
+                        raise _invalid(
+                            rt, name, f"spec.containers[{i}].resources.{which}[{k}]", v, str(exc)
+                        ) from exc
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("dnsPolicy", "ClusterFirst")
         spec.setdefault("schedulerName", "default-scheduler")
@@ -1573,7 +1589,9 @@ class KubeAPIServer:
                 used[key] = Fraction(len(pods))
             elif key.startswith("limits."):
                 res = key[len("limits.") :]
-                used[key] = sum((self._pod_resources(p, "limits").get(res, 0) for p in pods), Fraction(0))
+                used[key] = sum(
+                    (self._pod_resources(p, "limits").get(res, 0) for p in pods), Fraction(0)
+                )
             elif key.startswith("requests.") or key in ("cpu", "memory", "ephemeral-storage"):
                 res = key.removeprefix("requests.")
                 used[key] = sum((self._pod_resources(p).get(res, 0) for p in pods), Fraction(0))
@@ -1630,9 +1648,7 @@ class KubeAPIServer:
             else:
                 before = self._quota_usage(ns, hard)
                 after = self._quota_usage(ns, hard, extra_rt=rt.key)
-            over = [
-                k for k in hard if after[k] > before[k] and after[k] > parse_quantity(hard[k])
-            ]
+            over = [k for k in hard if after[k] > before[k] and after[k] > parse_quantity(hard[k])]
             if over:
                 req = ",".join(f"{k}={format_quantity(after[k] - before[k])}" for k in over)
                 use = ",".join(f"{k}={format_quantity(before[k])}" for k in over)
@@ -1685,7 +1701,9 @@ class KubeAPIServer:
         headers: Any,
         alive: Callable[[], bool],
     ) -> _Response | _Stream:
-        self.requests.append(RecordedRequest(method, path, dict(query), raw.decode("utf-8", "replace")))
+        self.requests.append(
+            RecordedRequest(method, path, dict(query), raw.decode("utf-8", "replace"))
+        )
         fault = self._take_fault(method, path)
         if fault is not None:
             if fault.kind == "delay":
@@ -1707,6 +1725,7 @@ class KubeAPIServer:
                 body = json.loads(raw)
             except ValueError as exc:
                 raise ApiError(400, f"invalid JSON body: {exc}") from exc
+        path = path.rstrip("/") or "/"
         if path in ("/healthz", "/livez", "/readyz"):
             return _Response(200, "ok", "text/plain")
         if path == "/version":
@@ -1716,11 +1735,46 @@ class KubeAPIServer:
                     "major": "1",
                     "minor": "33",
                     "gitVersion": "v1.33.0-fake",
+                    "gitCommit": "0" * 40,
+                    "gitTreeState": "clean",
+                    "buildDate": "2025-04-23T00:00:00Z",
+                    "goVersion": "go1.24.2",
+                    "compiler": "gc",
                     "platform": "linux/amd64",
                 },
             )
         if path == "/api":
-            return _Response(200, {"kind": "APIVersions", "versions": ["v1"]})
+            return _Response(
+                200,
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self.port}"}
+                    ],
+                },
+            )
+        if path == "/apis":
+            with self._lock:
+                groups: dict[str, list[str]] = {}
+                for g, v, _ in self._types:
+                    if g and v not in groups.setdefault(g, []):
+                        groups[g].append(v)
+            return _Response(
+                200,
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [
+                        {
+                            "name": g,
+                            "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                            "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
+                        }
+                        for g, vs in sorted(groups.items())
+                    ],
+                },
+            )
         segs = [s for s in path.split("/") if s]
         if len(segs) >= 2 and segs[:2] == ["api", "v1"]:
             group, version, rest = "", "v1", segs[2:]
@@ -1730,11 +1784,45 @@ class KubeAPIServer:
             raise ApiError(404, "the server could not find the requested resource")
         with self._lock:
             if not rest:
-                resources = [
-                    {"name": t.plural, "kind": t.kind, "namespaced": t.namespaced}
-                    for (g, v, _), t in self._types.items()
-                    if (g, v) == (group, version)
-                ]
+                verbs = ["create", "delete", "deletecollection", "get", "list", "patch"]
+                verbs += ["update", "watch"]
+                resources = []
+                for (g, v, _), t in sorted(self._types.items()):
+                    if (g, v) != (group, version):
+                        continue
+                    resources.append(
+                        {
+                            "name": t.plural,
+                            "singularName": t.kind.lower(),
+                            "kind": t.kind,
+                            "namespaced": t.namespaced,
+                            "verbs": verbs,
+                        }
+                    )
+                    if t.has_status:
+                        resources.append(
+                            {
+                                "name": f"{t.plural}/status",
+                                "singularName": "",
+                                "kind": t.kind,
+                                "namespaced": t.namespaced,
+                                "verbs": ["get", "patch", "update"],
+                            }
+                        )
+                    if t.plural == "pods":
+                        for sub, kind, sv in (
+                            ("log", "Pod", ["get"]),
+                            ("eviction", "Eviction", ["create"]),
+                        ):
+                            resources.append(
+                                {
+                                    "name": f"pods/{sub}",
+                                    "singularName": "",
+                                    "kind": kind,
+                                    "namespaced": True,
+                                    "verbs": sv,
+                                }
+                            )
                 if not resources:
                     raise ApiError(404, "the server could not find the requested resource")
                 return _Response(
@@ -1746,7 +1834,11 @@ class KubeAPIServer:
                     },
                 )
             ns = None
-            if len(rest) >= 3 and rest[0] == "namespaces" and (group, version, rest[2]) in self._types:
+            if (
+                len(rest) >= 3
+                and rest[0] == "namespaces"
+                and (group, version, rest[2]) in self._types
+            ):
                 ns, rest = rest[1], rest[2:]
             rt = self._types.get((group, version, rest[0]))
             if rt is None or len(rest) > 3 or (ns is not None and not rt.namespaced):
@@ -1777,7 +1869,9 @@ class KubeAPIServer:
                 return _Response(200, self._list_response(rt, ns, query))
             if method == "POST":
                 if rt.namespaced and ns is None:
-                    raise ApiError(405, "the server does not allow this method on the requested resource")
+                    raise ApiError(
+                        405, "the server does not allow this method on the requested resource"
+                    )
                 return _Response(201, self._create(rt, ns, body, dry_run=dry))
             if method == "DELETE":
                 return self._delete_collection(rt, ns, query, body, dry)
@@ -1841,9 +1935,9 @@ class KubeAPIServer:
         patch_rv = None
         if isinstance(body, dict):
             patch_rv = (body.get("metadata") or {}).get("resourceVersion")
-        cand.setdefault("metadata", {})["resourceVersion"] = patch_rv or old["metadata"][
-            "resourceVersion"
-        ]
+        cand.setdefault("metadata", {})["resourceVersion"] = (
+            patch_rv or old["metadata"]["resourceVersion"]
+        )
         return self._update(rt, old, cand, sub=sub, dry_run=dry)
 
     def _list_response(self, rt: ResourceType, ns: str | None, query: dict[str, str]) -> dict:
@@ -1876,7 +1970,12 @@ class KubeAPIServer:
             o.pop("kind", None)
             o.pop("apiVersion", None)
             out.append(o)
-        return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": out}
+        return {
+            "kind": f"{rt.kind}List",
+            "apiVersion": rt.api_version,
+            "metadata": meta,
+            "items": out,
+        }
 
     def _delete_options(self, query: dict[str, str], body: Any, rt: ResourceType) -> tuple:
         opts = body if isinstance(body, dict) else {}
@@ -2195,7 +2294,9 @@ class KubeAPIServer:
     ) -> None:
         """Hold the next matching requests for ``seconds`` before serving them normally
         (a write still happens even if the client has given up, as on a real server)."""
-        self._add_fault(_Fault(method.upper(), re.compile(path_regex), "delay", times, seconds=seconds))
+        self._add_fault(
+            _Fault(method.upper(), re.compile(path_regex), "delay", times, seconds=seconds)
+        )
 
     def reset_next(self, method: str, path_regex: str, times: int | None = 1) -> None:
         """Close the connection of the next matching requests without any response."""
@@ -2272,7 +2373,7 @@ class KubeAPIServer:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise TimeoutError("condition not met within %.1fs" % timeout)
+                raise TimeoutError(f"condition not met within {timeout:.1f}s")
             time.sleep(0.02)
 
     # ------------------------------------------------------------------ node helpers
@@ -2325,10 +2426,16 @@ class KubeAPIServer:
                     {"type": "Hostname", "address": name},
                 ],
                 "nodeInfo": {
-                    "kubeletVersion": "v1.33.0-fake",
-                    "containerRuntimeVersion": "containerd://2.0.0",
-                    "operatingSystem": "linux",
                     "architecture": "amd64",
+                    "bootID": str(uuid.uuid5(uuid.NAMESPACE_DNS, name + ".boot")),
+                    "containerRuntimeVersion": "containerd://2.0.0",
+                    "kernelVersion": "6.8.0-fake",
+                    "kubeProxyVersion": "",
+                    "kubeletVersion": "v1.33.0-fake",
+                    "machineID": uuid.uuid5(uuid.NAMESPACE_DNS, name).hex,
+                    "operatingSystem": "linux",
+                    "osImage": "Ubuntu 24.04 LTS",
+                    "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
                 },
             },
         }
@@ -2632,7 +2739,11 @@ class KubeAPIServer:
                     book.ctrl_deleted.add(p["metadata"]["uid"])
                     self._delete(prt, p)
                     self._emit(
-                        jrt, job, "Normal", "SuccessfulDelete", f"Deleted pod: {p['metadata']['name']}"
+                        jrt,
+                        job,
+                        "Normal",
+                        "SuccessfulDelete",
+                        f"Deleted pod: {p['metadata']['name']}",
                     )
 
             new_status = copy.deepcopy(status)
@@ -2673,7 +2784,9 @@ class KubeAPIServer:
                     kill(active)
                     active = []
                     msg = "Reached expected number of succeeded pods"
-                    _set_condition(conds, "SuccessCriteriaMet", "True", "CompletionsReached", msg, ts)
+                    _set_condition(
+                        conds, "SuccessCriteriaMet", "True", "CompletionsReached", msg, ts
+                    )
                     _set_condition(conds, "Complete", "True", "CompletionsReached", msg, ts)
                     new_status["completionTime"] = ts
                     self._emit(jrt, job, "Normal", "Completed", "Job completed")
@@ -2683,7 +2796,9 @@ class KubeAPIServer:
                         active = []
                     was = _condition(job, "Suspended")
                     if not was or was["status"] != "True":
-                        _set_condition(conds, "Suspended", "True", "JobSuspended", "Job suspended", ts)
+                        _set_condition(
+                            conds, "Suspended", "True", "JobSuspended", "Job suspended", ts
+                        )
                         self._emit(jrt, job, "Normal", "Suspended", "Job suspended")
                     new_status.pop("startTime", None)
                 else:
@@ -2706,9 +2821,7 @@ class KubeAPIServer:
                 else:
                     new_status.pop(k, None)
             new_status["ready"] = sum(
-                1
-                for p in active
-                if (_condition(p, "Ready") or {}).get("status") == "True"
+                1 for p in active if (_condition(p, "Ready") or {}).get("status") == "True"
             )
             if indexed and book.ok_idx:
                 new_status["completedIndexes"] = _compress_indexes(book.ok_idx)
@@ -2723,14 +2836,12 @@ class KubeAPIServer:
 
     def _create_job_pods(self, job: dict, book: _JobBook, active: list[dict]) -> list[dict]:
         spec = job["spec"]
-        ns, jname = job["metadata"]["namespace"], job["metadata"]["name"]
+        ns = job["metadata"]["namespace"]
         parallelism = spec.get("parallelism", 1) or 0
         completions = spec.get("completions")
         slots = parallelism - len(active)
         if spec.get("completionMode") == "Indexed":
-            busy = {
-                int((p["metadata"].get("labels") or {}).get(JOB_INDEX_KEY, -1)) for p in active
-            }
+            busy = {int((p["metadata"].get("labels") or {}).get(JOB_INDEX_KEY, -1)) for p in active}
             wanted: list[int | None] = [
                 i for i in range(completions or 0) if i not in book.ok_idx and i not in busy
             ]
@@ -2744,8 +2855,9 @@ class KubeAPIServer:
                 obj = self._create(self._by_key["pods"], ns, pod)
             except ApiError as e:
                 msg = f"Error creating: {e.message}"
-                if msg != book.last_create_error:
-                    book.last_create_error = msg
+                same = re.sub(r'^Error creating: pods "[^"]*"', "", msg)
+                if same != book.last_create_error:
+                    book.last_create_error = same
                     self._emit(self._by_key["jobs.batch"], job, "Warning", "FailedCreate", msg)
                 break
             book.last_create_error = None
@@ -2759,7 +2871,6 @@ class KubeAPIServer:
                 f"Created pod: {obj['metadata']['name']}",
                 "job-controller",
             )
-        _ = jname
         return created
 
     def _job_pod(self, job: dict, index: int | None) -> dict:
@@ -2819,12 +2930,9 @@ class KubeAPIServer:
         for k, v in (pod_spec.get("nodeSelector") or {}).items():
             if labels.get(k) != v:
                 return False
-        req = (
-            ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-                "requiredDuringSchedulingIgnoredDuringExecution"
-            )
-            or {}
-        )
+        req = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or {}
         terms = req.get("nodeSelectorTerms") or []
         if not terms:
             return True
@@ -2897,7 +3005,10 @@ class KubeAPIServer:
                 counts[node] += 1
         pending = sorted(
             (p for p in pods if p["status"].get("phase") == "Pending"),
-            key=lambda p: (p["metadata"]["creationTimestamp"], int(p["metadata"]["resourceVersion"])),
+            key=lambda p: (
+                p["metadata"]["creationTimestamp"],
+                int(p["metadata"]["resourceVersion"]),
+            ),
         )
         for p in pending:
             uid = p["metadata"]["uid"]
@@ -2943,7 +3054,6 @@ class KubeAPIServer:
                     _set_condition(
                         q["status"].setdefault("conditions", []), "PodScheduled", "True", "", "", ts
                     )
-                    q["status"]["conditions"][-1].pop("reason", None)
 
                 bound = self._modify(prt, p, bind)
                 self._emit(
@@ -3014,10 +3124,6 @@ class KubeAPIServer:
             conds = st.setdefault("conditions", [])
             for ctype in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"):
                 _set_condition(conds, ctype, "True", "", "", ts)
-            for c in conds:
-                if c.get("reason") == "":
-                    c.pop("reason")
-                    c.pop("message", None)
             st["containerStatuses"] = [
                 {
                     "name": c["name"],

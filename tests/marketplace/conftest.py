@@ -9,7 +9,14 @@ import pytest
 
 from console.models import User
 from marketplace.demo import seed_catalog
-from marketplace.models import GpuType, PriceVersion, Region
+from marketplace.models import (
+    AllowedRegistry,
+    GpuType,
+    Image,
+    NodePool,
+    PriceVersion,
+    Region,
+)
 from tests.factories import MembershipFactory, UserFactory
 
 
@@ -26,11 +33,31 @@ class Catalog:
         return Region.objects.get(slug=slug)
 
 
+def _wipe_catalog() -> None:
+    Image.objects.all().delete()
+    AllowedRegistry.objects.all().delete()
+    NodePool.objects.all().delete()
+    PriceVersion.objects.all().delete()
+    GpuType.objects.all().delete()
+    Region.objects.all().delete()
+
+
+@pytest.fixture(scope="module")
+def _seeded_catalog(django_db_setup, django_db_blocker):
+    """Seed the demo catalog once per module (seeding takes a quarter of a second) and
+    remove it afterwards, so no other test module sees it. Each test still runs in its
+    own rolled-back transaction, so changes a test makes to the catalog don't leak."""
+    with django_db_blocker.unblock():
+        seed_catalog()
+    yield
+    with django_db_blocker.unblock():
+        _wipe_catalog()
+
+
 @pytest.fixture
-def catalog(db) -> Catalog:
-    seed_catalog()
+def catalog(_seeded_catalog, db) -> Catalog:
     version = PriceVersion.objects.get()
-    assert version.spot_discount_percent == Decimal(55)  # the figures below rely on it
+    assert version.spot_discount_percent == Decimal(55)  # the figures in the tests rely on it
     return Catalog(version=version)
 
 

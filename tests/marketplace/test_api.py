@@ -78,7 +78,9 @@ def test_offer_filters_and_values(api):
     ] == ["spot"]
     available = all_offers(api, gpu_type="a100-80gb", region="us-west", available="true")
     assert {r["tier"] for r in available} == {"on_demand", "spot"}
-    assert all(r["available_gpus"] > 0 for r in all_offers(api, available="true"))
+    for row in all_offers(api, available="true"):
+        available = row["available_gpus"] if row["gpu_type"] else row["available_vcpus"]
+        assert available > 0, row
 
 
 def test_offer_filters_by_vendor_memory_and_cpu(api):
@@ -138,6 +140,7 @@ def test_offers_api_query_count_does_not_grow_with_the_catalog(
             assert api.get(OFFERS, {"page_size": 500}).status_code == 200
         return len(queries)
 
+    count_queries()  # warm up: the first request of a token may write (e.g. last use)
     small = count_queries()
     region = Region.objects.create(slug="ap-south", name="AP South")
     for n in range(5):

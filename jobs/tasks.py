@@ -1,0 +1,63 @@
+"""Celery tasks for jobs: thin, each loads by id and calls one service; safe to rerun."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.conf import settings
+
+from jobs import services
+from jobs.backends import BackendUnavailable, get_backend
+from jobs.models import Job
+
+RETRY = {
+    "autoretry_for": (BackendUnavailable,),
+    "retry_backoff": True,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+    "max_retries": None,
+    "acks_late": True,
+}
+
+
+@shared_task(**RETRY)
+def job_dispatch_task(job_id: int) -> None:
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:  # deleted meanwhile: nothing to do
+        return
+    services.job_dispatch(job=job)
+
+
+@shared_task(**RETRY)
+def job_suspend_task(job_id: int) -> None:
+    job = Job.objects.filter(pk=job_id).first()
+    if job is not None:
+        get_backend(job.backend).suspend(job)
+
+
+@shared_task(**RETRY)
+def job_resume_task(job_id: int) -> None:
+    job = Job.objects.filter(pk=job_id).first()
+    if job is not None:
+        services.job_backend_resume(job=job)
+
+
+@shared_task(**RETRY)
+def job_cancel_task(job_id: int) -> None:
+    job = Job.objects.filter(pk=job_id).first()
+    if job is not None:
+        get_backend(job.backend).cancel(job)
+
+
+@shared_task(acks_late=True)
+def jobs_reconcile_task() -> None:
+    services.jobs_reconcile()
+
+
+@shared_task(acks_late=True)
+def jobs_observe_task() -> None:
+    """Fallback observation pass (the watcher does this continuously)."""
+    for name in settings.COMPUTE_BACKENDS:
+        try:
+            services.jobs_observe(backend_name=name)
+        except BackendUnavailable:
+            continue

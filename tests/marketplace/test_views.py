@@ -1,0 +1,228 @@
+"""Marketplace pages: offers (full page and htmx partial), live estimate, image catalog."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+
+from marketplace import services
+from marketplace.models import Image
+from tests.conftest import signed_in_client
+
+OFFERS = reverse("marketplace:offers")
+ESTIMATE = reverse("marketplace:estimate")
+IMAGES = reverse("marketplace:images")
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture
+def member(catalog, world):
+    return signed_in_client(world.member, world.tenant)
+
+
+def test_pages_need_sign_in(catalog, client):
+    for url in (OFFERS, ESTIMATE, IMAGES):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert "login" in response["Location"]
+
+
+def test_offers_page_renders(member):
+    response = member.get(OFFERS)
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<html" in html
+    assert 'id="offers-table"' in html
+    assert 'data-offer="a100-80gb|us-west|on_demand"' in html
+    assert 'data-testid="cpu-offers-table"' in html
+    assert 'aria-label="Filter offers"' in html
+
+
+def test_offers_htmx_request_returns_only_the_table(member):
+    response = member.get(
+        OFFERS, {"tier": "spot", "region": "us-west"}, HTTP_HX_TARGET="offers-table", **HTMX
+    )
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="offers-table"')
+    assert "<html" not in html
+    assert 'aria-label="Filter offers"' not in html
+    assert 'data-offer="a100-80gb|us-west|spot"' in html
+    assert "|on_demand" not in html
+    assert "|us-east|" not in html
+
+
+def test_offers_page_filters(member):
+    html = member.get(OFFERS, {"vendor": "amd", "available": "on"}).content.decode()
+    assert 'data-offer="mi300x|us-east|on_demand"' in html
+    assert 'data-offer="mi300x|eu-central|spot"' in html
+    assert 'data-offer="mi250|us-west' not in html  # no MI250 capacity in us-west
+    assert "h100-80gb" not in html.split('id="offers-table"')[1].split("</section>")[0]
+
+
+def test_offers_page_shows_the_tenant_discount(catalog, world, other_world):
+    services.tenant_pricing_set(
+        tenant=world.tenant, discount_percent=Decimal(10), note="", user=world.owner
+    )
+    params = {"region": "us-west", "tier": "on_demand"}
+    ours = signed_in_client(world.member, world.tenant).get(OFFERS, params)
+    theirs = signed_in_client(other_world.member, other_world.tenant).get(OFFERS, params)
+
+    a100 = [o for o in ours.context["gpu_offers"] if o.gpu_label == "a100-80gb"]
+    assert a100[0].unit_price == Decimal("1.611000")
+    a100 = [o for o in theirs.context["gpu_offers"] if o.gpu_label == "a100-80gb"]
+    assert a100[0].unit_price == Decimal("1.790000")
+
+
+def test_offers_page_query_count_is_bounded(member, django_assert_max_num_queries):
+    member.get(OFFERS)
+    with django_assert_max_num_queries(20):
+        member.get(OFFERS)
+
+
+def test_estimate_partial_shows_the_seed_example(member):
+    response = member.get(
+        ESTIMATE,
+        {
+            "gpu_type": "a100-80gb",
+            "gpus_per_node": 8,
+            "nodes": 1,
+            "region": "us-west",
+            "tier": "on_demand",
+            "spot_ratio": "0.7",
+            "hours": "24",
+        },
+        **HTMX,
+    )
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<html" not in html
+    assert 'data-testid="estimate-hourly">8.81 USD' in html
+    assert "211.36 USD" in html
+
+
+def test_estimate_page_without_js_shows_field_errors(member):
+    response = member.get(
+        ESTIMATE,
+        {
+            "gpus_per_node": 0,
+            "nodes": 1,
+            "region": "us-west",
+            "tier": "on_demand",
+            "spot_ratio": 0,
+            "hours": 1,
+        },
+    )
+
+    assert response.status_code == 200
+    assert "<html" in response.content.decode()
+    assert "cpus" in response.context["estimate_form"].errors
+
+
+# --- images ----
+
+
+def private_image(tenant, user):
+    return services.image_create(
+        tenant=tenant,
+        slug="secret-trainer",
+        reference="ghcr.io/acme/secret-trainer:1",
+        user=user,
+        name="Secret trainer",
+        kind="framework",
+        compatible_with=["nvidia"],
+    )
+
+
+def test_images_page_lists_public_and_own_private_images_only(catalog, world, other_world):
+    private_image(world.tenant, world.admin)
+    ours = signed_in_client(world.member, world.tenant).get(IMAGES).content.decode()
+    theirs = signed_in_client(other_world.member, other_world.tenant).get(IMAGES).content.decode()
+
+    assert 'data-image="secret-trainer"' in ours
+    assert "Secret trainer" not in theirs
+    assert "secret-trainer" not in theirs
+    for html in (ours, theirs):
+        assert 'data-image="ngc-pytorch-24-10"' in html
+
+
+def test_images_page_filters_and_htmx_partial(member):
+    response = member.get(IMAGES, {"kind": "full_stack"}, HTTP_HX_TARGET="image-list", **HTMX)
+
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="image-list"')
+    assert 'data-image="ngc-pytorch-24-10"' in html
+    assert 'data-image="cuda-12-4-runtime"' not in html
+    html = member.get(IMAGES, {"q": "mindspore"}).content.decode()
+    assert 'data-image="mindspore-ascend-2-3"' in html
+    assert 'data-image="ngc-pytorch-24-10"' not in html
+    html = member.get(IMAGES, {"vendor": "amd"}).content.decode()
+    assert 'data-image="rocm-6-2"' in html
+    assert 'data-image="tensorflow-2-17-gpu"' not in html
+
+
+def new_image_form(reference):
+    return {
+        "new-slug": "trainer",
+        "new-name": "Trainer",
+        "new-reference": reference,
+        "new-kind": "framework",
+        "new-compatible_with": ["nvidia"],
+        "new-size_gib": "1.0",
+    }
+
+
+def test_admin_adds_a_private_image_on_the_page(catalog, world):
+    client = signed_in_client(world.admin, world.tenant)
+
+    response = client.post(IMAGES, new_image_form("ghcr.io/acme/trainer:1"))
+
+    assert response.status_code == 302
+    image = Image.objects.get(tenant=world.tenant)
+    assert image.reference == "ghcr.io/acme/trainer:1"
+    assert image.default_command == [] and image.ports == []
+
+
+def test_image_from_a_registry_not_allowed_shows_a_field_error(catalog, world):
+    client = signed_in_client(world.admin, world.tenant)
+
+    response = client.post(IMAGES, new_image_form("quay.io/acme/trainer:1"))
+
+    assert response.status_code == 200
+    assert response.context["image_form"].errors["reference"]
+    assert not Image.objects.filter(tenant=world.tenant).exists()
+
+
+@pytest.mark.parametrize("role", ["member", "viewer", "finance"])
+def test_others_cannot_add_or_retire_on_the_page(catalog, world, role):
+    image = private_image(world.tenant, world.admin)
+    client = signed_in_client(getattr(world, role), world.tenant)
+
+    assert client.post(IMAGES, new_image_form("ghcr.io/acme/trainer:1")).status_code in (403, 404)
+    retire = reverse("marketplace:image_deactivate", args=[image.pk])
+    assert client.post(retire).status_code == 403
+    assert Image.objects.filter(tenant=world.tenant).count() == 1
+    image.refresh_from_db()
+    assert image.is_active
+
+
+def test_retire_page_is_404_for_another_tenants_image(catalog, world, other_world):
+    image = private_image(world.tenant, world.admin)
+    client = signed_in_client(other_world.admin, other_world.tenant)
+    retire = reverse("marketplace:image_deactivate", args=[image.pk])
+
+    assert client.get(retire).status_code == 404
+    assert client.post(retire).status_code == 404
+    image.refresh_from_db()
+    assert image.is_active
+
+    own = signed_in_client(world.admin, world.tenant)
+    assert own.get(retire).status_code == 200
+    assert own.post(retire).status_code == 302
+    image.refresh_from_db()
+    assert not image.is_active
