@@ -28,9 +28,11 @@ def _nav_items(request) -> list[dict]:
             url = reverse(url_name)
         except NoReverseMatch:
             url = None
-        items.append(
-            {"label": label, "url": url, "active": bool(url) and request.path.startswith(url)}
-        )
+        items.append({"label": label, "url": url, "active": False})
+    # The most specific matching section is the current one (/jobs/launch/ is Launch).
+    matching = [i for i in items if i["url"] and request.path.startswith(i["url"])]
+    if matching:
+        max(matching, key=lambda i: len(i["url"]))["active"] = True
     return items
 
 

@@ -75,8 +75,9 @@ def audit_record(
     request: HttpRequest | None = None,
     metadata: dict | None = None,
 ) -> AuditEvent:
-    if actor is None and request is not None and request.user.is_authenticated:
-        actor = request.user
+    request_user = getattr(request, "user", None)
+    if actor is None and request_user is not None and request_user.is_authenticated:
+        actor = request_user
     return AuditEvent.objects.create(
         tenant=tenant,
         actor=actor,
@@ -316,6 +317,9 @@ def invitation_revoke(
 
 
 def _owner_count(tenant: Tenant) -> int:
+    """Owners of the tenant, counted under a lock on the tenant row, so two owners
+    demoting or removing each other at once can't leave it with none."""
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
     return Membership.objects.for_tenant(tenant).filter(role=Role.OWNER).count()
 
 

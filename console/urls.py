@@ -29,6 +29,8 @@ urlpatterns = [
     ),
     path("marketplace/", include("marketplace.urls")),
     path("api/v1/", include("marketplace.api.urls")),
+    path("api/v1/", include("jobs.api.urls")),
+    path("jobs/", include("jobs.urls")),
     path("api/v1/", include("console.api.urls")),
     path("django-admin/", admin.site.urls),
 ]

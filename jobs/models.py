@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from decimal import Decimal
 
 from django.conf import settings
@@ -140,6 +141,11 @@ class Job(TenantOwnedModel):
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def command_display(self) -> str:
+        """The argv as a shell would quote it (for reading and copying, never executed)."""
+        return shlex.join(self.command)
 
     @property
     def is_finished(self) -> bool:

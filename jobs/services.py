@@ -651,7 +651,7 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
     if phase == "running" and status in (S.PROVISIONING, S.RESUMING, S.DISPATCHING):
         return _transition_quietly(job, S.RUNNING, "backend", "running")
     if phase == "succeeded" and status in HOLDING_COMPUTE:
-        job = _transition_quietly(job, S.SUCCEEDED, "backend", "exit code 0", **changes)
+        job = _transition_quietly(job, S.SUCCEEDED, "backend", "completed", **changes)
     elif phase == "failed" and status in HOLDING_COMPUTE:
         job = _transition_quietly(job, S.FAILED, "backend", observation.reason, **changes)
     elif phase in ("suspended", "cancelled") and status == S.PAUSING:

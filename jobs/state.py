@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from console.services import ServiceError
 from jobs import realtime
 from jobs.models import FINISHED, Job, JobEvent, JobStatus
 
@@ -34,10 +35,14 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(ServiceError):
+    """Refused change; a ServiceError so the API answers 409 with the message."""
+
     def __init__(self, job: Job, to: str):
         self.job, self.to = job, to
-        super().__init__(f"A {job.get_status_display().lower()} job can't become {to}.")
+        super().__init__(
+            f"A {job.get_status_display().lower()} job can't become {to}.", code="conflict"
+        )
 
 
 def can_transition(current: str, to: str) -> bool:

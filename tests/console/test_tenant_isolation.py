@@ -91,6 +91,16 @@ def foreign(other_world, world):
         compatible_with=["nvidia"],
         user=other_world.owner,
     )
+    from jobs.backends.local import LocalBackend
+    from jobs.services import JobSpec, job_submit
+    from marketplace.services import capacity_sync
+
+    capacity_sync(backend=LocalBackend())
+    foreign_job = job_submit(
+        tenant=other_world.tenant,
+        user=other_world.owner,
+        spec=JobSpec(name="globex-secret-job", image="python-3.11", command=["true"], cpus=1),
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
@@ -100,6 +110,7 @@ def foreign(other_world, world):
         "api-image": private_image.pk,
         "api-pool": pool.pk,
         "api-staff-pool": pool.pk,
+        "api-job": foreign_job.pk,
         "api-price-version": version.pk,
     }
     return {
@@ -109,6 +120,8 @@ def foreign(other_world, world):
             "token_id": token.pk,
             "tenant_slug": other_world.tenant.slug,
             "token": raw_invite,
+            "job_id": foreign_job.pk,
+            "action": "pause",
             "image_id": private_image.pk,  # also staff_image_retire: staff-only, 404
             # staff-only pages: a tenant owner must get 404 whatever the object
             "version_id": version.pk,
@@ -125,6 +138,7 @@ def foreign(other_world, world):
             "globex.secret_action",
             other_world.member.email,
             "globex-secret-image",
+            "globex-secret-job",
         ],
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from marketplace.demo import seed_catalog
+from marketplace.images import parse_reference
 from marketplace.models import (
     GpuType,
     Image,
@@ -36,7 +37,7 @@ REGIONS = {"us-west", "us-east", "eu-central"}
 
 def test_demo_catalog_has_the_promised_gpu_types_regions_and_tiers(catalog):
     assert set(GpuType.objects.values_list("slug", flat=True)) == GPU_SLUGS
-    assert REGIONS <= set(Region.objects.values_list("slug", flat=True))
+    assert set(Region.objects.values_list("slug", flat=True)) >= REGIONS
     assert set(Tier.values) == {"on_demand", "spot", "reserved"}
     rows = offers()
     for region in REGIONS:
@@ -105,3 +106,8 @@ def test_seeding_twice_changes_nothing(catalog):
         NodePool.objects.count(),
         Image.objects.count(),
     )
+
+
+def test_demo_image_references_are_valid_and_normalised(catalog):
+    for image in Image.objects.for_tenant(None):
+        assert str(parse_reference(image.reference)) == image.reference

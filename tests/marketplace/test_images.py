@@ -8,7 +8,7 @@ import pytest
 from console.models import AuditEvent
 from console.services import ServiceError
 from marketplace import services
-from marketplace.images import InvalidReference, ImageReference, is_allowed, parse_reference
+from marketplace.images import ImageReference, InvalidReference, is_allowed, parse_reference
 from marketplace.models import Image
 from marketplace.selectors import images_for_tenant
 

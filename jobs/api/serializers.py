@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from rest_framework import serializers
+
+from jobs import selectors, services
+from jobs.models import Job, JobEvent, Priority
+
+
+class JobCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    project = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=63, allow_blank=True), required=False, default=dict
+    )
+    image = serializers.CharField(max_length=80, help_text="Catalog slug")
+    command = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        allow_empty=False,
+        max_length=services.MAX_COMMAND_ARGS,
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        default=dict,
+    )
+    secret_env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        default=dict,
+    )
+    gpu_type = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+    gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, default=0)
+    cpus = serializers.IntegerField(
+        min_value=1, max_value=1024, required=False, allow_null=True, default=None
+    )
+    nodes = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    region = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+    spot_ratio = serializers.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        min_value=Decimal(0),
+        max_value=Decimal(1),
+        default=Decimal(0),
+    )
+    priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
+    max_runtime_minutes = serializers.IntegerField(
+        min_value=1, max_value=60 * 24 * 90, default=24 * 60
+    )
+    checkpoint_path = serializers.CharField(
+        max_length=400, required=False, default="", allow_blank=True
+    )
+    auto_release = serializers.BooleanField(default=True)
+
+    def to_spec(self) -> services.JobSpec:
+        return services.JobSpec(**self.validated_data)
+
+
+class JobSerializer(serializers.ModelSerializer):
+    image = serializers.CharField(source="image.slug")
+    gpu_type = serializers.CharField(source="gpu_type.slug", allow_null=True, default=None)
+    region = serializers.CharField(source="region.slug")
+    secret_env = serializers.SerializerMethodField()
+    cost_to_date = serializers.SerializerMethodField()
+    queue_position = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "project",
+            "labels",
+            "image",
+            "image_reference",
+            "command",
+            "env",
+            "secret_env",
+            "gpu_type",
+            "gpus_per_node",
+            "cpus",
+            "nodes",
+            "region",
+            "spot_ratio",
+            "priority",
+            "max_runtime_minutes",
+            "checkpoint_path",
+            "auto_release",
+            "backend",
+            "spot_nodes",
+            "on_demand_nodes",
+            "status",
+            "status_reason",
+            "queue_position",
+            "attempt",
+            "exit_code",
+            "cost_to_date",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_secret_env(self, job) -> dict[str, str]:
+        return {name: "••••••" for name in job.secret_env_names}
+
+    def get_cost_to_date(self, job) -> str:
+        return str(selectors.job_cost_to_date(job))
+
+    def get_queue_position(self, job) -> int | None:
+        return services.queue_position(job)
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["at", "from_status", "to_status", "actor", "reason", "attempt"]
+
+
+class LogLineSerializer(serializers.Serializer):
+    line_no = serializers.IntegerField()
+    rank = serializers.IntegerField()
+    text = serializers.CharField()

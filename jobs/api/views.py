@@ -1,0 +1,108 @@
+"""Jobs API: launch, list, inspect, act. Thin over jobs.services / jobs.selectors."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from console.api.base import TenantScopedViewSet
+from console.permissions import Capability
+from jobs import selectors, services
+from jobs.api import serializers as s
+from jobs.backends import get_backend
+from jobs.models import Job, JobStatus
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = Job.objects.select_related("gpu_type", "region", "image", "tenant")
+    serializer_class = s.JobSerializer
+    required_capabilities = {
+        a: Capability.LAUNCH_JOBS
+        for a in ("create", "pause", "resume", "cancel", "clone", "destroy")
+    }
+
+    def scope_queryset(self, queryset):
+        wanted = self.request.query_params.get("status")
+        if wanted:
+            queryset = queryset.filter(status=wanted)
+        return queryset
+
+    @extend_schema(parameters=[OpenApiParameter("status", str, enum=JobStatus.values)])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(
+        request=s.JobCreateSerializer,
+        responses={201: s.JobSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+    )
+    def create(self, request, *args, **kwargs):
+        data = s.JobCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = request.headers.get("Idempotency-Key", "").strip()[:200] or None
+        job = services.job_submit(
+            tenant=request.tenant,
+            user=request.user,
+            spec=data.to_spec(),
+            idempotency_key=key,
+            request=request._request,
+        )
+        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    def _act(self, service, **kwargs):
+        job = service(job=self.get_object(), actor=self.request.user.email, **kwargs)
+        return Response(s.JobSerializer(job).data)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        return self._act(services.job_pause)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        return self._act(services.job_resume)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return self._act(services.job_cancel)
+
+    @extend_schema(request=None, responses={201: s.JobSerializer})
+    @action(detail=True, methods=["post"])
+    def clone(self, request, pk=None):
+        job = services.job_clone(job=self.get_object(), user=request.user, request=request._request)
+        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, *args, **kwargs):
+        services.job_delete(job=self.get_object(), user=request.user, request=request._request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=s.JobEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        events = selectors.job_events(job=self.get_object())
+        page = self.paginate_queryset(events)
+        return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
+
+    @extend_schema(parameters=[OpenApiParameter("since_line", int), OpenApiParameter("limit", int)])
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        job = self.get_object()
+        try:
+            since = max(0, int(request.query_params.get("since_line", 0)))
+            limit = min(5000, max(1, int(request.query_params.get("limit", 1000))))
+        except ValueError:
+            return Response({"detail": "since_line and limit are integers."}, status=400)
+        lines = get_backend(job.backend).logs(job, since_line=since, limit=limit)
+        next_line = lines[-1].line_no if lines else since
+        return Response(
+            {
+                "lines": [
+                    {"line_no": ln.line_no, "rank": ln.rank, "text": ln.text} for ln in lines
+                ],
+                "next_line": next_line,
+            }
+        )

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import shlex
+from decimal import Decimal
+
+from django import forms
+
+from jobs.models import Priority
+from marketplace.models import GpuType, Image, Region
+
+
+def parse_pairs(text: str, field_label: str) -> dict[str, str]:
+    """KEY=value lines (blank lines and # comments ignored)."""
+    pairs = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "=" not in line:
+            raise forms.ValidationError(f"{field_label} line {number}: write NAME=value.")
+        key, value = line.split("=", 1)
+        pairs[key.strip()] = value
+    return pairs
+
+
+class LaunchForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    project = forms.CharField(max_length=100, required=False)
+    gpu_type = forms.ModelChoiceField(
+        label="GPU type",
+        queryset=GpuType.objects.filter(is_active=True),
+        to_field_name="slug",
+        required=False,
+        empty_label="CPU only",
+    )
+    gpus_per_node = forms.IntegerField(label="GPUs per node", min_value=0, max_value=64, initial=0)
+    cpus = forms.IntegerField(label="vCPUs per node", min_value=1, max_value=1024, initial=1)
+    nodes = forms.IntegerField(min_value=1, max_value=1024, initial=1)
+    region = forms.ModelChoiceField(
+        queryset=Region.objects.filter(is_active=True), to_field_name="slug", empty_label=None
+    )
+    spot_ratio = forms.DecimalField(
+        min_value=Decimal(0),
+        max_value=Decimal(1),
+        initial="0",
+        max_digits=4,
+        decimal_places=3,
+        help_text="Share of nodes on spot capacity (cheaper, can be reclaimed)",
+    )
+    image = forms.ModelChoiceField(queryset=Image.objects.none(), to_field_name="slug")
+    command = forms.CharField(
+        max_length=4000,
+        widget=forms.TextInput(
+            attrs={"placeholder": "python train.py --epochs 3", "spellcheck": "false"}
+        ),
+        help_text="Split into arguments like a shell would, but never run through one.",
+    )
+    env = forms.CharField(
+        label="Environment",
+        required=False,
+        widget=forms.Textarea(
+            attrs={"rows": 2, "placeholder": "BATCH_SIZE=64", "spellcheck": "false"}
+        ),
+    )
+    secret_env = forms.CharField(
+        label="Secret environment",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "HF_TOKEN=…"}),
+        help_text="Stored encrypted; never shown again.",
+    )
+    priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
+    max_runtime_minutes = forms.IntegerField(
+        label="Max runtime (minutes)", min_value=1, max_value=60 * 24 * 90, initial=60
+    )
+    checkpoint_path = forms.CharField(max_length=400, required=False)
+    auto_release = forms.BooleanField(
+        label="Release compute when it finishes", required=False, initial=True
+    )
+
+    def __init__(self, *args, tenant=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["image"].queryset = Image.objects.for_tenant(tenant).filter(is_active=True)
+
+    def clean_command(self):
+        try:
+            argv = shlex.split(self.cleaned_data["command"])
+        except ValueError as error:
+            raise forms.ValidationError(f"Unbalanced quotes: {error}.") from None
+        if not argv:
+            raise forms.ValidationError("Give a command to run.")
+        return argv
+
+    def clean_env(self):
+        return parse_pairs(self.cleaned_data["env"], "Environment")
+
+    def clean_secret_env(self):
+        return parse_pairs(self.cleaned_data["secret_env"], "Secret environment")

@@ -1,0 +1,200 @@
+"""Job pages: launch, list, detail with timeline and actions. Thin views."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from console.permissions import Capability, capability_required, has_capability
+from console.services import ServiceError
+from console.tenancy import get_for_tenant_or_404
+from jobs import selectors, services
+from jobs.backends import get_backend
+from jobs.forms import LaunchForm
+from jobs.models import Job, JobStatus
+from marketplace.models import GpuType, Image
+
+PAGE_SIZE = 50
+
+
+@capability_required(Capability.LAUNCH_JOBS)
+@require_http_methods(["GET", "POST"])
+def launch(request: HttpRequest) -> HttpResponse:
+    initial = {"region": "local", "image": "python-3.11", "cpus": 1, "gpus_per_node": 0}
+    clone_of = request.GET.get("from")
+    if clone_of and clone_of.isdigit():
+        source = Job.objects.for_tenant(request.tenant).filter(pk=clone_of).first()
+        if source is not None:
+            import shlex
+
+            initial.update(
+                name=f"{source.name} (clone)"[:100],
+                project=source.project,
+                gpu_type=source.gpu_type.slug if source.gpu_type else None,
+                gpus_per_node=source.gpus_per_node,
+                cpus=source.cpus,
+                nodes=source.nodes,
+                region=source.region.slug,
+                spot_ratio=source.spot_ratio,
+                image=source.image.slug,
+                command=shlex.join(source.command),
+                env="\n".join(f"{k}={v}" for k, v in source.env.items()),
+                priority=source.priority,
+                max_runtime_minutes=source.max_runtime_minutes,
+                checkpoint_path=source.checkpoint_path,
+            )
+    form = LaunchForm(request.POST or None, tenant=request.tenant, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        spec = services.JobSpec(
+            name=data["name"],
+            project=data["project"],
+            image=data["image"].slug,
+            command=data["command"],
+            env=data["env"],
+            secret_env=data["secret_env"],
+            gpu_type=data["gpu_type"].slug if data["gpu_type"] else None,
+            gpus_per_node=data["gpus_per_node"],
+            cpus=data["cpus"],
+            nodes=data["nodes"],
+            region=data["region"].slug,
+            spot_ratio=data["spot_ratio"],
+            priority=data["priority"],
+            max_runtime_minutes=data["max_runtime_minutes"],
+            checkpoint_path=data["checkpoint_path"],
+            auto_release=data["auto_release"],
+        )
+        try:
+            job = services.job_submit(
+                tenant=request.tenant, user=request.user, spec=spec, request=request
+            )
+        except ServiceError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            if job.status == JobStatus.QUEUED:
+                messages.info(request, f"“{job.name}” is queued: {job.status_reason}.")
+            else:
+                messages.success(request, f"“{job.name}” launched.")
+            return redirect("jobs:detail", job_id=job.pk)
+    return render(request, "jobs/launch.html", {"form": form})
+
+
+@capability_required(Capability.VIEW_TENANT)
+def image_options(request: HttpRequest) -> HttpResponse:
+    """The launch form's image <option>s for the chosen GPU type (htmx)."""
+    gpu_type = GpuType.objects.filter(slug=request.GET.get("gpu_type") or "").first()
+    hardware = gpu_type.vendor if gpu_type else "cpu"
+    images = [
+        i
+        for i in Image.objects.for_tenant(request.tenant).filter(is_active=True)
+        if hardware in i.compatible_with
+    ]
+    return render(
+        request,
+        "jobs/partials/image_options.html",
+        {"images": images, "selected": request.GET.get("image", "")},
+    )
+
+
+@capability_required(Capability.VIEW_TENANT)
+def job_list(request: HttpRequest) -> HttpResponse:
+    status = request.GET.get("status", "")
+    if status not in JobStatus.values:
+        status = ""
+    query = request.GET.get("q", "").strip()
+    jobs = selectors.jobs_for_tenant(tenant=request.tenant, status=status or None, query=query)
+    page = Paginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = [{"job": job, "cost": selectors.job_cost_to_date(job)} for job in page]
+    context = {
+        "page": page,
+        "rows": rows,
+        "status": status,
+        "q": query,
+        "statuses": JobStatus.choices,
+    }
+    if request.htmx and request.htmx.target == "job-table":
+        return render(request, "jobs/list.html#job-table", context)
+    return render(request, "jobs/list.html", context)
+
+
+@capability_required(Capability.VIEW_TENANT)
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_for_tenant_or_404(
+        Job.objects.select_related("gpu_type", "region", "image", "created_by"),
+        request.tenant,
+        pk=job_id,
+    )
+    events = list(selectors.job_events(job=job))
+    context = {
+        "job": job,
+        "events": events,
+        "cost": selectors.job_cost_to_date(job, events),
+        "run_rate": selectors.job_run_rate(job),
+        "queue_position": services.queue_position(job),
+        "can_act": has_capability(request.membership, Capability.LAUNCH_JOBS),
+        "log_lines": get_backend(job.backend).logs(job, since_line=0, limit=500)
+        if job.backend == "local"
+        else [],
+    }
+    if request.htmx and request.htmx.target == "job-status":
+        return render(request, "jobs/detail.html#job-status", context)
+    return render(request, "jobs/detail.html", context)
+
+
+ACTIONS = {
+    "pause": services.job_pause,
+    "resume": services.job_resume,
+    "cancel": services.job_cancel,
+}
+
+
+@capability_required(Capability.LAUNCH_JOBS)
+@require_POST
+def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
+    job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
+    try:
+        if action == "clone":
+            clone = services.job_clone(job=job, user=request.user, request=request)
+            messages.success(request, f"Cloned as “{clone.name}”.")
+            target = reverse("jobs:detail", args=[clone.pk])
+        elif action in ACTIONS:
+            ACTIONS[action](job=job, actor=request.user.email)
+            messages.success(request, f"{action.title()} requested for “{job.name}”.")
+            target = reverse("jobs:detail", args=[job.pk])
+        else:
+            return HttpResponse(status=404)
+    except ServiceError as error:
+        messages.error(request, error.message)
+        target = reverse("jobs:detail", args=[job.pk])
+    if request.htmx:
+        return HttpResponseClientRedirect(target)
+    return redirect(target)
+
+
+@capability_required(Capability.LAUNCH_JOBS)
+@require_http_methods(["GET", "POST"])
+def job_delete(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
+    if request.method == "POST":
+        try:
+            services.job_delete(job=job, user=request.user, request=request)
+        except ServiceError as error:
+            messages.error(request, error.message)
+            return redirect("jobs:detail", job_id=job.pk)
+        messages.success(request, f"“{job.name}” deleted.")
+        return redirect("jobs:list")
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Delete job",
+            "message": f"Delete “{job.name}” and its timeline? Its usage stays on your bill.",
+            "confirm_label": "Delete",
+            "cancel_url": reverse("jobs:detail", args=[job.pk]),
+        },
+    )
