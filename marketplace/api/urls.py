@@ -1,6 +1,6 @@
 from django.urls import path
-from console.api.routers import OptionalSlashRouter
 
+from console.api.routers import OptionalSlashRouter
 from marketplace.api import views
 
 router = OptionalSlashRouter()

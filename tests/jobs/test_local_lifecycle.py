@@ -30,10 +30,9 @@ def wait_for_status(job, statuses, timeout=20):
         if job.status in statuses:
             return job
         time.sleep(0.1)
-    raise AssertionError(
-        f"job stayed {job.status} ({job.status_reason}); log: "
-        f"{LocalBackend().log_path(job).read_text() if LocalBackend().log_path(job).exists() else ''}"
-    )
+    log_path = LocalBackend().log_path(job)
+    output = log_path.read_text() if log_path.exists() else ""
+    raise AssertionError(f"job stayed {job.status} ({job.status_reason}); log: {output}")
 
 
 def launch(world, command, **overrides):
