@@ -39,6 +39,7 @@ def _nav_items(request) -> list[dict]:
 def console(request) -> dict:
     if not getattr(request, "user", None) or not request.user.is_authenticated:
         return {}
+    from console.models import Notification
     from console.selectors import memberships_of_user
 
     membership = getattr(request, "membership", None)
@@ -48,4 +49,8 @@ def console(request) -> dict:
         "current_membership": membership,
         "my_memberships": memberships_of_user(user=request.user),
         "can": {cap.value: has_capability(membership, cap) for cap in Capability},
+        "unread_notifications": (
+            Notification.objects.for_tenant(membership.tenant)
+            .filter(user=request.user).unread().count() if membership else 0
+        ),
     }

@@ -203,6 +203,33 @@ class AuditEvent(models.Model):
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor_label} {self.action}"
 
 
+class NotificationQuerySet(TenantScopedQuerySet):
+    def unread(self):
+        return self.filter(read_at__isnull=True)
+
+
+class Notification(TenantOwnedModel):
+    """An in-app message to one person (a job ended, a budget threshold was crossed)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notifications")
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="notifications")
+    level = models.CharField(max_length=10, default="info")  # info | success | warning | error
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+    url = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    objects = NotificationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["user", "read_at"])]
+
+    def __str__(self) -> str:
+        return self.title
+
+
 class Heartbeat(models.Model):
     """Last sign of life of a background component (worker, beat, watcher) for /healthz."""
 

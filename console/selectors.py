@@ -15,6 +15,12 @@ from console.permissions import Capability, has_capability
 HEARTBEAT_COMPONENTS = ("worker", "beat", "watcher")
 
 
+def notifications_for(*, user: User, tenant: Tenant):
+    from console.models import Notification
+
+    return Notification.objects.for_tenant(tenant).filter(user=user)
+
+
 def memberships_of_user(*, user: User) -> QuerySet[Membership]:
     return (
         Membership.objects.select_related("tenant")

@@ -243,6 +243,7 @@ LOCAL_JOB_USER = env_str("LOCAL_JOB_USER", "")
 # Seconds between SIGTERM and SIGKILL when pausing, cancelling or preempting a job.
 JOB_TERMINATION_GRACE_SECONDS = env_int("JOB_TERMINATION_GRACE_SECONDS", 30)
 WATCHER_INTERVAL = env_int("WATCHER_INTERVAL", 2)
+JOB_NOTIFICATION_EMAILS = env_bool("JOB_NOTIFICATION_EMAILS", True)
 
 # --- Celery ----
 CELERY_BROKER_URL = _BROKER_URL

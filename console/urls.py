@@ -23,6 +23,7 @@ urlpatterns = [
     path("tokens/", views.api_tokens, name="api_tokens"),
     path("tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
     path("audit/", views.audit_log, name="audit_log"),
+    path("notifications/", views.notifications, name="notifications"),
     path("staff/tenants/", views.staff_tenants, name="staff_tenants"),
     path(
         "staff/tenants/<slug:tenant_slug>/", views.staff_tenant_detail, name="staff_tenant_detail"

@@ -401,6 +401,23 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+# --- notifications ----
+
+
+@capability_required(Capability.VIEW_TENANT)
+@require_http_methods(["GET", "POST"])
+def notifications(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        count = services.notifications_mark_read(user=request.user, tenant=request.tenant)
+        messages.success(request, f"{count} notification{'s' if count != 1 else ''} marked "
+                                  "as read.")
+        return redirect("notifications")
+    items = selectors.notifications_for(user=request.user, tenant=request.tenant)
+    return render(request, "console/notifications.html",
+                  {"notifications": Paginator(items, PAGE_SIZE).get_page(
+                      request.GET.get("page"))})
+
+
 # --- password ----
 
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from console.services import ServiceError
 from jobs import realtime
+from jobs.notifications import job_status_notify
 from jobs.models import FINISHED, Job, JobEvent, JobStatus
 
 S = JobStatus
@@ -88,6 +89,7 @@ def job_transition(
         attempt=locked.attempt,
     )
     realtime.publish_job_status(locked)
+    job_status_notify(locked, to, actor, reason)
     # Keep the caller's instance current too.
     for field in (
         "status",

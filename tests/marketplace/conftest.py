@@ -8,7 +8,6 @@ from decimal import Decimal
 import pytest
 
 from console.models import User
-from marketplace import demo
 from marketplace.demo import seed_catalog
 from marketplace.models import (
     AllowedRegistry,
@@ -60,24 +59,6 @@ def catalog(_seeded_catalog, db) -> Catalog:
     version = PriceVersion.objects.get()
     assert version.spot_discount_percent == Decimal(55)  # the figures in the tests rely on it
     return Catalog(version=version)
-
-
-def demo_image_slugs(*, kind: str = "", vendor: str = "", query: str = "") -> set[str]:
-    """Public demo images matching the filters, computed from the seed data itself (the
-    demo catalog grows), so filter tests don't hard-code its contents."""
-    found = set()
-    for slug, name, _, image_kind, *_, framework, _, compatible, _, description, _, _ in (
-        demo.IMAGES
-    ):
-        text = " ".join((slug, name, framework, description)).lower()
-        if kind and image_kind != kind:
-            continue
-        if vendor and vendor not in compatible:
-            continue
-        if query and query.lower() not in text:
-            continue
-        found.add(slug)
-    return found
 
 
 @pytest.fixture

@@ -1,0 +1,35 @@
+"""Tell a job's owner when it ends, fails or is preempted (in-app, and e-mail)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.urls import reverse
+
+from console.services import notify
+from jobs.models import JobStatus
+
+S = JobStatus
+NOTIFY = {
+    S.SUCCEEDED: ("success", "{name} succeeded"),
+    S.FAILED: ("error", "{name} failed"),
+    S.PREEMPTED: ("warning", "{name} was preempted"),
+    S.CANCELLED: ("warning", "{name} was cancelled"),
+    S.PAUSED: ("warning", "{name} was paused"),
+}
+# Changes a person made themselves need no message; only the system's, backend's or
+# budget's do (a cancel by a colleague is still told).
+QUIET_ACTORS_FOR = {S.CANCELLED, S.PAUSED}
+
+
+def job_status_notify(job, to: str, actor: str, reason: str) -> None:
+    if to not in NOTIFY or job.created_by is None:
+        return
+    if to in QUIET_ACTORS_FOR and actor == job.created_by.email:
+        return
+    if to == S.PAUSED and not job.paused_by_budget:
+        return
+    level, title = NOTIFY[to]
+    path = reverse("jobs:detail", args=[job.pk])
+    notify(tenant=job.tenant, user=job.created_by, title=title.format(name=job.name),
+           body=f"Job #{job.pk} “{job.name}”: {reason or to}.", url=path, level=level,
+           email=settings.JOB_NOTIFICATION_EMAILS)
