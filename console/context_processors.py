@@ -51,6 +51,10 @@ def console(request) -> dict:
         "can": {cap.value: has_capability(membership, cap) for cap in Capability},
         "unread_notifications": (
             Notification.objects.for_tenant(membership.tenant)
-            .filter(user=request.user).unread().count() if membership else 0
+            .filter(user=request.user)
+            .unread()
+            .count()
+            if membership
+            else 0
         ),
     }

@@ -34,6 +34,7 @@ class Capability(enum.StrEnum):
     VIEW_BILLING = "view_billing"
     MANAGE_BUDGETS = "manage_budgets"
     MANAGE_PRIVATE_IMAGES = "manage_private_images"
+    MANAGE_SECRETS = "manage_secrets"
 
 
 _EVERYONE = {Capability.VIEW_TENANT, Capability.USE_API_TOKENS}

@@ -472,19 +472,32 @@ def api_token_authenticate(raw: str) -> ApiToken | None:
 # --- notifications ----
 
 
-def notify(*, tenant: Tenant, user: User | None, title: str, body: str = "", url: str = "",
-           level: str = "info", email: bool = True) -> None:
+def notify(
+    *,
+    tenant: Tenant,
+    user: User | None,
+    title: str,
+    body: str = "",
+    url: str = "",
+    level: str = "info",
+    email: bool = True,
+) -> None:
     """In-app notification, plus an e-mail (queued after commit) when asked."""
     if user is None or not user.is_active:
         return
     from console.models import Notification
 
-    Notification.objects.create(tenant=tenant, user=user, title=title[:200], body=body,
-                                url=url[:300], level=level)
+    Notification.objects.create(
+        tenant=tenant, user=user, title=title[:200], body=body, url=url[:300], level=level
+    )
     if email:
-        transaction.on_commit(lambda: email_send_later(
-            subject=f"[GpuGeek] {title}", body=f"{body}\n\n{url}".strip(),
-            recipients=[user.email]))
+        transaction.on_commit(
+            lambda: email_send_later(
+                subject=f"[GpuGeek] {title}",
+                body=f"{body}\n\n{url}".strip(),
+                recipients=[user.email],
+            )
+        )
 
 
 def notifications_mark_read(*, user: User, tenant: Tenant, notification_id: int | None = None):

@@ -409,13 +409,16 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 def notifications(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         count = services.notifications_mark_read(user=request.user, tenant=request.tenant)
-        messages.success(request, f"{count} notification{'s' if count != 1 else ''} marked "
-                                  "as read.")
+        messages.success(
+            request, f"{count} notification{'s' if count != 1 else ''} marked as read."
+        )
         return redirect("notifications")
     items = selectors.notifications_for(user=request.user, tenant=request.tenant)
-    return render(request, "console/notifications.html",
-                  {"notifications": Paginator(items, PAGE_SIZE).get_page(
-                      request.GET.get("page"))})
+    return render(
+        request,
+        "console/notifications.html",
+        {"notifications": Paginator(items, PAGE_SIZE).get_page(request.GET.get("page"))},
+    )
 
 
 # --- password ----

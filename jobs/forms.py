@@ -68,6 +68,12 @@ class LaunchForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2, "placeholder": "HF_TOKEN=…"}),
         help_text="Stored encrypted; never shown again.",
     )
+    secrets = forms.MultipleChoiceField(
+        label="Organisation secrets",
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Injected as environment variables of the same name.",
+    )
     priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
     max_runtime_minutes = forms.IntegerField(
         label="Max runtime (minutes)", min_value=1, max_value=60 * 24 * 90, initial=60
@@ -80,6 +86,12 @@ class LaunchForm(forms.Form):
     def __init__(self, *args, tenant=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["image"].queryset = Image.objects.for_tenant(tenant).filter(is_active=True)
+        from jobs.models import TenantSecret
+
+        self.fields["secrets"].choices = [
+            (name, name)
+            for name in TenantSecret.objects.for_tenant(tenant).values_list("name", flat=True)
+        ]
 
     def clean_command(self):
         try:
@@ -95,3 +107,17 @@ class LaunchForm(forms.Form):
 
     def clean_secret_env(self):
         return parse_pairs(self.cleaned_data["secret_env"], "Secret environment")
+
+
+class TenantSecretForm(forms.Form):
+    name = forms.CharField(
+        max_length=100,
+        widget=forms.TextInput(
+            attrs={"placeholder": "HF_TOKEN", "autocomplete": "off", "spellcheck": "false"}
+        ),
+    )
+    value = forms.CharField(
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        strip=False,
+        help_text="Stored encrypted; never shown again. Saving an existing name replaces it.",
+    )

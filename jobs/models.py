@@ -178,6 +178,28 @@ class JobEvent(models.Model):
         return f"{self.job_id}: {self.from_status} → {self.to_status}"
 
 
+class TenantSecret(TenantOwnedModel):
+    """A named secret (HF_TOKEN, WANDB_API_KEY…) stored encrypted once and referenced by
+    name from jobs; its value is never shown again."""
+
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=100)
+    value_encrypted = models.TextField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="tenant_secret_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class LaunchTemplate(TenantOwnedModel):
     """A saved job spec to launch again."""
 

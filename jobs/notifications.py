@@ -30,6 +30,12 @@ def job_status_notify(job, to: str, actor: str, reason: str) -> None:
         return
     level, title = NOTIFY[to]
     path = reverse("jobs:detail", args=[job.pk])
-    notify(tenant=job.tenant, user=job.created_by, title=title.format(name=job.name),
-           body=f"Job #{job.pk} “{job.name}”: {reason or to}.", url=path, level=level,
-           email=settings.JOB_NOTIFICATION_EMAILS)
+    notify(
+        tenant=job.tenant,
+        user=job.created_by,
+        title=title.format(name=job.name),
+        body=f"Job #{job.pk} “{job.name}”: {reason or to}.",
+        url=path,
+        level=level,
+        email=settings.JOB_NOTIFICATION_EMAILS,
+    )

@@ -57,6 +57,8 @@ class JobSpec:
     secret_env: dict[str, str] = field(default_factory=dict)
     auto_release: bool = True
     ports: list[dict] = field(default_factory=list)
+    # Names of tenant secrets to inject as environment variables of the same name.
+    secrets: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -291,6 +293,7 @@ def job_submit(
             return existing
     resolved = spec_validate(tenant=tenant, spec=spec)
     placement = resolved.placement
+    secret_env = {**tenant_secrets_resolve(tenant=tenant, names=spec.secrets), **spec.secret_env}
     try:
         with transaction.atomic():
             job = Job.objects.create(
@@ -303,8 +306,8 @@ def job_submit(
                 image_reference=resolved.image.reference,
                 command=spec.command,
                 env=_validate_env(spec.env, "env"),
-                secret_env_encrypted=encrypt_json(spec.secret_env) if spec.secret_env else "",
-                secret_env_names=sorted(spec.secret_env),
+                secret_env_encrypted=encrypt_json(secret_env) if secret_env else "",
+                secret_env_names=sorted(secret_env),
                 gpu_type=resolved.gpu_type,
                 gpus_per_node=spec.gpus_per_node,
                 cpus=resolved.cpus,
@@ -342,6 +345,62 @@ def job_submit(
         return existing
     job.refresh_from_db()
     return job
+
+
+# --- tenant secrets ----
+
+
+def tenant_secrets_resolve(*, tenant: Tenant, names: list[str]) -> dict[str, str]:
+    """Values of the named tenant secrets, copied into the job at launch (a later change
+    of the secret applies to later launches)."""
+    from console.crypto import decrypt_json
+    from jobs.models import TenantSecret
+
+    if not names:
+        return {}
+    found = {s.name: s for s in TenantSecret.objects.for_tenant(tenant).filter(name__in=names)}
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise _invalid(f"No secret named {', '.join(missing)} in your organisation.", "secrets")
+    return {name: decrypt_json(found[name].value_encrypted)["value"] for name in names}
+
+
+@transaction.atomic
+def tenant_secret_set(*, tenant: Tenant, user: User, name: str, value: str, request=None):
+    from jobs.models import TenantSecret
+
+    name = (name or "").strip()
+    if not ENV_NAME_RE.match(name) or name.startswith(RESERVED_ENV_PREFIXES):
+        raise _invalid("Secret names are environment variable names, e.g. HF_TOKEN.", "name")
+    if not value:
+        raise _invalid("Give the secret a value.", "value")
+    secret, created = TenantSecret.objects.update_or_create(
+        tenant=tenant,
+        name=name,
+        defaults={"value_encrypted": encrypt_json({"value": value}), "created_by": user},
+    )
+    audit_record(
+        action="secret.created" if created else "secret.updated",
+        tenant=tenant,
+        actor=user,
+        target=secret,
+        request=request,
+        metadata={"name": name},
+    )
+    return secret
+
+
+@transaction.atomic
+def tenant_secret_delete(*, secret, user: User, request=None) -> None:
+    audit_record(
+        action="secret.deleted",
+        tenant=secret.tenant,
+        actor=user,
+        target=secret,
+        request=request,
+        metadata={"name": secret.name},
+    )
+    secret.delete()
 
 
 # --- admission ------------------------------------------------------------------------

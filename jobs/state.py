@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from console.services import ServiceError
 from jobs import realtime
-from jobs.notifications import job_status_notify
 from jobs.models import FINISHED, Job, JobEvent, JobStatus
+from jobs.notifications import job_status_notify
 
 S = JobStatus
 TRANSITIONS: dict[str, frozenset[str]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -68,6 +68,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             max_runtime_minutes=data["max_runtime_minutes"],
             checkpoint_path=data["checkpoint_path"],
             auto_release=data["auto_release"],
+            secrets=data["secrets"],
         )
         try:
             job = services.job_submit(
@@ -174,6 +175,64 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     if request.htmx:
         return HttpResponseClientRedirect(target)
     return redirect(target)
+
+
+@capability_required(Capability.VIEW_TENANT)
+@require_http_methods(["GET", "POST"])
+def secrets(request: HttpRequest) -> HttpResponse:
+    """Organisation secrets: names visible to members, values never shown; admins edit."""
+    from jobs.forms import TenantSecretForm
+    from jobs.models import TenantSecret
+
+    can_manage = has_capability(request.membership, Capability.MANAGE_SECRETS)
+    form = TenantSecretForm(request.POST or None)
+    if request.method == "POST":
+        if not can_manage:
+            raise Http404("Not found.")
+        if form.is_valid():
+            try:
+                secret = services.tenant_secret_set(
+                    tenant=request.tenant, user=request.user, request=request, **form.cleaned_data
+                )
+            except ServiceError as error:
+                form.add_error(error.field if error.field in form.fields else None, error.message)
+            else:
+                messages.success(
+                    request, f"Secret {secret.name} saved; its value won't be shown again."
+                )
+                return redirect("jobs:secrets")
+    return render(
+        request,
+        "jobs/secrets.html",
+        {
+            "form": form,
+            "can_manage": can_manage,
+            "secrets": TenantSecret.objects.for_tenant(request.tenant).select_related("created_by"),
+        },
+    )
+
+
+@capability_required(Capability.MANAGE_SECRETS)
+@require_http_methods(["GET", "POST"])
+def secret_delete(request: HttpRequest, secret_id: int) -> HttpResponse:
+    from jobs.models import TenantSecret
+
+    secret = get_for_tenant_or_404(TenantSecret, request.tenant, pk=secret_id)
+    if request.method == "POST":
+        services.tenant_secret_delete(secret=secret, user=request.user, request=request)
+        messages.success(request, f"Secret {secret.name} deleted.")
+        return redirect("jobs:secrets")
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Delete secret",
+            "message": f"Delete {secret.name}? New launches that name it will be refused; running "
+            "jobs keep the copy they started with.",
+            "confirm_label": "Delete",
+            "cancel_url": reverse("jobs:secrets"),
+        },
+    )
 
 
 @capability_required(Capability.LAUNCH_JOBS)

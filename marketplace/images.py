@@ -10,7 +10,7 @@ _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?"
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _PATH = rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-_TAG = r"[\w][\w.-]{0,127}"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _DIGEST = r"sha256:[a-f0-9]{64}"
 REFERENCE_RE = re.compile(
     rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_PATH})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?$"
@@ -51,6 +51,8 @@ def parse_reference(text: str) -> ImageReference:
     domain, path = match["domain"], match["path"]
     # Like Docker: the first part is a registry only if it looks like a host.
     if domain and not ("." in domain or ":" in domain or domain == "localhost"):
+        if not re.fullmatch(_PATH_COMPONENT, domain):
+            raise InvalidReference("Repository names are lower-case.")
         path, domain = f"{domain}/{path}", None
     if not (match["tag"] or match["digest"]):
         raise InvalidReference(

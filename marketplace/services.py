@@ -203,11 +203,13 @@ def price_version_publish(
     """Publish a complete, dated price table. Past times are refused: usage already
     rated must keep the price it ran at."""
     now = now or timezone.now()
-    if effective_from < now:
+    # A minute of slack: "now" typed in a form is a few moments old when it arrives.
+    if effective_from < now - timezone.timedelta(seconds=60):
         raise ServiceError(
             "A new price version can't take effect in the past; pick now or a later time.",
             field="effective_from",
         )
+    effective_from = max(effective_from, now)
     if not rows:
         raise ServiceError("A price version needs at least one price.")
     if len(currency) != 3 or not currency.isalpha():

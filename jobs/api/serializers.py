@@ -52,6 +52,12 @@ class JobCreateSerializer(serializers.Serializer):
         max_length=400, required=False, default="", allow_blank=True
     )
     auto_release = serializers.BooleanField(default=True)
+    secrets = serializers.ListField(
+        child=serializers.CharField(max_length=100),
+        required=False,
+        default=list,
+        help_text="Names of organisation secrets to inject",
+    )
 
     def to_spec(self) -> services.JobSpec:
         return services.JobSpec(**self.validated_data)

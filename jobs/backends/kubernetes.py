@@ -263,6 +263,17 @@ class KubernetesBackend:
         except (HTTPError, OSError) as error:
             raise BackendUnavailable(f"{what}: {error}") from error
 
+    def _delete(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Delete; already gone is fine. The answer is not deserialised: depending on the
+        kind and version the API returns the object or a Status, and the client's model
+        for it would reject the other."""
+        response = self._call(
+            f"deleting {what}", fn, *args, ok=(404,), _preload_content=False, **kwargs
+        )
+        if response is not None:
+            response.read()
+            response.release_conn()
+
     def _create(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Create; an existing object of that name is success (None)."""
         return self._call(f"creating {what}", fn, *args, ok=(409,))
@@ -350,13 +361,12 @@ class KubernetesBackend:
 
     def _delete_job(self, namespace: str, name: str) -> None:
         # Background propagation: batch/v1's default would orphan the pods.
-        self._call(
-            f"deleting Job {name}",
+        self._delete(
+            f"Job {name}",
             self.batch.delete_namespaced_job,
             name,
             namespace,
             propagation_policy="Background",
-            ok=(404,),
         )
 
     def submit(self, job: Job) -> None:
@@ -428,19 +438,17 @@ class KubernetesBackend:
         names |= {manifests.job_name(job, tier) for tier, _, _ in manifests.tiers(job)}
         for name in sorted(names):
             self._delete_job(namespace, name)
-        self._call(
-            f"deleting service {manifests.service_name(job)}",
+        self._delete(
+            f"service {manifests.service_name(job)}",
             self.core.delete_namespaced_service,
             manifests.service_name(job),
             namespace,
-            ok=(404,),
         )
-        self._call(
-            f"deleting secret {manifests.secret_name(job)}",
+        self._delete(
+            f"secret {manifests.secret_name(job)}",
             self.core.delete_namespaced_secret,
             manifests.secret_name(job),
             namespace,
-            ok=(404,),
         )
 
     # --- observation ----------------------------------------------------------------------------

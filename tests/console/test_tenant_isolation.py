@@ -101,6 +101,14 @@ def foreign(other_world, world):
         user=other_world.owner,
         spec=JobSpec(name="globex-secret-job", image="python-3.11", command=["true"], cpus=1),
     )
+    from jobs.services import tenant_secret_set
+
+    foreign_secret = tenant_secret_set(
+        tenant=other_world.tenant,
+        user=other_world.owner,
+        name="GLOBEX_SECRET_NAME",
+        value="globex-secret-value",
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
@@ -121,6 +129,7 @@ def foreign(other_world, world):
             "tenant_slug": other_world.tenant.slug,
             "token": raw_invite,
             "job_id": foreign_job.pk,
+            "secret_id": foreign_secret.pk,
             "action": "pause",
             "image_id": private_image.pk,  # also staff_image_retire: staff-only, 404
             # staff-only pages: a tenant owner must get 404 whatever the object
@@ -139,6 +148,8 @@ def foreign(other_world, world):
             other_world.member.email,
             "globex-secret-image",
             "globex-secret-job",
+            "GLOBEX_SECRET_NAME",
+            "globex-secret-value",
         ],
     }
 

@@ -148,7 +148,9 @@ def assert_golden(name: str, value: dict) -> None:
 
 
 def test_h100_spot_mix_matches_golden():
-    assert_golden("kubernetes_h100_2node_spot.json", rendered(h100_job(), secrets={"HF_TOKEN": "hf_x"}))
+    assert_golden(
+        "kubernetes_h100_2node_spot.json", rendered(h100_job(), secrets={"HF_TOKEN": "hf_x"})
+    )
 
 
 def test_cpu_job_matches_golden():
@@ -202,6 +204,8 @@ def test_tiers_ranks_and_rendezvous():
         assert env["MASTER_ADDR"]["value"] == "gg-4242-a1-0.gg-4242"
         assert env["WORLD_SIZE"]["value"] == "2"
         assert env["MASTER_PORT"]["value"] == "29500"  # the user's MASTER_PORT is overridden
+        names = [e["name"] for e in spec["template"]["spec"]["containers"][0]["env"]]
+        assert len(names) == len(set(names))
     assert env_of(on_demand)["GPUGEEK_RANK_OFFSET"]["value"] == "0"
     assert "NODE_RANK" in env_of(on_demand)
     assert env_of(spot)["GPUGEEK_RANK_OFFSET"]["value"] == "1"

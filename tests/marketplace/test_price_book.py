@@ -228,11 +228,6 @@ def test_staff_page_refuses_a_past_effective_time(catalog, staff_user):
     assert PriceVersion.objects.count() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PriceVersionForm.clean_effective_from turns 'now' into max(value, now()), "
-    "but price_version_publish compares it with a later now() and refuses it as past",
-)
 def test_staff_page_publishes_a_version_effective_now(catalog, staff_user):
     client = signed_in_client(staff_user)
     now = timezone.now()  # the datetime-local input has minute precision: this minute

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marketplace import services
-from marketplace.demo import CPU_PRICE_PER_VCPU_HOUR, GPU_TYPES, REGIONS
+from marketplace.demo import GPU_TYPES, REGIONS
 from marketplace.models import GpuType, PriceVersion, Region, Tier
 from marketplace.pricing import PricingError, estimate_cost
 
@@ -84,7 +84,8 @@ def test_nodes_multiply_like_gpus(catalog):
 
 def test_cpu_estimate_prices_vcpus(catalog):
     # 2 nodes × 16 vCPUs × 0.0125 = 0.40 an hour; eu-central is 10 % dearer: 0.44.
-    assert CPU_PRICE_PER_VCPU_HOUR == D("0.0125")
+    cpu_price = catalog.version.entries.get(gpu_type=None, region__slug="us-west")
+    assert cpu_price.on_demand_price == D("0.0125")
     estimate = estimate_cost(
         gpu_type=None, region=catalog.region("us-west"), nodes=2, cpus=16, hours=D(10)
     )

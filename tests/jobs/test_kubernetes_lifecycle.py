@@ -1,0 +1,359 @@
+"""The Kubernetes backend against the fake API server, through the real services: launch,
+dispatch, the watcher's observation pass, pause/resume, cancel, preemption and faults."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+
+from jobs import services, tasks
+from jobs.backends import BackendUnavailable, get_backend
+from jobs.backends.kubernetes import KubernetesBackend
+from jobs.kube_watch import watch_jobs
+from jobs.models import Job, JobStatus
+from jobs.services import JobSpec
+from marketplace.demo import seed_catalog
+from marketplace.models import NodePool
+from marketplace.services import capacity_sync
+from tests.fakes import kube_api as fake
+from tests.fakes.kube_api import PodRun
+
+kube_api = fake.kube_api  # the fixture, bound by assignment (see tests/fakes/kube_api.py)
+
+S = JobStatus
+H100 = {
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "topology.kubernetes.io/region": "us-west",
+}
+
+
+@pytest.fixture
+def cluster(db, kube_api, settings, tmp_path):
+    """Two H100 nodes (on-demand, spot) and a CPU node in us-west, synced into pools."""
+    seed_catalog()
+    NodePool.objects.filter(slug__startswith="demo-").update(is_active=False)
+    kube_api.add_node("h100-od-1", labels=H100)
+    kube_api.add_node(
+        "h100-spot-1",
+        labels={**H100, "gpugeek.io/tier": "spot"},
+        taints=[{"key": "gpugeek.io/spot", "value": "true", "effect": "NoSchedule"}],
+    )
+    kube_api.add_node(
+        "cpu-1",
+        labels={"topology.kubernetes.io/region": "us-west"},
+        allocatable={"cpu": "32", "memory": "128Gi"},
+    )
+    capacity_sync(backend=KubernetesBackend(kube_api.api_client()))
+    settings.COMPUTE_BACKENDS = ["kubernetes"]
+    settings.KUBECONFIG = str(kube_api.kubeconfig_path(tmp_path))
+    settings.KUBERNETES_REQUEST_TIMEOUT = 2
+    return kube_api
+
+
+def gpu_spec(**overrides) -> JobSpec:
+    values = {
+        "name": "train",
+        "image": "pytorch-2-5-cuda12-4",
+        "command": ["torchrun", "train.py"],
+        "gpu_type": "h100-80gb",
+        "gpus_per_node": 8,
+        "cpus": 16,
+        "region": "us-west",
+    }
+    values.update(overrides)
+    return JobSpec(**values)
+
+
+def launch(world, spec: JobSpec) -> Job:
+    job = services.job_submit(tenant=world.tenant, user=world.member, spec=spec)
+    assert job.status == S.DISPATCHING, job.status_reason
+    job = services.job_dispatch(job=job)
+    assert job.status == S.PROVISIONING, job.status_reason
+    return job
+
+
+def settle(cluster, job: Job, *statuses: str, timeout: float = 10) -> Job:
+    """Run the watcher's pass until the job reaches one of `statuses`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cluster.tick()
+        services.jobs_observe(backend_name="kubernetes")
+        job.refresh_from_db()
+        if job.status in statuses:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job stayed {job.status} ({job.status_reason})")
+        time.sleep(0.05)
+
+
+def ns(job: Job) -> str:
+    return f"gg-t-{job.tenant_id}"
+
+
+def live_pods(cluster, job: Job) -> list[dict]:
+    return [
+        p
+        for p in cluster.list("pods", ns(job), label_selector=f"gpugeek.io/job={job.pk}")
+        if p["status"].get("phase") in ("Pending", "Running")
+    ]
+
+
+def test_two_tier_job_runs_logs_and_succeeds(world, cluster):
+    def script(pod: dict) -> PodRun:
+        annotations = pod["metadata"]["annotations"]
+        rank = int(annotations["batch.kubernetes.io/job-completion-index"]) + int(
+            annotations["gpugeek.io/rank-offset"]
+        )
+        return PodRun(logs=[f"rank {rank} line 1", f"rank {rank} line 2"])
+
+    cluster.pod_script = script
+    job = launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5")))
+    assert (job.on_demand_nodes, job.spot_nodes) == (1, 1)
+    namespace = cluster.get("namespaces", None, ns(job))
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert cluster.get("services", ns(job), f"gg-{job.pk}")["spec"]["clusterIP"] == "None"
+
+    job = settle(cluster, job, S.RUNNING)
+    on_demand = cluster.job_pods(ns(job), f"gg-{job.pk}-a1")
+    spot = cluster.job_pods(ns(job), f"gg-{job.pk}-a1-spot")
+    assert [p["spec"]["nodeName"] for p in on_demand + spot] == ["h100-od-1", "h100-spot-1"]
+    assert on_demand[0]["spec"]["hostname"] == f"gg-{job.pk}-a1-0"
+
+    backend = get_backend("kubernetes")
+    lines = backend.logs(job)
+    assert [(line.line_no, line.rank, line.text) for line in lines] == [
+        (1, 0, "rank 0 line 1"),
+        (2, 0, "rank 0 line 2"),
+        (3, 1, "rank 1 line 1"),
+        (4, 1, "rank 1 line 2"),
+    ]
+    assert [line.line_no for line in backend.logs(job, since_line=2, limit=1)] == [3]
+
+    cluster.succeed_job(ns(job), f"gg-{job.pk}-a1")
+    job = settle(cluster, job, S.RUNNING)  # one rank done, the other still running
+    cluster.succeed_job(ns(job), f"gg-{job.pk}-a1-spot")
+    job = settle(cluster, job, S.SUCCEEDED, S.FAILED)
+    assert job.status == S.SUCCEEDED and job.exit_code == 0
+    assert [e.to_status for e in job.events.all()][-3:] == ["provisioning", "running", "succeeded"]
+
+
+def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
+    job = settle(cluster, launch(world, gpu_spec()), S.RUNNING)
+    first_pod = live_pods(cluster, job)[0]["metadata"]["name"]
+
+    job = services.job_pause(job=job, actor="member@acme.test")
+    assert job.status == S.PAUSING
+    tasks.job_suspend_task(job.pk)
+    job = settle(cluster, job, S.PAUSED)
+    assert live_pods(cluster, job) == []
+    assert "compute released" in job.status_reason
+
+    job = services.job_resume(job=job, actor="member@acme.test")
+    tasks.job_resume_task(job.pk)
+    job = settle(cluster, job, S.RUNNING)
+    (pod,) = live_pods(cluster, job)
+    assert pod["metadata"]["name"] != first_pod
+    assert pod["metadata"]["annotations"]["gpugeek.io/resumed"] == "1"
+    assert pod["metadata"]["labels"]["job-name"] == f"gg-{job.pk}-a1"  # same Job, same name
+    assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
+
+
+def test_cancel_leaves_nothing_behind(world, cluster):
+    job = launch(world, gpu_spec(secret_env={"HF_TOKEN": "hf_secret"}))
+    secret = cluster.get("secrets", ns(job), f"gg-{job.pk}-env")
+    assert set(secret["data"]) == {"HF_TOKEN"}
+    job = settle(cluster, job, S.RUNNING)
+
+    job = services.job_cancel(job=job, actor="member@acme.test")
+    assert job.status == S.CANCELLED
+    tasks.job_cancel_task(job.pk)
+    tasks.job_cancel_task(job.pk)  # twice is fine
+    assert cluster.list("jobs", ns(job)) == []
+    assert cluster.list("pods", ns(job), label_selector=f"gpugeek.io/job={job.pk}") == []
+    assert cluster.get("services", ns(job), f"gg-{job.pk}") is None
+    assert cluster.get("secrets", ns(job), f"gg-{job.pk}-env") is None
+
+
+def test_spot_preemption_requeues_a_new_attempt(world, cluster):
+    job = settle(cluster, launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))), S.RUNNING)
+    (spot_pod,) = cluster.job_pods(ns(job), f"gg-{job.pk}-a1-spot")
+    cluster.evict_pod(ns(job), spot_pod["metadata"]["name"], reason="PreemptionByScheduler")
+
+    services.jobs_observe(backend_name="kubernetes")
+    job.refresh_from_db()
+    assert job.attempt == 2
+    assert job.status == S.DISPATCHING  # requeued and admitted again at once
+    statuses = [(e.to_status, e.attempt) for e in job.events.all()]
+    assert ("preempted", 1) in statuses and ("queued", 2) in statuses
+    preempted = job.events.get(to_status="preempted")
+    assert "PreemptionByScheduler" in preempted.reason
+    # the surviving on-demand rank of attempt 1 was stopped with it
+    assert cluster.get("jobs", ns(job), f"gg-{job.pk}-a1") is None
+
+    job = services.job_dispatch(job=job)
+    assert job.status == S.PROVISIONING
+    job = settle(cluster, job, S.RUNNING)
+    names = sorted(j["metadata"]["name"] for j in cluster.list("jobs", ns(job)))
+    assert names == [f"gg-{job.pk}-a2", f"gg-{job.pk}-a2-spot"]
+    env = {
+        e["name"]: e.get("value")
+        for e in cluster.get("jobs", ns(job), f"gg-{job.pk}-a2")["spec"]["template"]["spec"][
+            "containers"
+        ][0]["env"]
+    }
+    assert env["GPUGEEK_ATTEMPT"] == "2" and env["MASTER_ADDR"] == f"gg-{job.pk}-a2-0.gg-{job.pk}"
+
+
+def test_max_runtime_fails_with_reason(world, cluster):
+    job = settle(cluster, launch(world, gpu_spec(max_runtime_minutes=1)), S.RUNNING)
+    cluster.advance_clock(90)
+    job = settle(cluster, job, S.FAILED)
+    assert job.status_reason == "exceeded the maximum runtime of 1 minutes"
+
+
+def test_container_exit_code_and_oom(world, cluster):
+    job = settle(cluster, launch(world, gpu_spec()), S.RUNNING)
+    (pod,) = live_pods(cluster, job)
+    cluster.fail_pod(ns(job), pod["metadata"]["name"], exit_code=137, reason="OOMKilled")
+    job = settle(cluster, job, S.FAILED)
+    assert job.exit_code == 137
+    assert job.status_reason == "rank 0: out of memory (OOMKilled), exit code 137"
+
+
+def test_dispatch_twice_creates_one_job_per_tier(world, cluster):
+    spec = gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))
+    job = services.job_submit(tenant=world.tenant, user=world.member, spec=spec)
+    backend = get_backend("kubernetes")
+    backend.submit(job)  # a first task that died before recording its success
+    services.job_dispatch(job=job)
+    services.job_dispatch(job=job)
+    job.refresh_from_db()
+    assert job.status == S.PROVISIONING
+    names = sorted(j["metadata"]["name"] for j in cluster.list("jobs", ns(job)))
+    assert names == [f"gg-{job.pk}-a1", f"gg-{job.pk}-a1-spot"]
+
+
+def test_apiserver_errors_during_dispatch_are_retried(world, cluster, settings):
+    job = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
+    cluster.fail_next("POST", r"/jobs$", status=500, times=None, message="etcd leader changed")
+    with pytest.raises(BackendUnavailable):
+        services.job_dispatch(job=job)
+    job.refresh_from_db()
+    assert job.status == S.DISPATCHING
+    assert job.status_reason.startswith("retrying:") and "etcd leader changed" in job.status_reason
+
+    # A create that times out on our side but still happens: the retry finds it (409).
+    cluster.clear_faults()
+    settings.KUBERNETES_REQUEST_TIMEOUT = 1
+    cluster.delay_next("POST", r"/jobs$", seconds=1.5)
+    with pytest.raises(BackendUnavailable):
+        services.job_dispatch(job=job)
+    job = services.job_dispatch(job=job)
+    assert job.status == S.PROVISIONING
+    assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
+
+
+def test_invalid_object_fails_the_job_with_the_api_message(world, cluster):
+    job = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
+    message = 'Job.batch "x" is invalid: metadata.labels: Invalid value: "a b": must be valid'
+    cluster.fail_next("POST", r"/jobs$", status=422, message=message)
+    job = services.job_dispatch(job=job)
+    assert job.status == S.FAILED
+    assert job.status_reason.startswith("dispatch failed: creating Job")
+    assert message in job.status_reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_dispatch_creates_one_job(world, cluster):
+    job = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def dispatch() -> None:
+        try:
+            barrier.wait(timeout=5)
+            services.job_dispatch(job=Job.objects.get(pk=job.pk))
+        except BaseException as error:  # reported below
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=dispatch) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    job.refresh_from_db()
+    assert job.status == S.PROVISIONING
+    assert job.events.filter(to_status=S.PROVISIONING).count() == 1
+    assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
+
+
+def test_watch_delivers_events_and_survives_410(kube_api):
+    changed: queue.Queue[int] = queue.Queue()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=watch_jobs,
+        kwargs={
+            "api_client": kube_api.api_client(),
+            "stop_event": stop,
+            "on_change": changed.put,
+            "timeout_seconds": 1,
+            "max_backoff": 0.2,
+        },
+        daemon=True,
+    )
+    kube_api.add_node("n1", labels=H100)
+
+    def managed_job(job_id: int) -> dict:
+        labels = {"app.kubernetes.io/managed-by": "gpugeek", "gpugeek.io/job": str(job_id)}
+        return {
+            "metadata": {"name": f"gg-{job_id}-a1", "labels": labels},
+            "spec": {
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "busybox:1"}],
+                    },
+                }
+            },
+        }
+
+    def wait_for(job_id: int) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if changed.get(timeout=0.2) == job_id:
+                    return
+            except queue.Empty:
+                continue
+        raise AssertionError(f"no event for job {job_id}")
+
+    kube_api.create("jobs", managed_job(1), namespace="default")  # before: found by the list
+    thread.start()
+    try:
+        wait_for(1)
+        kube_api.create("jobs", managed_job(2), namespace="default")  # seen by the watch
+        wait_for(2)
+        kube_api.create("configmaps", {"metadata": {"name": "unrelated"}}, namespace="default")
+        kube_api.expire_watch_history()  # the next watch request gets 410 Gone
+        time.sleep(1.5)
+        kube_api.create("jobs", managed_job(3), namespace="default")
+        wait_for(3)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    lists = [
+        r
+        for r in kube_api.requests
+        if r.path == "/apis/batch/v1/jobs" and r.query.get("watch") not in ("true", "1", "True")
+    ]
+    assert len(lists) >= 2  # listed again after the 410
