@@ -26,6 +26,31 @@ PAGE_SIZE = 50
 @require_http_methods(["GET", "POST"])
 def launch(request: HttpRequest) -> HttpResponse:
     initial = {"region": "local", "image": "python-3.11", "cpus": 1, "gpus_per_node": 0}
+    template_id = request.GET.get("template")
+    if template_id and template_id.isdigit():
+        from jobs.models import LaunchTemplate
+
+        template = LaunchTemplate.objects.for_tenant(request.tenant).filter(pk=template_id).first()
+        if template is not None:
+            import shlex
+
+            spec = services.spec_from_template(template)
+            initial.update(
+                name=spec.name,
+                project=spec.project,
+                gpu_type=spec.gpu_type,
+                gpus_per_node=spec.gpus_per_node,
+                cpus=spec.cpus,
+                nodes=spec.nodes,
+                region=spec.region,
+                spot_ratio=spec.spot_ratio,
+                image=spec.image,
+                command=shlex.join(spec.command),
+                priority=spec.priority,
+                env="\n".join(f"{k}={v}" for k, v in spec.env.items()),
+                max_runtime_minutes=spec.max_runtime_minutes,
+                checkpoint_path=spec.checkpoint_path,
+            )
     clone_of = request.GET.get("from")
     if clone_of and clone_of.isdigit():
         source = Job.objects.for_tenant(request.tenant).filter(pk=clone_of).first()
@@ -82,7 +107,13 @@ def launch(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"“{job.name}” launched.")
             return redirect("jobs:detail", job_id=job.pk)
-    return render(request, "jobs/launch.html", {"form": form})
+    from jobs.models import LaunchTemplate
+
+    return render(
+        request,
+        "jobs/launch.html",
+        {"form": form, "templates": LaunchTemplate.objects.for_tenant(request.tenant)},
+    )
 
 
 @capability_required(Capability.VIEW_TENANT)
@@ -175,6 +206,45 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     if request.htmx:
         return HttpResponseClientRedirect(target)
     return redirect(target)
+
+
+@capability_required(Capability.LAUNCH_JOBS)
+@require_POST
+def template_save(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
+    try:
+        template = services.launch_template_save(
+            job=job, name=request.POST.get("name", ""), user=request.user, request=request
+        )
+    except ServiceError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(
+            request, f"Saved as template “{template.name}”; find it on the Launch page."
+        )
+    return redirect("jobs:detail", job_id=job.pk)
+
+
+@capability_required(Capability.LAUNCH_JOBS)
+@require_http_methods(["GET", "POST"])
+def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
+    from jobs.models import LaunchTemplate
+
+    template = get_for_tenant_or_404(LaunchTemplate, request.tenant, pk=template_id)
+    if request.method == "POST":
+        template.delete()
+        messages.success(request, f"Template “{template.name}” deleted.")
+        return redirect("jobs:launch")
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Delete template",
+            "message": f"Delete the launch template “{template.name}”?",
+            "confirm_label": "Delete",
+            "cancel_url": reverse("jobs:launch"),
+        },
+    )
 
 
 @capability_required(Capability.VIEW_TENANT)

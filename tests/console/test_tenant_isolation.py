@@ -109,6 +109,11 @@ def foreign(other_world, world):
         name="GLOBEX_SECRET_NAME",
         value="globex-secret-value",
     )
+    from jobs.services import launch_template_save
+
+    foreign_template = launch_template_save(
+        job=foreign_job, name="globex-secret-template", user=other_world.owner
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
@@ -130,6 +135,7 @@ def foreign(other_world, world):
             "token": raw_invite,
             "job_id": foreign_job.pk,
             "secret_id": foreign_secret.pk,
+            "template_id": foreign_template.pk,
             "action": "pause",
             "image_id": private_image.pk,  # also staff_image_retire: staff-only, 404
             # staff-only pages: a tenant owner must get 404 whatever the object
@@ -149,6 +155,7 @@ def foreign(other_world, world):
             "globex-secret-image",
             "globex-secret-job",
             "GLOBEX_SECRET_NAME",
+            "globex-secret-template",
             "globex-secret-value",
         ],
     }
