@@ -1,0 +1,193 @@
+"""The usage ledger, its rollups, budgets and their alerts.
+
+Money: amounts are Decimal quantized to 1e-9 of the currency (AMOUNT_QUANTUM) so sums are
+exact; rounding to the cent happens only on invoices.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
+
+AMOUNT_QUANTUM = Decimal("0.000000001")
+AMOUNT = {"max_digits": 24, "decimal_places": 9}
+SECONDS = {"max_digits": 20, "decimal_places": 3}
+
+
+class JobMeter(models.Model):
+    """How far a job's usage has been written to the ledger (the metering cursor)."""
+
+    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="meter")
+    metered_until = models.DateTimeField()
+    open = models.BooleanField(default=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} metered until {self.metered_until}"
+
+
+class UsageRecord(TenantOwnedModel):
+    """One contiguous interval of one job attempt on one tier, priced at its start."""
+
+    tenant = models.ForeignKey(
+        "console.Tenant", on_delete=models.CASCADE, related_name="usage_records"
+    )
+    job = models.ForeignKey(
+        "jobs.Job", null=True, on_delete=models.SET_NULL, related_name="usage_records"
+    )
+    # The job's id, kept when the job row is deleted (usage stays on the bill).
+    job_ref = models.PositiveBigIntegerField()
+    job_name = models.CharField(max_length=100)
+    project = models.CharField(max_length=100, blank=True)
+    attempt = models.PositiveIntegerField()
+    tier = models.CharField(max_length=16)
+    gpu_type = models.ForeignKey(
+        "marketplace.GpuType", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    region = models.ForeignKey("marketplace.Region", on_delete=models.PROTECT, related_name="+")
+    interval_start = models.DateTimeField()
+    interval_end = models.DateTimeField()
+    units = models.PositiveIntegerField(help_text="GPUs, or vCPUs for CPU jobs, on this tier")
+    gpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
+    cpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
+    price_version = models.ForeignKey(
+        "marketplace.PriceVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    # Per GPU-hour (or vCPU-hour), after the tenant's discount.
+    unit_price = models.DecimalField(max_digits=18, decimal_places=9)
+    discount_percent = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(0))
+    amount = models.DecimalField(**AMOUNT)
+    # The same usage at the on-demand price (for "savings vs on-demand").
+    on_demand_amount = models.DecimalField(**AMOUNT)
+    currency = models.CharField(max_length=3)
+    # Why a record is priced at zero (e.g. a gap in the price book); never dropped.
+    note = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["interval_start", "pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job_ref", "attempt", "tier", "interval_start"], name="usage_record_once"
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant", "interval_start"])]
+
+    def __str__(self) -> str:
+        return f"{self.job_name} {self.tier} {self.interval_start:%H:%M:%S}: {self.amount}"
+
+
+class Bucket(models.TextChoices):
+    HOUR = "hour", "Hour"
+    DAY = "day", "Day"
+
+
+class UsageRollup(TenantOwnedModel):
+    """Usage summed per hour or day × GPU type × tier × region × job: what the Cost
+    Explorer reads, so it never scans raw records."""
+
+    tenant = models.ForeignKey(
+        "console.Tenant", on_delete=models.CASCADE, related_name="usage_rollups"
+    )
+    bucket = models.CharField(max_length=4, choices=Bucket.choices)
+    bucket_start = models.DateTimeField()
+    # Plain values, never NULL, so the unique key below really is unique on every database.
+    job_ref = models.PositiveBigIntegerField()
+    job_name = models.CharField(max_length=100)
+    project = models.CharField(max_length=100, blank=True)
+    gpu_type = models.CharField(max_length=40, help_text="GPU type slug, or 'cpu'")
+    tier = models.CharField(max_length=16)
+    region = models.CharField(max_length=40)
+    gpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
+    cpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
+    amount = models.DecimalField(default=Decimal(0), **AMOUNT)
+    # What the same usage would have cost on demand (for "savings vs on-demand").
+    on_demand_amount = models.DecimalField(default=Decimal(0), **AMOUNT)
+    currency = models.CharField(max_length=3)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "tenant",
+                    "bucket",
+                    "bucket_start",
+                    "job_ref",
+                    "gpu_type",
+                    "tier",
+                    "region",
+                ],
+                name="usage_rollup_unique",
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant", "bucket", "bucket_start"])]
+
+    def __str__(self) -> str:
+        return f"{self.bucket} {self.bucket_start:%Y-%m-%d %H:%M} {self.job_name}: {self.amount}"
+
+
+class BudgetAction(models.TextChoices):
+    PAUSE_NON_CRITICAL = "pause_non_critical", "Pause non-critical jobs at 100 %"
+    ALERT_ONLY = "alert_only", "Alert only"
+
+
+class Budget(TenantOwnedModel):
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="budgets")
+    name = models.CharField(max_length=100)
+    amount = models.DecimalField(max_digits=18, decimal_places=6)
+    currency = models.CharField(max_length=3, default="USD")
+    period = models.CharField(max_length=10, default="monthly")
+    thresholds = models.JSONField(default=list)  # percents, e.g. [50, 80, 100]
+    action = models.CharField(
+        max_length=20, choices=BudgetAction.choices, default=BudgetAction.PAUSE_NON_CRITICAL
+    )
+    project = models.CharField(
+        max_length=100, blank=True, help_text="Only jobs of this project; empty: the whole tenant"
+    )
+    webhook_url = models.URLField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="budget_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class BudgetAlert(models.Model):
+    """One threshold crossing in one period: the unique key is what stops repeats."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
+    period_start = models.DateTimeField()
+    threshold = models.PositiveIntegerField()
+    kind = models.CharField(max_length=10)  # actual | forecast
+    spend = models.DecimalField(**AMOUNT)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "budget__tenant"
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["budget", "period_start", "threshold", "kind"], name="budget_alert_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.budget} {self.kind} {self.threshold}%"

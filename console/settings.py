@@ -262,7 +262,11 @@ CELERY_BEAT_SCHEDULER = "console.beat:HeartbeatDatabaseScheduler"
 HEARTBEAT_INTERVAL = env_int("HEARTBEAT_INTERVAL", 10)
 # A component whose last heartbeat is older than this is reported as stale.
 HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
+# Read at every start (not stored), so a demo or test can meter every few seconds.
+METERING_INTERVAL = env_int("METERING_INTERVAL", 30)
+WEBHOOK_SIGNING_SECRET = env_str("WEBHOOK_SIGNING_SECRET", "")
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
+    "meter-tick": {"task": "billing.tasks.meter_tick_task", "schedule": float(METERING_INTERVAL)},
     "jobs-reconcile": {"task": "jobs.tasks.jobs_reconcile_task", "schedule": 30.0},
     "capacity-sync": {
         "task": "marketplace.tasks.capacity_sync_task",

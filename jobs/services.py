@@ -292,6 +292,15 @@ def job_submit(
         if existing is not None:
             return existing
     resolved = spec_validate(tenant=tenant, spec=spec)
+    from billing.services import budget_blocks_launch
+
+    blocking = budget_blocks_launch(tenant=tenant, project=spec.project, priority=spec.priority)
+    if blocking is not None:
+        raise ServiceError(
+            f"Budget “{blocking.name}” is used up for this month: only critical jobs can be "
+            "launched until it is raised or the month ends.",
+            code="payment_required",
+        )
     placement = resolved.placement
     secret_env = {**tenant_secrets_resolve(tenant=tenant, names=spec.secrets), **spec.secret_env}
     try:
@@ -768,13 +777,13 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
     elif phase == "failed" and status in HOLDING_COMPUTE:
         job = _transition_quietly(job, S.FAILED, "backend", observation.reason, **changes)
     elif phase in ("suspended", "cancelled") and status == S.PAUSING:
-        job = _transition_quietly(
-            job,
-            S.PAUSED,
-            "backend",
-            "stopped; compute released" + (" (paused by budget)" if job.paused_by_budget else ""),
-            **changes,
+        # A budget pause keeps its reason (it names the budget) on the paused job.
+        reason = (
+            f"{job.status_reason}; compute released"
+            if job.paused_by_budget
+            else "stopped; compute released"
         )
+        job = _transition_quietly(job, S.PAUSED, "backend", reason, **changes)
     elif phase == "preempted" and status in (S.RUNNING, S.PROVISIONING, S.RESUMING):
         job = _transition_quietly(
             job, S.PREEMPTED, "backend", observation.reason or "spot capacity reclaimed"

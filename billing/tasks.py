@@ -1,0 +1,29 @@
+"""Celery tasks of billing: thin, each calls one service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from billing import services
+
+
+@shared_task(acks_late=True)
+def meter_tick_task() -> None:
+    """Write usage since the last tick, then enforce the budgets it may have crossed."""
+    services.meter_and_enforce()
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    autoretry_for=(OSError,),
+    retry_backoff=True,
+    retry_jitter=True,
+    max_retries=6,
+)
+def budget_webhook_task(self, budget_id: int, payload: dict) -> None:
+    from billing.models import Budget
+
+    budget = Budget.objects.filter(pk=budget_id).first()
+    if budget is not None and budget.webhook_url:
+        services.budget_webhook_send(budget=budget, payload=payload)
