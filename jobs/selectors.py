@@ -32,54 +32,76 @@ def job_events(*, job: Job) -> QuerySet[JobEvent]:
     return JobEvent.objects.filter(job=job).order_by("at", "pk")
 
 
-def billed_seconds(
-    job: Job, events: list[JobEvent] | None = None, now: datetime | None = None
-) -> float:
-    """Seconds spent holding paid compute, from the job's own timeline."""
+def billed_seconds(job: Job, events: list[JobEvent] | None = None,
+                   now: datetime | None = None, since: datetime | None = None) -> float:
+    """Seconds spent holding paid compute (after `since`), from the job's own timeline."""
+    from billing.metering import billed_spans
+
     now = now or timezone.now()
     events = events if events is not None else list(job_events(job=job))
-    total, since = 0.0, None
-    for event in events:
-        if event.to_status == event.from_status:
-            continue
-        if event.to_status in BILLED_STATUSES and since is None:
-            since = event.at
-        elif event.to_status not in BILLED_STATUSES and since is not None:
-            total += (event.at - since).total_seconds()
-            since = None
-    if since is not None:
-        total += (now - since).total_seconds()
-    return total
+    changes = [e for e in events if e.to_status != e.from_status]
+    start = since or (changes[0].at if changes else now)
+    return sum((s.end - s.start).total_seconds() for s in billed_spans(changes, start, now))
 
 
 def job_run_rate(job: Job) -> Decimal | None:
     """The job's hourly price (its actual spot/on-demand split), or None without a price."""
     try:
         estimate = estimate_cost(
-            gpu_type=job.gpu_type,
-            region=job.region,
-            nodes=job.nodes,
-            gpus_per_node=job.gpus_per_node,
-            cpus=job.cpus,
-            spot_ratio=Decimal(job.spot_nodes) / Decimal(job.nodes),
-            hours=Decimal(1),
+            gpu_type=job.gpu_type, region=job.region, nodes=job.nodes,
+            gpus_per_node=job.gpus_per_node, cpus=job.cpus,
+            spot_ratio=Decimal(job.spot_nodes) / Decimal(job.nodes), hours=Decimal(1),
             tenant=job.tenant,
         )
     except PricingError:
         return None
-    return estimate.unit_price_spot * Decimal(estimate.units) * Decimal(job.spot_nodes) / Decimal(
-        job.nodes
-    ) + estimate.unit_price_base * Decimal(estimate.units) * Decimal(job.on_demand_nodes) / Decimal(
-        job.nodes
-    )
+    per_node = Decimal(estimate.units) / Decimal(job.nodes)
+    return per_node * (estimate.unit_price_spot * job.spot_nodes
+                       + estimate.unit_price_base * job.on_demand_nodes)
+
+
+def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int, Decimal]:
+    """Cost to date of many jobs with a constant number of queries: the ledger, plus
+    the running time not metered yet priced at each job's current rate (so the figure
+    moves live between metering ticks)."""
+    from billing.models import JobMeter
+    from billing.selectors import job_costs
+
+    if not jobs:
+        return {}
+    now = now or timezone.now()
+    ledger = job_costs(jobs)
+    meters = dict(JobMeter.objects.filter(job__in=jobs).values_list("job_id", "metered_until"))
+    live = [j for j in jobs if j.started_at is not None and (
+        j.status in BILLED_STATUSES or j.pk not in meters)]
+    events: dict[int, list[JobEvent]] = {j.pk: [] for j in live}
+    for event in JobEvent.objects.filter(job__in=live).order_by("job_id", "at", "pk"):
+        events[event.job_id].append(event)
+    rates: dict[tuple, Decimal | None] = {}
+    costs = {}
+    for job in jobs:
+        total = ledger[job.pk]
+        if job.pk in events:
+            key = (job.gpu_type_id, job.region_id, job.tenant_id, job.gpus_per_node, job.cpus,
+                   job.nodes, job.spot_nodes)
+            if key not in rates:
+                rates[key] = job_run_rate(job)
+            seconds = billed_seconds(job, events[job.pk], now=now,
+                                     since=meters.get(job.pk) or job.started_at)
+            total += (rates[key] or Decimal(0)) * Decimal(str(round(seconds, 3))) / 3600
+        costs[job.pk] = total.quantize(COST_QUANTUM)
+    return costs
 
 
 def job_cost_to_date(job: Job, events: list[JobEvent] | None = None) -> Decimal:
-    """Cost so far from the job's timeline and current prices (per-second billing).
+    return jobs_costs_to_date([job])[job.pk]
 
-    Until the metering ledger (billing) records usage, this is the figure shown."""
-    rate = job_run_rate(job)
-    if rate is None:
-        return Decimal(0).quantize(COST_QUANTUM)
-    seconds = Decimal(str(round(billed_seconds(job, events), 3)))
-    return (rate * seconds / Decimal(3600)).quantize(COST_QUANTUM)
+
+def queue_positions(jobs: list[Job]) -> dict[int, int]:
+    """1-based queue position of each queued job among all queued jobs (one query)."""
+    from jobs.services import queued_in_order
+
+    if not any(j.status == S.QUEUED for j in jobs):
+        return {}
+    order = list(queued_in_order().values_list("pk", flat=True))
+    return {pk: position for position, pk in enumerate(order, 1)}

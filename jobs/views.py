@@ -141,7 +141,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "").strip()
     jobs = selectors.jobs_for_tenant(tenant=request.tenant, status=status or None, query=query)
     page = Paginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
-    rows = [{"job": job, "cost": selectors.job_cost_to_date(job)} for job in page]
+    costs = selectors.jobs_costs_to_date(list(page))
+    rows = [{"job": job, "cost": costs[job.pk]} for job in page]
     context = {
         "page": page,
         "rows": rows,

@@ -110,11 +110,24 @@ class JobSerializer(serializers.ModelSerializer):
     def get_secret_env(self, job) -> dict[str, str]:
         return {name: "••••••" for name in job.secret_env_names}
 
+    def _batch(self) -> dict:
+        """Costs and queue positions of every job being serialized, computed once."""
+        if "_job_batch" not in self.context:
+            instances = self.parent.instance if self.parent is not None else self.instance
+            jobs = list(instances) if isinstance(instances, (list, tuple)) or hasattr(
+                instances, "__iter__") else [instances]
+            self.context["_job_batch"] = {
+                "costs": selectors.jobs_costs_to_date(jobs),
+                "positions": selectors.queue_positions(jobs),
+            }
+        return self.context["_job_batch"]
+
     def get_cost_to_date(self, job) -> str:
-        return str(selectors.job_cost_to_date(job))
+        cost = self._batch()["costs"].get(job.pk)
+        return str(cost if cost is not None else selectors.job_cost_to_date(job))
 
     def get_queue_position(self, job) -> int | None:
-        return services.queue_position(job)
+        return self._batch()["positions"].get(job.pk) if job.status == "queued" else None
 
 
 class JobEventSerializer(serializers.ModelSerializer):
