@@ -14,8 +14,14 @@ from django.utils import timezone
 from billing.models import UsageRecord, UsageRollup
 from console.services import ServiceError
 
-GROUP_BY = {"gpu_type": "gpu_type", "job": "job_name", "tier": "tier", "region": "region",
-            "day": "bucket_start", "project": "project"}
+GROUP_BY = {
+    "gpu_type": "gpu_type",
+    "job": "job_name",
+    "tier": "tier",
+    "region": "region",
+    "day": "bucket_start",
+    "project": "project",
+}
 PRESETS = ("this_month", "last_month", "last_7_days", "last_30_days", "last_90_days", "custom")
 MAX_RANGE = timedelta(days=731)
 HOUR = Decimal(3600)
@@ -35,8 +41,9 @@ class CostQuery:
     project: str = ""
 
 
-def date_range(preset: str, *, start: date | None = None, end: date | None = None,
-               today: date | None = None) -> tuple[datetime, datetime]:
+def date_range(
+    preset: str, *, start: date | None = None, end: date | None = None, today: date | None = None
+) -> tuple[datetime, datetime]:
     """[start, end) in UTC for a preset; `end` of a custom range is inclusive."""
     today = today or timezone.now().astimezone(UTC).date()
 
@@ -64,14 +71,17 @@ def date_range(preset: str, *, start: date | None = None, end: date | None = Non
 
 def _rollups(tenant, query: CostQuery) -> QuerySet[UsageRollup]:
     if query.group_by not in GROUP_BY:
-        raise ServiceError(f"Unknown group-by “{query.group_by}”; use one of "
-                           f"{', '.join(GROUP_BY)}.", field="group_by")
+        raise ServiceError(
+            f"Unknown group-by “{query.group_by}”; use one of {', '.join(GROUP_BY)}.",
+            field="group_by",
+        )
     if query.end <= query.start:
         raise ServiceError("The end is before the start.", field="end")
     if query.end - query.start > MAX_RANGE + timedelta(days=1):
         raise ServiceError("A range is at most two years.", field="end")
     rollups = UsageRollup.objects.for_tenant(tenant).filter(
-        bucket="day", bucket_start__gte=query.start, bucket_start__lt=query.end)
+        bucket="day", bucket_start__gte=query.start, bucket_start__lt=query.end
+    )
     if query.gpu_type:
         rollups = rollups.filter(gpu_type=query.gpu_type)
     if query.region:
@@ -92,14 +102,28 @@ def _key(value) -> str:
 def usage_rows(*, tenant, query: CostQuery) -> list[dict]:
     """{key, gpu_seconds, cpu_seconds, amount, on_demand_amount, currency} per group."""
     field = GROUP_BY[query.group_by]
-    rows = (_rollups(tenant, query).values(field, "currency")
-            .annotate(gpu_seconds=Sum("gpu_seconds"), cpu_seconds=Sum("cpu_seconds"),
-                      amount=Sum("amount"), on_demand_amount=Sum("on_demand_amount"))
-            .order_by(field))
-    return [{"key": _key(row[field]), "gpu_seconds": row["gpu_seconds"],
-             "cpu_seconds": row["cpu_seconds"], "amount": row["amount"],
-             "on_demand_amount": row["on_demand_amount"], "currency": row["currency"]}
-            for row in rows]
+    rows = (
+        _rollups(tenant, query)
+        .values(field, "currency")
+        .annotate(
+            gpu_seconds=Sum("gpu_seconds"),
+            cpu_seconds=Sum("cpu_seconds"),
+            amount=Sum("amount"),
+            on_demand_amount=Sum("on_demand_amount"),
+        )
+        .order_by(field)
+    )
+    return [
+        {
+            "key": _key(row[field]),
+            "gpu_seconds": row["gpu_seconds"],
+            "cpu_seconds": row["cpu_seconds"],
+            "amount": row["amount"],
+            "on_demand_amount": row["on_demand_amount"],
+            "currency": row["currency"],
+        }
+        for row in rows
+    ]
 
 
 def daily_by_group(*, tenant, query: CostQuery) -> tuple[list[str], dict[str, list[Decimal]]]:
@@ -112,29 +136,36 @@ def daily_by_group(*, tenant, query: CostQuery) -> tuple[list[str], dict[str, li
         day += timedelta(days=1)
     series: dict[str, list[Decimal]] = defaultdict(lambda: [Decimal(0)] * len(days))
     index = {d: i for i, d in enumerate(days)}
-    for row in _rollups(tenant, query).values("bucket_start", field).annotate(
-            amount=Sum("amount")):
+    for row in _rollups(tenant, query).values("bucket_start", field).annotate(amount=Sum("amount")):
         series[_key(row[field])][index[_key(row["bucket_start"])]] += row["amount"]
     return days, dict(sorted(series.items()))
 
 
 def top_jobs(*, tenant, query: CostQuery, limit: int = 10) -> list[dict]:
-    rows = (_rollups(tenant, query).values("job_ref", "job_name")
-            .annotate(amount=Sum("amount"), gpu_seconds=Sum("gpu_seconds"))
-            .order_by("-amount")[:limit])
+    rows = (
+        _rollups(tenant, query)
+        .values("job_ref", "job_name")
+        .annotate(amount=Sum("amount"), gpu_seconds=Sum("gpu_seconds"))
+        .order_by("-amount")[:limit]
+    )
     return list(rows)
 
 
 def tier_split(*, tenant, query: CostQuery) -> dict:
     """Spot vs other tiers, and what spot saved against on-demand prices."""
-    totals = {row["tier"]: row for row in _rollups(tenant, query).values("tier").annotate(
-        amount=Sum("amount"), on_demand_amount=Sum("on_demand_amount"))}
+    totals = {
+        row["tier"]: row
+        for row in _rollups(tenant, query)
+        .values("tier")
+        .annotate(amount=Sum("amount"), on_demand_amount=Sum("on_demand_amount"))
+    }
     spot = totals.get("spot", {"amount": Decimal(0), "on_demand_amount": Decimal(0)})
     return {
         "by_tier": {tier: row["amount"] for tier, row in totals.items()},
         "spot_savings": spot["on_demand_amount"] - spot["amount"],
-        "all_savings": sum((row["on_demand_amount"] - row["amount"] for row in totals.values()),
-                           Decimal(0)),
+        "all_savings": sum(
+            (row["on_demand_amount"] - row["amount"] for row in totals.values()), Decimal(0)
+        ),
     }
 
 
@@ -144,26 +175,38 @@ def value_by_gpu_type(*, tenant, query: CostQuery) -> list[dict]:
 
     tflops = dict(GpuType.objects.values_list("slug", "peak_tflops"))
     rows = []
-    for row in _rollups(tenant, query).exclude(gpu_type="cpu").values("gpu_type").annotate(
-            amount=Sum("amount"), gpu_seconds=Sum("gpu_seconds")).order_by("gpu_type"):
+    for row in (
+        _rollups(tenant, query)
+        .exclude(gpu_type="cpu")
+        .values("gpu_type")
+        .annotate(amount=Sum("amount"), gpu_seconds=Sum("gpu_seconds"))
+        .order_by("gpu_type")
+    ):
         gpu_hours = row["gpu_seconds"] / HOUR if row["gpu_seconds"] else Decimal(0)
         per_gpu_hour = row["amount"] / gpu_hours if gpu_hours else None
         peak = tflops.get(row["gpu_type"])
-        rows.append({"gpu_type": row["gpu_type"], "amount": row["amount"],
-                     "gpu_hours": gpu_hours, "per_gpu_hour": per_gpu_hour,
-                     "per_pflop_hour": per_gpu_hour * 1000 / peak if per_gpu_hour and peak
-                     else None})
+        rows.append(
+            {
+                "gpu_type": row["gpu_type"],
+                "amount": row["amount"],
+                "gpu_hours": gpu_hours,
+                "per_gpu_hour": per_gpu_hour,
+                "per_pflop_hour": per_gpu_hour * 1000 / peak if per_gpu_hour and peak else None,
+            }
+        )
     return rows
 
 
-def cumulative_month(*, tenant, now: datetime | None = None, project: str = "") -> tuple[
-        list[str], list[Decimal]]:
+def cumulative_month(
+    *, tenant, now: datetime | None = None, project: str = ""
+) -> tuple[list[str], list[Decimal]]:
     """Month-to-date cumulative spend per day."""
     from billing.services import period_start
 
     now = now or timezone.now()
-    tomorrow = datetime.combine(now.astimezone(UTC).date() + timedelta(days=1), time.min,
-                                tzinfo=UTC)
+    tomorrow = datetime.combine(
+        now.astimezone(UTC).date() + timedelta(days=1), time.min, tzinfo=UTC
+    )
     query = CostQuery(start=period_start(now), end=tomorrow, group_by="day", project=project)
     days, series = daily_by_group(tenant=tenant, query=query)
     daily = [sum(values[i] for values in series.values()) for i in range(len(days))]
@@ -176,8 +219,10 @@ def cumulative_month(*, tenant, now: datetime | None = None, project: str = "") 
 
 def job_costs(jobs: list) -> dict[int, Decimal]:
     """Ledger cost of each job, in one query."""
-    totals = dict(UsageRecord.objects.filter(job_ref__in=[j.pk for j in jobs]).values(
-        "job_ref").annotate(s=Sum("amount")).values_list("job_ref", "s"))
+    totals = dict(
+        UsageRecord.objects.filter(job_ref__in=[j.pk for j in jobs])
+        .values("job_ref")
+        .annotate(s=Sum("amount"))
+        .values_list("job_ref", "s")
+    )
     return {job.pk: Decimal(totals.get(job.pk) or 0) for job in jobs}
-
-

@@ -235,6 +235,23 @@ CHANNEL_LAYERS = {
 COMPUTE_BACKENDS = env_list("COMPUTE_BACKENDS", ["local"])
 KUBECONFIG = env_str("KUBECONFIG", "")  # empty: in-cluster config
 KUBERNETES_REQUEST_TIMEOUT = env_int("KUBERNETES_REQUEST_TIMEOUT", 10)
+KUBERNETES_TTL_SECONDS_AFTER_FINISHED = env_int("KUBERNETES_TTL_SECONDS_AFTER_FINISHED", 3600)
+# Egress no job may reach: the metadata endpoint and private ranges (our DB, Redis, the
+# control plane); adjust to the cluster's network.
+KUBERNETES_EGRESS_DENY_CIDRS = env_list(
+    "KUBERNETES_EGRESS_DENY_CIDRS",
+    [
+        "169.254.0.0/16",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "fc00::/7",
+        "fe80::/10",
+    ],
+)
+KUBERNETES_IMAGE_PULL_SECRETS = env_list("KUBERNETES_IMAGE_PULL_SECRETS", [])
+KUEUE_QUEUE_NAME = env_str("KUEUE_QUEUE_NAME", "")
 CAPACITY_SYNC_INTERVAL = env_int("CAPACITY_SYNC_INTERVAL", 60)
 # Local backend: vCPUs offered per host core (light scripts share cores), and the OS user
 # jobs run as (empty: the console's own user). It is not a security boundary.

@@ -32,6 +32,8 @@ urlpatterns = [
     path("api/v1/", include("marketplace.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
     path("jobs/", include("jobs.urls")),
+    path("billing/", include("billing.urls")),
+    path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("console.api.urls")),
     path("django-admin/", admin.site.urls),
 ]

@@ -32,8 +32,12 @@ def job_events(*, job: Job) -> QuerySet[JobEvent]:
     return JobEvent.objects.filter(job=job).order_by("at", "pk")
 
 
-def billed_seconds(job: Job, events: list[JobEvent] | None = None,
-                   now: datetime | None = None, since: datetime | None = None) -> float:
+def billed_seconds(
+    job: Job,
+    events: list[JobEvent] | None = None,
+    now: datetime | None = None,
+    since: datetime | None = None,
+) -> float:
     """Seconds spent holding paid compute (after `since`), from the job's own timeline."""
     from billing.metering import billed_spans
 
@@ -48,16 +52,21 @@ def job_run_rate(job: Job) -> Decimal | None:
     """The job's hourly price (its actual spot/on-demand split), or None without a price."""
     try:
         estimate = estimate_cost(
-            gpu_type=job.gpu_type, region=job.region, nodes=job.nodes,
-            gpus_per_node=job.gpus_per_node, cpus=job.cpus,
-            spot_ratio=Decimal(job.spot_nodes) / Decimal(job.nodes), hours=Decimal(1),
+            gpu_type=job.gpu_type,
+            region=job.region,
+            nodes=job.nodes,
+            gpus_per_node=job.gpus_per_node,
+            cpus=job.cpus,
+            spot_ratio=Decimal(job.spot_nodes) / Decimal(job.nodes),
+            hours=Decimal(1),
             tenant=job.tenant,
         )
     except PricingError:
         return None
     per_node = Decimal(estimate.units) / Decimal(job.nodes)
-    return per_node * (estimate.unit_price_spot * job.spot_nodes
-                       + estimate.unit_price_base * job.on_demand_nodes)
+    return per_node * (
+        estimate.unit_price_spot * job.spot_nodes + estimate.unit_price_base * job.on_demand_nodes
+    )
 
 
 def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int, Decimal]:
@@ -72,8 +81,11 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
     now = now or timezone.now()
     ledger = job_costs(jobs)
     meters = dict(JobMeter.objects.filter(job__in=jobs).values_list("job_id", "metered_until"))
-    live = [j for j in jobs if j.started_at is not None and (
-        j.status in BILLED_STATUSES or j.pk not in meters)]
+    live = [
+        j
+        for j in jobs
+        if j.started_at is not None and (j.status in BILLED_STATUSES or j.pk not in meters)
+    ]
     events: dict[int, list[JobEvent]] = {j.pk: [] for j in live}
     for event in JobEvent.objects.filter(job__in=live).order_by("job_id", "at", "pk"):
         events[event.job_id].append(event)
@@ -82,12 +94,20 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
     for job in jobs:
         total = ledger[job.pk]
         if job.pk in events:
-            key = (job.gpu_type_id, job.region_id, job.tenant_id, job.gpus_per_node, job.cpus,
-                   job.nodes, job.spot_nodes)
+            key = (
+                job.gpu_type_id,
+                job.region_id,
+                job.tenant_id,
+                job.gpus_per_node,
+                job.cpus,
+                job.nodes,
+                job.spot_nodes,
+            )
             if key not in rates:
                 rates[key] = job_run_rate(job)
-            seconds = billed_seconds(job, events[job.pk], now=now,
-                                     since=meters.get(job.pk) or job.started_at)
+            seconds = billed_seconds(
+                job, events[job.pk], now=now, since=meters.get(job.pk) or job.started_at
+            )
             total += (rates[key] or Decimal(0)) * Decimal(str(round(seconds, 3))) / 3600
         costs[job.pk] = total.quantize(COST_QUANTUM)
     return costs

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -806,16 +807,20 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
     return job
 
 
-def jobs_observe(*, backend_name: str, now: datetime | None = None) -> int:
+def jobs_observe(
+    *, backend_name: str, now: datetime | None = None, job_ids: Iterable[int] | None = None
+) -> int:
     """One watcher pass over a backend's live jobs: apply observations, enforce max
-    runtime and grace periods. Returns how many jobs were looked at."""
+    runtime and grace periods. `job_ids` limits the pass to those jobs (the ones the
+    Kubernetes watch saw change). Returns how many jobs were looked at."""
     now = now or timezone.now()
     backend = get_backend(backend_name)
-    jobs = list(
-        Job.objects.filter(
-            backend=backend_name, status__in=[S.PROVISIONING, S.RUNNING, S.PAUSING, S.RESUMING]
-        ).select_related("gpu_type")
-    )
+    live = Job.objects.filter(
+        backend=backend_name, status__in=[S.PROVISIONING, S.RUNNING, S.PAUSING, S.RESUMING]
+    ).select_related("gpu_type")
+    if job_ids is not None:
+        live = live.filter(pk__in=list(job_ids))
+    jobs = list(live)
     for job in jobs:
         try:
             if (

@@ -114,8 +114,11 @@ class JobSerializer(serializers.ModelSerializer):
         """Costs and queue positions of every job being serialized, computed once."""
         if "_job_batch" not in self.context:
             instances = self.parent.instance if self.parent is not None else self.instance
-            jobs = list(instances) if isinstance(instances, (list, tuple)) or hasattr(
-                instances, "__iter__") else [instances]
+            jobs = (
+                list(instances)
+                if isinstance(instances, (list, tuple)) or hasattr(instances, "__iter__")
+                else [instances]
+            )
             self.context["_job_batch"] = {
                 "costs": selectors.jobs_costs_to_date(jobs),
                 "positions": selectors.queue_positions(jobs),

@@ -61,12 +61,18 @@ SPOT_TAINT_KEYS = {
 ACTIVE_POD_PHASES = {"Pending", "Running", "Unknown"}
 
 
-def parse_cpu(quantity: str | None) -> int:
+def parse_millicores(quantity: str | None) -> int:
+    """A CPU quantity ("500m", "2", "1.5") in millicores."""
     if not quantity:
         return 0
     if quantity.endswith("m"):
-        return int(quantity[:-1]) // 1000
-    return int(float(quantity))
+        return int(quantity[:-1])
+    return int(float(quantity) * 1000)
+
+
+def parse_cpu(quantity: str | None) -> int:
+    """Whole vCPUs of a quantity, rounded down (for allocatable capacity)."""
+    return parse_millicores(quantity) // 1000
 
 
 def parse_memory_gib(quantity: str | None) -> int:
@@ -210,7 +216,7 @@ class KubernetesBackend:
             raise BackendUnavailable(f"listing nodes failed: {error}") from error
 
         gpus_used: dict[str, int] = {}
-        cpus_used: dict[str, int] = {}
+        millicores_used: dict[str, int] = {}
         for pod in pods:
             node_name = pod.spec.node_name if pod.spec else None
             if not node_name or (pod.status and pod.status.phase not in ACTIVE_POD_PHASES):
@@ -222,7 +228,10 @@ class KubernetesBackend:
                     amount = limits.get(resource) or requests.get(resource)
                     if amount:
                         gpus_used[node_name] = gpus_used.get(node_name, 0) + int(amount)
-                cpus_used[node_name] = cpus_used.get(node_name, 0) + parse_cpu(requests.get("cpu"))
+                # Summed in millicores: each small request must count (4 × 500m = 2).
+                millicores_used[node_name] = millicores_used.get(node_name, 0) + parse_millicores(
+                    requests.get("cpu")
+                )
 
         inventory = []
         for node in nodes:
@@ -242,7 +251,8 @@ class KubernetesBackend:
                     gpus_allocatable=int(allocatable.get(resource, 0)) if resource else 0,
                     gpus_in_use=gpus_used.get(name, 0),
                     vcpus_allocatable=parse_cpu(allocatable.get("cpu")),
-                    vcpus_in_use=cpus_used.get(name, 0),
+                    # Rounded up: a vCPU partly taken is not free.
+                    vcpus_in_use=-(-millicores_used.get(name, 0) // 1000),
                     memory_gib=parse_memory_gib(allocatable.get("memory")),
                     schedulable=not (node.spec and node.spec.unschedulable),
                 )
@@ -438,6 +448,12 @@ class KubernetesBackend:
         names |= {manifests.job_name(job, tier) for tier, _, _ in manifests.tiers(job)}
         for name in sorted(names):
             self._delete_job(namespace, name)
+        self.release(job)
+
+    def release(self, job: Job) -> None:
+        """After a job has finished: remove its rendezvous Service and its Secret. Its
+        finished Jobs and their pods stay (for the logs) until ttlSecondsAfterFinished."""
+        namespace = manifests.namespace_name(job.tenant_id)
         self._delete(
             f"service {manifests.service_name(job)}",
             self.core.delete_namespaced_service,

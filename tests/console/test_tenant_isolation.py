@@ -114,6 +114,10 @@ def foreign(other_world, world):
     foreign_template = launch_template_save(
         job=foreign_job, name="globex-secret-template", user=other_world.owner
     )
+    from billing.services import budget_create
+
+    foreign_budget = budget_create(tenant=other_world.tenant, user=other_world.owner,
+                                   name="globex-secret-budget", amount="100")
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
@@ -123,7 +127,7 @@ def foreign(other_world, world):
         "api-image": private_image.pk,
         "api-pool": pool.pk,
         "api-staff-pool": pool.pk,
-        "api-job": foreign_job.pk,
+        "api-job": foreign_job.pk, "api-budget": foreign_budget.pk,
         "api-price-version": version.pk,
     }
     return {
@@ -136,6 +140,7 @@ def foreign(other_world, world):
             "job_id": foreign_job.pk,
             "secret_id": foreign_secret.pk,
             "template_id": foreign_template.pk,
+            "budget_id": foreign_budget.pk,
             "action": "pause",
             "image_id": private_image.pk,  # also staff_image_retire: staff-only, 404
             # staff-only pages: a tenant owner must get 404 whatever the object
@@ -156,6 +161,7 @@ def foreign(other_world, world):
             "globex-secret-job",
             "GLOBEX_SECRET_NAME",
             "globex-secret-template",
+            "globex-secret-budget",
             "globex-secret-value",
         ],
     }

@@ -357,3 +357,53 @@ def test_watch_delivers_events_and_survives_410(kube_api):
         if r.path == "/apis/batch/v1/jobs" and r.query.get("watch") not in ("true", "1", "True")
     ]
     assert len(lists) >= 2  # listed again after the 410
+
+
+def test_pending_reasons_and_unpullable_image(world, cluster):
+    namespace = f"gg-t-{world.tenant.pk}"
+    cluster.create("namespaces", {"metadata": {"name": namespace}})
+    cluster.create(
+        "resourcequotas",
+        {"metadata": {"name": "blocker"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}},
+        namespace=namespace,
+    )
+    job = launch(world, gpu_spec())
+    cluster.tick()
+    backend = get_backend("kubernetes")
+    observation = backend.observe(job)
+    assert observation.phase == "pending"
+    assert observation.reason.startswith("can't create pods:")
+    assert "exceeded quota: blocker" in observation.reason
+
+    cluster.delete("resourcequotas", namespace, "blocker")
+    cluster.set_node_ready("h100-od-1", False)
+    cluster.tick()
+    observation = backend.observe(job)
+    assert observation.phase == "pending"
+    assert "rank 0 unschedulable: 0/3 nodes" in observation.reason
+
+    (pod,) = live_pods(cluster, job)
+
+    def unpullable(p: dict) -> None:
+        p["status"]["containerStatuses"] = [
+            {
+                "name": "main",
+                "image": p["spec"]["containers"][0]["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {
+                    "waiting": {
+                        "reason": "ErrImagePull",
+                        "message": "rpc error: manifest unknown: manifest tagged 2.5 not found",
+                    }
+                },
+            }
+        ]
+
+    with cluster.paused():
+        cluster.mutate("pods", namespace, pod["metadata"]["name"], unpullable)
+        services.jobs_observe(backend_name="kubernetes")
+    job.refresh_from_db()
+    assert job.status == S.FAILED
+    assert job.status_reason.startswith("image can't be pulled: rank 0: ErrImagePull")

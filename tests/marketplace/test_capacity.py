@@ -333,11 +333,6 @@ def cpu_pod(name, node, cpu):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: jobs/backends/kubernetes.py parse_cpu floors each container's request to "
-    "whole vCPUs, so millicore requests ('500m') count as 0 vCPUs in use",
-)
 def test_kubernetes_millicore_requests_add_up(catalog, kube_api):
     kube_api.add_node(
         "cpu-1",

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from billing.api import views
+from console.api.routers import OptionalSlashRouter
+
+router = OptionalSlashRouter()
+router.register("budgets", views.BudgetViewSet, basename="api-budget")
+
+urlpatterns = [
+    path("usage", views.UsageView.as_view(), name="api-usage"),
+    path("costs/summary", views.CostSummaryView.as_view(), name="api-costs-summary"),
+    *router.urls,
+]

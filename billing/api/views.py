@@ -1,0 +1,179 @@
+"""Billing API: usage, cost summary, budgets."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, time, timedelta
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import selectors, services
+from billing.models import Budget, BudgetAction
+from console.api.base import TenantScopedViewSet
+from console.permissions import Capability
+from console.services import ServiceError
+from jobs.models import Job
+
+
+class UsageRowSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    gpu_seconds = serializers.DecimalField(max_digits=20, decimal_places=3)
+    cpu_seconds = serializers.DecimalField(max_digits=20, decimal_places=3)
+    amount = serializers.DecimalField(max_digits=24, decimal_places=9)
+    currency = serializers.CharField()
+
+
+def _parse_day(value: str, field: str) -> datetime:
+    try:
+        return datetime.combine(datetime.fromisoformat(value).date(), time.min, tzinfo=UTC)
+    except ValueError:
+        raise ServiceError(f"{field} is a date like 2026-11-01.", field=field) from None
+
+
+class UsageView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("start", str),
+            OpenApiParameter("end", str),
+            OpenApiParameter("group_by", str, enum=list(selectors.GROUP_BY)),
+            OpenApiParameter("gpu_type", str),
+            OpenApiParameter("tier", str),
+            OpenApiParameter("region", str),
+            OpenApiParameter("job", str),
+        ],
+        responses=UsageRowSerializer(many=True),
+    )
+    def get(self, request):
+        params = request.query_params
+        now = datetime.now(UTC)
+        start = (
+            _parse_day(params["start"], "start")
+            if params.get("start")
+            else services.period_start(now)
+        )
+        # `end` is inclusive (a day); without it, up to today.
+        end = (
+            _parse_day(params["end"], "end")
+            if params.get("end")
+            else datetime.combine(now.date(), time.min, tzinfo=UTC)
+        ) + timedelta(days=1)
+        query = selectors.CostQuery(
+            start=start,
+            end=end,
+            group_by=params.get("group_by") or "gpu_type",
+            gpu_type=params.get("gpu_type", ""),
+            region=params.get("region", ""),
+            tier=params.get("tier", ""),
+            job_contains=params.get("job", ""),
+        )
+        rows = selectors.usage_rows(tenant=request.tenant, query=query)
+        return Response(
+            {
+                "count": len(rows),
+                "next": None,
+                "previous": None,
+                "results": UsageRowSerializer(rows, many=True).data,
+            }
+        )
+
+
+class CostSummaryView(APIView):
+    @extend_schema(responses=None)
+    def get(self, request):
+        now = datetime.now(UTC)
+        _days, cumulative = selectors.cumulative_month(tenant=request.tenant, now=now)
+        month_to_date = cumulative[-1] if cumulative else 0
+        hours_left = (services.period_end(now) - now).total_seconds() / 3600
+        from decimal import Decimal
+
+        rate = services.run_rate(Job.objects.for_tenant(request.tenant))
+        forecast = Decimal(month_to_date) + rate * Decimal(str(hours_left))
+        budgets = [
+            {
+                "id": s.budget.pk,
+                "name": s.budget.name,
+                "amount": str(s.budget.amount),
+                "spend": str(s.spend),
+                "percent": str(s.percent),
+                "forecast": str(s.forecast),
+                "status": "exhausted" if s.exhausted else "ok",
+                "project": s.budget.project,
+                "action": s.budget.action,
+            }
+            for s in services.budget_statuses(tenant=request.tenant, now=now)
+        ]
+        return Response(
+            {
+                "period_start": services.period_start(now).isoformat(),
+                "month_to_date": str(month_to_date),
+                "run_rate_per_hour": str(rate),
+                "forecast": str(forecast.quantize(Decimal("0.000001"))),
+                "currency": "USD",
+                "budgets": budgets,
+            }
+        )
+
+
+class BudgetSerializer(serializers.ModelSerializer):
+    amount = serializers.DecimalField(max_digits=18, decimal_places=6)
+    thresholds = serializers.ListField(child=serializers.IntegerField(), required=False)
+    action = serializers.ChoiceField(choices=BudgetAction.choices, required=False)
+    period = serializers.ChoiceField(choices=[("monthly", "monthly")], required=False)
+
+    class Meta:
+        model = Budget
+        fields = [
+            "id",
+            "name",
+            "amount",
+            "currency",
+            "period",
+            "thresholds",
+            "action",
+            "project",
+            "webhook_url",
+            "created_at",
+        ]
+        read_only_fields = ["id", "currency", "created_at"]
+
+
+class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """Visible to every member; created and changed by owners, admins and finance."""
+
+    queryset = Budget.objects.all()
+    serializer_class = BudgetSerializer
+    required_capabilities = {
+        a: Capability.MANAGE_BUDGETS for a in ("create", "update", "partial_update", "destroy")
+    }
+
+    def create(self, request, *args, **kwargs):
+        data = BudgetSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        values.pop("period", None)
+        budget = services.budget_create(
+            tenant=request.tenant, user=request.user, request=request._request, **values
+        )
+        return Response(BudgetSerializer(budget).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, *args, **kwargs):
+        budget = self.get_object()
+        data = BudgetSerializer(budget, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        values.pop("period", None)
+        budget = services.budget_update(
+            budget=budget, user=request.user, request=request._request, **values
+        )
+        return Response(BudgetSerializer(budget).data)
+
+    def update(self, request, *args, **kwargs):
+        return self.partial_update(request, *args, **kwargs)
+
+    def destroy(self, request, *args, **kwargs):
+        services.budget_delete(
+            budget=self.get_object(), user=request.user, request=request._request
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,207 @@
+"""Cost Explorer and budgets pages. Thin: parse, call selectors/services, render."""
+
+from __future__ import annotations
+
+import csv
+from datetime import timedelta
+from decimal import Decimal
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from billing import charts, selectors, services
+from billing.forms import BudgetForm, CostFilterForm
+from billing.models import Budget, BudgetAlert
+from console.permissions import Capability, capability_required, has_capability
+from console.services import ServiceError
+from console.tenancy import get_for_tenant_or_404
+from jobs.models import Job
+
+
+def _cost_query(request: HttpRequest) -> tuple[CostFilterForm, selectors.CostQuery | None]:
+    form = CostFilterForm(
+        request.GET or None, initial={"range": "this_month", "group_by": "gpu_type"}
+    )
+    data = form.cleaned_data if form.is_bound and form.is_valid() else {}
+    if form.is_bound and not form.is_valid():
+        return form, None
+    try:
+        start, end = selectors.date_range(
+            data.get("range") or "this_month", start=data.get("start"), end=data.get("end")
+        )
+    except ServiceError as error:
+        form.add_error(error.field if error.field in form.fields else None, error.message)
+        return form, None
+    return form, selectors.CostQuery(
+        start=start,
+        end=end,
+        group_by=data.get("group_by") or "gpu_type",
+        gpu_type=data.get("gpu_type", ""),
+        region=data.get("region", ""),
+        tier=data.get("tier", ""),
+        job_contains=data.get("job", ""),
+    )
+
+
+@capability_required(Capability.VIEW_TENANT)
+def costs(request: HttpRequest) -> HttpResponse:
+    form, query = _cost_query(request)
+    context: dict = {"form": form, "query": query}
+    if query is not None:
+        tenant = request.tenant
+        now = timezone.now()
+        rows = selectors.usage_rows(tenant=tenant, query=query)
+        currency = rows[0]["currency"] if rows else "USD"
+        days, series = selectors.daily_by_group(tenant=tenant, query=query)
+        split = selectors.tier_split(tenant=tenant, query=query)
+        value = selectors.value_by_gpu_type(tenant=tenant, query=query)
+        top = selectors.top_jobs(tenant=tenant, query=query)
+        mtd_days, cumulative = selectors.cumulative_month(tenant=tenant, now=now)
+        statuses = services.budget_statuses(tenant=tenant, now=now)
+        tenant_budget = next((s for s in statuses if not s.budget.project), None)
+        month_end = (services.period_end(now) - timedelta(days=1)).date().isoformat()
+        hours_left = Decimal(str((services.period_end(now) - now).total_seconds() / 3600))
+        forecast = (
+            tenant_budget.forecast
+            if tenant_budget
+            else (
+                (cumulative[-1] if cumulative else Decimal(0))
+                + services.run_rate(Job.objects.for_tenant(tenant)) * hours_left
+            )
+        )
+        context.update(
+            {
+                "rows": rows,
+                "currency": currency,
+                "total": sum((r["amount"] for r in rows), 0),
+                "split": split,
+                "value": value,
+                "top": top,
+                "statuses": statuses,
+                "forecast": forecast,
+                "figures": {
+                    "daily": charts.daily_stacked(days, series, currency),
+                    "mtd": charts.month_to_date(
+                        mtd_days,
+                        cumulative,
+                        tenant_budget.budget.amount if tenant_budget else None,
+                        forecast,
+                        month_end,
+                        currency,
+                    ),
+                    "tiers": charts.tier_share(split["by_tier"]),
+                    "value": charts.value_bars(value, currency),
+                    "top": charts.top_jobs_bar(top, currency),
+                },
+                "export_query": request.GET.urlencode(),
+            }
+        )
+    template = "billing/costs.html#explorer" if request.htmx else "billing/costs.html"
+    return render(request, template, context)
+
+
+@capability_required(Capability.VIEW_TENANT)
+def costs_export(request: HttpRequest) -> HttpResponse:
+    """CSV of exactly the grouped table the Cost Explorer shows for the same filters."""
+    form, query = _cost_query(request)
+    if query is None:
+        errors = "; ".join(e for errs in form.errors.values() for e in errs)
+        return HttpResponse(f"Bad filters: {errors}", status=400, content_type="text/plain")
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = (
+        f'attachment; filename="costs-{query.start:%Y%m%d}-{query.end:%Y%m%d}-{query.group_by}.csv"'
+    )
+    writer = csv.writer(response)
+    writer.writerow([query.group_by, "gpu_hours", "vcpu_hours", "amount", "currency"])
+    for row in selectors.usage_rows(tenant=request.tenant, query=query):
+        writer.writerow(
+            [
+                row["key"],
+                f"{row['gpu_seconds'] / 3600:.6f}",
+                f"{row['cpu_seconds'] / 3600:.6f}",
+                f"{row['amount']:.6f}",
+                row["currency"],
+            ]
+        )
+    return response
+
+
+@capability_required(Capability.VIEW_TENANT)
+@require_http_methods(["GET", "POST"])
+def budgets(request: HttpRequest) -> HttpResponse:
+    can_manage = has_capability(request.membership, Capability.MANAGE_BUDGETS)
+    form = BudgetForm(request.POST or None)
+    if request.method == "POST":
+        if not can_manage:
+            return HttpResponse(status=403)
+        if form.is_valid():
+            try:
+                budget = services.budget_create(
+                    tenant=request.tenant, user=request.user, request=request, **form.cleaned_data
+                )
+            except ServiceError as error:
+                form.add_error(error.field if error.field in form.fields else None, error.message)
+            else:
+                messages.success(request, f"Budget “{budget.name}” created.")
+                return redirect("billing:budgets")
+    alerts = BudgetAlert.objects.for_tenant(request.tenant).select_related("budget")[:20]
+    return render(
+        request,
+        "billing/budgets.html",
+        {
+            "form": form,
+            "can_manage": can_manage,
+            "alerts": alerts,
+            "statuses": services.budget_statuses(tenant=request.tenant),
+        },
+    )
+
+
+@capability_required(Capability.MANAGE_BUDGETS)
+@require_http_methods(["GET", "POST"])
+def budget_edit(request: HttpRequest, budget_id: int) -> HttpResponse:
+    budget = get_for_tenant_or_404(Budget, request.tenant, pk=budget_id)
+    initial = {
+        "name": budget.name,
+        "amount": budget.amount,
+        "action": budget.action,
+        "thresholds": ", ".join(str(t) for t in budget.thresholds),
+        "project": budget.project,
+        "webhook_url": budget.webhook_url,
+    }
+    form = BudgetForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.budget_update(
+                budget=budget, user=request.user, request=request, **form.cleaned_data
+            )
+        except ServiceError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            messages.success(request, f"Budget “{budget.name}” saved.")
+            return redirect("billing:budgets")
+    return render(request, "billing/budget_edit.html", {"form": form, "budget": budget})
+
+
+@capability_required(Capability.MANAGE_BUDGETS)
+@require_http_methods(["GET", "POST"])
+def budget_delete(request: HttpRequest, budget_id: int) -> HttpResponse:
+    budget = get_for_tenant_or_404(Budget, request.tenant, pk=budget_id)
+    if request.method == "POST":
+        services.budget_delete(budget=budget, user=request.user, request=request)
+        messages.success(request, f"Budget “{budget.name}” deleted; jobs it paused resume.")
+        return redirect("billing:budgets")
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Delete budget",
+            "message": f"Delete “{budget.name}”? Jobs it paused will resume and its alerts stop.",
+            "confirm_label": "Delete",
+            "cancel_url": reverse("billing:budgets"),
+        },
+    )
