@@ -1,8 +1,9 @@
 """Plotly figures for the Cost Explorer, built on the server (plotly.py) and handed to
-plotly.js as JSON."""
+plotly.js as JSON (dicts, embedded with json_script)."""
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
 import plotly.graph_objects as go
@@ -21,10 +22,10 @@ def _floats(values) -> list[float]:
     return [float(v) for v in values]
 
 
-def daily_stacked(days: list[str], series: dict[str, list[Decimal]], currency: str) -> str:
+def daily_stacked(days: list[str], series: dict[str, list[Decimal]], currency: str) -> dict:
     fig = go.Figure([go.Bar(name=key, x=days, y=_floats(values)) for key, values in series.items()])
     fig.update_layout(barmode="stack", yaxis_title=currency, **LAYOUT)
-    return fig.to_json()
+    return json.loads(fig.to_json())
 
 
 def month_to_date(
@@ -34,7 +35,7 @@ def month_to_date(
     forecast: Decimal | None,
     month_end: str,
     currency: str,
-) -> str:
+) -> dict:
     fig = go.Figure(
         [go.Scatter(name="Spend to date", x=days, y=_floats(cumulative), mode="lines+markers")]
     )
@@ -59,16 +60,16 @@ def month_to_date(
             )
         )
     fig.update_layout(yaxis_title=currency, **LAYOUT)
-    return fig.to_json()
+    return json.loads(fig.to_json())
 
 
-def tier_share(by_tier: dict[str, Decimal]) -> str:
+def tier_share(by_tier: dict[str, Decimal]) -> dict:
     fig = go.Figure([go.Pie(labels=list(by_tier), values=_floats(by_tier.values()), hole=0.5)])
     fig.update_layout(**LAYOUT)
-    return fig.to_json()
+    return json.loads(fig.to_json())
 
 
-def value_bars(rows: list[dict], currency: str) -> str:
+def value_bars(rows: list[dict], currency: str) -> dict:
     names = [r["gpu_type"] for r in rows]
     fig = go.Figure(
         [
@@ -85,10 +86,10 @@ def value_bars(rows: list[dict], currency: str) -> str:
         ]
     )
     fig.update_layout(barmode="group", **LAYOUT)
-    return fig.to_json()
+    return json.loads(fig.to_json())
 
 
-def top_jobs_bar(rows: list[dict], currency: str) -> str:
+def top_jobs_bar(rows: list[dict], currency: str) -> dict:
     fig = go.Figure(
         [
             go.Bar(
@@ -99,4 +100,4 @@ def top_jobs_bar(rows: list[dict], currency: str) -> str:
         ]
     )
     fig.update_layout(xaxis_title=currency, **LAYOUT)
-    return fig.to_json()
+    return json.loads(fig.to_json())
