@@ -118,6 +118,8 @@ def usage_rows(*, tenant, query: CostQuery) -> list[dict]:
             "key": _key(row[field]),
             "gpu_seconds": row["gpu_seconds"],
             "cpu_seconds": row["cpu_seconds"],
+            "gpu_hours": row["gpu_seconds"] / HOUR,
+            "cpu_hours": row["cpu_seconds"] / HOUR,
             "amount": row["amount"],
             "on_demand_amount": row["on_demand_amount"],
             "currency": row["currency"],
