@@ -803,6 +803,8 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
     else:
         return job
     if job.status not in HOLDING_COMPUTE:
+        if job.status in FINISHED and job.backend != "local":
+            _enqueue("job_release_task", job.pk)
         jobs_admit()
     return job
 

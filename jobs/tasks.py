@@ -48,6 +48,16 @@ def job_cancel_task(job_id: int) -> None:
         get_backend(job.backend).cancel(job)
 
 
+@shared_task(**RETRY)
+def job_release_task(job_id: int) -> None:
+    """Remove what a finished job left on its backend (e.g. its Service and Secret)."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is not None:
+        backend = get_backend(job.backend)
+        if hasattr(backend, "release"):
+            backend.release(job)
+
+
 @shared_task(acks_late=True)
 def jobs_reconcile_task() -> None:
     services.jobs_reconcile()
