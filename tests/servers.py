@@ -191,3 +191,40 @@ def celery_worker_process(transactional_db, tmp_path) -> Iterator[CeleryWorker]:
 
 def http_get(url: str, **kwargs) -> httpx.Response:
     return httpx.get(url, timeout=10, **kwargs)
+
+
+class Watcher:
+    def __init__(self, process: subprocess.Popen, log_path: Path):
+        self.process = process
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def watcher_process(transactional_db, tmp_path) -> Iterator[Watcher]:
+    """`manage.py run_watcher` observing the local backend every second, against the test
+    database; it sees the jobs' files through the shared GPUGEEK_DATA_DIR."""
+    log_path = tmp_path / "watcher.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "run_watcher"],
+            cwd=ROOT,
+            env=child_env(WATCHER_INTERVAL="1"),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    watcher = Watcher(process, log_path)
+    try:
+        wait_until(
+            lambda: process.poll() is not None or "watcher started" in watcher.log(),
+            30,
+            what="watcher started",
+        )
+        if process.poll() is not None:
+            raise AssertionError(f"watcher exited early:\n{watcher.log()}")
+        yield watcher
+    finally:
+        stop_process_group(process)

@@ -8,6 +8,15 @@ from jobs import selectors, services
 from jobs.models import Job, JobEvent, Priority
 
 
+class ArgumentField(serializers.CharField):
+    """One argv item: a JSON string, never a number turned into one."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError("Each argument is a string.")
+        return super().to_internal_value(data)
+
+
 class JobCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     project = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
@@ -16,7 +25,7 @@ class JobCreateSerializer(serializers.Serializer):
     )
     image = serializers.CharField(max_length=80, help_text="Catalog slug")
     command = serializers.ListField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        child=ArgumentField(allow_blank=True, trim_whitespace=False),
         allow_empty=False,
         max_length=services.MAX_COMMAND_ARGS,
     )
