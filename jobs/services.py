@@ -516,7 +516,9 @@ def jobs_admit() -> list[Job]:
     A job that doesn't fit its pool blocks later jobs for that pool (no overtaking);
     a job held back by its tenant's quota blocks only that tenant's later jobs there.
     """
-    pools = {p.pk: p for p in NodePool.objects.select_for_update().filter(is_active=True)}
+    pools = {
+        p.pk: p for p in NodePool.objects.select_for_update().filter(is_active=True).order_by("pk")
+    }
     usage = _usage()
     quotas: dict[int, list[TenantQuota]] = defaultdict(list)
     for quota in TenantQuota.objects.all():
@@ -631,7 +633,10 @@ def job_resume(*, job: Job, actor: str, reason: str = "resumed by user") -> Job:
         raise ActionRefused(f"Only a paused job can be resumed; this one is {job.status}.")
     with transaction.atomic():
         # A paused job released its compute: it must fit again, like a new admission.
-        pools = {p.pk: p for p in NodePool.objects.select_for_update().filter(is_active=True)}
+        pools = {
+            p.pk: p
+            for p in NodePool.objects.select_for_update().filter(is_active=True).order_by("pk")
+        }
         quotas: dict[int, list[TenantQuota]] = defaultdict(list)
         for quota in TenantQuota.objects.for_tenant(job.tenant):
             quotas[quota.tenant_id].append(quota)

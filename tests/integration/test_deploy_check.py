@@ -33,6 +33,8 @@ def _production_env(data_dir, **overrides: str) -> dict[str, str]:
         ALLOWED_HOSTS="console.example.com",
     )
     env.update(overrides)
+    # Set by the browser tests' conftest for Playwright; never part of a deployment.
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     return env
 
 

@@ -56,9 +56,12 @@ def h100(name, *, region="us-west", tier="on_demand", in_use=0, schedulable=True
 
 
 def pools(backend_name):
+    """Pools the sync made (the demo catalog's stand-in pools share their keys)."""
     return {
         (p.region.slug, p.gpu_type.slug if p.gpu_type else None, p.tier): p
-        for p in NodePool.objects.filter(backend=backend_name).select_related("region", "gpu_type")
+        for p in NodePool.objects.filter(
+            backend=backend_name, slug__startswith=backend_name
+        ).select_related("region", "gpu_type")
     }
 
 
