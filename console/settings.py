@@ -271,6 +271,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600),
+    # kombu looks for expired unacked messages at worker start, then every
+    # interval × throttle seconds (10 × 10 by default).
+    "unacked_restore_interval": 10,
+    "unacked_restore_throttle": 1,
 }
 # A separate queue name lets test sessions share one Redis without eating each other's tasks.
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "gpugeek")

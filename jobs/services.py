@@ -570,7 +570,10 @@ def job_dispatch(*, job: Job) -> Job:
             _assign_local_devices(job, backend)
         backend.submit(job)
     except BackendUnavailable as error:
-        Job.objects.filter(pk=job.pk).update(status_reason=f"retrying: {error}"[:500])
+        # Touching status_changed_at tells the reconciler a retry is under way.
+        Job.objects.filter(pk=job.pk).update(
+            status_reason=f"retrying: {error}"[:500], status_changed_at=timezone.now()
+        )
         raise
     except BackendRejected as error:
         return _transition_quietly(job, S.FAILED, "system", f"dispatch failed: {error}")

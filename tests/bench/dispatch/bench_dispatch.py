@@ -1,0 +1,254 @@
+"""Dispatch benchmark: launches per second from the API to a Kubernetes Job, and how the
+length of the admission queue slows a launch down.
+
+For each queue length (1, 100, 1,000 jobs already waiting for other GPUs), jobs are
+submitted one after another through `POST /api/v1/jobs` (DRF with an API token; the real
+services, commit and enqueue included), and their p50/p99 latency recorded; then a small
+pool of threads runs each admitted job's dispatch task in-process
+(`job_dispatch_task.apply`), as Celery's workers would, until the fake API server holds
+every job's Kubernetes Job. The two phases are timed apart, so the API latency isn't
+inflated by dispatch threads fighting it for the GIL (in production they are separate
+processes). It prints a table and asserts only that each launch got its one Kubernetes
+Job, never anything about time.
+
+Run it on purpose (the file name keeps it out of the default suite):
+
+    .venv/bin/python -m pytest tests/bench/dispatch/bench_dispatch.py -s -p no:cacheprovider
+
+`GPUGEEK_BENCH_JOBS` (default 100) launches per queue length, `GPUGEEK_BENCH_DISPATCHERS`
+(default 4) dispatch threads; submitting stops after `GPUGEEK_BENCH_SECONDS` (default 40)
+per queue length, so a slow machine still finishes in a few minutes.
+
+Reading the figures: the fake API server runs in this process (its threads share the GIL)
+with its controller paused, so no pods are made; the embedded default is SQLite, where each
+write transaction takes the database lock (set DATABASE_URL to measure PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import queue
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from console.celery import app as celery_app
+from jobs import services, tasks
+from jobs.backends.kubernetes import KubernetesBackend
+from jobs.models import Job, JobStatus
+from jobs.services import JobSpec
+from marketplace.demo import seed_catalog
+from marketplace.models import NodePool
+from marketplace.services import capacity_sync
+from tests.conftest import token_client
+
+pytestmark = pytest.mark.timeout(900)
+
+S = JobStatus
+QUEUE_LENGTHS = (1, 100, 1000)
+JOBS_PER_RUN = int(os.environ.get("GPUGEEK_BENCH_JOBS", "100"))
+DISPATCHERS = int(os.environ.get("GPUGEEK_BENCH_DISPATCHERS", "4"))
+SECONDS_PER_RUN = float(os.environ.get("GPUGEEK_BENCH_SECONDS", "40"))
+US_WEST = {"topology.kubernetes.io/region": "us-west"}
+H100 = {**US_WEST, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+A100 = {**US_WEST, "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+BIG_NODE = {"nvidia.com/gpu": "64", "cpu": "1024", "memory": "16Ti", "pods": "5000"}
+LAUNCH = {
+    "image": "pytorch-2-5-cuda12-4",
+    "command": ["python", "train.py"],
+    "gpu_type": "h100-80gb",
+    "gpus_per_node": 1,
+    "cpus": 4,
+    "region": "us-west",
+}
+
+
+@dataclass
+class Run:
+    queued: int
+    submit_seconds: list[float] = field(default_factory=list)
+    job_ids: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    submit_phase: float = 0.0
+    dispatch_phase: float = 0.0
+
+    def rate(self, seconds: float) -> float:
+        return len(self.job_ids) / seconds if seconds > 0 else float("nan")
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile, in milliseconds."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = min(len(ordered), max(1, math.ceil(pct / 100 * len(ordered))))
+    return ordered[rank - 1] * 1000
+
+
+@pytest.fixture
+def cluster(transactional_db, kube_api, settings, tmp_path):
+    """Plenty of H100s for the launches (16 nodes × 64 GPUs), and one A100 node that a
+    running job fills, so the jobs queued for it stay queued in front of ours."""
+    seed_catalog()
+    NodePool.objects.filter(slug__startswith="demo-").update(is_active=False)
+    for number in range(16):
+        kube_api.add_node(f"h100-{number}", labels=H100, allocatable=BIG_NODE)
+    kube_api.add_node("a100-0", labels=A100)
+    capacity_sync(backend=KubernetesBackend(kube_api.api_client()))
+    settings.COMPUTE_BACKENDS = ["kubernetes"]
+    settings.KUBECONFIG = str(kube_api.kubeconfig_path(tmp_path))
+    celery_app.control.purge()
+    try:
+        with kube_api.paused():  # Jobs only: no pods, no controller competing for the GIL
+            yield kube_api
+    finally:
+        celery_app.control.purge()  # the dispatches job_submit enqueued; nobody consumed them
+
+
+def fill_queue(template: Job, length: int) -> None:
+    """Grow the admission queue to `length` jobs waiting for the full A100 node (bulk rows,
+    as if submitted earlier), then let admission record their reasons once."""
+    have = Job.objects.filter(status=S.QUEUED).count()
+    rows = []
+    for number in range(have, length):
+        row = copy.copy(template)
+        row.pk = None
+        row.name = f"waiting-{number}"
+        row.status = S.QUEUED
+        row.status_reason = ""
+        row.created_at = row.status_changed_at = timezone.now()
+        rows.append(row)
+    Job.objects.bulk_create(rows, batch_size=500)
+    services.jobs_admit()
+    assert Job.objects.filter(status=S.QUEUED).count() == length
+
+
+def a100_blocker(world) -> Job:
+    """A job holding all 8 A100 GPUs; returned as the template for the waiting jobs."""
+    job = services.job_submit(
+        tenant=world.tenant,
+        user=world.member,
+        spec=JobSpec(name="a100-holder", **{**LAUNCH, "gpu_type": "a100-80gb", "gpus_per_node": 8}),
+    )
+    assert job.status == S.DISPATCHING, job.status_reason
+    Job.objects.filter(pk=job.pk).update(status=S.RUNNING)  # setup, not under test
+    return Job.objects.get(pk=job.pk)
+
+
+def submit_all(client, run: Run) -> None:
+    """Launch through the API, one request after another, nothing else running here."""
+    started = time.perf_counter()
+    for number in range(JOBS_PER_RUN):
+        if time.perf_counter() - started > SECONDS_PER_RUN:
+            break
+        payload = {**LAUNCH, "name": f"bench-q{run.queued}-{number}"}
+        before = time.perf_counter()
+        response = client.post("/api/v1/jobs", payload, format="json")
+        run.submit_seconds.append(time.perf_counter() - before)
+        if response.status_code != 201 or response.data["status"] != S.DISPATCHING:
+            run.errors.append(f"submit {number}: {response.status_code} {response.data}")
+            continue
+        run.job_ids.append(response.data["id"])
+    run.submit_phase = time.perf_counter() - started
+
+
+def dispatch_all(run: Run) -> None:
+    """Run each admitted job's dispatch task in DISPATCHERS threads, as workers would."""
+    admitted: queue.Queue[int] = queue.Queue()
+    for job_id in run.job_ids:
+        admitted.put(job_id)
+    lock = threading.Lock()
+
+    def dispatcher() -> None:
+        try:
+            while True:
+                try:
+                    job_id = admitted.get_nowait()
+                except queue.Empty:
+                    return
+                result = tasks.job_dispatch_task.apply(args=[job_id])
+                if result.failed():
+                    with lock:
+                        run.errors.append(f"dispatch {job_id}: {result.result!r}")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=dispatcher, daemon=True) for _ in range(DISPATCHERS)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    run.dispatch_phase = time.perf_counter() - started
+
+
+@pytest.fixture
+def quiet_task_log():
+    """Celery logs every eager task run at INFO; that would bury the table under -s."""
+    trace_log = logging.getLogger("celery.app.trace")
+    level = trace_log.level
+    trace_log.setLevel(logging.WARNING)
+    yield
+    trace_log.setLevel(level)
+
+
+def test_dispatch_throughput_and_submit_latency_by_queue_length(cluster, world, quiet_task_log):
+    client = token_client(world.owner, world.tenant)
+    template = a100_blocker(world)
+    client.post("/api/v1/jobs", {**LAUNCH, "name": "warm-up"}, format="json")  # imports, caches
+    services.job_dispatch(job=Job.objects.get(name="warm-up"))
+
+    runs = []
+    for length in QUEUE_LENGTHS:
+        fill_queue(template, length)
+        run = Run(queued=length)
+        submit_all(client, run)
+        dispatch_all(run)
+        runs.append(run)
+
+    print()
+    print(
+        f"dispatch benchmark: API submit → Kubernetes Job created in the fake API server "
+        f"({connection.vendor}; up to {JOBS_PER_RUN} launches or {SECONDS_PER_RUN:.0f} s of "
+        f"submitting per row; {DISPATCHERS} dispatch threads)"
+    )
+    header = (
+        f"{'queued':>7} {'jobs':>5} {'submit p50':>11} {'submit p99':>11} "
+        f"{'submit/s':>9} {'dispatch/s':>10} {'end-to-end/s':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    for run in runs:
+        p50, p99 = percentile(run.submit_seconds, 50), percentile(run.submit_seconds, 99)
+        print(
+            f"{run.queued:>7} {len(run.job_ids):>5} {p50:>9.1f}ms {p99:>9.1f}ms "
+            f"{run.rate(run.submit_phase):>9.1f} {run.rate(run.dispatch_phase):>10.1f} "
+            f"{run.rate(run.submit_phase + run.dispatch_phase):>12.1f}"
+        )
+    print(
+        "submit: the API call alone (mean "
+        + ", ".join(f"{statistics.mean(r.submit_seconds) * 1000:.0f}" for r in runs)
+        + " ms); dispatch/s: task runs until the Jobs exist; end-to-end/s: launches ÷ "
+        "(submitting + dispatching), one after the other"
+    )
+
+    # Correctness only: every launch admitted, dispatched once, one Kubernetes Job each.
+    for run in runs:
+        assert not run.errors, run.errors[:5]
+        assert run.job_ids, f"nothing launched at queue length {run.queued}"
+        statuses = set(Job.objects.filter(pk__in=run.job_ids).values_list("status", flat=True))
+        assert statuses == {S.PROVISIONING}, statuses
+    kube_jobs = {
+        item["metadata"]["name"] for item in cluster.list("jobs", f"gg-t-{world.tenant.pk}")
+    }
+    expected = {f"gg-{job_id}-a1" for run in runs for job_id in run.job_ids}
+    assert expected <= kube_jobs
+    assert len(kube_jobs) == len(expected) + 1  # plus the warm-up's
