@@ -25,7 +25,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 DEFAULT_TIMEOUT_MS = 10_000
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: a running Playwright (sync API) keeps an event loop in the
+# main thread, which would break async_to_sync in the tests collected after these.
+@pytest.fixture(scope="module")
 def chromium_browser():
     if not Path(CHROMIUM).exists():
         pytest.skip(
