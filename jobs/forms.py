@@ -74,6 +74,11 @@ class LaunchForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
         help_text="Injected as environment variables of the same name.",
     )
+    expose_ports = forms.BooleanField(
+        label="Expose the image's ports (Jupyter, SSH)",
+        required=False,
+        help_text="Reachable through the job's Service (cluster) or on this host (local).",
+    )
     priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
     max_runtime_minutes = forms.IntegerField(
         label="Max runtime (minutes)", min_value=1, max_value=60 * 24 * 90, initial=60

@@ -96,6 +96,32 @@ def _validate_env(env: dict, field_name: str) -> dict[str, str]:
     return clean
 
 
+PORT_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,13}[a-z0-9])?$")
+
+
+def _validate_ports(ports) -> None:
+    """Ports to expose (Jupyter, SSH…): [{"name": "jupyter", "port": 8888}], at most 8."""
+    if not isinstance(ports, list) or len(ports) > 8:
+        raise _invalid("Ports are a list of at most 8 {name, port} objects.", "ports")
+    names, numbers = set(), set()
+    for port in ports:
+        if not isinstance(port, dict) or set(port) != {"name", "port"}:
+            raise _invalid('Each port is {"name": "jupyter", "port": 8888}.', "ports")
+        name, number = port["name"], port["port"]
+        if not isinstance(name, str) or not PORT_NAME_RE.match(name):
+            raise _invalid(
+                f"Port name “{name}”: lower-case letters, digits and -, up to 15.", "ports"
+            )
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
+            raise _invalid(f"Port {number!r} is not a TCP port number.", "ports")
+        if number == 29500 or name in names or number in numbers:
+            raise _invalid(
+                f"Port {name}/{number} clashes with another (29500 is rendezvous).", "ports"
+            )
+        names.add(name)
+        numbers.add(number)
+
+
 def spot_nodes_for(nodes: int, spot_ratio: Decimal) -> int:
     """round(nodes × ratio), halves up: a single node goes to spot at ratio ≥ 0.5."""
     return int((Decimal(nodes) * Decimal(spot_ratio)).quantize(Decimal(1), ROUND_HALF_UP))
@@ -161,6 +187,7 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
         )
     _validate_env(spec.env, "env")
     _validate_env(spec.secret_env, "secret_env")
+    _validate_ports(spec.ports)
     overlap = set(spec.env) & set(spec.secret_env)
     if overlap:
         raise _invalid(f"{', '.join(sorted(overlap))} is both plain and secret.", "secret_env")

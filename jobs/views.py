@@ -94,6 +94,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             checkpoint_path=data["checkpoint_path"],
             auto_release=data["auto_release"],
             secrets=data["secrets"],
+            ports=list(data["image"].ports) if data["expose_ports"] else [],
         )
         try:
             job = services.job_submit(

@@ -61,6 +61,12 @@ class JobCreateSerializer(serializers.Serializer):
         max_length=400, required=False, default="", allow_blank=True
     )
     auto_release = serializers.BooleanField(default=True)
+    ports = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        default=list,
+        help_text='Ports to expose, e.g. [{"name": "jupyter", "port": 8888}]',
+    )
     secrets = serializers.ListField(
         child=serializers.CharField(max_length=100),
         required=False,

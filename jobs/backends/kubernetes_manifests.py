@@ -315,7 +315,8 @@ def service_manifest(job: Job) -> dict:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {JOB_LABEL: str(job.pk)},
-            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "protocol": "TCP"}],
+            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "protocol": "TCP"}]
+            + [{"name": p["name"], "port": p["port"], "protocol": "TCP"} for p in job.ports],
         },
     }
 
@@ -467,6 +468,10 @@ def job_manifest(job: Job, tier: str, nodes: int, offset: int, *, resumed: bool 
             {"name": "home", "mountPath": HOME},
         ],
     }
+    if job.ports:  # e.g. Jupyter or SSH, reachable through the job's Service
+        container["ports"] = [
+            {"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in job.ports
+        ]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "subdomain": service_name(job),
