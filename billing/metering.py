@@ -206,9 +206,12 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
             first = next((e.at for e in events if e.to_status in BILLED), job.started_at or now)
             meter = JobMeter(job=job, metered_until=first, open=True)
             new_meters.append(meter)
-        spans = billed_spans(events, meter.metered_until, now)
-        records.extend(_records_for(job, spans, book))
         still_billed = job.status in BILLED
+        # A job that ended after this tick's clock was read (while we waited for its row
+        # lock) is billed to its real end, not cut at `now`.
+        until = now if still_billed or not events else max(now, events[-1].at)
+        spans = billed_spans(events, meter.metered_until, until)
+        records.extend(_records_for(job, spans, book))
         meter.metered_until = (
             now if still_billed else max([meter.metered_until, *[s.end for s in spans]])
         )

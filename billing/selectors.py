@@ -101,10 +101,10 @@ def _key(value) -> str:
 
 def usage_rows(*, tenant, query: CostQuery) -> list[dict]:
     """{key, gpu_seconds, cpu_seconds, amount, on_demand_amount, currency} per group."""
+    rows = _rollups(tenant, query)  # validates the query, group_by included
     field = GROUP_BY[query.group_by]
     rows = (
-        _rollups(tenant, query)
-        .values(field, "currency")
+        rows.values(field, "currency")
         .annotate(
             gpu_seconds=Sum("gpu_seconds"),
             cpu_seconds=Sum("cpu_seconds"),
@@ -130,6 +130,7 @@ def usage_rows(*, tenant, query: CostQuery) -> list[dict]:
 
 def daily_by_group(*, tenant, query: CostQuery) -> tuple[list[str], dict[str, list[Decimal]]]:
     """Days of the range and, per group, the cost of each day (zeros filled in)."""
+    rollups = _rollups(tenant, query)  # validates the query, group_by included
     field = GROUP_BY[query.group_by]
     days = []
     day = query.start
@@ -138,7 +139,7 @@ def daily_by_group(*, tenant, query: CostQuery) -> tuple[list[str], dict[str, li
         day += timedelta(days=1)
     series: dict[str, list[Decimal]] = defaultdict(lambda: [Decimal(0)] * len(days))
     index = {d: i for i, d in enumerate(days)}
-    for row in _rollups(tenant, query).values("bucket_start", field).annotate(amount=Sum("amount")):
+    for row in rollups.values("bucket_start", field).annotate(amount=Sum("amount")):
         series[_key(row[field])][index[_key(row["bucket_start"])]] += row["amount"]
     return days, dict(sorted(series.items()))
 

@@ -394,7 +394,11 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
             .exclude(priority=Priority.CRITICAL)
         ):
             try:
-                paused.append(job_pause(job=job, actor="budget", reason=reason, by_budget=True))
+                paused.append(
+                    job_pause(
+                        job=job, actor="budget", reason=reason, by_budget=True, quiet_if_done=False
+                    )
+                )
             except ServiceError:
                 continue  # it finished or changed meanwhile
             audit_record(

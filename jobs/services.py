@@ -640,11 +640,20 @@ class ActionRefused(ServiceError):
 
 
 def job_pause(
-    *, job: Job, actor: str, reason: str = "paused by user", by_budget: bool = False
+    *,
+    job: Job,
+    actor: str,
+    reason: str = "paused by user",
+    by_budget: bool = False,
+    quiet_if_done: bool = True,
 ) -> Job:
+    """Pause a running job. Repeating is a no-op, unless `quiet_if_done` is False (then it
+    refuses, so a caller such as the budget can tell it didn't make the pause)."""
     job.refresh_from_db()
     if job.status in (S.PAUSING, S.PAUSED):
-        return job
+        if quiet_if_done:
+            return job
+        raise ActionRefused(f"The job is already {job.status}.")
     if job.status not in (S.RUNNING, S.PROVISIONING):
         raise ActionRefused(f"Only a running job can be paused; this one is {job.status}.")
     with transaction.atomic():

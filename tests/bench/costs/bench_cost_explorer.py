@@ -1,0 +1,168 @@
+"""Cost Explorer response time for a tenant with 12 months × 500 jobs of usage (target:
+p99 < 200 ms). Prints p50 / p99 per request; asserts only that each answered 200.
+
+The usage is written straight into the daily rollups the explorer reads (one row per job
+per day: 365 × 500 = 182,500 rows, over ten GPU types and CPU, two tiers, three regions);
+hourly rows are left out, as the explorer never reads them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from datetime import time as clock
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from billing.models import UsageRollup
+from tests.conftest import signed_in_client, token_client
+
+DAYS = 365
+JOBS = 500
+REQUESTS = 30
+WARM_UP = 2
+# A slow case stops early (after at least MIN_REQUESTS), so the benchmark stays bounded.
+CASE_BUDGET_S = 20
+MIN_REQUESTS = 5
+GPU_TYPES = [
+    "h100-80gb",
+    "h200-141gb",
+    "a100-80gb",
+    "a100-40gb",
+    "l40s",
+    "l4",
+    "rtx-4090",
+    "mi300x",
+    "mi250",
+    "ascend-910b",
+    "cpu",
+]
+REGIONS = ["us-west", "us-east", "eu-central"]
+
+
+def seed_rollups(tenant, today) -> int:
+    rows = []
+    for job in range(JOBS):
+        gpu_type = GPU_TYPES[job % len(GPU_TYPES)]
+        tier = "spot" if job % 3 == 0 else "on_demand"
+        hours = Decimal(1 + job % 8)
+        amount = hours * Decimal("2.99") * (Decimal("0.45") if tier == "spot" else 1)
+        for day in range(DAYS):
+            rows.append(
+                UsageRollup(
+                    tenant=tenant,
+                    bucket="day",
+                    bucket_start=datetime.combine(today - timedelta(days=day), clock.min, UTC),
+                    job_ref=1_000_000 + job,
+                    job_name=f"job-{job:03d}",
+                    project=f"project-{job % 10}",
+                    gpu_type=gpu_type,
+                    tier=tier,
+                    region=REGIONS[job % len(REGIONS)],
+                    gpu_seconds=Decimal(0) if gpu_type == "cpu" else hours * 3600,
+                    cpu_seconds=hours * 3600 if gpu_type == "cpu" else Decimal(0),
+                    amount=amount.quantize(Decimal("0.000000001")),
+                    on_demand_amount=(hours * Decimal("2.99")).quantize(Decimal("0.000000001")),
+                    currency="USD",
+                )
+            )
+    UsageRollup.objects.bulk_create(rows, batch_size=5_000)
+    return len(rows)
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    cuts = statistics.quantiles(samples, n=100, method="inclusive")
+    return statistics.median(samples), cuts[98]
+
+
+@pytest.fixture
+def tenant_with_a_year(bench_world):
+    today = timezone.now().astimezone(UTC).date()
+    started = time.perf_counter()
+    count = seed_rollups(bench_world.tenant, today)
+    print(
+        f"\n[bench costs] {connection.vendor}: {count:,} daily rollup rows "
+        f"({DAYS} days × {JOBS} jobs) written in {time.perf_counter() - started:.1f} s"
+    )
+    return bench_world, today
+
+
+def test_cost_explorer_response_time(tenant_with_a_year):
+    world, today = tenant_with_a_year
+    year_ago = (today - timedelta(days=DAYS - 1)).isoformat()
+    page = signed_in_client(world.member, world.tenant)
+    api = token_client(world.member, world.tenant)
+    cases = [
+        ("page: this month by GPU type", page, "/billing/costs/", {}, {}),
+        (
+            "page: last 30 days by tier (htmx)",
+            page,
+            "/billing/costs/",
+            {"range": "last_30_days", "group_by": "tier"},
+            {"HTTP_HX_REQUEST": "true"},
+        ),
+        (
+            "page: last 90 days by job (500 traces)",
+            page,
+            "/billing/costs/",
+            {"range": "last_90_days", "group_by": "job"},
+            {},
+        ),
+        (
+            "page: 12 months by GPU type",
+            page,
+            "/billing/costs/",
+            {"range": "custom", "start": year_ago, "end": today.isoformat()},
+            {},
+        ),
+        (
+            "CSV: 12 months by job",
+            page,
+            "/billing/costs/export.csv",
+            {"range": "custom", "start": year_ago, "end": today.isoformat(), "group_by": "job"},
+            {},
+        ),
+        (
+            "API usage: 12 months by job",
+            api,
+            "/api/v1/usage",
+            {"start": year_ago, "end": today.isoformat(), "group_by": "job"},
+            {},
+        ),
+        (
+            "API usage: 12 months by day",
+            api,
+            "/api/v1/usage",
+            {"start": year_ago, "end": today.isoformat(), "group_by": "day"},
+            {},
+        ),
+        ("API costs summary", api, "/api/v1/costs/summary", {}, {}),
+    ]
+    lines = []
+    for name, client, url, params, headers in cases:
+        samples: list[float] = []
+        case_started = time.perf_counter()
+        for n in range(WARM_UP + REQUESTS):
+            if len(samples) >= MIN_REQUESTS and time.perf_counter() - case_started > CASE_BUDGET_S:
+                break
+            with CaptureQueriesContext(connection) as queries:
+                started = time.perf_counter()
+                response = client.get(url, params, **headers)
+                elapsed = time.perf_counter() - started
+            assert response.status_code == 200, (name, response.status_code)
+            if n >= WARM_UP:
+                samples.append(elapsed * 1000)
+        p50, p99 = percentiles(samples)
+        lines.append(
+            f"  {name:<42} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  n={len(samples):<2} "
+            f"({len(queries.captured_queries)} queries, {len(response.content) / 1024:.0f} KiB)"
+        )
+    print(
+        f"\n[bench costs] {connection.vendor}: Cost Explorer, up to {REQUESTS} requests each "
+        f"(Django test client, in-process):\n" + "\n".join(lines)
+    )

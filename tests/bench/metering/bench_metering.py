@@ -1,0 +1,123 @@
+"""Metering tick time for 100 / 1,000 / 10,000 running jobs (target: 10,000 in < 1 s on
+PostgreSQL). Prints figures; asserts only that the ledger was written.
+
+Half the jobs are 8-GPU H100 jobs with one of two nodes on spot (two records per
+interval), half 4-vCPU CPU jobs. Each size meters a first tick (creating the jobs' meters),
+then steady ticks 30 s apart (the production interval).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from billing.metering import meter_tick
+from billing.models import UsageRecord, UsageRollup
+from jobs.models import Job, JobEvent, JobStatus
+from marketplace.models import GpuType, Image, NodePool, Region
+
+SIZES = [100, 1_000, 10_000]
+STEADY_TICKS = 2
+INTERVAL = timedelta(seconds=30)
+
+
+def create_running_jobs(world, count: int, since) -> None:
+    """`count` running jobs and their `running` events, in a few bulk inserts."""
+    region = Region.objects.get(slug="us-west")
+    h100 = GpuType.objects.get(slug="h100-80gb")
+    gpu_image = Image.objects.get(slug="pytorch-2-5-cuda12-4", tenant=None)
+    cpu_image = Image.objects.get(slug="python-3.11", tenant=None)
+    pools = {
+        (p.gpu_type_id, p.tier): p
+        for p in NodePool.objects.filter(region=region, backend="kubernetes")
+    }
+    jobs = []
+    for n in range(count):
+        gpu = n % 2 == 0
+        jobs.append(
+            Job(
+                tenant=world.tenant,
+                created_by=world.member,
+                name=f"bench-{n:05d}",
+                project=f"p{n % 7}",
+                image=gpu_image if gpu else cpu_image,
+                image_reference="bench",
+                command=["python", "train.py"],
+                gpu_type=h100 if gpu else None,
+                gpus_per_node=8 if gpu else 0,
+                cpus=26 if gpu else 4,
+                nodes=2 if gpu else 1,
+                region=region,
+                spot_ratio=Decimal("0.5") if gpu else Decimal(0),
+                backend="kubernetes",
+                pool=pools[(h100.pk if gpu else None, "on_demand")],
+                spot_pool=pools[(h100.pk, "spot")] if gpu else None,
+                on_demand_nodes=1,
+                spot_nodes=1 if gpu else 0,
+                status=JobStatus.RUNNING,
+                status_changed_at=since,
+                created_at=since - timedelta(minutes=1),
+                started_at=since,
+            )
+        )
+    Job.objects.bulk_create(jobs, batch_size=2_000)
+    ids = list(Job.objects.filter(tenant=world.tenant).values_list("pk", flat=True))
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(
+                job_id=pk,
+                at=since,
+                from_status=JobStatus.PROVISIONING,
+                to_status=JobStatus.RUNNING,
+                actor="backend",
+                attempt=1,
+            )
+            for pk in ids
+        ],
+        batch_size=2_000,
+    )
+
+
+def timed_tick(now) -> tuple[float, float, int]:
+    """Wall-clock seconds, this process's CPU seconds, and the number of queries."""
+    with CaptureQueriesContext(connection) as queries:
+        started, cpu = time.perf_counter(), time.process_time()
+        meter_tick(now=now)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return elapsed, cpu, len(queries.captured_queries)
+
+
+@pytest.mark.parametrize("count", SIZES, ids=lambda n: f"{n}-jobs")
+def test_metering_tick_time(bench_world, count):
+    since = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    started = time.perf_counter()
+    create_running_jobs(bench_world, count, since)
+    setup = time.perf_counter() - started
+
+    first, _, first_queries = timed_tick(since + INTERVAL)
+    steady, steady_cpu = [], []
+    for n in range(2, STEADY_TICKS + 2):
+        seconds, cpu, queries = timed_tick(since + INTERVAL * n)
+        steady.append(seconds)
+        steady_cpu.append(cpu)
+    records = UsageRecord.objects.filter(tenant=bench_world.tenant).count()
+    # 1.5 records per job per tick: GPU jobs have an on-demand and a spot record.
+    assert records == count * 3 // 2 * (STEADY_TICKS + 1)
+    assert UsageRollup.objects.filter(tenant=bench_world.tenant).exists()
+
+    print(
+        f"\n[bench metering] {connection.vendor}, {count:>6,} running jobs: "
+        f"first tick {first * 1000:8.1f} ms ({first_queries} queries), "
+        f"steady tick median {statistics.median(steady) * 1000:8.1f} ms / "
+        f"max {max(steady) * 1000:8.1f} ms ({queries} queries, "
+        f"{statistics.median(steady_cpu) * 1000:.0f} ms CPU in Python), "
+        f"{statistics.median(steady) / count * 1e6:6.1f} µs per job; "
+        f"setup {setup:.1f} s"
+    )

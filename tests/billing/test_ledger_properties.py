@@ -1,0 +1,408 @@
+"""Ledger invariants under any sequence of lifecycle events, price changes and ticks.
+
+A hypothesis rule-based state machine drives two jobs (a 2-vCPU CPU job and a 2-node
+H100 job with one node on spot) through start, pause, resume,
+preemption (a new attempt), finish, price-book changes and metering ticks (on time,
+duplicated, missed), while time moves forward by random amounts. The test keeps its own
+model of each job's billed time (running and pausing; queueing, paused and resuming time
+are free) and, after every step, checks the ledger against it:
+
+- each record's amount is quantize(seconds × unit price / 3600, 1e-9), its unit price
+  that of the price version in force at its start (less the tenant's discount), and the
+  database's Σ amount equals the exact Decimal sum;
+- a job's records cover exactly its billed time up to the last tick, per attempt and
+  tier: no overlap, no gap, never across an hour boundary or a price change;
+- no (job_ref, attempt, tier, interval_start) twice; every money value is a Decimal;
+- the hourly and daily rollups equal the sums of the records, and `rollups_rebuild`
+  (checked at teardown, after a final tick) reproduces them.
+
+Each example runs inside a savepoint that teardown rolls back, so examples share only the
+catalog and the tenant.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Sum
+from django.test import override_settings
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from billing.metering import meter_tick, rollups_rebuild
+from billing.models import AMOUNT_QUANTUM, UsageRecord, UsageRollup
+from jobs.models import Job, JobEvent
+from jobs.services import JobSpec, job_submit
+from marketplace.models import PriceEntry, PriceVersion, TenantPricing
+from tests.billing.conftest import S, make_job, set_status
+
+SECONDS_QUANTUM = Decimal("0.001")
+HUNDRED = Decimal(100)
+DISCOUNT = Decimal("12.50")
+BILLED = {S.RUNNING, S.PAUSING}
+ROLLUP_FIELDS = ("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")
+
+
+def cpu_job(world, *, name: str):
+    """2 vCPUs on the demo Kubernetes CPU pool in us-west (whatever this host's size)."""
+    with override_settings(COMPUTE_BACKENDS=["kubernetes"]):
+        return job_submit(
+            tenant=world.tenant,
+            user=world.member,
+            spec=JobSpec(
+                name=name, image="python-3.11", command=["true"], cpus=2, region="us-west"
+            ),
+        )
+
+
+def gpu_job(world, *, name: str):
+    """2 × 1 H100 in us-west, one node on spot: two tiers, so two records per interval."""
+    with override_settings(COMPUTE_BACKENDS=["kubernetes"]):
+        return job_submit(
+            tenant=world.tenant,
+            user=world.member,
+            spec=JobSpec(
+                name=name,
+                image="pytorch-2-5-cuda12-4",
+                command=["python", "train.py"],
+                nodes=2,
+                gpus_per_node=1,
+                gpu_type="h100-80gb",
+                region="us-west",
+                spot_ratio=Decimal("0.5"),
+            ),
+        )
+
+
+def merged(intervals) -> list[tuple[datetime, datetime]]:
+    """Sorted, non-empty intervals with touching ones joined."""
+    out: list[list[datetime]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            assert start == out[-1][1], f"overlap at {start} (previous ends {out[-1][1]})"
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+class ModelJob:
+    """What the test knows about one job: its status, attempt and billed spans."""
+
+    def __init__(self, job, units: dict[str, int]):
+        self.job = job
+        self.units = units  # tier -> GPUs (or vCPUs) on that tier
+        self.status = S.QUEUED
+        self.attempt = job.attempt
+        self.spans: list[list] = []  # [start, end | None, attempt]
+
+    def move(self, to: str, at: datetime, attempt: int | None = None) -> None:
+        was_billed = self.status in BILLED
+        set_status(self.job, to, at, attempt=attempt)
+        if attempt:
+            self.attempt = attempt
+        if to in BILLED and not was_billed:
+            self.spans.append([at, None, self.attempt])
+        elif to not in BILLED and was_billed:
+            self.spans[-1][1] = at
+        self.status = to
+
+    def billed_until(self, until: datetime | None) -> dict[tuple[int, str], list]:
+        """Expected coverage per (attempt, tier) up to `until` (the last tick)."""
+        if until is None:
+            return {}
+        by_attempt: dict[int, list] = defaultdict(list)
+        for start, end, attempt in self.spans:
+            end = until if end is None else min(end, until)
+            if end > start:
+                by_attempt[attempt].append((start, end))
+        return {
+            (attempt, tier): merged(spans)
+            for attempt, spans in by_attempt.items()
+            for tier in self.units
+            if merged(spans)
+        }
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self, world, start: datetime, job_ids: list[int]):
+        super().__init__()
+        self.world = world
+        self.now = start
+        self.last_tick: datetime | None = None
+        # Everything this example writes is rolled back at teardown.
+        self.atomic = transaction.atomic()
+        self.atomic.__enter__()
+        cpu, gpu = (Job.objects.select_related("pool").get(pk=pk) for pk in job_ids)
+        self.jobs = [ModelJob(cpu, {"on_demand": 2}), ModelJob(gpu, {"on_demand": 1, "spot": 1})]
+        self.versions = list(PriceVersion.objects.order_by("effective_from", "pk"))
+        self.prices = {
+            (e.version_id, e.gpu_type_id, e.region_id): e.on_demand_price
+            for e in PriceEntry.objects.all()
+        }
+
+    # --- time and ticks ---
+
+    @rule(seconds=st.integers(min_value=1, max_value=3 * 3600), micros=st.integers(0, 999_999))
+    def time_passes_without_a_tick(self, seconds, micros):
+        """Time moves on; no tick runs (a missed tick is caught up by the next one)."""
+        self.now += timedelta(seconds=seconds, microseconds=micros)
+
+    @rule()
+    def tick(self):
+        meter_tick(now=self.now)
+        self.last_tick = self.now
+
+    @rule()
+    def duplicate_tick(self):
+        """A retried or doubly delivered tick: the same tick twice writes nothing twice."""
+        meter_tick(now=self.now)
+        meter_tick(now=self.now)
+        self.last_tick = self.now
+
+    @rule(
+        factor=st.sampled_from(["0.5", "0.913", "1", "1.25", "2", "3.7"]),
+        spot_discount=st.sampled_from(["30", "55", "70"]),
+    )
+    def price_change(self, factor, spot_discount):
+        """A new price-book version effective now, with other prices."""
+        current = self.versions[-1]
+        version = PriceVersion.objects.create(
+            currency="USD",
+            effective_from=self.now,
+            spot_discount_percent=Decimal(spot_discount),
+            reserved_1m_discount_percent=current.reserved_1m_discount_percent,
+            reserved_3m_discount_percent=current.reserved_3m_discount_percent,
+            reserved_12m_discount_percent=current.reserved_12m_discount_percent,
+        )
+        entries = [
+            PriceEntry(
+                version=version,
+                gpu_type_id=e.gpu_type_id,
+                region_id=e.region_id,
+                on_demand_price=(e.on_demand_price * Decimal(factor)).quantize(Decimal("0.000001")),
+            )
+            for e in current.entries.all()
+        ]
+        PriceEntry.objects.bulk_create(entries)
+        self.versions.append(version)
+        self.prices.update(
+            {(version.pk, e.gpu_type_id, e.region_id): e.on_demand_price for e in entries}
+        )
+
+    # --- the job lifecycle ---
+
+    def _with(self, *statuses: str) -> list[ModelJob]:
+        return [job for job in self.jobs if job.status in statuses]
+
+    def _pick(self, index: int, *statuses: str) -> ModelJob:
+        candidates = self._with(*statuses)
+        return candidates[index % len(candidates)]
+
+    @precondition(lambda self: self._with(S.QUEUED, S.RESUMING))
+    @rule(index=st.integers(0, 1))
+    def start(self, index):
+        """Queued (a first or a new attempt) or resuming → running."""
+        self._pick(index, S.QUEUED, S.RESUMING).move(S.RUNNING, self.now)
+
+    @precondition(lambda self: self._with(S.RUNNING))
+    @rule(index=st.integers(0, 1))
+    def pause(self, index):
+        self._pick(index, S.RUNNING).move(S.PAUSING, self.now)
+
+    @precondition(lambda self: self._with(S.PAUSING))
+    @rule(index=st.integers(0, 1))
+    def suspended(self, index):
+        """The backend released the compute of a pausing job."""
+        self._pick(index, S.PAUSING).move(S.PAUSED, self.now)
+
+    @precondition(lambda self: self._with(S.PAUSED))
+    @rule(index=st.integers(0, 1))
+    def resume(self, index):
+        self._pick(index, S.PAUSED).move(S.RESUMING, self.now)
+
+    @precondition(lambda self: self._with(S.RUNNING))
+    @rule(index=st.integers(0, 1))
+    def preempt(self, index):
+        """Spot capacity reclaimed: the attempt ends and the job queues as a new attempt."""
+        job = self._pick(index, S.RUNNING)
+        job.move(S.PREEMPTED, self.now)
+        job.move(S.QUEUED, self.now, attempt=job.attempt + 1)
+
+    @precondition(lambda self: self._with(S.RUNNING, S.PAUSING, S.QUEUED, S.PAUSED))
+    @rule(index=st.integers(0, 1), outcome=st.sampled_from([S.SUCCEEDED, S.FAILED]))
+    def finish(self, index, outcome):
+        """Ends at its real time: succeeded or failed if it held compute, else cancelled."""
+        job = self._pick(index, S.RUNNING, S.PAUSING, S.QUEUED, S.PAUSED)
+        job.move(outcome if job.status in BILLED else S.CANCELLED, self.now)
+
+    # --- invariants ---
+
+    def _records(self) -> list[UsageRecord]:
+        return list(
+            UsageRecord.objects.filter(tenant=self.world.tenant)
+            .select_related("gpu_type", "region")
+            .order_by("pk")
+        )
+
+    def _version_at(self, at: datetime) -> PriceVersion | None:
+        found = None
+        for version in self.versions:  # sorted by (effective_from, pk)
+            if version.effective_from <= at:
+                found = version
+        return found
+
+    @invariant()
+    def ledger_is_consistent(self):
+        records = self._records()
+        self.check_amounts(records)
+        self.check_coverage(records)
+        assert self._rollups() == self._rollups_from(records)
+
+    def check_amounts(self, records: list[UsageRecord]) -> None:
+        """Exact Decimal amounts at the price in force, never across an hour or a change."""
+        by_pk = {v.pk: v for v in self.versions}
+        change_points = {v.effective_from for v in self.versions}
+        for r in records:
+            for value in (r.amount, r.on_demand_amount, r.unit_price, r.gpu_seconds):
+                assert isinstance(value, Decimal), (r, value)
+            assert isinstance(r.cpu_seconds, Decimal)
+            seconds = r.gpu_seconds if r.gpu_type_id else r.cpu_seconds
+            assert (r.cpu_seconds if r.gpu_type_id else r.gpu_seconds) == 0
+            expected_seconds = (
+                Decimal(str((r.interval_end - r.interval_start).total_seconds())) * r.units
+            ).quantize(SECONDS_QUANTUM)
+            assert seconds == expected_seconds, r
+            assert r.amount == (seconds * r.unit_price / 3600).quantize(AMOUNT_QUANTUM), r
+            # The version in force at the interval's start, the tier's price, less discount.
+            version = self._version_at(r.interval_start)
+            assert r.price_version_id == version.pk, (r, r.price_version_id, version.pk)
+            od = self.prices[(version.pk, r.gpu_type_id, r.region_id)]
+            spot_discount = by_pk[version.pk].spot_discount_percent
+            tier_price = od * (HUNDRED - spot_discount) / HUNDRED if r.tier == "spot" else od
+            assert r.unit_price == (tier_price * (HUNDRED - DISCOUNT) / HUNDRED).quantize(
+                AMOUNT_QUANTUM
+            ), r
+            on_demand = od * (HUNDRED - DISCOUNT) / HUNDRED
+            assert r.on_demand_amount == (seconds * on_demand / 3600).quantize(AMOUNT_QUANTUM)
+            assert (r.discount_percent, r.note, r.currency) == (DISCOUNT, "", "USD")
+            next_hour = r.interval_start.replace(minute=0, second=0, microsecond=0) + timedelta(
+                hours=1
+            )
+            assert r.interval_end <= next_hour, r
+            assert not any(r.interval_start < p < r.interval_end for p in change_points), r
+
+    def check_coverage(self, records: list[UsageRecord]) -> None:
+        """Per job, attempt and tier: exactly the billed time up to the last tick."""
+        keys = [(r.job_ref, r.attempt, r.tier, r.interval_start) for r in records]
+        assert len(keys) == len(set(keys)), "a (job, attempt, tier, start) twice"
+        for job in self.jobs:
+            got: dict[tuple[int, str], list] = defaultdict(list)
+            for r in records:
+                if r.job_ref == job.job.pk:
+                    assert (r.job_name, r.project) == (job.job.name, job.job.project)
+                    got[(r.attempt, r.tier)].append((r.interval_start, r.interval_end))
+            actual = {key: merged(spans) for key, spans in got.items()}
+            assert actual == job.billed_until(self.last_tick), (job.job.name, job.spans)
+
+    def _rollups(self) -> dict[tuple, tuple]:
+        return {
+            (row.bucket, row.bucket_start, row.job_ref, row.gpu_type, row.tier, row.region): tuple(
+                getattr(row, f) for f in ROLLUP_FIELDS
+            )
+            for row in UsageRollup.objects.filter(tenant=self.world.tenant)
+        }
+
+    @staticmethod
+    def _rollups_from(records: list[UsageRecord]) -> dict[tuple, tuple]:
+        sums: dict[tuple, list[Decimal]] = {}
+        for r in records:
+            hour = r.interval_start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+            gpu = r.gpu_type.slug if r.gpu_type_id else "cpu"
+            for bucket, start in (("hour", hour), ("day", hour.replace(hour=0))):
+                row = sums.setdefault(
+                    (bucket, start, r.job_ref, gpu, r.tier, r.region.slug), [Decimal(0)] * 4
+                )
+                for i, field in enumerate(ROLLUP_FIELDS):
+                    row[i] += getattr(r, field)
+        return {key: tuple(values) for key, values in sums.items()}
+
+    def teardown(self):
+        try:
+            if sys.exc_info()[0] is None:  # not after a failure: that one is the report
+                self.now += timedelta(seconds=1)
+                self.tick()
+                self.ledger_is_consistent()
+                records = self._records()
+                exact = sum((r.amount for r in records), Decimal(0))
+                in_database = UsageRecord.objects.filter(tenant=self.world.tenant).aggregate(
+                    s=Sum("amount")
+                )["s"] or Decimal(0)
+                assert isinstance(in_database, Decimal) and in_database == exact
+                before = self._rollups()
+                rollups_rebuild(tenant_id=self.world.tenant.pk)
+                assert self._rollups() == before
+        finally:
+            transaction.set_rollback(True)
+            self.atomic.__exit__(None, None, None)
+
+
+def test_ledger_invariants_hold_under_any_lifecycle(world, catalog):
+    TenantPricing.objects.create(tenant=world.tenant, discount_percent=DISCOUNT)
+    first = PriceVersion.objects.order_by("effective_from").first()
+    # A day into the price book, at an odd minute so that hour boundaries fall inside spans.
+    start = (first.effective_from + timedelta(days=1)).replace(minute=37, second=11, microsecond=0)
+    cpu = cpu_job(world, name="cpu-job")
+    gpu = gpu_job(world, name="gpu-job")
+    assert (gpu.on_demand_nodes, gpu.spot_nodes, gpu.pool.tier) == (1, 1, "on_demand")
+    # Submission wrote events at the wall clock: put them before the examples' start.
+    JobEvent.objects.filter(job__in=[cpu, gpu]).update(at=start - timedelta(seconds=5))
+    run_state_machine_as_test(
+        lambda: LedgerMachine(world, start, [cpu.pk, gpu.pk]),
+        settings=hypothesis_settings(stateful_step_count=15, deadline=None),
+    )
+
+
+def test_a_price_book_gap_is_recorded_at_zero_with_the_reason(world, catalog, caplog):
+    first = PriceVersion.objects.order_by("effective_from").first()
+    start = first.effective_from - timedelta(minutes=10)
+    job = make_job(world, name="early", cpus=1)
+    JobEvent.objects.filter(job=job).update(at=start - timedelta(seconds=5))
+    set_status(job, S.RUNNING, start)
+    meter_tick(now=first.effective_from + timedelta(minutes=5))
+    gap, priced = UsageRecord.objects.filter(job_ref=job.pk).order_by("interval_start")
+    assert (gap.interval_start, gap.interval_end) == (start, first.effective_from)
+    assert gap.amount == gap.unit_price == 0 and gap.price_version_id is None
+    assert gap.cpu_seconds == Decimal("600.000")  # the usage itself is kept
+    assert "no price for CPU in local" in gap.note
+    assert "price book gap" in caplog.text
+    assert priced.price_version_id == first.pk and priced.amount > 0
+
+
+def test_a_tick_whose_clock_is_older_than_a_job_end_still_bills_the_tail(world, catalog):
+    first = PriceVersion.objects.order_by("effective_from").first()
+    start = first.effective_from + timedelta(days=1)
+    job = make_job(world, name="racing", cpus=1)
+    JobEvent.objects.filter(job=job).update(at=start - timedelta(seconds=5))
+    set_status(job, S.RUNNING, start)
+    meter_tick(now=start + timedelta(seconds=30))
+    # The job ends at +100 s; the next tick read the clock at +60 s and then waited for the
+    # job's row lock (held by that transition), so it sees the end with an older `now`.
+    set_status(job, S.SUCCEEDED, start + timedelta(seconds=100))
+    meter_tick(now=start + timedelta(seconds=60))
+    meter_tick(now=start + timedelta(seconds=200))
+    billed = UsageRecord.objects.filter(job_ref=job.pk).aggregate(s=Sum("cpu_seconds"))["s"]
+    assert billed == Decimal(100)
