@@ -58,6 +58,7 @@ class BudgetForm(forms.Form):
     )
     webhook_url = forms.URLField(
         required=False,
+        assume_scheme="https",
         label="Webhook URL (optional)",
         help_text="Signed with X-GpuGeek-Signature (HMAC-SHA256)",
     )
