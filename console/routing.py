@@ -1,7 +1,9 @@
 """WebSocket routes of every app, collected in one list for asgi.py."""
 
 from channels.generic.websocket import WebsocketConsumer
-from django.urls import re_path
+from django.urls import path, re_path
+
+from jobs.consumers import JobConsumer, TenantConsumer
 
 
 class UnknownRouteConsumer(WebsocketConsumer):
@@ -12,5 +14,8 @@ class UnknownRouteConsumer(WebsocketConsumer):
 
 
 websocket_urlpatterns: list = [
+    path("ws/jobs/<int:job_id>/", JobConsumer.as_asgi()),
+    path("ws/tenant/", TenantConsumer.as_asgi()),
+    # Keep last: anything else is refused.
     re_path(r"", UnknownRouteConsumer.as_asgi()),
 ]

@@ -260,6 +260,8 @@ LOCAL_JOB_USER = env_str("LOCAL_JOB_USER", "")
 # Seconds between SIGTERM and SIGKILL when pausing, cancelling or preempting a job.
 JOB_TERMINATION_GRACE_SECONDS = env_int("JOB_TERMINATION_GRACE_SECONDS", 30)
 WATCHER_INTERVAL = env_int("WATCHER_INTERVAL", 2)
+PROMETHEUS_URL = env_str("PROMETHEUS_URL", "")  # DCGM exporter metrics of Kubernetes jobs
+LOG_ARCHIVE_DIR = env_str("LOG_ARCHIVE_DIR", "")  # default: <data dir>/log-archive
 JOB_NOTIFICATION_EMAILS = env_bool("JOB_NOTIFICATION_EMAILS", True)
 
 # --- Celery ----
@@ -289,6 +291,12 @@ WEBHOOK_SIGNING_SECRET = env_str("WEBHOOK_SIGNING_SECRET", "")
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "meter-tick": {"task": "billing.tasks.meter_tick_task", "schedule": float(METERING_INTERVAL)},
     "jobs-reconcile": {"task": "jobs.tasks.jobs_reconcile_task", "schedule": 30.0},
+    "metrics-collect": {
+        "task": "jobs.tasks.metrics_collect_task",
+        "schedule": float(env_int("METRICS_INTERVAL", 5)),
+    },
+    "metrics-downsample": {"task": "jobs.tasks.metrics_downsample_task", "schedule": 600.0},
+    "logs-archive": {"task": "jobs.tasks.logs_archive_task", "schedule": 60.0},
     "capacity-sync": {
         "task": "marketplace.tasks.capacity_sync_task",
         "schedule": float(CAPACITY_SYNC_INTERVAL),

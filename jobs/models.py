@@ -221,3 +221,108 @@ class LaunchTemplate(TenantOwnedModel):
 
     def __str__(self) -> str:
         return self.name
+
+
+# --- live monitoring: logs archive, GPU metrics, alerts (jobs.logstream/metrics/alerts) ---
+
+
+class JobLogArchive(models.Model):
+    """Where a finished job's full log was archived (gzip), so it stays readable after its
+    pods or run directory are gone. One per job; written by `logstream.job_log_archive`."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="log_archive")
+    path = models.CharField(max_length=500)
+    lines = models.PositiveIntegerField(default=0)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    archived_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "job__tenant"
+
+    def __str__(self) -> str:
+        return f"log of job {self.job_id}"
+
+
+class MetricResolution(models.IntegerChoices):
+    RAW = 0, "raw"
+    MINUTE = 60, "1-minute mean"
+
+
+class JobMetricSample(models.Model):
+    """One GPU's readings at one time (raw), or their 1-minute mean once older than the
+    raw retention (`metrics.metrics_downsample`). Floats: measurements, not money."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_samples")
+    at = models.DateTimeField()
+    resolution = models.PositiveSmallIntegerField(
+        choices=MetricResolution.choices, default=MetricResolution.RAW
+    )
+    node = models.CharField(max_length=253)  # "rank 0", or the host for local jobs
+    gpu = models.PositiveSmallIntegerField()  # index on its node
+    utilization = models.FloatField(null=True, blank=True)  # %
+    memory_used_mib = models.FloatField(null=True, blank=True)
+    memory_total_mib = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "job__tenant"
+
+    class Meta:
+        ordering = ["at", "node", "gpu"]
+        indexes = [
+            models.Index(fields=["job", "at"]),
+            models.Index(fields=["resolution", "at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.node}/gpu{self.gpu} @ {self.at:%H:%M:%S}"
+
+
+class AlertKind(models.TextChoices):
+    UTILIZATION_UNSTABLE = "utilization_unstable", "GPU utilisation unstable"
+    MEMORY_LEAK = "memory_leak", "GPU memory leak"
+    LOSS_EXPLOSION = "loss_explosion", "Loss explosion"
+    GPU_IDLE = "gpu_idle", "GPU idle"
+
+
+class JobAlert(models.Model):
+    """An alert raised by the self-healing rules (jobs.alerts); also noted in the job's
+    timeline. The same kind is not raised again for a job within the cool-down."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=32, choices=AlertKind.choices)
+    severity = models.CharField(max_length=16, default="warning")  # warning | critical
+    message = models.CharField(max_length=500)
+    at = models.DateTimeField(default=timezone.now)
+    attempt = models.PositiveIntegerField(default=1)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "job__tenant"
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["job", "kind", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on job {self.job_id}"
+
+
+class JobMonitor(models.Model):
+    """Per-job monitoring settings and the rules' running state: the GPU-idle auto-stop
+    choice, and the loss statistics of the run (Welford's mean/M2) with how far the log
+    has been scanned for `loss=` values."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="monitor")
+    idle_auto_stop = models.BooleanField(default=False)
+    idle_minutes = models.PositiveIntegerField(null=True, blank=True)  # None: the default
+    log_scanned_line = models.PositiveBigIntegerField(default=0)
+    loss_count = models.PositiveIntegerField(default=0)
+    loss_mean = models.FloatField(default=0.0)
+    loss_m2 = models.FloatField(default=0.0)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "job__tenant"
+
+    def __str__(self) -> str:
+        return f"monitor of job {self.job_id}"

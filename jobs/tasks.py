@@ -71,3 +71,26 @@ def jobs_observe_task() -> None:
             services.jobs_observe(backend_name=name)
         except BackendUnavailable:
             continue
+
+
+@shared_task(acks_late=True)
+def metrics_collect_task() -> None:
+    """GPU samples of running jobs (NVML locally, Prometheus/DCGM on Kubernetes), alerts."""
+    from jobs.metrics import metrics_collect
+
+    metrics_collect()
+
+
+@shared_task(acks_late=True)
+def metrics_downsample_task() -> None:
+    from jobs.metrics import metrics_downsample
+
+    metrics_downsample()
+
+
+@shared_task(acks_late=True)
+def logs_archive_task() -> None:
+    """Compress the full log of finished jobs so it outlives their pods."""
+    from jobs.logstream import logs_archive_finished
+
+    logs_archive_finished()

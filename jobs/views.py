@@ -14,7 +14,6 @@ from console.permissions import Capability, capability_required, has_capability
 from console.services import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from jobs import selectors, services
-from jobs.backends import get_backend
 from jobs.forms import LaunchForm
 from jobs.models import Job, JobStatus
 from marketplace.models import GpuType, Image
@@ -171,9 +170,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "run_rate": selectors.job_run_rate(job),
         "queue_position": services.queue_position(job),
         "can_act": has_capability(request.membership, Capability.LAUNCH_JOBS),
-        "log_lines": get_backend(job.backend).logs(job, since_line=0, limit=500)
-        if job.backend == "local"
-        else [],
+        "logs_url": reverse("api-job-logs", args=[job.pk]),
+        "metrics_url": reverse("api-job-metrics", args=[job.pk]),
+        "monitor_url": reverse("api-job-monitor", args=[job.pk]),
+        "download_url": reverse("api-job-log-download", args=[job.pk]),
     }
     if request.htmx and request.htmx.target == "job-status":
         return render(request, "jobs/detail.html#job-status", context)

@@ -1,7 +1,16 @@
+from django.urls import path
+
 from console.api.routers import OptionalSlashRouter
-from jobs.api import views
+from jobs.api import streams, views
 
 router = OptionalSlashRouter()
 router.register("jobs", views.JobViewSet, basename="api-job")
 
-urlpatterns = router.urls
+urlpatterns = [
+    path("jobs/<int:pk>/metrics", streams.JobMetricsView.as_view(), name="api-job-metrics"),
+    path(
+        "jobs/<int:pk>/log.txt", streams.JobLogDownloadView.as_view(), name="api-job-log-download"
+    ),
+    path("jobs/<int:pk>/monitor", streams.JobMonitorView.as_view(), name="api-job-monitor"),
+    *router.urls,
+]

@@ -9,9 +9,8 @@ from rest_framework.response import Response
 
 from console.api.base import TenantScopedViewSet
 from console.permissions import Capability
-from jobs import selectors, services
+from jobs import logstream, selectors, services
 from jobs.api import serializers as s
-from jobs.backends import get_backend
 from jobs.models import Job, JobStatus
 
 
@@ -96,13 +95,5 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             limit = min(5000, max(1, int(request.query_params.get("limit", 1000))))
         except ValueError:
             return Response({"detail": "since_line and limit are integers."}, status=400)
-        lines = get_backend(job.backend).logs(job, since_line=since, limit=limit)
-        next_line = lines[-1].line_no if lines else since
-        return Response(
-            {
-                "lines": [
-                    {"line_no": ln.line_no, "rank": ln.rank, "text": ln.text} for ln in lines
-                ],
-                "next_line": next_line,
-            }
-        )
+        # Masked secret values, a read time per line, archived logs after the job ends.
+        return Response(logstream.read_lines(job, since_line=since, limit=limit))

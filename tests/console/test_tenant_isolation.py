@@ -116,8 +116,9 @@ def foreign(other_world, world):
     )
     from billing.services import budget_create
 
-    foreign_budget = budget_create(tenant=other_world.tenant, user=other_world.owner,
-                                   name="globex-secret-budget", amount="100")
+    foreign_budget = budget_create(
+        tenant=other_world.tenant, user=other_world.owner, name="globex-secret-budget", amount="100"
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
@@ -127,7 +128,8 @@ def foreign(other_world, world):
         "api-image": private_image.pk,
         "api-pool": pool.pk,
         "api-staff-pool": pool.pk,
-        "api-job": foreign_job.pk, "api-budget": foreign_budget.pk,
+        "api-job": foreign_job.pk,
+        "api-budget": foreign_budget.pk,
         "api-price-version": version.pk,
     }
     return {
@@ -171,9 +173,10 @@ def url_for(name, kwarg_names, foreign):
     kwargs = {}
     for kwarg in kwarg_names:
         if kwarg == "pk":
-            basename = name.rsplit("-", 1)[0]
-            assert basename in foreign["pk_by_basename"], f"map `pk` of {name} to a model"
-            kwargs["pk"] = foreign["pk_by_basename"][basename]
+            # The router basename is the longest mapped prefix of the URL name.
+            basenames = [b for b in foreign["pk_by_basename"] if name.startswith(b + "-")]
+            assert basenames, f"map `pk` of {name} to a model"
+            kwargs["pk"] = foreign["pk_by_basename"][max(basenames, key=len)]
         else:
             assert kwarg in foreign["kwargs"], (
                 f"URL {name} has kwarg {kwarg!r}: add a foreign object for it to this test"

@@ -1,0 +1,132 @@
+"""Job log download, GPU metrics and monitoring settings over the API (and for the job
+page's scripts). Thin over jobs.logstream / jobs.metrics / jobs.alerts; every job is
+reached through the tenant scope, so another tenant's job is a 404."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.http import StreamingHttpResponse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.permissions import Capability
+from console.tenancy import get_for_tenant_or_404
+from jobs import alerts, logstream, metrics
+from jobs.models import Job, JobAlert, JobMonitor
+
+
+class _JobView(APIView):
+    required_capabilities: dict = {}
+
+    def initial(self, request, *args, **kwargs):
+        # console.permissions.IsTenantMember reads per-action capabilities from `action`.
+        self.action = request.method.lower()
+        super().initial(request, *args, **kwargs)
+
+    def job(self, pk: int) -> Job:
+        return get_for_tenant_or_404(Job, self.request.tenant, pk=pk)
+
+
+class JobLogDownloadView(_JobView):
+    """The job's whole log as text (secret values masked)."""
+
+    @extend_schema(responses={(200, "text/plain"): bytes})
+    def get(self, request, pk: int):
+        job = self.job(pk)
+        response = StreamingHttpResponse(
+            logstream.download_chunks(job), content_type="text/plain; charset=utf-8"
+        )
+        response["Content-Disposition"] = f'attachment; filename="job-{job.pk}.log"'
+        return response
+
+
+class MetricSampleSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    node = serializers.CharField()
+    gpu = serializers.IntegerField()
+    utilization = serializers.FloatField(allow_null=True)
+    memory_used_mib = serializers.FloatField(allow_null=True)
+    memory_total_mib = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    temperature_c = serializers.FloatField(allow_null=True)
+
+
+class JobMetricsSerializer(serializers.Serializer):
+    samples = MetricSampleSerializer(many=True)
+    figures = serializers.DictField(help_text="Plotly figures (JSON) per chart, built here.")
+    note = serializers.CharField(help_text='Why there are no readings (e.g. "no GPU"), or "".')
+    summary = serializers.DictField()
+    alerts = serializers.ListField(child=serializers.DictField())
+
+
+class JobMetricsView(_JobView):
+    """GPU samples of a job since `since` (ISO 8601; default: the last 15 minutes):
+    raw for the last hour, 1-minute means before."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("since", str, description="ISO 8601 date-time")],
+        responses=JobMetricsSerializer,
+    )
+    def get(self, request, pk: int):
+        job = self.job(pk)
+        raw_since = request.query_params.get("since")
+        since = parse_datetime(raw_since) if raw_since else timezone.now() - timedelta(minutes=15)
+        if since is None:
+            return Response({"detail": "since must be an ISO 8601 date-time."}, status=400)
+        if timezone.is_naive(since):
+            since = timezone.make_aware(since, timezone.UTC)
+        recent_alerts = JobAlert.objects.filter(job=job).order_by("-at")[:20]
+        samples = metrics.job_samples(job=job, since=since)
+        return Response(
+            {
+                "samples": samples,
+                "figures": metrics.job_figures(samples),
+                "note": metrics.metrics_note(job),
+                "summary": metrics.job_summary(job=job),
+                "alerts": [
+                    {
+                        "kind": a.kind,
+                        "severity": a.severity,
+                        "message": a.message,
+                        "at": a.at.isoformat(),
+                    }
+                    for a in recent_alerts
+                ],
+            }
+        )
+
+
+class JobMonitorSerializer(serializers.Serializer):
+    idle_auto_stop = serializers.BooleanField()
+    idle_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, allow_null=True)
+
+
+class JobMonitorView(_JobView):
+    """The job's GPU-idle auto-stop: pause the job when its GPUs stay idle."""
+
+    required_capabilities = {"put": Capability.LAUNCH_JOBS}
+
+    @extend_schema(responses=JobMonitorSerializer)
+    def get(self, request, pk: int):
+        monitor = JobMonitor.objects.filter(job=self.job(pk)).first()
+        return Response(
+            {
+                "idle_auto_stop": bool(monitor and monitor.idle_auto_stop),
+                "idle_minutes": monitor.idle_minutes if monitor else None,
+            }
+        )
+
+    @extend_schema(request=JobMonitorSerializer, responses=JobMonitorSerializer)
+    def put(self, request, pk: int):
+        job = self.job(pk)
+        data = JobMonitorSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        monitor = alerts.job_monitor_set(job=job, **data.validated_data)
+        return Response(
+            {"idle_auto_stop": monitor.idle_auto_stop, "idle_minutes": monitor.idle_minutes}
+        )

@@ -1,0 +1,332 @@
+"""WebSocket consumers: a job's live page (`/ws/jobs/<id>/`) and a tenant's job list
+(`/ws/tenant/`). Thin: check access once at connect, then relay what `jobs.realtime`
+delivers; log completeness rules live in `JobLogCursor`.
+
+Refusals happen before `accept()`, so the HTTP handshake is answered 403: 4403 for an
+anonymous socket or a job of a tenant the user is no member of, 4404 for a job that does
+not exist (foreign Origins are refused earlier by AllowedHostsOriginValidator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from urllib.parse import parse_qs
+
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from console.permissions import Capability, has_capability
+from console.tenancy import SESSION_TENANT_KEY, resolve_membership
+from jobs import logstream, realtime
+from jobs.models import Job
+
+log = logging.getLogger(__name__)
+
+# Without `?since_line=` the server waits this long for a `resume` before it sends the
+# backfill, so a client that resumes at once gets no line twice.
+RESUME_GRACE_SECONDS = 0.25
+FILL_CHUNK = 1000
+# Beyond this many undelivered messages a slow socket drops live log batches; it fills
+# the gap from the store once it catches up (latency, never lost lines).
+MAX_QUEUED = 200
+
+
+def _parallel_db(function):
+    """Like database_sync_to_async, but not thread-sensitive: connects of many sockets
+    check access in parallel (each worker thread has its own database connection)
+    instead of queueing on one thread."""
+    return database_sync_to_async(function, thread_sensitive=False)
+
+
+@_parallel_db
+def _job_for_member(user, job_id: int) -> tuple[Job | None, int]:
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return None, 4404
+    membership = resolve_membership(user, job.tenant_id)
+    if membership is None or membership.tenant_id != job.tenant_id:
+        return None, 4403
+    if not has_capability(membership, Capability.VIEW_TENANT):
+        return None, 4403
+    return job, 0
+
+
+@_parallel_db
+def _reload(job_id: int) -> Job | None:
+    return Job.objects.filter(pk=job_id).first()
+
+
+def _status_message(job: Job) -> realtime.JobStatusMessage:
+    return realtime.JobStatusMessage(
+        type="status",
+        job_id=job.pk,
+        status=job.status,
+        status_reason=job.status_reason,
+        attempt=job.attempt,
+        at=job.status_changed_at.isoformat(),
+        is_finished=job.is_finished,
+    )
+
+
+class JobLogCursor:
+    """What one socket has sent of a job's log: lines are sent in order, each once, with
+    gaps (a lost or dropped batch, a follower hand-over) filled from the store."""
+
+    def __init__(self, job: Job, send_lines, send_text=None):
+        self.job = job
+        self.send_lines = send_lines  # async (lines) -> None
+        self.send_text = send_text  # async (encoded message) -> None
+        self.last_sent = 0
+        self.first_sent = 1  # lines before it were never sent on this socket
+
+    async def backfill(self, count: int = logstream.BACKFILL_LINES) -> None:
+        lines, last = await sync_to_async(logstream.tail_lines, thread_sensitive=False)(
+            self.job, count
+        )
+        if lines:
+            await self.send_lines(lines)
+        self.last_sent = last
+        self.first_sent = lines[0]["line_no"] if lines else last + 1
+
+    async def resume(self, since_line: int) -> None:
+        """The client holds every line up to `since_line`: send what it lacks, and no line
+        this socket already sent (a backfill that started after `since_line` + 1 left
+        older lines unsent: those are sent now, out of order, each with its number)."""
+        if since_line >= self.last_sent:
+            if self.last_sent == 0:  # nothing sent yet: the client starts after since_line
+                self.first_sent = since_line + 1
+            self.last_sent = since_line
+            await self.fill_to(None)
+            return
+        if since_line + 1 < self.first_sent:
+            older = JobLogCursor(self.job, self.send_lines)
+            older.last_sent = since_line
+            await older.fill_to(self.first_sent - 1)
+            self.first_sent = since_line + 1
+
+    async def fill_to(self, upto: int | None) -> None:
+        """Send every stored line after `last_sent` (up to `upto`, or all there are)."""
+        while upto is None or self.last_sent < upto:
+            limit = FILL_CHUNK if upto is None else min(FILL_CHUNK, upto - self.last_sent)
+            page = await sync_to_async(logstream.read_lines, thread_sensitive=False)(
+                self.job, since_line=self.last_sent, limit=limit
+            )
+            lines = page["lines"]
+            if not lines:
+                return
+            await self.send_lines(lines)
+            self.last_sent = lines[-1]["line_no"]
+
+    async def deliver(self, message: dict) -> None:
+        batch = message.get("lines") or []
+        lines = [line for line in batch if line["line_no"] > self.last_sent]
+        if lines and lines[0]["line_no"] > self.last_sent + 1:
+            await self.fill_to(lines[0]["line_no"] - 1)
+            lines = [line for line in lines if line["line_no"] > self.last_sent]
+        if lines:
+            if len(lines) == len(batch) and self.send_text is not None:
+                # The usual case: the whole batch, encoded once for every socket.
+                await self.send_text(_encoded_batch(message))
+            else:
+                await self.send_lines(lines)
+            self.last_sent = lines[-1]["line_no"]
+        last_line = message.get("last_line")
+        if last_line is not None and last_line > self.last_sent:
+            await self.fill_to(last_line)
+
+
+def _encoded_batch(message: dict) -> str:
+    """The browser's form of a published log batch, JSON-encoded once per process (the
+    hub hands the same dict to every socket of the job)."""
+    text = message.get("_encoded")
+    if text is None:
+        text = json.dumps({"type": "log", "job_id": message["job_id"], "lines": message["lines"]})
+        message["_encoded"] = text
+    return text
+
+
+class JobConsumer(AsyncJsonWebsocketConsumer):
+    """Status, log lines, metrics and alerts of one job, for a member of its tenant."""
+
+    # No per-socket channel: the process's realtime.GroupHub receives for every socket.
+    channel_layer_alias = None
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4403)
+            return
+        job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+        job, refusal = await _job_for_member(user, job_id)
+        if job is None:
+            await self.close(code=refusal)
+            return
+        self.job = job
+        self.group = realtime.job_group(job.pk)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.dropped_last_line = 0
+        self.idle = False  # the pump waits for a message (after the backfill)
+        self.first_message = asyncio.Event()
+        self.resume_from: int | None = None
+        self.cursor = JobLogCursor(job, self._send_lines, self._send_text)
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        since = query.get("since_line", [None])[0]
+        if since is not None and since.isdigit():
+            self.resume_from = int(since)
+            self.first_message.set()
+        # Subscribe before reading the backfill: a line written meanwhile is then either
+        # in the backfill or in the queue (or both: the cursor drops the repeat).
+        await realtime.hub().subscribe(self.group, self._enqueue)
+        logstream.followers.watch(job.pk)
+        self.watching = True
+        await self.accept()
+        await self.send_json(_status_message(job))
+        self.pump = asyncio.ensure_future(self._pump())
+
+    def _enqueue(self, message: dict):
+        if message.get("type") == "log" and self.idle and self.queue.empty():
+            # Fast path (most batches): the pump waits and the batch continues exactly
+            # where this socket stands, so it is sent now, without a task switch.
+            batch = message.get("lines")
+            if batch and batch[0]["line_no"] == self.cursor.last_sent + 1:
+                self.cursor.last_sent = batch[-1]["line_no"]
+                return self._send_text(_encoded_batch(message))
+        if message.get("type") == "log" and self.queue.qsize() >= MAX_QUEUED:
+            lines = message.get("lines") or ()
+            last = message.get("last_line") or (lines[-1]["line_no"] if lines else 0)
+            self.dropped_last_line = max(self.dropped_last_line, last)
+            return
+        self.queue.put_nowait(message)
+        return None
+
+    async def _send_text(self, text: str) -> None:
+        await self.send(text_data=text)
+
+    async def _send_lines(self, lines: list) -> None:
+        await self.send_json({"type": "log", "job_id": self.job.pk, "lines": lines})
+
+    async def _pump(self) -> None:
+        try:
+            if self.resume_from is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.first_message.wait(), RESUME_GRACE_SECONDS)
+            if self.resume_from is not None:
+                await self.cursor.resume(self.resume_from)
+            else:
+                await self.cursor.backfill()
+            while True:
+                if self.queue.empty():
+                    self.idle = True
+                    message = await self.queue.get()
+                    self.idle = False
+                else:
+                    message = self.queue.get_nowait()
+                kind = message.get("type")
+                if kind == "log":
+                    await self.cursor.deliver(message)
+                elif kind == "_resume":
+                    await self.cursor.resume(message["since_line"])
+                elif kind == realtime.RESYNC:
+                    # Every socket of the process gets the same message: one read of each
+                    # job serves all of its sockets.
+                    reloads = message.setdefault("jobs", {})
+                    if self.job.pk not in reloads:
+                        reloads[self.job.pk] = asyncio.ensure_future(_reload(self.job.pk))
+                    job = await reloads[self.job.pk]
+                    if job is not None:
+                        self.job = self.cursor.job = job
+                        await self.send_json(_status_message(job))
+                    await self.cursor.fill_to(None)
+                else:
+                    await self.send_json(message)
+                if self.queue.empty() and self.dropped_last_line > self.cursor.last_sent:
+                    await self.cursor.fill_to(self.dropped_last_line)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            # Usually the client went away mid-send; anything else is worth a trace.
+            log.warning("job socket for job %s stopped: %r", self.job.pk, error)
+            log.debug("job socket failure", exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
+
+    async def receive_json(self, content, **kwargs):
+        if not isinstance(content, dict) or content.get("type") != "resume":
+            return
+        try:
+            since_line = max(0, int(content.get("since_line", 0)))
+        except (TypeError, ValueError):
+            return
+        if not self.first_message.is_set():
+            self.resume_from = since_line
+            self.first_message.set()
+        else:
+            self.queue.put_nowait({"type": "_resume", "since_line": since_line})
+
+    async def disconnect(self, code):
+        if not getattr(self, "watching", False):
+            return
+        self.watching = False
+        pump = getattr(self, "pump", None)
+        if pump is not None:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
+        await realtime.hub().unsubscribe(self.group, self._enqueue)
+        await logstream.followers.unwatch(self.job.pk)
+
+
+@_parallel_db
+def _current_membership(user, session):
+    tenant_id = session.get(SESSION_TENANT_KEY) if session is not None else None
+    return resolve_membership(user, tenant_id)
+
+
+class TenantConsumer(AsyncJsonWebsocketConsumer):
+    """Job list updates (status, metrics summaries) and alerts of the current tenant."""
+
+    channel_layer_alias = None  # see JobConsumer
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4403)
+            return
+        membership = await _current_membership(user, self.scope.get("session"))
+        if membership is None or not has_capability(membership, Capability.VIEW_TENANT):
+            await self.close(code=4403)
+            return
+        self.group = realtime.tenant_group(membership.tenant_id)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        await realtime.hub().subscribe(self.group, self.queue.put_nowait)
+        self.subscribed = True
+        await self.accept()
+        self.pump = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                message = await self.queue.get()
+                if message.get("type") == realtime.RESYNC:
+                    message = {"type": "resync"}  # the page reloads what it shows
+                await self.send_json(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # usually the client went away mid-send
+            log.warning("tenant socket stopped: %r", error)
+
+    async def receive_json(self, content, **kwargs):
+        return  # nothing to ask for yet
+
+    async def disconnect(self, code):
+        if not getattr(self, "subscribed", False):
+            return
+        self.subscribed = False
+        self.pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.pump
+        await realtime.hub().unsubscribe(self.group, self.queue.put_nowait)

@@ -1,0 +1,476 @@
+// The job page, live: one WebSocket (/ws/jobs/<id>/) brings status, log lines, GPU
+// metrics and alerts. The log view keeps only a window of lines in the DOM (a 1,000,000-
+// line log stays smooth); older and newer lines are fetched by number from the API.
+// While the socket is down the status partial polls (htmx) and the socket reconnects by
+// itself, resuming after the last line received, so no line is missed or shown twice.
+(() => {
+  "use strict";
+  const root = document.querySelector("[data-job-live]");
+  if (!root) return;
+
+  const WINDOW = 2000; // lines kept in the DOM
+  const PAGE = 500; // lines fetched per step when scrolling through history
+  const TAIL = 1000; // lines shown when jumping to live
+  const html = document.documentElement;
+
+  const csrfToken = () => (document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/) || [])[1] || "";
+
+  async function getJSON(url) {
+    const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(`${url}: ${response.status}`);
+    return response.json();
+  }
+
+  // ---- log window ------------------------------------------------------------------------
+
+  class LogWindow {
+    constructor(element, logsUrl, nodes) {
+      this.viewport = element.querySelector("[data-log-window]");
+      this.list = element.querySelector("[data-log-lines]");
+      this.info = element.querySelector("[data-log-info]");
+      this.liveButton = element.querySelector("[data-log-live]");
+      this.pauseButton = element.querySelector("[data-log-pause]");
+      this.filterInput = element.querySelector("[data-log-filter]");
+      this.rankSelect = element.querySelector("[data-log-rank]");
+      this.logsUrl = logsUrl;
+      this.first = 0; // numbers of the first and last line in the DOM (0: none)
+      this.last = 0;
+      this.latest = 0; // the highest line number received
+      this.following = true; // showing the newest lines, scrolled to the bottom
+      this.paused = false;
+      this.busy = false; // a range fetch is running
+      this.textFilter = "";
+      this.rankFilter = "";
+      if (nodes > 1) {
+        for (let rank = 0; rank < nodes; rank += 1) this.rankSelect.add(new Option(`Rank ${rank}`, String(rank)));
+      } else {
+        this.rankSelect.closest("label").hidden = true;
+        this.list.classList.add("single-rank");
+      }
+      this.viewport.addEventListener("scroll", () => this.onScroll(), { passive: true });
+      this.liveButton.addEventListener("click", () => this.jumpToLive());
+      this.pauseButton.addEventListener("click", () => this.setPaused(!this.paused));
+      this.filterInput.addEventListener("input", () => {
+        this.textFilter = this.filterInput.value.toLowerCase();
+        this.applyFilter();
+      });
+      this.rankSelect.addEventListener("change", () => {
+        this.rankFilter = this.rankSelect.value;
+        this.applyFilter();
+      });
+      this.updateInfo();
+    }
+
+    row(line) {
+      const row = document.createElement("div");
+      row.className = "log-line";
+      // Number and rank are drawn by CSS (attr()), so copying text copies only the log.
+      row.dataset.line = line.line_no;
+      row.dataset.rank = line.rank;
+      row.textContent = line.text;
+      row.hidden = !this.matches(row);
+      return row;
+    }
+
+    matches(row) {
+      if (this.rankFilter !== "" && row.dataset.rank !== this.rankFilter) return false;
+      return !this.textFilter || row.textContent.toLowerCase().includes(this.textFilter);
+    }
+
+    applyFilter() {
+      for (const row of this.list.children) row.hidden = !this.matches(row);
+      if (this.following) this.scrollToBottom();
+      this.updateInfo();
+    }
+
+    append(lines) {
+      const fragment = document.createDocumentFragment();
+      for (const line of lines) fragment.append(this.row(line));
+      this.list.append(fragment);
+      if (!this.first) this.first = lines[0].line_no;
+      this.last = lines[lines.length - 1].line_no;
+      this.trimTop();
+    }
+
+    prepend(lines) {
+      const before = this.viewport.scrollHeight;
+      const fragment = document.createDocumentFragment();
+      for (const line of lines) fragment.append(this.row(line));
+      this.list.prepend(fragment);
+      this.first = lines[0].line_no;
+      if (!this.last) this.last = lines[lines.length - 1].line_no;
+      this.viewport.scrollTop += this.viewport.scrollHeight - before; // the view stays put
+      while (this.list.children.length > WINDOW) {
+        this.list.lastElementChild.remove();
+        this.last -= 1;
+      }
+    }
+
+    trimTop() {
+      let removed = 0;
+      while (this.list.children.length > WINDOW) {
+        removed += this.list.firstElementChild.offsetHeight;
+        this.list.firstElementChild.remove();
+        this.first += 1;
+      }
+      if (removed && !this.following) this.viewport.scrollTop -= removed;
+    }
+
+    clear() {
+      this.list.replaceChildren();
+      this.first = 0;
+      this.last = 0;
+    }
+
+    // Lines from the socket (backfill, live, or what a resume filled in).
+    live(lines) {
+      const fresh = lines.filter((line) => line.line_no > this.latest);
+      if (!fresh.length) return; // already had them
+      this.latest = fresh[fresh.length - 1].line_no;
+      if (this.following && !this.paused && !this.busy) {
+        const next = fresh.filter((line) => line.line_no > this.last);
+        if (this.last && next.length && next[0].line_no !== this.last + 1) {
+          this.fetchForward(); // the window is behind: fill it from the API
+        } else if (next.length) {
+          this.append(next);
+          this.scrollToBottom();
+        }
+      }
+      this.updateInfo();
+    }
+
+    scrollToBottom() {
+      this.viewport.scrollTop = this.viewport.scrollHeight;
+    }
+
+    atBottom() {
+      return this.viewport.scrollHeight - this.viewport.scrollTop - this.viewport.clientHeight < 24;
+    }
+
+    onScroll() {
+      if (this.busy) return;
+      if (this.atBottom()) {
+        if (this.last < this.latest) this.fetchForward();
+        else if (!this.paused) this.following = true;
+      } else {
+        this.following = false; // the reader scrolled up: stop moving under them
+      }
+      if (this.viewport.scrollTop < 200 && this.first > 1) this.fetchBackward();
+      this.updateInfo();
+    }
+
+    async fetchRange(since, limit) {
+      const data = await getJSON(`${this.logsUrl}?since_line=${since}&limit=${limit}`);
+      return data.lines;
+    }
+
+    async fetchBackward() {
+      if (this.busy || this.first <= 1) return;
+      this.busy = true;
+      try {
+        const since = Math.max(0, this.first - 1 - PAGE);
+        const lines = await this.fetchRange(since, this.first - 1 - since);
+        if (lines.length) this.prepend(lines);
+      } catch (error) {
+        console.warn("older log lines unavailable", error);
+      } finally {
+        this.busy = false;
+        this.updateInfo();
+      }
+    }
+
+    async fetchForward() {
+      if (this.busy) return;
+      this.busy = true;
+      try {
+        while (this.last < this.latest) {
+          const lines = await this.fetchRange(this.last, PAGE);
+          if (!lines.length) break;
+          const stick = this.atBottom();
+          this.append(lines);
+          if (stick && this.last >= this.latest && !this.paused) {
+            this.following = true;
+            this.scrollToBottom();
+          }
+          if (!this.following) break; // one page per scroll step when reading history
+        }
+      } catch (error) {
+        console.warn("newer log lines unavailable", error);
+      } finally {
+        this.busy = false;
+        this.updateInfo();
+      }
+    }
+
+    async jumpToLive() {
+      this.paused = false;
+      this.pauseButton.setAttribute("aria-pressed", "false");
+      this.pauseButton.textContent = "Pause";
+      if (this.busy) return;
+      this.busy = true;
+      try {
+        const since = Math.max(0, this.latest - TAIL);
+        const lines = await this.fetchRange(since, TAIL);
+        this.clear();
+        if (lines.length) this.append(lines);
+        // Lines that arrived during the fetch follow from the socket's next message; any
+        // gap is filled by fetchForward below.
+      } catch (error) {
+        console.warn("live tail unavailable", error);
+      } finally {
+        this.busy = false;
+      }
+      this.following = true;
+      this.scrollToBottom();
+      if (this.last < this.latest) await this.fetchForward();
+      this.updateInfo();
+    }
+
+    setPaused(paused) {
+      this.paused = paused;
+      this.pauseButton.setAttribute("aria-pressed", String(paused));
+      this.pauseButton.textContent = paused ? "Resume" : "Pause";
+      if (paused) this.following = false;
+      else this.jumpToLive();
+      this.updateInfo();
+    }
+
+    updateInfo() {
+      const behind = this.latest - this.last;
+      this.liveButton.hidden = this.following && !this.paused && behind <= 0;
+      this.liveButton.textContent = behind > 0 ? `Jump to live (${behind} new)` : "Jump to live";
+      const parts = [];
+      if (this.last) parts.push(`lines ${this.first}–${this.last} of ${this.latest}`);
+      else parts.push(this.latest ? `${this.latest} lines` : "no output yet");
+      if (this.paused) parts.push("paused");
+      if (this.textFilter || this.rankFilter) parts.push("filtered");
+      this.info.textContent = parts.join(" · ");
+    }
+  }
+
+  // ---- charts ---------------------------------------------------------------------------------
+
+  class Charts {
+    constructor(element, metricsUrl, startedAt) {
+      this.element = element;
+      this.metricsUrl = metricsUrl;
+      this.startedAt = startedAt;
+      this.range = "15";
+      this.note = element.querySelector("[data-metrics-note]");
+      this.grid = element.querySelector("[data-metrics-charts]");
+      this.divs = Object.fromEntries(
+        [...element.querySelectorAll("[data-chart]")].map((div) => [div.dataset.chart, div]),
+      );
+      this.traces = {}; // chart -> {meta key -> trace index}
+      this.ready = false;
+      this.liveCount = 0;
+      for (const button of element.querySelectorAll("[data-range]")) {
+        button.addEventListener("click", () => {
+          this.range = button.dataset.range;
+          for (const other of element.querySelectorAll("[data-range]")) {
+            other.setAttribute("aria-pressed", String(other === button));
+          }
+          this.load();
+        });
+      }
+    }
+
+    since() {
+      if (this.range === "all") return this.startedAt || new Date(0).toISOString();
+      return new Date(Date.now() - Number(this.range) * 60000).toISOString();
+    }
+
+    showNote(text) {
+      this.note.textContent = text;
+      this.note.hidden = !text;
+    }
+
+    async load() {
+      if (!this.metricsUrl) {
+        this.showNote("GPU metrics are not available in this installation.");
+        return null;
+      }
+      let data;
+      try {
+        data = await getJSON(`${this.metricsUrl}?since=${encodeURIComponent(this.since())}`);
+      } catch (error) {
+        this.showNote("GPU metrics are unavailable right now.");
+        return null;
+      }
+      this.summary(data.summary || {});
+      const empty = !data.samples.length;
+      this.showNote(empty ? data.note || "No GPU readings yet." : data.note || "");
+      this.grid.hidden = empty && Boolean(data.note);
+      if (typeof Plotly === "undefined") {
+        this.showNote("Charts need plotly.js, which is not installed (run `make setup`).");
+        return data;
+      }
+      const config = { displayModeBar: false, responsive: true };
+      for (const [name, div] of Object.entries(this.divs)) {
+        const figure = data.figures[name];
+        if (!figure) continue;
+        await Plotly.react(div, figure.data, figure.layout, config);
+        this.traces[name] = Object.fromEntries(figure.data.map((trace, index) => [trace.meta, index]));
+      }
+      this.ready = true;
+      return data;
+    }
+
+    summary(figures) {
+      const format = {
+        mean_utilization: (v) => `${v} %`,
+        peak_memory_mib: (v) => `${(v / 1024).toFixed(1)} GiB`,
+      };
+      for (const [key, render] of Object.entries(format)) {
+        const cell = this.element.querySelector(`[data-summary="${key}"]`);
+        if (cell) cell.textContent = figures[key] == null ? "—" : render(figures[key]);
+      }
+    }
+
+    live(message) {
+      if (message.note) this.showNote(message.note);
+      if (!this.ready || !message.samples || !message.samples.length) return;
+      this.grid.hidden = false;
+      if (!this.note.textContent.startsWith("no GPU")) this.showNote("");
+      for (const [name, div] of Object.entries(this.divs)) {
+        const known = this.traces[name] || (this.traces[name] = {});
+        const update = new Map();
+        for (const sample of message.samples) {
+          const key = `${sample.node}/gpu${sample.gpu}`;
+          if (!(key in known)) {
+            Plotly.addTraces(div, { x: [], y: [], name: `${sample.node} GPU ${sample.gpu}`, meta: key, mode: "lines" });
+            known[key] = div.data.length - 1;
+          }
+          const entry = update.get(known[key]) || { x: [], y: [] };
+          entry.x.push(sample.at);
+          entry.y.push(sample[name]);
+          update.set(known[key], entry);
+        }
+        const indices = [...update.keys()];
+        Plotly.extendTraces(
+          div,
+          { x: indices.map((i) => update.get(i).x), y: indices.map((i) => update.get(i).y) },
+          indices,
+          20000,
+        );
+      }
+      this.liveCount += 1;
+      if (this.liveCount % 12 === 0) {
+        getJSON(`${this.metricsUrl}?since=${encodeURIComponent(new Date().toISOString())}`)
+          .then((data) => this.summary(data.summary || {}))
+          .catch(() => {});
+      }
+    }
+  }
+
+  // ---- alerts ---------------------------------------------------------------------------------
+
+  const alertSection = root.querySelector("[data-testid=alerts]");
+  const alertList = alertSection.querySelector("ul");
+  function showAlert(alert, prepend = true) {
+    const item = document.createElement("li");
+    item.className = `alert alert-${alert.severity}`;
+    item.dataset.kind = alert.kind;
+    const time = document.createElement("time");
+    time.dateTime = alert.at;
+    time.textContent = new Date(alert.at).toLocaleTimeString();
+    item.append(time, " ", alert.message);
+    if (prepend) alertList.prepend(item);
+    else alertList.append(item);
+    alertSection.hidden = false;
+  }
+
+  // ---- the socket -----------------------------------------------------------------------------
+
+  const logs = new LogWindow(root, root.dataset.logsUrl, Number(root.dataset.nodes || 1));
+  const charts = new Charts(
+    root.querySelector("[data-testid=metrics]"),
+    root.dataset.metricsUrl,
+    root.dataset.startedAt,
+  );
+  const liveState = root.querySelector("[data-testid=live-state]");
+
+  function setState(state, label) {
+    liveState.dataset.state = state;
+    liveState.textContent = label;
+    html.dataset.jobSocket = state;
+  }
+
+  function statusChanged(message) {
+    const shown = document.getElementById("job-status");
+    if (!shown || shown.dataset.status !== message.status || message.type === "alert") {
+      document.body.dispatchEvent(new CustomEvent("gg:job-changed"));
+      if (window.htmx && shown && !shown.hasAttribute("hx-get")) {
+        // A finished job's partial no longer polls: fetch it once.
+        htmx.ajax("GET", location.pathname, { target: "#job-status", swap: "outerHTML" });
+      }
+    }
+  }
+
+  let socket = null;
+  let attempts = 0;
+  let everOpened = false;
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    // After the first connection, resume after the last line received (no backfill).
+    const resume = everOpened && logs.latest ? `?since_line=${logs.latest}` : "";
+    socket = new WebSocket(`${scheme}://${location.host}${root.dataset.wsUrl}${resume}`);
+    setState("connecting", "connecting…");
+    socket.addEventListener("open", () => {
+      attempts = 0;
+      everOpened = true;
+      setState("open", "live");
+    });
+    socket.addEventListener("message", (event) => {
+      const message = JSON.parse(event.data);
+      if (message.type === "log") logs.live(message.lines);
+      else if (message.type === "status") statusChanged(message);
+      else if (message.type === "metrics") charts.live(message);
+      else if (message.type === "alert") {
+        showAlert(message);
+        statusChanged(message); // the alert is in the timeline too
+      }
+    });
+    socket.addEventListener("close", () => {
+      setState("closed", "reconnecting…");
+      attempts += 1;
+      const delay = Math.min(10000, 500 * 2 ** Math.min(attempts - 1, 5)) * (0.75 + Math.random() / 2);
+      setTimeout(connect, delay);
+    });
+  }
+
+  // Exposed for tests and debugging: the page's live state.
+  window.ggJobLive = { logs, charts, reconnect: () => socket && socket.close() };
+
+  connect();
+  charts.load().then((data) => {
+    for (const alert of (data && data.alerts) || []) showAlert(alert, false);
+  });
+
+  // ---- GPU-idle auto-stop setting ------------------------------------------------------------
+
+  const monitorForm = root.querySelector("[data-monitor-form]");
+  if (monitorForm && root.dataset.monitorUrl) {
+    const state = monitorForm.querySelector("[data-monitor-state]");
+    getJSON(root.dataset.monitorUrl)
+      .then((data) => {
+        monitorForm.elements.idle_auto_stop.checked = data.idle_auto_stop;
+        monitorForm.elements.idle_minutes.value = data.idle_minutes ?? "";
+      })
+      .catch(() => {});
+    monitorForm.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const minutes = monitorForm.elements.idle_minutes.value;
+      const response = await fetch(root.dataset.monitorUrl, {
+        method: "PUT",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
+        body: JSON.stringify({
+          idle_auto_stop: monitorForm.elements.idle_auto_stop.checked,
+          idle_minutes: minutes ? Number(minutes) : null,
+        }),
+      });
+      state.textContent = response.ok ? "Saved." : "Not saved.";
+    });
+  }
+})();

@@ -1,0 +1,313 @@
+"""The job and tenant sockets through the real ASGI stack (Origin check, session auth,
+routing) with `WebsocketCommunicator`, on the real Redis channel layer.
+
+Refusals: anonymous, foreign Origin, another tenant's job, an unknown job are closed
+before the handshake completes (Daphne answers those with HTTP 403; tests/e2e checks
+that on a real server). Logs: backfill, live lines, resume, masking."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import channel_layers
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+
+from console.asgi import application
+from console.crypto import encrypt_json
+from jobs import logstream, realtime
+from jobs.models import Job, JobStatus
+from jobs.state import job_transition
+from marketplace.models import Image, Region
+from tests.conftest import signed_in_client
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGIN = b"http://127.0.0.1"
+TIMEOUT = 5
+
+
+def make_job(tenant, *, status=JobStatus.RUNNING, **fields) -> Job:
+    values = {
+        "name": "socket test",
+        "image": Image.objects.get(slug="python-3.11"),
+        "image_reference": "python:3.11",
+        "command": ["python", "-c", "print(1)"],
+        "region": Region.objects.get(slug="local"),
+        "backend": "local",
+        "status": status,
+    }
+    job = Job.objects.create(tenant=tenant, **{**values, **fields})
+    forget_files(job)
+    return job
+
+
+def forget_files(job: Job) -> None:
+    """Rolled-back tests reuse ids: start from no files of an earlier job with this id."""
+    for leftover in (
+        Path(settings.DATA_DIR) / "jobs" / str(job.pk),
+        logstream.spool_dir(job),
+    ):
+        shutil.rmtree(leftover, ignore_errors=True)
+    logstream.archive_path(job).unlink(missing_ok=True)
+    logstream.FileLog.forget(Path(settings.DATA_DIR) / "jobs" / str(job.pk) / "output.log")
+
+
+def write_log(job: Job, lines: list[str], mode: str = "a") -> Path:
+    path = Path(settings.DATA_DIR) / "jobs" / str(job.pk) / "output.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open(mode) as handle:
+        handle.writelines(f"{line}\n" for line in lines)
+    return path
+
+
+def session_cookie(user, tenant=None) -> bytes:
+    name = settings.SESSION_COOKIE_NAME
+    return f"{name}={signed_in_client(user, tenant).cookies[name].value}".encode()
+
+
+def communicator(path: str, *, cookie: bytes | None = None, origin: bytes | None = ORIGIN):
+    headers = [(b"host", b"127.0.0.1")]
+    if origin is not None:
+        headers.append((b"origin", origin))
+    if cookie is not None:
+        headers.append((b"cookie", cookie))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+def run(coroutine_function):
+    """Run an async test body on one event loop, then stop that loop's hub and followers."""
+
+    # A channel layer's receive machinery belongs to one event loop: a fresh one per run.
+    channel_layers.backends.clear()
+
+    async def body():
+        try:
+            return await coroutine_function()
+        finally:
+            await logstream.close_for_loop()
+            await realtime.close_hub()
+
+    return async_to_sync(body)()
+
+
+async def refused(path: str, **options) -> int:
+    socket = communicator(path, **options)
+    connected, code = await socket.connect(timeout=TIMEOUT)
+    await socket.disconnect()
+    assert not connected, f"{path} was accepted"
+    return code
+
+
+async def receive_lines(socket, until_line: int, timeout: float = TIMEOUT) -> list[dict]:
+    """Log lines received until `until_line` arrives (other messages are skipped)."""
+    lines: list[dict] = []
+    while not lines or lines[-1]["line_no"] < until_line:
+        message = await socket.receive_json_from(timeout=timeout)
+        if message["type"] == "log":
+            lines.extend(message["lines"])
+    return lines
+
+
+def assert_contiguous(lines: list[dict], first: int, last: int) -> None:
+    numbers = [line["line_no"] for line in lines]
+    assert numbers == list(range(first, last + 1)), (numbers[:5], numbers[-5:])
+
+
+# --- refusals -------------------------------------------------------------------------------
+
+
+def test_anonymous_socket_is_refused(world, catalog):
+    job = make_job(world.tenant)
+    assert run(lambda: refused(f"/ws/jobs/{job.pk}/")) == 4403
+    assert run(lambda: refused("/ws/tenant/")) == 4403
+
+
+def test_foreign_or_missing_origin_is_refused(world, catalog):
+    job = make_job(world.tenant)
+    cookie = session_cookie(world.member, world.tenant)
+    run(lambda: refused(f"/ws/jobs/{job.pk}/", cookie=cookie, origin=b"http://evil.example"))
+    run(lambda: refused(f"/ws/jobs/{job.pk}/", cookie=cookie, origin=None))
+    run(lambda: refused("/ws/tenant/", cookie=cookie, origin=b"http://evil.example"))
+
+
+def test_another_tenants_job_and_unknown_jobs_are_refused(world, other_world, catalog):
+    foreign = make_job(other_world.tenant)
+    cookie = session_cookie(world.member, world.tenant)
+    assert run(lambda: refused(f"/ws/jobs/{foreign.pk}/", cookie=cookie)) == 4403
+    assert run(lambda: refused("/ws/jobs/999999/", cookie=cookie)) == 4404
+    run(lambda: refused("/ws/elsewhere/", cookie=cookie))  # the catch-all refusal stays
+    # A user of no tenant at all gets no tenant socket.
+    loner = session_cookie(UserFactory(email="loner@nowhere.test"))
+    assert run(lambda: refused("/ws/tenant/", cookie=loner)) == 4403
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+def test_job_socket_sends_status_now_and_on_every_change(world, catalog):
+    job = make_job(world.tenant, status=JobStatus.RUNNING)
+    cookie = session_cookie(world.viewer, world.tenant)  # viewers may watch
+
+    async def body():
+        socket = communicator(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        connected, _ = await socket.connect(timeout=TIMEOUT)
+        assert connected
+        first = await socket.receive_json_from(timeout=TIMEOUT)
+        assert first["type"] == "status" and first["status"] == "running"
+        await asyncio.sleep(0.3)  # the hub has joined the group
+        from channels.db import database_sync_to_async
+
+        await database_sync_to_async(job_transition)(
+            job=job, to=JobStatus.SUCCEEDED, actor="backend", reason="completed"
+        )
+        while True:
+            message = await socket.receive_json_from(timeout=TIMEOUT)
+            if message["type"] == "status":
+                break
+        assert message["status"] == "succeeded" and message["is_finished"] is True
+        assert message["job_id"] == job.pk
+        await socket.disconnect()
+
+    run(body)
+
+
+def test_tenant_socket_gets_its_tenants_job_changes_only(world, other_world, catalog):
+    mine = make_job(world.tenant)
+    theirs = make_job(other_world.tenant)
+    cookie = session_cookie(world.member, world.tenant)
+
+    async def body():
+        from channels.db import database_sync_to_async
+
+        socket = communicator("/ws/tenant/", cookie=cookie)
+        connected, _ = await socket.connect(timeout=TIMEOUT)
+        assert connected
+        await asyncio.sleep(0.3)
+        await database_sync_to_async(job_transition)(
+            job=theirs, to=JobStatus.FAILED, actor="backend", reason="boom"
+        )
+        await database_sync_to_async(job_transition)(
+            job=mine, to=JobStatus.SUCCEEDED, actor="backend", reason="completed"
+        )
+        message = await socket.receive_json_from(timeout=TIMEOUT)
+        assert message["type"] == "status"
+        assert (message["job_id"], message["status"]) == (mine.pk, "succeeded")
+        assert await socket.receive_nothing(timeout=0.3)
+        await socket.disconnect()
+
+    run(body)
+
+
+# --- logs -----------------------------------------------------------------------------------------
+
+
+def test_backfill_then_live_lines_without_gap_or_duplicate(world, catalog):
+    job = make_job(world.tenant)
+    write_log(job, [f"line {n}" for n in range(1, 1501)])
+    cookie = session_cookie(world.member, world.tenant)
+
+    async def body():
+        socket = communicator(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        assert (await socket.connect(timeout=TIMEOUT))[0]
+        backfill = await receive_lines(socket, 1500)
+        assert_contiguous(backfill, 501, 1500)  # the last 1,000 lines
+        assert backfill[0]["text"] == "line 501" and backfill[0]["rank"] == 0
+        assert backfill[0]["ts"]
+        # Live: written in several bursts, one line still being written at first.
+        for start in range(1501, 1601, 20):
+            write_log(job, [f"line {n}" for n in range(start, start + 20)])
+            await asyncio.sleep(0.03)
+        path = Path(settings.DATA_DIR) / "jobs" / str(job.pk) / "output.log"
+        with path.open("a") as handle:
+            handle.write("partial")
+        live = await receive_lines(socket, 1600)
+        assert_contiguous(live, 1501, 1600)
+        assert live[-1]["text"] == "line 1600"
+        with path.open("a") as handle:
+            handle.write(" now complete\n")
+        last = await receive_lines(socket, 1601)
+        assert [(ln["line_no"], ln["text"]) for ln in last] == [(1601, "partial now complete")]
+        await socket.disconnect()
+
+    run(body)
+
+
+def test_resume_message_and_query_send_only_lines_after_since_line(world, catalog):
+    job = make_job(world.tenant)
+    write_log(job, [f"line {n}" for n in range(1, 301)])
+    cookie = session_cookie(world.member, world.tenant)
+
+    async def body():
+        # Reconnected client announces what it has: no backfill, lines after 250 only.
+        socket = communicator(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        assert (await socket.connect(timeout=TIMEOUT))[0]
+        await socket.send_json_to({"type": "resume", "since_line": 250})
+        lines = await receive_lines(socket, 300)
+        assert_contiguous(lines, 251, 300)
+        write_log(job, ["line 301"])
+        assert_contiguous(await receive_lines(socket, 301), 301, 301)
+        await socket.disconnect()
+
+        # The same through the URL.
+        socket = communicator(f"/ws/jobs/{job.pk}/?since_line=298", cookie=cookie)
+        assert (await socket.connect(timeout=TIMEOUT))[0]
+        assert_contiguous(await receive_lines(socket, 301), 299, 301)
+        await socket.disconnect()
+
+    run(body)
+
+
+def test_several_viewers_share_one_follower_and_each_get_every_line(world, catalog):
+    job = make_job(world.tenant)
+    write_log(job, ["first"])
+    cookie = session_cookie(world.member, world.tenant)
+
+    async def body():
+        sockets = [communicator(f"/ws/jobs/{job.pk}/", cookie=cookie) for _ in range(3)]
+        for socket in sockets:
+            assert (await socket.connect(timeout=TIMEOUT))[0]
+        for socket in sockets:
+            assert_contiguous(await receive_lines(socket, 1), 1, 1)
+        loop_id = id(asyncio.get_running_loop())
+        assert [k for k in logstream.followers.followers if k == (loop_id, job.pk)]
+        assert logstream.followers.viewers[(loop_id, job.pk)] == 3
+        write_log(job, [f"more {n}" for n in range(2, 52)])
+        for socket in sockets:
+            assert_contiguous(await receive_lines(socket, 51), 2, 51)
+        for socket in sockets:
+            await socket.disconnect()
+        assert (loop_id, job.pk) not in logstream.followers.followers
+
+    run(body)
+
+
+def test_secret_values_are_masked_in_streamed_lines(world, catalog):
+    job = make_job(
+        world.tenant,
+        secret_env_encrypted=encrypt_json({"HF_TOKEN": "hf_abcdef123456", "PIN": "12"}),
+        secret_env_names=["HF_TOKEN", "PIN"],
+    )
+    write_log(job, ["token is hf_abcdef123456 ok", "pin 12"])
+    cookie = session_cookie(world.member, world.tenant)
+
+    async def body():
+        socket = communicator(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        assert (await socket.connect(timeout=TIMEOUT))[0]
+        backfill = await receive_lines(socket, 2)
+        write_log(job, ["again: hf_abcdef123456hf_abcdef123456"])
+        live = await receive_lines(socket, 3)
+        await socket.disconnect()
+        return backfill + live
+
+    texts = [line["text"] for line in run(body)]
+    assert texts == [
+        "token is •••••• ok",
+        "pin 12",  # too short to mask without blanking ordinary text
+        "again: ••••••••••••",
+    ]

@@ -1,0 +1,391 @@
+"""Job log store: numbering and range reads (also of huge files), masking, the archive,
+the Kubernetes spool, the follower lease, the download and log APIs, and a real local
+job's output end to end through the store."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import random
+import shutil
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.urls import include, path, re_path
+
+from console.crypto import encrypt_json
+from jobs import logstream, services
+from jobs.api import streams
+from jobs.backends.local import LocalBackend
+from jobs.logstream import FileLog, KubernetesSpool
+from jobs.models import Job, JobLogArchive, JobStatus
+from tests.conftest import signed_in_client
+from tests.jobs.test_consumers import forget_files, make_job, write_log
+from tests.jobs.test_kubernetes_lifecycle import cluster  # noqa: F401 (fixture)
+from tests.jobs.test_local_lifecycle import spec, wait_for_status
+
+# The routes the lead adds to jobs/api/urls.py, so these tests run before and after.
+urlpatterns = [
+    re_path(r"^api/v1/jobs/(?P<pk>\d+)/logs/download/?$", streams.JobLogDownloadView.as_view()),
+    re_path(r"^api/v1/jobs/(?P<pk>\d+)/metrics/?$", streams.JobMetricsView.as_view()),
+    re_path(r"^api/v1/jobs/(?P<pk>\d+)/monitor/?$", streams.JobMonitorView.as_view()),
+    path("", include("console.urls")),
+]
+
+
+def texts(lines) -> list[str]:
+    return [line.text for line in lines]
+
+
+# --- the file store ------------------------------------------------------------------------------
+
+
+def test_range_reads_match_a_plain_scan_on_a_large_growing_file(tmp_path):
+    path = tmp_path / "output.log"
+    rng = random.Random(5)
+    expected = [f"{n} " + "x" * rng.randrange(0, 300) for n in range(1, 25001)]
+    path.write_text("\n".join(expected[:12000]) + "\n")
+    store = FileLog(path)
+    assert store.count() == 12000
+    with path.open("a") as handle:  # grows after the first index
+        handle.write("\n".join(expected[12000:]) + "\n")
+    assert store.count() == 25000
+    for since in [0, 1, 1023, 1024, 1025, 4096, 12000, 24990, 25000, 30000]:
+        got = store.read(since, 50)
+        assert [ln.line_no for ln in got] == list(range(since + 1, min(since + 50, 25000) + 1))
+        assert texts(got) == expected[since : since + 50]
+    assert all(ln.rank == 0 for ln in store.read(0, 10))
+
+
+def test_a_line_being_written_gets_its_number_once_complete(tmp_path):
+    path = tmp_path / "output.log"
+    path.write_text("one\ntwo\nthr")
+    store = FileLog(path)
+    assert store.count() == 2 and texts(store.read(0, 10)) == ["one", "two"]
+    assert store.count(final=True) == 3  # the job ended: the last line counts as is
+    assert texts(store.read(2, 10, final=True)) == ["thr"]
+    with path.open("a") as handle:
+        handle.write("ee\n")
+    assert texts(store.read(2, 10)) == ["three"]
+
+
+def test_a_very_long_line_is_one_line(tmp_path):
+    path = tmp_path / "output.log"
+    long_line = "y" * (3 * 2**20)
+    path.write_text(f"a\n{long_line}\nb\n")
+    store = FileLog(path)
+    assert store.count() == 3
+    assert [len(t) for t in texts(store.read(0, 10))] == [1, len(long_line), 1]
+
+
+def test_a_million_lines_range_read_is_fast(tmp_path):
+    path = tmp_path / "output.log"
+    with path.open("w") as handle:
+        handle.writelines(f"step {n} loss={1 / n:.6f}\n" for n in range(1, 1_000_001))
+    store = FileLog(path)
+    started = time.monotonic()
+    assert store.count() == 1_000_000
+    indexed = time.monotonic() - started
+    started = time.monotonic()
+    for since in range(0, 1_000_000, 99_991):
+        assert store.read(since, 200)[0].text.startswith(f"step {since + 1} ")
+    reads = time.monotonic() - started
+    # Not a benchmark, a guard against an O(n) scan per range (seconds on 1M lines).
+    assert reads < 0.5, (indexed, reads)
+
+
+# --- job-level reads: masking, API ---------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_read_lines_masks_secrets_and_pages_by_number(world, catalog):
+    job = make_job(
+        world.tenant,
+        secret_env_encrypted=encrypt_json({"WANDB_API_KEY": "wandb-s3cret-value"}),
+        secret_env_names=["WANDB_API_KEY"],
+    )
+    write_log(job, ["start", "key=wandb-s3cret-value", *[f"l{n}" for n in range(3, 11)]])
+    page = logstream.read_lines(job, since_line=1, limit=3)
+    assert [(ln["line_no"], ln["text"]) for ln in page["lines"]] == [
+        (2, "key=••••••"),
+        (3, "l3"),
+        (4, "l4"),
+    ]
+    assert page["next_line"] == 4 and page["lines"][0]["ts"] and page["lines"][0]["rank"] == 0
+    assert logstream.read_lines(job, since_line=10)["lines"] == []
+    assert logstream.read_lines(job, since_line=10)["next_line"] == 10
+    lines, last = logstream.tail_lines(job, 3)
+    assert [ln["line_no"] for ln in lines] == [8, 9, 10] and last == 10
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.jobs.test_logstream")
+def test_download_is_the_whole_masked_log_and_tenant_scoped(world, other_world, catalog):
+    job = make_job(
+        world.tenant,
+        nodes=1,
+        secret_env_encrypted=encrypt_json({"HF_TOKEN": "hf_0123456789"}),
+        secret_env_names=["HF_TOKEN"],
+    )
+    write_log(job, [f"line {n} hf_0123456789" for n in range(1, 5001)])
+    client = signed_in_client(world.viewer, world.tenant)
+    response = client.get(f"/api/v1/jobs/{job.pk}/logs/download")
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == f'attachment; filename="job-{job.pk}.log"'
+    body = b"".join(response.streaming_content).decode()
+    assert body.splitlines()[0] == "line 1 ••••••" and len(body.splitlines()) == 5000
+    assert "hf_0123456789" not in body
+    outsider = signed_in_client(other_world.owner, other_world.tenant)
+    assert outsider.get(f"/api/v1/jobs/{job.pk}/logs/download").status_code == 404
+
+
+@pytest.mark.django_db
+def test_multi_node_download_prefixes_ranks(world, catalog, monkeypatch):
+    job = make_job(world.tenant, backend="kubernetes", nodes=2, status=JobStatus.SUCCEEDED)
+    spool = KubernetesSpool(logstream.spool_dir(job))
+    spool.append(1, {0: ["a0"], 1: ["b0", "b1"]})
+    # The job's pods are gone (no cluster here): the spool is what was read.
+    monkeypatch.setattr(logstream, "kubernetes_pod_logs", lambda job: {})
+    body = b"".join(logstream.download_chunks(job)).decode()
+    assert body == "[0] a0\n[1] b0\n[1] b1\n"
+
+
+# --- kubernetes spool ----------------------------------------------------------------------------
+
+
+def test_spool_appends_only_what_each_rank_printed_since_the_last_read(tmp_path):
+    spool = KubernetesSpool(tmp_path / "spool")
+    assert spool.append(1, {0: ["r0 a"], 1: ["r1 a", "r1 b"]}) == 3
+    assert spool.append(1, {0: ["r0 a", "r0 b"], 1: ["r1 a", "r1 b"]}) == 1
+    assert spool.append(1, {0: ["r0 a", "r0 b"], 1: ["r1 a", "r1 b", "r1 c"]}) == 1
+    # A new attempt's pods start their logs over: counted separately.
+    assert spool.append(2, {0: ["again"]}) == 1
+    lines = spool.read(0, 100)
+    assert [(ln.line_no, ln.rank, ln.text) for ln in lines] == [
+        (1, 0, "r0 a"),
+        (2, 1, "r1 a"),
+        (3, 1, "r1 b"),
+        (4, 0, "r0 b"),
+        (5, 1, "r1 c"),
+        (6, 0, "again"),
+    ]
+    assert spool.count() == 6 and [ln.line_no for ln in spool.read(4, 10)] == [5, 6]
+
+
+# --- archive -------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_finished_jobs_logs_are_archived_once_and_stay_readable(world, catalog):
+    running = make_job(world.tenant, name="still running")
+    write_log(running, ["r"])
+    job = make_job(
+        world.tenant,
+        status=JobStatus.SUCCEEDED,
+        secret_env_encrypted=encrypt_json({"TOKEN": "tok-123456"}),
+        secret_env_names=["TOKEN"],
+    )
+    path = write_log(job, [f"line {n}" for n in range(1, 2001)] + ["TOKEN tok-123456"])
+    with path.open("a") as handle:
+        handle.write("no newline at the end")
+    assert logstream.logs_archive_finished() == 1
+    assert logstream.logs_archive_finished() == 0  # idempotent; running jobs untouched
+    archive = JobLogArchive.objects.get(job=job)
+    assert archive.lines == 2002 and Path(archive.path).exists()
+    with gzip.open(archive.path, "rt") as handle:
+        stored = [json.loads(row) for row in handle]
+    assert stored[-2] == [0, "TOKEN ••••••"] and stored[-1] == [0, "no newline at the end"]
+    before = logstream.read_lines(job, since_line=1990, limit=20)["lines"]
+    path.unlink()  # the run directory is gone (pods deleted, host cleaned)
+    after = logstream.read_lines(job, since_line=1990, limit=20)["lines"]
+    assert [(ln["line_no"], ln["text"]) for ln in after] == [
+        (ln["line_no"], ln["text"]) for ln in before
+    ]
+    assert not JobLogArchive.objects.filter(job=running).exists()
+
+
+# --- the follower's lease ------------------------------------------------------------------------
+
+
+def test_one_follower_holds_the_lease_and_another_takes_over():
+    async def body():
+        first, second = logstream.LogFollower(424242), logstream.LogFollower(424242)
+        client = logstream._redis.get()
+        await client.delete(first.lease_key)
+        try:
+            assert await first._hold_lease(client)
+            first.holding = True
+            assert not await second._hold_lease(client)
+            assert await first._hold_lease(client)  # renewing is holding
+            await first.release()
+            assert await second._hold_lease(client)
+            second.holding = True
+            await first.release()  # not the holder: leaves the lease alone
+            assert await client.get(first.lease_key) == second.token.encode()
+        finally:
+            await second.release()
+            await logstream.close_for_loop()
+
+    async_to_sync(body)()
+
+
+# --- a real local job ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_real_local_job_output_is_numbered_masked_and_archived(world, catalog):
+    program = (
+        "import os\n"
+        "for n in range(1, 301):\n"
+        "    print(f'step {n} loss={1 / n:.4f}')\n"
+        "print('token', os.environ['API_TOKEN'])\n"
+        "print('done', end='')\n"
+    )
+    job = services.job_submit(
+        tenant=world.tenant,
+        user=world.member,
+        spec=spec(["python", "-c", program], secret_env={"API_TOKEN": "sekrit-9876"}),
+    )
+    forget_files(job)
+    job = services.job_dispatch(job=job)
+    job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
+    assert job.status == JobStatus.SUCCEEDED
+    lines = logstream.read_lines(job, since_line=295, limit=100)["lines"]
+    assert [(ln["line_no"], ln["text"]) for ln in lines] == [
+        (296, "step 296 loss=0.0034"),
+        (297, "step 297 loss=0.0034"),
+        (298, "step 298 loss=0.0034"),
+        (299, "step 299 loss=0.0033"),
+        (300, "step 300 loss=0.0033"),
+        (301, "token ••••••"),
+        (302, "done"),
+    ]
+    # The backend's own numbering agrees (the API's range reads and the stream match).
+    assert [ln.line_no for ln in LocalBackend().logs(job, since_line=295)] == list(range(296, 303))
+    assert logstream.job_log_archive(job=Job.objects.get(pk=job.pk)) is not None
+    assert JobLogArchive.objects.get(job=job).lines == 302
+
+
+# --- kubernetes pods, through the test API server ------------------------------------------------
+
+
+def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, cluster):  # noqa: F811
+    from jobs.models import JobStatus as S
+    from tests.fakes.kube_api import PodRun
+    from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
+    from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
+
+    def script(pod: dict) -> PodRun:
+        rank = int(pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
+        rank += int(pod["metadata"]["annotations"]["gpugeek.io/rank-offset"])
+        return PodRun(logs=[f"rank {rank} a", f"rank {rank} b"], duration=0.3)
+
+    cluster.pod_script = script
+    job = launch_on_cluster(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5")))
+    forget_files(job)
+    job = settle(cluster, job, S.RUNNING)
+    first = logstream.read_lines(job)["lines"]
+    assert [(ln["line_no"], ln["rank"], ln["text"]) for ln in first] == [
+        (1, 0, "rank 0 a"),
+        (2, 0, "rank 0 b"),
+        (3, 1, "rank 1 a"),
+        (4, 1, "rank 1 b"),
+    ]
+    assert logstream.read_lines(job, since_line=4)["lines"] == []  # read again: no repeats
+    job = settle(cluster, job, S.SUCCEEDED)
+    assert logstream.job_log_archive(job=job) is not None
+    for pod in cluster.list("pods", ns(job)):
+        cluster.delete("pods", ns(job), pod["metadata"]["name"])
+    shutil.rmtree(logstream.spool_dir(job))
+    again = logstream.read_lines(job)["lines"]
+    assert [(ln["line_no"], ln["rank"], ln["text"]) for ln in again] == [
+        (ln["line_no"], ln["rank"], ln["text"]) for ln in first
+    ]
+
+
+# --- the follower: tail reading, local or Redis delivery -----------------------------------------
+
+
+def test_file_tail_numbers_lines_like_the_store(tmp_path):
+    path = tmp_path / "output.log"
+    path.write_text("one\ntwo\n")
+    tail = logstream._FileTail.after(path, 1)
+    with path.open("a") as handle:
+        handle.write("three\nfo")
+    assert [(ln.line_no, ln.text) for ln in tail.poll(final=False)] == [(2, "two"), (3, "three")]
+    with path.open("a") as handle:
+        handle.write("ur\n\nsix")
+    assert [(ln.line_no, ln.text) for ln in tail.poll(final=False)] == [(4, "four"), (5, "")]
+    assert [(ln.line_no, ln.text) for ln in tail.poll(final=True)] == [(6, "six")]
+    tail.close()
+    stored = FileLog(path).read(0, 10, final=True)
+    assert [(ln.line_no, ln.text) for ln in stored][1:] == [
+        (2, "two"),
+        (3, "three"),
+        (4, "four"),
+        (5, ""),
+        (6, "six"),
+    ]
+
+
+@pytest.mark.django_db
+def test_follower_uses_redis_only_while_another_process_has_viewers(world, catalog):
+    import asyncio
+
+    from channels.layers import channel_layers, get_channel_layer
+
+    from jobs import realtime
+
+    job = make_job(world.tenant)
+    write_log(job, ["line 1"])
+    channel_layers.backends.clear()
+
+    async def drain(layer, channel) -> list[dict]:
+        messages = []
+        while True:
+            try:
+                messages.append(await asyncio.wait_for(layer.receive(channel), 0.2))
+            except TimeoutError:
+                return messages
+
+    async def body():
+        layer = get_channel_layer()
+        group = realtime.job_group(job.pk)
+        probe = await layer.new_channel()  # what another process's hub would receive
+        await layer.group_add(group, probe)
+        local: list[dict] = []
+        await realtime.hub().subscribe(group, local.append)
+        follower = logstream.LogFollower(job.pk, process_id="this-process")
+        client = logstream._redis.get()
+        await client.delete(follower.viewers_key, follower.lease_key, follower.cursor_key)
+        follower.task = asyncio.ensure_future(follower.run())
+        try:
+            await asyncio.sleep(0.5)
+            write_log(job, ["line 2"])
+            await asyncio.sleep(0.5)
+            assert [ln["line_no"] for m in local for ln in m["lines"]] == [2]
+            through_redis = [m["payload"] for m in await drain(layer, probe)]
+            assert all(not m["lines"] for m in through_redis)  # markers only
+            # A viewer in another process: batches go through the group from now on.
+            import time as clock
+
+            await client.hset(follower.viewers_key, "other-process", clock.time())
+            await asyncio.sleep(1.3)
+            write_log(job, ["line 3"])
+            await asyncio.sleep(0.5)
+            through_redis = [m["payload"] for m in await drain(layer, probe)]
+            assert [ln["line_no"] for m in through_redis for ln in m["lines"]] == [3]
+            assert any(m.get("last_line") == 2 and not m["lines"] for m in through_redis)
+        finally:
+            follower.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower.task
+            await follower.release()
+            await logstream.close_for_loop()
+            await realtime.close_hub()
+
+    async_to_sync(body)()
