@@ -226,7 +226,12 @@ SPECTACULAR_SETTINGS = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [_BROKER_URL], "prefix": env_str("CHANNELS_PREFIX", "gpugeek")},
+        "CONFIG": {
+            # redis-py 8 reads with a 5 s socket timeout by default, the same as
+            # channels-redis's blocking pop: an idle receiver would fail every 5 s.
+            "hosts": [{"address": _BROKER_URL, "socket_timeout": 30}],
+            "prefix": env_str("CHANNELS_PREFIX", "gpugeek"),
+        },
     }
 }
 

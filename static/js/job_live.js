@@ -300,7 +300,12 @@
       this.summary(data.summary || {});
       const empty = !data.samples.length;
       this.showNote(empty ? data.note || "No GPU readings yet." : data.note || "");
-      this.grid.hidden = empty && Boolean(data.note);
+      // Nothing to chart and a reason why (e.g. "no GPU"): the reason alone says it.
+      const nothing = empty && Boolean(data.note);
+      this.grid.hidden = nothing;
+      for (const part of this.element.querySelectorAll(".range-switch, [data-metrics-summary]")) {
+        part.hidden = nothing && this.range === "15";
+      }
       if (typeof Plotly === "undefined") {
         this.showNote("Charts need plotly.js, which is not installed (run `make setup`).");
         return data;
@@ -331,6 +336,9 @@
       if (message.note) this.showNote(message.note);
       if (!this.ready || !message.samples || !message.samples.length) return;
       this.grid.hidden = false;
+      for (const part of this.element.querySelectorAll(".range-switch, [data-metrics-summary]")) {
+        part.hidden = false;
+      }
       if (!this.note.textContent.startsWith("no GPU")) this.showNote("");
       for (const [name, div] of Object.entries(this.divs)) {
         const known = this.traces[name] || (this.traces[name] = {});

@@ -8,9 +8,11 @@ sockets at the handshake (HTTP 403)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import websocket
@@ -160,6 +162,10 @@ def test_live_logs_and_status_survive_reconnects(
     # Faster than the list's 5 s fallback poll: the status message refreshed it.
     expect(row).to_contain_text("Succeeded", timeout=4_000)
 
+    if os.environ.get("GPUGEEK_E2E_SCREENSHOTS"):  # a folder to keep a picture of the page
+        folder = Path(os.environ["GPUGEEK_E2E_SCREENSHOTS"])
+        folder.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(folder / "e2e-live-job.png"), full_page=True)
     rows = shown_lines(page)
     numbers = [number for number, _ in rows]
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), "gap or duplicate"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import time
 
@@ -55,8 +56,8 @@ async def watch(session, config, viewer: Viewer, progress: dict) -> None:
         except (aiohttp.ClientError, OSError) as error:
             viewer.error = repr(error)
         viewer.reconnects += 1
-        await asyncio.sleep(delay)
-        delay = min(5.0, delay * 2)
+        await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jitter: no reconnect storm
+        delay = min(10.0, delay * 2)
 
 
 def percentile(values: list[float], fraction: float) -> float | None:

@@ -13,6 +13,10 @@ import time
 
 
 def main() -> None:
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: stacks to stderr
     output, flag, module, *arguments = sys.argv[1:]
     assert flag == "-m", "usage: profiled OUT.prof -m MODULE ARGS…"
     sys.argv = [module, *arguments]

@@ -28,6 +28,9 @@ from tests.jobs.test_consumers import make_job
 from tests.servers import ROOT, asgi_server  # noqa: F401
 
 RATE = 50  # lines per second per job
+# Seconds between two sockets' connects: pages arriving, not a storm. Each handshake costs
+# the server a session and a user query on Channels' one database thread (AuthMiddleware).
+RAMP = 0.04
 PROFILED_DAPHNE = [sys.executable, "-m", "tests.bench.streaming.profiled"]
 
 
@@ -54,7 +57,7 @@ def run_scenario(server, cookie: str, job_ids: list[int], viewers: int, seconds:
         path.write_text("")
     config = {"ws_url": server.ws_url, "origin": server.url, "cookie": cookie}
     config.update(
-        jobs=job_ids, viewers=viewers, ramp=float(os.environ.get("GPUGEEK_BENCH_RAMP", 0.01))
+        jobs=job_ids, viewers=viewers, ramp=float(os.environ.get("GPUGEEK_BENCH_RAMP", RAMP))
     )
     load = subprocess.Popen(
         [sys.executable, "-m", "tests.bench.streaming.load", json.dumps(config)],
