@@ -368,8 +368,9 @@ def store_for(job: Job, *, sync: bool = True) -> tuple[LogStore, bool]:
 def kubernetes_pod_logs(job: Job) -> dict[int, list[str]]:
     """Each rank's whole log of the current attempt (rank → lines); {} when unreachable.
 
-    Uses the Kubernetes backend's client and pod lookup; TODO(lead): a backend method
-    `rank_logs(job) -> dict[int, str]` would keep this out of its internals."""
+    Known debt (named on issue 5): this reaches into the Kubernetes backend's client and
+    pod lookup, and re-reads whole logs rather than following them; a backend method
+    `rank_logs(job)` with `follow=True` should replace it."""
     from jobs.backends import BackendRejected, BackendUnavailable, get_backend
 
     try:
