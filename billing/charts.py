@@ -1,12 +1,15 @@
-"""Plotly figures for the Cost Explorer, built on the server (plotly.py) and handed to
-plotly.js as JSON (dicts, embedded with json_script)."""
+"""Plotly figures for the Cost Explorer, built on the server and handed to plotly.js as
+JSON (dicts, embedded with json_script).
+
+The figures are written as plain Plotly JSON (`{"data": [traces], "layout": {...}}`, the
+schema plotly.js reads) rather than through `plotly.graph_objects`, whose validation of
+every property costs more than the database work of a page with hundreds of traces;
+`tests/billing/test_charts.py` validates them against plotly.py's schema instead.
+"""
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
-
-import plotly.graph_objects as go
 
 LAYOUT = {
     "margin": {"l": 50, "r": 10, "t": 30, "b": 40},
@@ -22,10 +25,23 @@ def _floats(values) -> list[float]:
     return [float(v) for v in values]
 
 
+def _figure(data: list[dict], **layout) -> dict:
+    return {"data": data, "layout": {**LAYOUT, **layout}}
+
+
+def _axis_title(text: str) -> dict:
+    return {"title": {"text": text}}
+
+
 def daily_stacked(days: list[str], series: dict[str, list[Decimal]], currency: str) -> dict:
-    fig = go.Figure([go.Bar(name=key, x=days, y=_floats(values)) for key, values in series.items()])
-    fig.update_layout(barmode="stack", yaxis_title=currency, **LAYOUT)
-    return json.loads(fig.to_json())
+    return _figure(
+        [
+            {"type": "bar", "name": key, "x": days, "y": _floats(values)}
+            for key, values in series.items()
+        ],
+        barmode="stack",
+        yaxis=_axis_title(currency),
+    )
 
 
 def month_to_date(
@@ -36,68 +52,76 @@ def month_to_date(
     month_end: str,
     currency: str,
 ) -> dict:
-    fig = go.Figure(
-        [go.Scatter(name="Spend to date", x=days, y=_floats(cumulative), mode="lines+markers")]
-    )
+    traces = [
+        {
+            "type": "scatter",
+            "name": "Spend to date",
+            "x": days,
+            "y": _floats(cumulative),
+            "mode": "lines+markers",
+        }
+    ]
     if forecast is not None and days:
-        fig.add_trace(
-            go.Scatter(
-                name="Forecast",
-                x=[days[-1], month_end],
-                y=[float(cumulative[-1]) if cumulative else 0, float(forecast)],
-                mode="lines",
-                line={"dash": "dot"},
-            )
+        traces.append(
+            {
+                "type": "scatter",
+                "name": "Forecast",
+                "x": [days[-1], month_end],
+                "y": [float(cumulative[-1]) if cumulative else 0.0, float(forecast)],
+                "mode": "lines",
+                "line": {"dash": "dot"},
+            }
         )
     if budget is not None:
-        fig.add_trace(
-            go.Scatter(
-                name="Budget",
-                x=[days[0] if days else month_end, month_end],
-                y=[float(budget)] * 2,
-                mode="lines",
-                line={"color": "#c92a2a"},
-            )
+        traces.append(
+            {
+                "type": "scatter",
+                "name": "Budget",
+                "x": [days[0] if days else month_end, month_end],
+                "y": [float(budget)] * 2,
+                "mode": "lines",
+                "line": {"color": "#c92a2a"},
+            }
         )
-    fig.update_layout(yaxis_title=currency, **LAYOUT)
-    return json.loads(fig.to_json())
+    return _figure(traces, yaxis=_axis_title(currency))
 
 
 def tier_share(by_tier: dict[str, Decimal]) -> dict:
-    fig = go.Figure([go.Pie(labels=list(by_tier), values=_floats(by_tier.values()), hole=0.5)])
-    fig.update_layout(**LAYOUT)
-    return json.loads(fig.to_json())
+    return _figure(
+        [{"type": "pie", "labels": list(by_tier), "values": _floats(by_tier.values()), "hole": 0.5}]
+    )
 
 
 def value_bars(rows: list[dict], currency: str) -> dict:
     names = [r["gpu_type"] for r in rows]
-    fig = go.Figure(
+    return _figure(
         [
-            go.Bar(
-                name=f"{currency} per GPU-hour",
-                x=names,
-                y=[float(r["per_gpu_hour"] or 0) for r in rows],
-            ),
-            go.Bar(
-                name=f"{currency} per PFLOP-hour",
-                x=names,
-                y=[float(r["per_pflop_hour"] or 0) for r in rows],
-            ),
-        ]
+            {
+                "type": "bar",
+                "name": f"{currency} per GPU-hour",
+                "x": names,
+                "y": [float(r["per_gpu_hour"] or 0) for r in rows],
+            },
+            {
+                "type": "bar",
+                "name": f"{currency} per PFLOP-hour",
+                "x": names,
+                "y": [float(r["per_pflop_hour"] or 0) for r in rows],
+            },
+        ],
+        barmode="group",
     )
-    fig.update_layout(barmode="group", **LAYOUT)
-    return json.loads(fig.to_json())
 
 
 def top_jobs_bar(rows: list[dict], currency: str) -> dict:
-    fig = go.Figure(
+    return _figure(
         [
-            go.Bar(
-                x=[float(r["amount"]) for r in rows][::-1],
-                y=[f"{r['job_name']} #{r['job_ref']}" for r in rows][::-1],
-                orientation="h",
-            )
-        ]
+            {
+                "type": "bar",
+                "x": [float(r["amount"]) for r in rows][::-1],
+                "y": [f"{r['job_name']} #{r['job_ref']}" for r in rows][::-1],
+                "orientation": "h",
+            }
+        ],
+        xaxis=_axis_title(currency),
     )
-    fig.update_layout(xaxis_title=currency, **LAYOUT)
-    return json.loads(fig.to_json())

@@ -33,8 +33,11 @@ class JobMeter(models.Model):
 class UsageRecord(TenantOwnedModel):
     """One contiguous interval of one job attempt on one tier, priced at its start."""
 
+    # Metering inserts thousands of records a tick, so the ledger carries no index it
+    # doesn't read through: (tenant, interval_start) serves the tenant's lookups, and the
+    # price-book and catalog rows are only ever deleted through Django (PROTECT checks).
     tenant = models.ForeignKey(
-        "console.Tenant", on_delete=models.CASCADE, related_name="usage_records"
+        "console.Tenant", on_delete=models.CASCADE, related_name="usage_records", db_index=False
     )
     job = models.ForeignKey(
         "jobs.Job", null=True, on_delete=models.SET_NULL, related_name="usage_records"
@@ -46,9 +49,16 @@ class UsageRecord(TenantOwnedModel):
     attempt = models.PositiveIntegerField()
     tier = models.CharField(max_length=16)
     gpu_type = models.ForeignKey(
-        "marketplace.GpuType", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "marketplace.GpuType",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
     )
-    region = models.ForeignKey("marketplace.Region", on_delete=models.PROTECT, related_name="+")
+    region = models.ForeignKey(
+        "marketplace.Region", on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     interval_start = models.DateTimeField()
     interval_end = models.DateTimeField()
     units = models.PositiveIntegerField(help_text="GPUs, or vCPUs for CPU jobs, on this tier")
@@ -60,6 +70,7 @@ class UsageRecord(TenantOwnedModel):
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
+        db_index=False,
     )
     # Per GPU-hour (or vCPU-hour), after the tenant's discount.
     unit_price = models.DecimalField(max_digits=18, decimal_places=9)
@@ -132,6 +143,41 @@ class UsageRollup(TenantOwnedModel):
 
     def __str__(self) -> str:
         return f"{self.bucket} {self.bucket_start:%Y-%m-%d %H:%M} {self.job_name}: {self.amount}"
+
+
+class UsageDailyTotal(TenantOwnedModel):
+    """Usage summed per day × GPU type × tier × region, without the job or the project:
+    what the Cost Explorer's charts and tables read unless they are about jobs or projects
+    (a few rows a day where the job rollups have one per job). Kept by the metering tick
+    with the rollups."""
+
+    # The unique key below leads with the tenant and the day: it is the index queries use.
+    tenant = models.ForeignKey(
+        "console.Tenant",
+        on_delete=models.CASCADE,
+        related_name="usage_daily_totals",
+        db_index=False,
+    )
+    bucket_start = models.DateTimeField(help_text="The day (00:00 UTC)")
+    gpu_type = models.CharField(max_length=40, help_text="GPU type slug, or 'cpu'")
+    tier = models.CharField(max_length=16)
+    region = models.CharField(max_length=40)
+    gpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
+    cpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
+    amount = models.DecimalField(default=Decimal(0), **AMOUNT)
+    on_demand_amount = models.DecimalField(default=Decimal(0), **AMOUNT)
+    currency = models.CharField(max_length=3)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "bucket_start", "gpu_type", "tier", "region"],
+                name="usage_daily_total_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.bucket_start:%Y-%m-%d} {self.gpu_type} {self.tier}: {self.amount}"
 
 
 class BudgetAction(models.TextChoices):

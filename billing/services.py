@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from billing.metering import meter_tick
 from billing.models import Budget, BudgetAction, BudgetAlert, UsageRollup
+from billing.webhooks import webhook_post, webhook_url_validate
 from console.models import Membership, Tenant, User
 from console.permissions import Role
 from console.services import ServiceError, audit_record, notify
@@ -104,10 +105,11 @@ def budget_create(
         action=action,
         project=project,
     )
+    webhook_url = webhook_url_validate(webhook_url)
     try:
         with transaction.atomic():
             budget = Budget.objects.create(
-                tenant=tenant, created_by=user, webhook_url=webhook_url or "", **values
+                tenant=tenant, created_by=user, webhook_url=webhook_url, **values
             )
             audit_record(
                 action="budget.created",
@@ -138,11 +140,12 @@ def budget_update(*, budget: Budget, user: User | None, request=None, **changes)
     if unknown:
         raise ServiceError(f"Unknown fields: {', '.join(sorted(unknown))}.")
     values = _validate_budget(**{**current, **changes})
+    webhook_url = webhook_url_validate(webhook_url)
     try:
         with transaction.atomic():
             for field, value in values.items():
                 setattr(budget, field, value)
-            budget.webhook_url = webhook_url or ""
+            budget.webhook_url = webhook_url
             budget.save()
             audit_record(
                 action="budget.changed",
@@ -348,22 +351,16 @@ def webhook_signature(body: bytes) -> str:
 
 
 def budget_webhook_send(*, budget: Budget, payload: dict) -> int:
-    import urllib.request
-
+    """POST the signed payload; the URL is checked again (see billing.webhooks)."""
     body = json.dumps(payload, sort_keys=True).encode()
-    request = urllib.request.Request(  # noqa: S310  (URL set by a tenant admin; http(s) only)
+    return webhook_post(
         budget.webhook_url,
-        data=body,
-        method="POST",
+        body=body,
         headers={
             "Content-Type": "application/json",
             "X-GpuGeek-Signature": webhook_signature(body),
         },
     )
-    if not budget.webhook_url.startswith(("http://", "https://")):
-        raise ServiceError("Webhook URLs are http(s).", field="webhook_url")
-    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-        return response.status
 
 
 def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
 from billing import services
+from console.services import ServiceError
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True)
@@ -25,5 +30,9 @@ def budget_webhook_task(self, budget_id: int, payload: dict) -> None:
     from billing.models import Budget
 
     budget = Budget.objects.filter(pk=budget_id).first()
-    if budget is not None and budget.webhook_url:
+    if budget is None or not budget.webhook_url:
+        return
+    try:
         services.budget_webhook_send(budget=budget, payload=payload)
+    except ServiceError as error:  # refused now (e.g. its name resolves privately): no retry
+        log.warning("budget %s webhook not sent: %s", budget_id, error.message)

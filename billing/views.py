@@ -54,12 +54,9 @@ def costs(request: HttpRequest) -> HttpResponse:
     if query is not None:
         tenant = request.tenant
         now = timezone.now()
-        rows = selectors.usage_rows(tenant=tenant, query=query)
+        explorer = selectors.cost_explorer(tenant=tenant, query=query)
+        rows, split, value, top = explorer.rows, explorer.split, explorer.value, explorer.top
         currency = rows[0]["currency"] if rows else "USD"
-        days, series = selectors.daily_by_group(tenant=tenant, query=query)
-        split = selectors.tier_split(tenant=tenant, query=query)
-        value = selectors.value_by_gpu_type(tenant=tenant, query=query)
-        top = selectors.top_jobs(tenant=tenant, query=query)
         mtd_days, cumulative = selectors.cumulative_month(tenant=tenant, now=now)
         statuses = services.budget_statuses(tenant=tenant, now=now)
         tenant_budget = next((s for s in statuses if not s.budget.project), None)
@@ -84,7 +81,7 @@ def costs(request: HttpRequest) -> HttpResponse:
                 "statuses": statuses,
                 "forecast": forecast,
                 "figures": {
-                    "daily": charts.daily_stacked(days, series, currency),
+                    "daily": charts.daily_stacked(explorer.days, explorer.series, currency),
                     "mtd": charts.month_to_date(
                         mtd_days,
                         cumulative,

@@ -256,7 +256,16 @@ KUBERNETES_EGRESS_DENY_CIDRS = env_list(
     ],
 )
 KUBERNETES_IMAGE_PULL_SECRETS = env_list("KUBERNETES_IMAGE_PULL_SECRETS", [])
+# Kueue: "off", "on", or "auto" (on when the cluster serves the kueue.x-k8s.io API).
+# When on, each tenant namespace gets a LocalQueue (KUEUE_QUEUE_NAME) pointing to the
+# ClusterQueue KUEUE_CLUSTER_QUEUE (set up by the cluster admin), and jobs are created
+# suspended for Kueue to admit. Setting only KUEUE_QUEUE_NAME (older configs) means "on".
 KUEUE_QUEUE_NAME = env_str("KUEUE_QUEUE_NAME", "")
+KUEUE = env_str("KUEUE", "on" if KUEUE_QUEUE_NAME else "off")
+if KUEUE not in ("off", "on", "auto"):
+    raise ImproperlyConfigured("KUEUE is off, on or auto.")
+KUEUE_QUEUE_NAME = KUEUE_QUEUE_NAME or "gpugeek"
+KUEUE_CLUSTER_QUEUE = env_str("KUEUE_CLUSTER_QUEUE", "gpugeek")
 CAPACITY_SYNC_INTERVAL = env_int("CAPACITY_SYNC_INTERVAL", 60)
 # Local backend: vCPUs offered per host core (light scripts share cores), and the OS user
 # jobs run as (empty: the console's own user). It is not a security boundary.
@@ -293,6 +302,10 @@ HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
 # Read at every start (not stored), so a demo or test can meter every few seconds.
 METERING_INTERVAL = env_int("METERING_INTERVAL", 30)
 WEBHOOK_SIGNING_SECRET = env_str("WEBHOOK_SIGNING_SECRET", "")
+# Budget webhooks may target loopback, private, link-local or reserved addresses only when
+# this is on (a lab or test receiver); otherwise a tenant could aim the server at its own
+# network (SSRF). Checked when a budget is saved and again before each send.
+BUDGET_WEBHOOK_ALLOW_PRIVATE = env_bool("BUDGET_WEBHOOK_ALLOW_PRIVATE", False)
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "meter-tick": {"task": "billing.tasks.meter_tick_task", "schedule": float(METERING_INTERVAL)},
     "jobs-reconcile": {"task": "jobs.tasks.jobs_reconcile_task", "schedule": 30.0},

@@ -108,7 +108,27 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             else None
         ),
     }
+    context.update(_dashboard_jobs(request))
+    if request.htmx and request.htmx.target == "dashboard-jobs":
+        # The live job list (refetched on every state change the tenant socket reports).
+        return render(request, "console/dashboard.html#dashboard-jobs", context)
     return render(request, "console/dashboard.html", context)
+
+
+DASHBOARD_JOBS = 8
+
+
+def _dashboard_jobs(request: HttpRequest) -> dict:
+    from jobs import selectors as job_selectors
+    from jobs.models import JobStatus
+
+    if not has_capability(request.membership, Capability.VIEW_TENANT):
+        return {"recent_jobs": [], "running_count": 0}
+    jobs = job_selectors.jobs_for_tenant(tenant=request.tenant)
+    return {
+        "recent_jobs": list(jobs[:DASHBOARD_JOBS]),
+        "running_count": jobs.filter(status=JobStatus.RUNNING).count(),
+    }
 
 
 @login_required

@@ -4,8 +4,14 @@ Line numbers are 1-based and global per job. Where they come from:
 - local backend: the job's `output.log` (rank 0), line n is the file's n-th line;
 - kubernetes: a spool the console appends to as it reads the pods' logs (see
   `KubernetesSpool`), so lines of several ranks get one stable order (arrival order);
-- once the job has finished, an archive (gzip, under LOG_ARCHIVE_DIR) keeps the log
-  readable after its pods (or run directory) are gone.
+- once the job has finished, an archive (gzip members plus an index of their offsets,
+  under LOG_ARCHIVE_DIR) keeps the log readable, by range, after its pods (or run
+  directory) are gone.
+
+Upstream reads go through the backend's log interface only (`log_sources`, `open_log`
+in jobs.backends.base): the output file of a local job, the pod log API of a Kubernetes
+job (one `follow=True` stream per pod while the job is followed, a one-off read of each
+pod's log for an API read nobody follows).
 
 Only complete lines are numbered while a job runs; a last line without its newline is
 added once the job has ended, so a number never changes its text.
@@ -53,6 +59,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from jobs import realtime
+from jobs.backends.base import LogSource, LogStream
 from jobs.models import Job
 from jobs.realtime import LogLinePayload
 
@@ -62,7 +69,6 @@ BACKFILL_LINES = 1000
 FLUSH_SECONDS = 0.1  # a batch is published at least this often while lines arrive
 FOLLOW_BATCH = 2000
 LEASE_SECONDS = 5.0
-KUBERNETES_POLL_SECONDS = 1.0
 MASK = "••••••"
 # Shorter secret values are not masked: they would blank out ordinary words and digits.
 MIN_SECRET_LENGTH = 4
@@ -233,15 +239,74 @@ class FileLog:
             return found
 
 
+ARCHIVE_MEMBER_LINES = 1024
+
+
+def archive_index_path(archive: Path) -> Path:
+    return archive.with_name(archive.name + ".idx")
+
+
 class ArchiveLog:
     """A finished job's archived log: gzip of JSON lines `[rank, text]`, one per line.
-    Read whole (and cached) when asked: archives are read only once the source is gone."""
+
+    Written as independent gzip members of `ARCHIVE_MEMBER_LINES` lines each (still one
+    ordinary gzip file to any reader) plus an index of the members' byte offsets (a
+    sidecar `.idx`), so a range read of a 1,000,000-line archive decompresses one or two
+    members instead of the whole file. An archive without a matching index (written
+    before the index existed, or torn) is read whole, as before."""
 
     _cache: OrderedDict[str, tuple[float, list[tuple[int, str]]]] = OrderedDict()
+    _indexes: OrderedDict[str, tuple[tuple[float, int], dict]] = OrderedDict()
+    _members: OrderedDict[tuple[str, float, int], list[bytes]] = OrderedDict()
     _lock = threading.Lock()
+    MAX_MEMBERS = 16  # decompressed members kept: paging back through a log re-reads few
 
     def __init__(self, path: Path):
         self.path = Path(path)
+
+    def _index(self) -> dict | None:
+        """The archive's member index, or None where it is missing or not this file's."""
+        stat = self.path.stat()
+        stamp = (stat.st_mtime, stat.st_size)
+        key = str(self.path)
+        with self._lock:
+            cached = self._indexes.get(key)
+            if cached and cached[0] == stamp:
+                return cached[1]
+        try:
+            index = json.loads(archive_index_path(self.path).read_text())
+        except (OSError, ValueError):
+            return None
+        offsets = index.get("offsets") or []
+        if index.get("version") != 1 or not offsets or offsets[-1] != stat.st_size:
+            return None  # an index of another write of this archive
+        with self._lock:
+            self._indexes[key] = (stamp, index)
+            while len(self._indexes) > 64:
+                self._indexes.popitem(last=False)
+        return index
+
+    def _member(self, index: dict, number: int) -> list[bytes]:
+        """Member `number`'s raw lines (JSON, without newlines)."""
+        stamp = self.path.stat().st_mtime
+        key = (str(self.path), stamp, number)
+        with self._lock:
+            cached = self._members.get(key)
+            if cached is not None:
+                self._members.move_to_end(key)
+                return cached
+        start, end = index["offsets"][number], index["offsets"][number + 1]
+        with open(self.path, "rb") as handle:
+            handle.seek(start)
+            data = gzip.decompress(handle.read(end - start))
+        rows = data.split(b"\n")
+        if rows and not rows[-1]:
+            rows.pop()
+        with self._lock:
+            self._members[key] = rows
+            while len(self._members) > self.MAX_MEMBERS:
+                self._members.popitem(last=False)
+        return rows
 
     def _lines(self) -> list[tuple[int, str]]:
         mtime = self.path.stat().st_mtime
@@ -260,55 +325,137 @@ class ArchiveLog:
         return lines
 
     def count(self, final: bool = True) -> int:
+        index = self._index()
+        if index is not None:
+            return index["lines"]
         return len(self._lines())
 
     def read(self, since_line: int, limit: int, final: bool = True) -> list[StoredLine]:
-        lines = self._lines()
         start = max(0, since_line)
-        return [
-            StoredLine(number, rank, text)
-            for number, (rank, text) in enumerate(lines[start : start + limit], start=start + 1)
-        ]
+        index = self._index()
+        if index is None:
+            return [
+                StoredLine(number, rank, text)
+                for number, (rank, text) in enumerate(
+                    self._lines()[start : start + limit], start=start + 1
+                )
+            ]
+        per_member = index["member_lines"]
+        members = len(index["offsets"]) - 1
+        found: list[StoredLine] = []
+        number = start
+        while len(found) < limit and number < index["lines"]:
+            member = number // per_member
+            if member >= members:
+                break
+            rows = self._member(index, member)
+            skip = number - member * per_member
+            for raw in rows[skip : skip + limit - len(found)]:
+                rank, text = json.loads(raw)
+                number += 1
+                found.append(StoredLine(number, rank, text))
+            if skip >= len(rows):
+                break  # a short member before the last: the index lies; stop, don't spin
+        return found
+
+
+def write_archive(target: Path, lines: Iterable[tuple[int, str]]) -> int:
+    """Write `(rank, text)` lines as an indexed archive (see `ArchiveLog`), atomically:
+    the index first, then the archive, each renamed into place. Returns the line count."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex
+    tmp = target.with_name(f".{target.name}.{token}.tmp")
+    index_tmp = target.with_name(f".{target.name}.{token}.idx.tmp")
+    offsets = [0]
+    try:
+        total = _write_members(tmp, lines, offsets)
+        index_tmp.write_text(
+            json.dumps(
+                {
+                    "version": 1,
+                    "member_lines": ARCHIVE_MEMBER_LINES,
+                    "lines": total,
+                    "offsets": offsets,
+                }
+            )
+        )
+        index_tmp.replace(archive_index_path(target))
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+        index_tmp.unlink(missing_ok=True)
+    return total
+
+
+def _write_members(path: Path, lines: Iterable[tuple[int, str]], offsets: list[int]) -> int:
+    total = 0
+    member: list[str] = []
+    with open(path, "wb") as archive:
+
+        def flush() -> None:
+            data = "".join(member).encode("utf-8")
+            # mtime=0: the same log always compresses to the same bytes.
+            archive.write(gzip.compress(data, compresslevel=6, mtime=0))
+            offsets.append(archive.tell())
+            member.clear()
+
+        for rank, text in lines:
+            member.append(json.dumps([rank, text], ensure_ascii=False) + "\n")
+            total += 1
+            if len(member) == ARCHIVE_MEMBER_LINES:
+                flush()
+        if member or total == 0:
+            flush()
+    return total
 
 
 class KubernetesSpool:
     """The numbered store of a Kubernetes job: JSON lines `[attempt, rank, text]` appended
-    in the order the console read them, plus per-(attempt, rank) counts so a later read of
-    a pod's log appends only what is new. Appends hold an exclusive file lock (the web
-    process, a worker and the follower may all sync)."""
+    in the order the console read them, plus how many lines of each source (a pod's log,
+    `LogSource.key`) it holds, so a later read of a pod's log appends only what is new.
+    Appends hold an exclusive file lock (the web process, a worker and the follower may
+    all append)."""
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self.path = self.directory / "spool.jsonl"
         self.counts_path = self.directory / "counts.json"
 
-    def _counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, int]:
+        """Lines held per source key."""
         try:
             return json.loads(self.counts_path.read_text())
         except (OSError, ValueError):
             return {}
 
-    def append(self, attempt: int, streams: dict[int, list[str]]) -> int:
-        """Append each rank's lines that the spool lacks (`streams[rank]` is that rank's
-        whole log so far, or a suffix of it starting where the spool stands when
-        `streams` came from `missing()`). Returns how many lines were added."""
+    def append(self, attempt: int, batches: Iterable[tuple[LogSource, int, list[str]]]) -> int:
+        """Append sources' lines that the spool lacks: each batch is `(source, first,
+        texts)`, `texts` being the source's lines from its `first` (0-based) on. Returns
+        how many lines were added."""
+        batches = [batch for batch in batches if batch[2]]
+        if not batches:
+            return 0
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.directory / "lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            counts = self._counts()
-            added = 0
-            with open(self.path, "a", encoding="utf-8") as spool:
-                for rank, texts in sorted(streams.items()):
-                    key = f"{attempt}:{rank}"
-                    have = counts.get(key, 0)
-                    for text in texts[have:]:
-                        spool.write(json.dumps([attempt, rank, text]) + "\n")
-                        added += 1
-                    counts[key] = max(have, len(texts))
-            tmp = self.counts_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(counts))
-            tmp.replace(self.counts_path)
-            return added
+            counts = self.counts()
+            rows = []
+            for source, first, texts in batches:
+                have = counts.get(source.key, 0)
+                if first > have:
+                    # A gap would renumber nothing but lose lines: never append past one.
+                    log.warning("log of %s: lines %d… offered, %d held", source.key, first, have)
+                    continue
+                fresh = texts[have - first :]
+                rows.extend(json.dumps([attempt, source.rank, text]) + "\n" for text in fresh)
+                counts[source.key] = have + len(fresh)
+            if rows:
+                with open(self.path, "a", encoding="utf-8") as spool:
+                    spool.writelines(rows)
+                tmp = self.counts_path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(counts))
+                tmp.replace(self.counts_path)
+            return len(rows)
 
     def count(self, final: bool = False) -> int:
         return FileLog(self.path).count()
@@ -344,7 +491,7 @@ def store_for(job: Job, *, sync: bool = True) -> tuple[LogStore, bool]:
     """The store to read `job`'s lines from, and whether its last partial line counts.
 
     For a Kubernetes job still on its pods, `sync` first appends what they printed since
-    the last read (a follower that just synced passes False)."""
+    the last read, unless a follower keeps the spool current (it holds the job's lease)."""
     if job.backend == "local":
         path = _local_log_path(job)
         if path.exists():
@@ -352,7 +499,7 @@ def store_for(job: Job, *, sync: bool = True) -> tuple[LogStore, bool]:
     else:
         spool = KubernetesSpool(spool_dir(job))
         if not job.is_finished or not archive_path(job).exists():
-            if sync:
+            if sync and not _followed(job.pk):
                 kubernetes_sync(job)
             if spool.path.exists():
                 return spool, True
@@ -365,43 +512,24 @@ def store_for(job: Job, *, sync: bool = True) -> tuple[LogStore, bool]:
 # --- Kubernetes: reading pod logs into the spool ----------------------------------------------
 
 
-def kubernetes_pod_logs(job: Job) -> dict[int, list[str]]:
-    """Each rank's whole log of the current attempt (rank → lines); {} when unreachable.
-
-    Known debt (named on issue 5): this reaches into the Kubernetes backend's client and
-    pod lookup, and re-reads whole logs rather than following them; a backend method
-    `rank_logs(job)` with `follow=True` should replace it."""
+def kubernetes_sync(job: Job) -> int:
+    """Append what the job's pods printed since the spool's last read (one read of each
+    pod's log, no waiting); returns lines added. An unreachable API adds nothing."""
     from jobs.backends import BackendRejected, BackendUnavailable, get_backend
 
+    spool = KubernetesSpool(spool_dir(job))
     try:
         backend = get_backend("kubernetes")
-        from jobs.backends import kubernetes_manifests as manifests
-        from jobs.backends.kubernetes import current_pods
-
-        namespace = manifests.namespace_name(job.tenant_id)
-        streams: dict[int, list[str]] = {}
-        for rank, pod in current_pods(backend._attempt_pods(job)).items():
-            text = backend._call(
-                f"reading the log of {pod.metadata.name}",
-                backend.core.read_namespaced_pod_log,
-                pod.metadata.name,
-                namespace,
-                container=manifests.CONTAINER,
-                ok=(400, 404),
-            )
-            streams[rank] = (text or "").splitlines()
-        return streams
+        held = spool.counts()
+        batches = []
+        for source in backend.log_sources(job):
+            skip = held.get(source.key, 0)
+            stream = backend.open_log(job, source, skip=skip, follow=False)
+            batches.append((source, skip, stream.poll()))
     except (BackendUnavailable, BackendRejected) as error:
         log.warning("reading pod logs of job %s failed: %s", job.pk, error)
-        return {}
-
-
-def kubernetes_sync(job: Job) -> int:
-    """Append what the pods printed since the spool's last read; returns lines added."""
-    streams = kubernetes_pod_logs(job)
-    if not streams:
         return 0
-    return KubernetesSpool(spool_dir(job)).append(job.attempt, streams)
+    return spool.append(job.attempt, batches)
 
 
 # --- reading (API, backfill, gap filling) -------------------------------------------------------
@@ -482,26 +610,23 @@ def job_log_archive(*, job: Job) -> Path | None:
     if job.backend != "local":
         kubernetes_sync(job)
     masker = SecretMasker(job_secret_values(job))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    lines = 0
     # Read the live source, never a previous archive (which may be what's missing).
     if job.backend == "local":
         source: LogStore = FileLog(_local_log_path(job))
     else:
         source = KubernetesSpool(spool_dir(job))
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as archive:
+
+    def masked() -> Iterator[tuple[int, str]]:
         since = 0
         while True:
             chunk = source.read(since, 5000, final=True)
             if not chunk:
-                break
-            archive.writelines(
-                json.dumps([ln.rank, masker(ln.text)], ensure_ascii=False) + "\n" for ln in chunk
-            )
-            lines += len(chunk)
+                return
+            for line in chunk:
+                yield line.rank, masker(line.text)
             since = chunk[-1].line_no
-    tmp.replace(target)
+
+    lines = write_archive(target, masked())
     JobLogArchive.objects.update_or_create(
         job=job,
         defaults={
@@ -562,6 +687,27 @@ class _RedisClients:
 
 
 _redis = _RedisClients()
+_sync_redis: dict[str, object] = {}
+
+
+def _lease_key(job_id: int) -> str:
+    return f"{_redis_prefix()}:logfollow:{job_id}:lease"
+
+
+def _followed(job_id: int) -> bool:
+    """Whether some process's follower holds the job's lease (and so keeps its store
+    current); False when Redis can't tell."""
+    import redis
+
+    url = settings.REDIS_URL or "redis://127.0.0.1:1/0"
+    client = _sync_redis.get(url)
+    if client is None:
+        client = _sync_redis[url] = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+    try:
+        return bool(client.exists(_lease_key(job_id)))
+    except redis.RedisError:
+        return False
+
 
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
@@ -575,68 +721,117 @@ return 0
 """
 
 
-class _FileTail:
-    """Follows a growing local log file from a line number: per poll one read of the new
-    bytes on an open handle (no re-indexing, no thread), complete lines only, unless the
-    job has ended (then a last line without newline counts, as in `FileLog`)."""
+class _LocalReader:
+    """New lines of a local job: its backend's stream of the output file, polled in the
+    event loop (a non-blocking read of the bytes written since the last poll)."""
 
-    def __init__(self, path: Path, next_line: int, offset: int):
-        self.path = path
-        self.next_line = next_line  # the number the next complete line gets
-        self.offset = offset
-        self.partial = b""
-        self.handle = None
+    interval = FLUSH_SECONDS
+
+    def __init__(self, stream: LogStream, cursor: int):
+        self.stream = stream
+        self.cursor = cursor
+        self.first: list[str] = []
 
     @classmethod
-    def after(cls, path: Path, line: int) -> _FileTail:
-        """A tail positioned after line `line` (blocking: run it in a thread)."""
-        store = FileLog(path)
-        offset = 0
-        if line > 0:
-            try:
-                with open(path, "rb") as handle:
-                    index = store._index(handle)
-                    with index.lock:
-                        block = min(line // index.STEP, len(index.offsets) - 1)
-                        offset = index.offsets[block]
-                    handle.seek(offset)
-                    for _ in range(line - block * index.STEP):
-                        if not handle.readline():
-                            break
-                    offset = handle.tell()
-            except FileNotFoundError:
-                offset = 0
-        return cls(path, line + 1, offset)
+    def open(cls, backend, job: Job, cursor: int) -> _LocalReader:
+        """Blocking (run it in a thread): the first poll finds the cursor's line in the
+        file, a scan of up to the whole file."""
+        (source,) = backend.log_sources(job)
+        reader = cls(backend.open_log(job, source, skip=cursor), cursor)
+        reader.first = reader.stream.poll()
+        return reader
 
-    def poll(self, final: bool) -> list[StoredLine]:
-        if self.handle is None:
-            try:
-                self.handle = open(self.path, "rb")  # noqa: SIM115 (kept open while followed)
-            except FileNotFoundError:
-                return []
-            self.handle.seek(self.offset)
-        data = self.handle.read(4 << 20)
-        if data:
-            self.offset += len(data)
-            data = self.partial + data
-            complete, newline, self.partial = data.rpartition(b"\n")
-            raws = complete.split(b"\n") if newline else []
-        else:
-            raws = []
-        if final and self.partial:
-            raws.append(self.partial)
-            self.partial = b""
-        lines = [
-            StoredLine(self.next_line + i, 0, raw.decode(errors="replace").rstrip("\r"))
-            for i, raw in enumerate(raws)
-        ]
-        self.next_line += len(lines)
+    async def read(self) -> list[StoredLine]:
+        texts = self.stream.poll()
+        if self.first:
+            texts, self.first = self.first + texts, []
+        lines = [StoredLine(self.cursor + i, 0, text) for i, text in enumerate(texts, 1)]
+        self.cursor += len(lines)
         return lines
 
     def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
+        self.stream.close()
+
+
+class _KubernetesReader:
+    """New lines of a Kubernetes job: one backend stream per pod (the pod log API with
+    `follow=True`, read by the stream's own thread), appended to the job's spool (which
+    numbers them) and read back from it. Pods that start later (or replace a rank's pod)
+    are found by listing the attempt's pods: every second while a rank is not followed,
+    every `SETTLED_LIST_SECONDS` once all are."""
+
+    interval = 1.0  # at most this long without a look, even when no stream wakes us
+    SETTLED_LIST_SECONDS = 15.0
+
+    def __init__(self, backend, job: Job, cursor: int, wake):
+        self.backend = backend
+        self.job = job
+        self.cursor = cursor
+        self.wake = wake
+        self.spool = KubernetesSpool(spool_dir(job))
+        self.streams: dict[str, LogStream] = {}
+        self.read_upto: dict[str, int] = {}  # per stream: lines of its source seen so far
+        self.done: set[str] = set()  # sources that stopped and were read to their end
+        self.listed_at = 0.0
+
+    @classmethod
+    def open(cls, backend, job: Job, cursor: int, wake) -> _KubernetesReader:
+        return cls(backend, job, cursor, wake)
+
+    def _list_due(self) -> bool:
+        settled = len(self.streams) >= self.job.nodes
+        wait = self.SETTLED_LIST_SECONDS if settled else 1.0
+        return time.monotonic() - self.listed_at >= wait
+
+    def _list(self) -> None:
+        self.listed_at = time.monotonic()
+        held = self.spool.counts()
+        for source in self.backend.log_sources(self.job):
+            if source.key in self.streams or source.key in self.done:
+                continue
+            skip = held.get(source.key, 0)
+            self.streams[source.key] = self.backend.open_log(
+                self.job, source, skip=skip, wake=self.wake
+            )
+            self.read_upto[source.key] = skip
+
+    def _collect(self, listing: bool) -> list[StoredLine]:
+        from jobs.backends import BackendRejected, BackendUnavailable
+
+        try:
+            if listing:
+                self._list()
+        except (BackendUnavailable, BackendRejected) as error:
+            log.warning("listing the pods of job %s failed: %s", self.job.pk, error)
+        batches = []
+        for key, stream in list(self.streams.items()):
+            ended = stream.ended  # read before polling: a line that came meanwhile is kept
+            lines = stream.poll()
+            batches.append((stream.source, self.read_upto[key], lines))
+            self.read_upto[key] += len(lines)
+            if ended:
+                del self.streams[key]
+                if not stream.source.live:
+                    self.done.add(key)
+                self.listed_at = 0.0  # a stream stopped: look for its pod's successor
+        self.spool.append(self.job.attempt, batches)
+        lines = self.spool.read(self.cursor, FOLLOW_BATCH)
+        if lines:
+            self.cursor = lines[-1].line_no
+        return lines
+
+    async def read(self) -> list[StoredLine]:
+        from asgiref.sync import sync_to_async
+
+        listing = self._list_due()
+        if listing:  # a new attempt has new pods
+            await sync_to_async(self.job.refresh_from_db)(fields=["attempt", "status"])
+        return await asyncio.to_thread(self._collect, listing)
+
+    def close(self) -> None:
+        for stream in self.streams.values():
+            stream.close()
+        self.streams.clear()
 
 
 # Identifies this process among those with viewers of a job (see LogFollower).
@@ -663,6 +858,8 @@ class LogFollower:
         self.viewers_key = f"{prefix}:logfollow:{job_id}:viewers"
         self.holding = False
         self.local_only = False
+        self.cursor: int | None = None  # the last line published
+        self._checked = asyncio.Event()
         self.task: asyncio.Task | None = None
 
     async def _hold_lease(self, client) -> bool:
@@ -714,86 +911,111 @@ class LogFollower:
         else:
             await realtime.apublish_job_logs(self.job_id, lines, last_line=last_line)
 
+    async def _keep(self, client) -> None:
+        """Every second: note this process's viewers, hold (or wait for) the lease, check
+        for viewers in other processes and save the cursor. A task of its own, so a slow
+        Redis answer never delays the reading loop's next poll."""
+        saved_cursor: int | None = None
+        while True:
+            await self._note_viewers(client)
+            holding = await self._hold_lease(client)
+            if holding:
+                was_local = self.local_only
+                self.local_only = await self._only_local_viewers(client)
+                cursor = self.cursor
+                if was_local and not self.local_only and cursor is not None:
+                    # Viewers elsewhere now: tell them how far the log reaches.
+                    await realtime.apublish_job_logs(self.job_id, [], last_line=cursor)
+                if cursor is not None and cursor != saved_cursor:
+                    with contextlib.suppress(Exception):
+                        await client.set(self.cursor_key, cursor, ex=7 * 24 * 3600)
+                        saved_cursor = cursor
+            self.holding = holding
+            self._checked.set()
+            await asyncio.sleep(1.0)
+
     async def run(self) -> None:
         from asgiref.sync import sync_to_async
 
+        from jobs.backends import get_backend
+
         client = _redis.get()
         cursor: int | None = None
-        saved_cursor: int | None = None
         masker: SecretMasker | None = None
-        job: Job | None = None
-        tail: _FileTail | None = None
-        final = False
-        ticked_at = 0.0
+        reader: _LocalReader | _KubernetesReader | None = None
+        woken = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:  # from a stream's reading thread
+            loop.call_soon_threadsafe(woken.set)
+
+        keeper = asyncio.ensure_future(self._keep(client))
+        polled_at = time.monotonic()
         try:
             while True:
-                now = time.monotonic()
-                if not self.holding or now - ticked_at >= 1.0:
-                    ticked_at = now
-                    await self._note_viewers(client)
-                    self.holding = await self._hold_lease(client)
-                    if not self.holding:
-                        cursor = None
-                        await asyncio.sleep(1.0)
-                        continue
-                    was_local = self.local_only
-                    self.local_only = await self._only_local_viewers(client)
-                    if was_local and not self.local_only and cursor is not None:
-                        # Viewers elsewhere now: tell them how far the log reaches.
-                        await realtime.apublish_job_logs(self.job_id, [], last_line=cursor)
-                    if cursor is not None and cursor != saved_cursor:
-                        with contextlib.suppress(Exception):
-                            await client.set(self.cursor_key, cursor, ex=7 * 24 * 3600)
-                            saved_cursor = cursor
-                    if job is not None and job.backend == "local":
-                        final = await asyncio.to_thread(_local_final, job)
+                if not self.holding:
+                    if reader is not None:
+                        reader.close()
+                    reader = cursor = self.cursor = None
+                    self._checked.clear()
+                    await self._checked.wait()  # the keeper's next look at the lease
+                    continue
                 try:
-                    if job is None or cursor is None:
+                    if reader is None or cursor is None:
                         job = await sync_to_async(Job.objects.get)(pk=self.job_id)
                         masker = SecretMasker(await sync_to_async(job_secret_values)(job))
                         end = await asyncio.to_thread(line_count, job)
                         stored = await client.get(self.cursor_key)
                         cursor = min(int(stored), end) if stored is not None else end
-                        if tail is not None:
-                            tail.close()
-                        tail = None
+                        self.cursor = cursor
+                        backend = await asyncio.to_thread(get_backend, job.backend)
                         if job.backend == "local":
-                            final = await asyncio.to_thread(_local_final, job)
-                            tail = await asyncio.to_thread(
-                                _FileTail.after, _local_log_path(job), cursor
+                            reader = await asyncio.to_thread(
+                                _LocalReader.open, backend, job, cursor
                             )
+                        else:
+                            reader = _KubernetesReader.open(backend, job, cursor, wake)
                         # Tells sockets how far the store reaches, so none waits on a gap.
                         await realtime.apublish_job_logs(self.job_id, [], last_line=cursor)
                         if self.local_only:
                             await self._publish([], cursor)
-                    if tail is not None:
-                        lines = tail.poll(final)
-                    else:
-                        lines, final = await asyncio.to_thread(self._read, job, cursor)
+                    woken.clear()
+                    lines = await reader.read()
                 except Job.DoesNotExist:
                     return
                 except Exception:
                     log.warning(
                         "log follower of job %s failed; retrying", self.job_id, exc_info=True
                     )
-                    cursor = None
+                    if reader is not None:
+                        reader.close()
+                    reader = cursor = None
                     await asyncio.sleep(1.0)
                     continue
                 if lines:
-                    cursor = lines[-1].line_no
+                    cursor = self.cursor = lines[-1].line_no
                     await self._publish(_payload(lines, masker, realtime.now_iso()), cursor)
                     if len(lines) >= FOLLOW_BATCH:
                         continue
-                # Pod logs are re-read whole (no follow yet): less often than a file.
-                interval = FLUSH_SECONDS if job.backend == "local" else KUBERNETES_POLL_SECONDS
-                await asyncio.sleep(interval)
+                if isinstance(reader, _LocalReader):
+                    # A file is polled at a fixed rate, not "sleep after work" (which adds
+                    # the work and the event loop's lag to every line's wait), but never
+                    # twice within half an interval (more, smaller batches cost more).
+                    now = time.monotonic()
+                    polled_at = max(polled_at + reader.interval, now + reader.interval / 2)
+                    await asyncio.sleep(polled_at - now)
+                    continue
+                # A pod log stream wakes us when lines come.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), reader.interval)
+                if woken.is_set():
+                    await asyncio.sleep(FLUSH_SECONDS / 2)  # let a burst make one batch
         finally:
-            if tail is not None:
-                tail.close()
-
-    def _read(self, job: Job, cursor: int) -> tuple[list[StoredLine], bool]:
-        store, final = store_for(job)  # a Kubernetes job's pods are read (synced) here
-        return store.read(cursor, FOLLOW_BATCH, final=final), final
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await keeper
+            if reader is not None:
+                reader.close()
 
 
 class _FollowerRegistry:

@@ -118,19 +118,23 @@ def job_cost_to_date(job: Job, events: list[JobEvent] | None = None) -> Decimal:
 
 
 def queue_positions(jobs: list[Job]) -> dict[int, int]:
-    """1-based queue position of each queued job among the jobs waiting for its pools."""
-    from jobs.services import queued_in_order
+    """1-based queue position of each queued job among the jobs waiting for its pools
+    (its own pools, not the whole platform's queue)."""
+    from jobs.services import queued_ahead_of, queued_in_order
 
-    wanted = {j.pk for j in jobs if j.status == S.QUEUED}
+    wanted = [j for j in jobs if j.status == S.QUEUED]
     if not wanted:
         return {}
-    # Position among the jobs waiting for the same pool(s), not the whole platform's queue.
+    if len(wanted) == 1:  # a job page or an API answer: one indexed count
+        return {wanted[0].pk: 1 + queued_ahead_of(wanted[0]).count()}
+    wanted_ids = {j.pk for j in wanted}
+    # A list: one pass over the queue beats a count per row.
     order = [
         (pk, {p for p in pools if p})
         for pk, *pools in queued_in_order().values_list("pk", "pool_id", "spot_pool_id")
     ]
     positions = {}
     for index, (pk, pools) in enumerate(order):
-        if pk in wanted:
+        if pk in wanted_ids:
             positions[pk] = 1 + sum(1 for _, other in order[:index] if other & pools)
     return positions

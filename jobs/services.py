@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, IntegerField, Value, When
+from django.db.models import Case, Count, F, IntegerField, Q, Sum, Value, When
 from django.utils import timezone
 
 from console.crypto import encrypt_json
@@ -25,7 +25,7 @@ from console.models import Tenant, User
 from console.services import ServiceError, audit_record
 from jobs.backends import BackendRejected, BackendUnavailable, Observation, get_backend
 from jobs.models import FINISHED, HOLDING_COMPUTE, Job, JobStatus, Priority
-from jobs.state import IllegalTransition, job_note, job_transition
+from jobs.state import IllegalTransition, job_note, job_reason_update, job_transition
 from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Tier
 
 log = logging.getLogger(__name__)
@@ -374,7 +374,7 @@ def job_submit(
                 request=request,
                 metadata={"gpus": job.total_gpus, "nodes": job.nodes, "image": job.image_reference},
             )
-            jobs_admit()
+            job_admit_submitted(job=job)
     except IntegrityError:
         existing = Job.objects.for_tenant(tenant).filter(idempotency_key=idempotency_key).first()
         if existing is None:
@@ -464,20 +464,26 @@ class _Usage:
         self.tenant_jobs[job.tenant_id] += 1
 
 
-def _usage() -> _Usage:
+def _usage(*, pool_ids: Iterable[int] | None = None, tenant_id: int | None = None) -> _Usage:
+    """Compute held, summed in the database (one row per pool/tenant and GPU type, not per
+    job). `pool_ids`/`tenant_id` narrow it to what one admission decision reads."""
     usage = _Usage()
-    for job in Job.objects.holding_compute().only(
-        "tenant_id",
-        "gpu_type_id",
-        "gpus_per_node",
-        "cpus",
-        "pool_id",
-        "spot_pool_id",
-        "spot_nodes",
-        "on_demand_nodes",
-        "nodes",
+    holding = Job.objects.holding_compute().order_by()
+    for pool_field, nodes_field in (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes")):
+        rows = holding.filter(**{f"{pool_field}__isnull": False})
+        if pool_ids is not None:
+            rows = rows.filter(**{f"{pool_field}__in": list(pool_ids)})
+        for row in rows.values(pool_field).annotate(
+            gpus=Sum(F(nodes_field) * F("gpus_per_node")), vcpus=Sum(F(nodes_field) * F("cpus"))
+        ):
+            usage.pool_gpus[row[pool_field]] += row["gpus"] or 0
+            usage.pool_vcpus[row[pool_field]] += row["vcpus"] or 0
+    rows = holding if tenant_id is None else holding.filter(tenant_id=tenant_id)
+    for row in rows.values("tenant_id", "gpu_type_id").annotate(
+        gpus=Sum(F("nodes") * F("gpus_per_node")), jobs=Count("pk")
     ):
-        usage.add(job)
+        usage.tenant_gpus[(row["tenant_id"], row["gpu_type_id"])] += row["gpus"] or 0
+        usage.tenant_jobs[row["tenant_id"]] += row["jobs"]
     return usage
 
 
@@ -521,18 +527,119 @@ def _blocking_reason(
     return None
 
 
+PRIORITY_ORDER = (Priority.CRITICAL, Priority.NORMAL, Priority.LOW)
+# Reasons that hold a queued job back by its own tenant's quota: such a job blocks only
+# that tenant's later jobs for its pools, never another tenant's.
+QUOTA_WAIT_PREFIXES = ("quota", "waiting behind your organisation")
+BEHIND_IN_POOL = "waiting behind earlier jobs for the same pool"
+BEHIND_OWN_QUOTA = "waiting behind your organisation's earlier jobs (quota)"
+
+
 def queued_in_order():
     rank = Case(
-        *[
-            When(priority=p, then=Value(r))
-            for p, r in ((Priority.CRITICAL, 0), (Priority.NORMAL, 1), (Priority.LOW, 2))
-        ],
+        *[When(priority=p, then=Value(r)) for r, p in enumerate(PRIORITY_ORDER)],
         output_field=IntegerField(),
     )
     return (
         Job.objects.filter(status=S.QUEUED)
         .annotate(priority_rank=rank)
         .order_by("priority_rank", "created_at", "pk")
+    )
+
+
+def queued_ahead_of(job: Job):
+    """Queued jobs before `job` in admission order (priority, then FIFO) that want one of
+    its pools; an indexed filter, so its cost doesn't grow with the rest of the queue."""
+    pools = [pid for pid in (job.pool_id, job.spot_pool_id) if pid]
+    rank = PRIORITY_ORDER.index(job.priority)
+    earlier = Q(priority__in=PRIORITY_ORDER[:rank]) | Q(
+        Q(created_at__lt=job.created_at) | Q(created_at=job.created_at, pk__lt=job.pk),
+        priority=job.priority,
+    )
+    return _queued_in_pools(pools).filter(earlier).exclude(pk=job.pk)
+
+
+def _queued_behind(job: Job):
+    """Queued jobs after `job` in admission order that want one of its pools."""
+    pools = [pid for pid in (job.pool_id, job.spot_pool_id) if pid]
+    rank = PRIORITY_ORDER.index(job.priority)
+    later = Q(priority__in=PRIORITY_ORDER[rank + 1 :]) | Q(
+        Q(created_at__gt=job.created_at) | Q(created_at=job.created_at, pk__gt=job.pk),
+        priority=job.priority,
+    )
+    return _queued_in_pools(pools).filter(later).exclude(pk=job.pk)
+
+
+def _quota_wait(field_name: str = "status_reason") -> Q:
+    q = Q()
+    for prefix in QUOTA_WAIT_PREFIXES:
+        q |= Q(**{f"{field_name}__startswith": prefix})
+    return q
+
+
+def job_admit_submitted(*, job: Job) -> bool:
+    """Admission of one just-queued job, at a cost independent of the queue's length.
+
+    It keeps `jobs_admit`'s order: if a job ranked before it (higher priority, or same
+    priority and earlier) waits for one of its pools, it waits too (no overtaking), unless
+    that job is held only by another tenant's quota; otherwise it is checked against the
+    free capacity and its tenant's quota. The queue isn't re-examined: nothing freed
+    compute since the last full pass (`jobs_admit` runs whenever a job ends, pauses or is
+    cancelled, and in the reconciler), so every job already queued still doesn't fit.
+    Returns whether it was admitted; its reason says why not. When it goes before jobs
+    already waiting for its pools, a full pass follows. Figures that other waiting jobs
+    quote ("2 free") refresh at the next full pass.
+    """
+    pool_ids = sorted(pid for pid in (job.pool_id, job.spot_pool_id) if pid)
+    with transaction.atomic():
+        # The same row locks as jobs_admit (pools, in pk order) serialise admissions of a
+        # pool; the tenant's quota rows serialise its admissions across pools.
+        pools = {
+            p.pk: p
+            for p in NodePool.objects.select_for_update()
+            .filter(pk__in=pool_ids, is_active=True)
+            .order_by("pk")
+        }
+        quotas: dict[int, list[TenantQuota]] = defaultdict(list)
+        for quota in TenantQuota.objects.for_tenant(job.tenant).select_for_update().order_by("pk"):
+            quotas[quota.tenant_id].append(quota)
+        mine, quota_wait = Q(tenant_id=job.tenant_id), _quota_wait()
+        ahead = queued_ahead_of(job).aggregate(
+            others_capacity=Count("pk", filter=~mine & ~quota_wait),
+            own_capacity=Count("pk", filter=mine & ~quota_wait),
+            own_quota=Count("pk", filter=mine & quota_wait),
+        )
+        # Another tenant's job held only by its quota blocks nobody else (as in jobs_admit).
+        if ahead["others_capacity"] or ahead["own_capacity"]:
+            reason = BEHIND_IN_POOL
+        elif ahead["own_quota"]:
+            reason = BEHIND_OWN_QUOTA
+        else:
+            usage = _usage(pool_ids=pool_ids, tenant_id=job.tenant_id)
+            reason = _blocking_reason(job, pools, usage, quotas)
+        if reason:
+            if job.status_reason != reason:
+                Job.objects.filter(pk=job.pk).update(status_reason=reason)
+                job.status_reason = reason
+            others = _queued_behind(job)
+        else:
+            job_transition(job=job, to=S.DISPATCHING, actor="system", reason="admitted")
+            _enqueue("job_dispatch_task", job.pk)
+            others = _queued_in_pools(pool_ids)
+        if others.exists():
+            # It went past waiting jobs (a higher priority, or another tenant's quota
+            # wait): that can change what holds them back (capacity taken turns a quota
+            # wait into a pool wait; a new quota wait ahead frees the pool for others),
+            # so a full pass re-sorts them. A launch into a pool where it is last, the
+            # common case, skips this.
+            jobs_admit()
+            job.refresh_from_db()
+        return job.status == S.DISPATCHING
+
+
+def _queued_in_pools(pool_ids: list[int]):
+    return Job.objects.filter(status=S.QUEUED).filter(
+        Q(pool_id__in=pool_ids) | Q(spot_pool_id__in=pool_ids)
     )
 
 
@@ -557,15 +664,15 @@ def jobs_admit() -> list[Job]:
     for job in queued_in_order().select_for_update():
         job_pools = {pid for pid in (job.pool_id, job.spot_pool_id) if pid}
         if job_pools & blocked_pools:
-            reason = "waiting behind earlier jobs for the same pool"
+            reason = BEHIND_IN_POOL
         elif {(job.tenant_id, pid) for pid in job_pools} & blocked_by_quota:
-            reason = "waiting behind your organisation's earlier jobs (quota)"
+            reason = BEHIND_OWN_QUOTA
         else:
             reason = _blocking_reason(job, pools, usage, quotas)
         if reason:
             if reason.startswith("quota"):
                 blocked_by_quota |= {(job.tenant_id, pid) for pid in job_pools}
-            elif not reason.startswith("waiting behind your"):
+            elif reason != BEHIND_OWN_QUOTA:
                 blocked_pools |= job_pools
             if job.status_reason != reason:
                 Job.objects.filter(pk=job.pk).update(status_reason=reason)
@@ -830,6 +937,9 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
         changes["exit_code"] = observation.exit_code
     if phase == "running" and status in (S.PROVISIONING, S.RESUMING, S.DISPATCHING):
         return _transition_quietly(job, S.RUNNING, "backend", "running")
+    if phase == "pending" and status in (S.PROVISIONING, S.RESUMING) and observation.reason:
+        # Why it isn't running yet (Kueue admission, scheduling, image pull): shown as is.
+        return job_reason_update(job=job, reason=observation.reason)
     if phase == "succeeded" and status in HOLDING_COMPUTE:
         job = _transition_quietly(job, S.SUCCEEDED, "backend", "completed", **changes)
     elif phase == "failed" and status in HOLDING_COMPUTE:

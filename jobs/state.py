@@ -113,3 +113,14 @@ def job_note(*, job: Job, actor: str, reason: str) -> None:
         reason=reason[:1000],
         attempt=job.attempt,
     )
+
+
+def job_reason_update(*, job: Job, reason: str) -> Job:
+    """Say why a job is still where it is (e.g. what it waits for) without a status
+    change: no timeline entry, but the live page and list see it."""
+    reason = reason[:500]
+    if job.status_reason != reason:
+        Job.objects.filter(pk=job.pk, status=job.status).update(status_reason=reason)
+        job.status_reason = reason
+        realtime.publish_job_status(job)
+    return job

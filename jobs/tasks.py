@@ -58,6 +58,12 @@ def job_release_task(job_id: int) -> None:
             backend.release(job)
 
 
+@shared_task(**RETRY)
+def registry_pull_secret_remove_task(tenant_id: int, registry: str) -> None:
+    """A tenant removed its login to `registry`: remove its copy from the cluster."""
+    get_backend("kubernetes").remove_pull_secret(tenant_id, registry)
+
+
 @shared_task(acks_late=True)
 def jobs_reconcile_task() -> None:
     services.jobs_reconcile()

@@ -255,6 +255,7 @@ def secrets(request: HttpRequest) -> HttpResponse:
     """Organisation secrets: names visible to members, values never shown; admins edit."""
     from jobs.forms import TenantSecretForm
     from jobs.models import TenantSecret
+    from marketplace.selectors import registry_credentials_for_tenant
 
     can_manage = has_capability(request.membership, Capability.MANAGE_SECRETS)
     form = TenantSecretForm(request.POST or None)
@@ -280,6 +281,7 @@ def secrets(request: HttpRequest) -> HttpResponse:
             "form": form,
             "can_manage": can_manage,
             "secrets": TenantSecret.objects.for_tenant(request.tenant).select_related("created_by"),
+            "registry_credentials": registry_credentials_for_tenant(tenant=request.tenant),
         },
     )
 

@@ -5,7 +5,15 @@ from decimal import Decimal
 from django import forms
 from django.utils import timezone
 
-from marketplace.models import GpuType, ImageKind, NodePool, Region, Tier, Vendor
+from marketplace.models import (
+    AllowedRegistry,
+    GpuType,
+    ImageKind,
+    NodePool,
+    Region,
+    Tier,
+    Vendor,
+)
 
 SORT_CHOICES = [
     ("price", "Price per GPU-hour"),
@@ -177,3 +185,25 @@ class AllowedRegistryForm(forms.Form):
         help_text="Optional, e.g. acme/ to allow only that namespace",
     )
     note = forms.CharField(max_length=200, required=False)
+
+
+class RegistryCredentialForm(forms.Form):
+    """A login to an allow-listed registry; the password is never rendered back."""
+
+    registry = forms.ChoiceField(help_text="An allow-listed registry host.")
+    username = forms.CharField(
+        max_length=200, widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})
+    )
+    password = forms.CharField(
+        label="Password or access token",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        help_text="Stored encrypted; never shown again. Saving a registry again replaces it.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        hosts = sorted(
+            {host.lower() for host in AllowedRegistry.objects.values_list("host", flat=True)}
+        )
+        self.fields["registry"].choices = [(host, host) for host in hosts]

@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from console.tenancy import TenantScopedQuerySet
+from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
 
 # Prices carry 6 decimals (4+ required); amounts are rounded to the cent only on invoices.
 PRICE_DIGITS = 14
@@ -258,6 +258,38 @@ class AllowedRegistry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host}/{self.path_prefix}".rstrip("/")
+
+
+class RegistryCredential(TenantOwnedModel):
+    """A tenant's login to one allow-listed registry, for pulling its private images.
+
+    The password (or token) is stored encrypted with console.crypto and never shown again;
+    the Kubernetes backend turns it into a `kubernetes.io/dockerconfigjson` Secret in the
+    tenant's namespace and names it in the pods' `imagePullSecrets`.
+    """
+
+    tenant = models.ForeignKey(
+        "console.Tenant", on_delete=models.CASCADE, related_name="registry_credentials"
+    )
+    # host[:port], lower-case, as image references name it (docker.io for Docker Hub).
+    registry = models.CharField(max_length=253)
+    username = models.CharField(max_length=200)
+    password_encrypted = models.TextField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["registry"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "registry"], name="registry_credential_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username}@{self.registry}"
 
 
 class ImageQuerySet(TenantScopedQuerySet):

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
 from django.db.models import Q, QuerySet
 
-from marketplace.models import GpuType, Image, NodePool, PriceVersion, Region, Tier
+from marketplace.images import InvalidReference, parse_reference
+from marketplace.models import (
+    GpuType,
+    Image,
+    NodePool,
+    PriceVersion,
+    Region,
+    RegistryCredential,
+    Tier,
+)
 from marketplace.pricing import _off, tenant_discount_percent, unit_prices
 
 THOUSAND = Decimal(1000)
@@ -175,3 +184,32 @@ def images_for_tenant(
 
 def price_versions() -> QuerySet[PriceVersion]:
     return PriceVersion.objects.select_related("created_by")
+
+
+def registry_credentials_for_tenant(*, tenant) -> QuerySet[RegistryCredential]:
+    return RegistryCredential.objects.for_tenant(tenant).select_related("created_by")
+
+
+@dataclass(frozen=True)
+class RegistryLogin:
+    """Decrypted credentials for one registry; only ever handed to a compute backend."""
+
+    registry: str
+    username: str
+    password: str = field(repr=False)
+
+
+def registry_login_for_image(*, tenant, image_reference: str) -> RegistryLogin | None:
+    """The tenant's login to the registry an image comes from, or None (public image,
+    or no credentials stored)."""
+    from console.crypto import decrypt_json
+
+    try:
+        registry = parse_reference(image_reference).registry
+    except InvalidReference:
+        return None
+    credential = RegistryCredential.objects.for_tenant(tenant).filter(registry=registry).first()
+    if credential is None:
+        return None
+    password = decrypt_json(credential.password_encrypted)["password"]
+    return RegistryLogin(registry=registry, username=credential.username, password=password)

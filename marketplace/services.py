@@ -12,11 +12,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
 
+from console.crypto import encrypt_json
 from console.models import Tenant, User
 from console.services import ServiceError, audit_record
 from jobs.backends.base import ComputeBackend, NodeInventory
@@ -29,6 +31,7 @@ from marketplace.models import (
     PriceEntry,
     PriceVersion,
     Region,
+    RegistryCredential,
     TenantPricing,
     TenantQuota,
 )
@@ -481,3 +484,85 @@ def image_deactivate(*, image: Image, user: User, request: HttpRequest | None = 
             request=request,
         )
     return image
+
+
+# --- registry credentials ----
+
+
+def registry_normalise(registry: str) -> str:
+    """host[:port] as image references name it (lower-case; docker.io for Docker Hub)."""
+    text = (registry or "").strip().lower().removeprefix("https://").removeprefix("http://")
+    text = text.rstrip("/")
+    if text in ("index.docker.io", "registry-1.docker.io"):
+        return "docker.io"
+    return text
+
+
+@transaction.atomic
+def registry_credential_set(
+    *,
+    tenant: Tenant,
+    user: User,
+    registry: str,
+    username: str,
+    password: str,
+    request: HttpRequest | None = None,
+) -> RegistryCredential:
+    """Store (or replace) the tenant's login to an allow-listed registry. The password is
+    encrypted at once and never shown again; jobs started later pull with it."""
+    host = registry_normalise(registry)
+    if not host or host not in {h.lower() for h, _ in _allowed_registries()}:
+        raise ServiceError(
+            f"{host or 'That'} is not an allow-listed registry for private images.",
+            field="registry",
+        )
+    username = (username or "").strip()
+    if not username or len(username) > 200:
+        raise ServiceError("Give the registry user name (up to 200 characters).", field="username")
+    if not password:
+        raise ServiceError("Give the password or access token.", field="password")
+    credential, created = RegistryCredential.objects.update_or_create(
+        tenant=tenant,
+        registry=host,
+        defaults={
+            "username": username,
+            "password_encrypted": encrypt_json({"password": password}),
+            "created_by": user,
+        },
+    )
+    audit_record(
+        action="registry_credential.created" if created else "registry_credential.updated",
+        tenant=tenant,
+        actor=user,
+        target=credential,
+        request=request,
+        metadata={"registry": host, "username": username},
+    )
+    return credential
+
+
+@transaction.atomic
+def registry_credential_delete(
+    *, credential: RegistryCredential, user: User, request: HttpRequest | None = None
+) -> None:
+    audit_record(
+        action="registry_credential.deleted",
+        tenant=credential.tenant,
+        actor=user,
+        target=credential,
+        request=request,
+        metadata={"registry": credential.registry},
+    )
+    tenant_id, registry = credential.tenant_id, credential.registry
+    credential.delete()
+    if "kubernetes" in settings.COMPUTE_BACKENDS:
+        # The login's copy in the tenant's namespace goes too (after commit, by a task).
+        from jobs.tasks import registry_pull_secret_remove_task
+
+        def send() -> None:
+            try:
+                registry_pull_secret_remove_task.delay(tenant_id, registry)
+            except Exception:
+                log.exception("could not queue the removal of the %s pull secret", registry)
+
+        transaction.on_commit(send)

@@ -9,6 +9,11 @@ urlpatterns = [
     path("estimate/", views.estimate, name="estimate"),
     path("images/", views.images, name="images"),
     path("images/<int:image_id>/retire/", views.image_deactivate, name="image_deactivate"),
+    path(
+        "images/registry-logins/<int:credential_id>/remove/",
+        views.registry_credential_delete,
+        name="registry_credential_delete",
+    ),
     path("staff/prices/", views.staff_prices, name="staff_prices"),
     path("staff/prices/<int:version_id>/", views.staff_price_version, name="staff_price_version"),
     path("staff/catalog/", views.staff_catalog, name="staff_catalog"),

@@ -29,6 +29,7 @@ from marketplace.forms import (
     NodePoolForm,
     OfferFilterForm,
     PriceVersionForm,
+    RegistryCredentialForm,
     TenantPricingForm,
     TenantQuotaForm,
 )
@@ -39,6 +40,7 @@ from marketplace.models import (
     NodePool,
     PriceVersion,
     Region,
+    RegistryCredential,
     TenantPricing,
     TenantQuota,
 )
@@ -111,24 +113,21 @@ def estimate(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def images(request: HttpRequest) -> HttpResponse:
     can_add = has_capability(request.membership, Capability.MANAGE_PRIVATE_IMAGES)
-    image_form = ImageForm(request.POST or None, prefix="new")
+    posted = request.POST if request.method == "POST" else None
+    which = request.POST.get("form") if posted else None
+    image_form = ImageForm(posted if which != "registry-credential" else None, prefix="new")
+    credential_form = RegistryCredentialForm(
+        posted if which == "registry-credential" else None, prefix="login"
+    )
     if request.method == "POST":
         if not can_add:
             raise Http404("Not found.")
-        if image_form.is_valid():
-            data = dict(image_form.cleaned_data)
-            try:
-                image = services.image_create(
-                    tenant=request.tenant,
-                    slug=data.pop("slug"),
-                    reference=data.pop("reference"),
-                    user=request.user,
-                    request=request,
-                    **{k: (v if v is not None else []) for k, v in data.items()},
-                )
-            except ServiceError as error:
-                _form_error(image_form, error)
-            else:
+        if which == "registry-credential":
+            if _registry_credential_save(request, credential_form):
+                return redirect(f"{reverse('marketplace:images')}#registry-logins")
+        else:
+            image = _image_create_from_form(request, image_form, tenant=request.tenant)
+            if image is not None:
                 messages.success(request, f"Private image “{image.name}” added.")
                 return redirect("marketplace:images")
     filters = ImageFilterForm(request.GET or None)
@@ -143,12 +142,74 @@ def images(request: HttpRequest) -> HttpResponse:
         "filters": filters,
         "images": Paginator(catalog, 50).get_page(request.GET.get("page")),
         "image_form": image_form,
+        "credential_form": credential_form,
+        "registry_credentials": selectors.registry_credentials_for_tenant(tenant=request.tenant),
         "can_add": can_add,
         "allowed_registries": AllowedRegistry.objects.all(),
     }
     if request.htmx and request.htmx.target == "image-list":
         return render(request, "marketplace/images.html#image-list", context)
     return render(request, "marketplace/images.html", context)
+
+
+def _image_create_from_form(request: HttpRequest, form: ImageForm, *, tenant) -> Image | None:
+    """Create a public (tenant None) or private image from the posted form; on a refusal
+    the form carries the error and None is returned."""
+    if not form.is_valid():
+        return None
+    data = dict(form.cleaned_data)
+    try:
+        return services.image_create(
+            tenant=tenant,
+            slug=data.pop("slug"),
+            reference=data.pop("reference"),
+            user=request.user,
+            request=request,
+            **{k: (v if v is not None else []) for k, v in data.items()},
+        )
+    except ServiceError as error:
+        _form_error(form, error)
+        return None
+
+
+def _registry_credential_save(request: HttpRequest, form: RegistryCredentialForm) -> bool:
+    if not form.is_valid():
+        return False
+    try:
+        credential = services.registry_credential_set(
+            tenant=request.tenant, user=request.user, request=request, **form.cleaned_data
+        )
+    except ServiceError as error:
+        _form_error(form, error)
+        return False
+    messages.success(
+        request,
+        f"Login for {credential.registry} saved; its password won't be shown again.",
+    )
+    return True
+
+
+@capability_required(Capability.MANAGE_PRIVATE_IMAGES)
+@require_http_methods(["GET", "POST"])
+def registry_credential_delete(request: HttpRequest, credential_id: int) -> HttpResponse:
+    credential = get_for_tenant_or_404(RegistryCredential, request.tenant, pk=credential_id)
+    if request.method == "POST":
+        services.registry_credential_delete(
+            credential=credential, user=request.user, request=request
+        )
+        messages.success(request, f"Login for {credential.registry} removed.")
+        return redirect(f"{reverse('marketplace:images')}#registry-logins")
+    return render(
+        request,
+        "partials/confirm.html",
+        {
+            "title": "Remove registry login",
+            "message": f"Remove the login for {credential.registry}? Jobs launched later from "
+            "its private images can't pull them; running jobs are not affected.",
+            "confirm_label": "Remove",
+            "cancel_url": reverse("marketplace:images"),
+        },
+    )
 
 
 @capability_required(Capability.MANAGE_PRIVATE_IMAGES)
@@ -405,20 +466,9 @@ def staff_registry_remove(request: HttpRequest, registry_id: int) -> HttpRespons
 def staff_images(request: HttpRequest) -> HttpResponse:
     """Public images: curated by staff, offered to every tenant."""
     image_form = ImageForm(request.POST or None, prefix="new")
-    if request.method == "POST" and image_form.is_valid():
-        data = dict(image_form.cleaned_data)
-        try:
-            image = services.image_create(
-                tenant=None,
-                slug=data.pop("slug"),
-                reference=data.pop("reference"),
-                user=request.user,
-                request=request,
-                **{k: (v if v is not None else []) for k, v in data.items()},
-            )
-        except ServiceError as error:
-            _form_error(image_form, error)
-        else:
+    if request.method == "POST":
+        image = _image_create_from_form(request, image_form, tenant=None)
+        if image is not None:
             messages.success(request, f"Public image “{image.name}” published.")
             return redirect("marketplace:staff_images")
     public = Image.objects.filter(tenant__isnull=True).order_by("-is_active", "kind", "name")

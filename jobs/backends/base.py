@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -55,6 +56,39 @@ class LogLine:
     text: str
 
 
+@dataclass(frozen=True)
+class LogSource:
+    """One rank's log in a job's current attempt (a pod's main container, the local
+    job's output file). `key` names this log for good: a pod that replaces another for
+    the same rank is a new source, so a reader can count what it already holds of each."""
+
+    rank: int
+    key: str
+    live: bool  # still being written: following it waits for more lines
+
+
+class LogStream(Protocol):
+    """Complete lines of one source, after the first `skip`, as they are written.
+
+    Reading happens in the background (or on each poll); `poll()` never blocks. A stream
+    that ended (the container stopped, the connection broke, or `follow=False` and all
+    was read) has `ended` set once `poll()` has returned its last lines."""
+
+    source: LogSource
+    skip: int  # lines of the source before the first one this stream returns
+
+    def poll(self) -> list[str]:
+        """The lines that arrived since the last call, in order."""
+        ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    def close(self) -> None:
+        """Stop reading now (callable from any thread); idempotent."""
+        ...
+
+
 class ComputeBackend(Protocol):
     name: str
 
@@ -84,4 +118,24 @@ class ComputeBackend(Protocol):
 
     def logs(self, job: Job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
         """Log lines after `since_line` (1-based, global across ranks)."""
+        ...
+
+    def log_sources(self, job: Job) -> list[LogSource]:
+        """The current attempt's rank logs that can be read now (started containers)."""
+        ...
+
+    def open_log(
+        self,
+        job: Job,
+        source: LogSource,
+        *,
+        skip: int = 0,
+        follow: bool = True,
+        wake: Callable[[], None] | None = None,
+    ) -> LogStream:
+        """Read `source` after its first `skip` lines: what is there (`follow=False`), or
+        also each line as it is written until the source ends or `close()`. One stream
+        per source serves every viewer (jobs.logstream numbers and publishes its lines);
+        `wake` is called from the reading thread when lines arrive, so a follower need
+        not poll."""
         ...

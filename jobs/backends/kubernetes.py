@@ -16,8 +16,11 @@ on delete/patch mean "done already", so a task that runs twice has one effect.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +34,7 @@ from jobs.backends.base import (
     BackendRejected,
     BackendUnavailable,
     LogLine,
+    LogSource,
     NodeInventory,
     Observation,
 )
@@ -59,6 +63,10 @@ SPOT_TAINT_KEYS = {
     "kubernetes.azure.com/scalesetpriority",
 }
 ACTIVE_POD_PHASES = {"Pending", "Running", "Unknown"}
+# API groups the cluster serves, per API server, from discovery (KUEUE=auto, JobSet).
+_API_GROUPS: dict[str, tuple[float, frozenset[str]]] = {}
+API_GROUPS_TTL = 300.0
+MERGE_PATCH = "application/merge-patch+json"  # custom resources take no strategic merge
 
 
 def parse_millicores(quantity: str | None) -> int:
@@ -149,6 +157,14 @@ def _condition(obj: Any, kind: str) -> Any:
     return None
 
 
+def _kueue_owner_uid(kube_job: Any) -> str:
+    """The uid Kueue's Workload is labelled with: the JobSet's for a JobSet's Job."""
+    for owner in kube_job.metadata.owner_references or []:
+        if owner.kind == "JobSet":
+            return owner.uid
+    return kube_job.metadata.uid
+
+
 def _is_finished(kube_job: Any) -> bool:
     return bool(_condition(kube_job, "Complete") or _condition(kube_job, "Failed"))
 
@@ -192,6 +208,7 @@ class KubernetesBackend:
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
         self.networking = client.NetworkingV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
     def from_settings(cls) -> KubernetesBackend:
@@ -327,7 +344,137 @@ class KubernetesBackend:
             name,
             network_policy,
         )
+        queue = self.kueue_queue()
+        if queue:
+            local_queue = manifests.local_queue_manifest(
+                tenant_id, queue, settings.KUEUE_CLUSTER_QUEUE
+            )
+            self._create(
+                f"Kueue LocalQueue in {name}",
+                self.custom.create_namespaced_custom_object,
+                manifests.KUEUE_GROUP,
+                manifests.KUEUE_VERSION,
+                name,
+                "localqueues",
+                local_queue,
+            )
         return name
+
+    # --- Kueue ----------------------------------------------------------------------------
+    def api_groups(self) -> frozenset[str]:
+        """The API groups this cluster serves (discovery, cached for a few minutes)."""
+        host = self.api_client.configuration.host
+        cached = _API_GROUPS.get(host)
+        if cached is not None and time.monotonic() - cached[0] < API_GROUPS_TTL:
+            return cached[1]
+        discovery = client.ApisApi(self.api_client)
+        listed = self._call("discovering API groups", discovery.get_api_versions)
+        groups = frozenset(group.name for group in listed.groups or [])
+        _API_GROUPS[host] = (time.monotonic(), groups)
+        return groups
+
+    def kueue_queue(self) -> str | None:
+        """The tenant LocalQueue's name when Kueue admits our jobs (KUEUE=on, or auto and
+        the cluster serves kueue.x-k8s.io), else None: then our admission alone decides."""
+        mode = settings.KUEUE
+        if mode == "off" or (mode == "auto" and manifests.KUEUE_GROUP not in self.api_groups()):
+            return None
+        return settings.KUEUE_QUEUE_NAME
+
+    def _gang(self, job: Job, queue: str | None) -> bool:
+        """A split job goes to Kueue as one JobSet (manifests.jobset_manifest says why),
+        where the cluster has JobSet; without it, as one Job per tier (each admitted on
+        its own, so a warning)."""
+        if not manifests.is_gang(job, queue):
+            return False
+        if manifests.JOBSET_GROUP in self.api_groups():
+            return True
+        log.warning("job %s: JobSet isn't installed; Kueue admits its tiers apart", job.pk)
+        return False
+
+    def _workloads(self, namespace: str, owner_uid: str) -> list[dict]:
+        """Kueue's Workload(s) of a Job or JobSet (labelled with its uid)."""
+        listed = self._call(
+            "listing Kueue workloads",
+            self.custom.list_namespaced_custom_object,
+            manifests.KUEUE_GROUP,
+            manifests.KUEUE_VERSION,
+            namespace,
+            "workloads",
+            label_selector=f"kueue.x-k8s.io/job-uid={owner_uid}",
+            ok=(404,),
+        )
+        return (listed or {}).get("items") or []
+
+    def _set_workloads_active(self, job: Job, kube_jobs: list[Any], active: bool) -> bool:
+        """Deactivate (pause) or reactivate (resume) the attempt's Workloads: the way to
+        stop a Kueue-managed job, since Kueue owns `suspend`. Returns False when Kueue
+        hasn't made a Workload yet."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        found = False
+        for owner_uid in sorted({_kueue_owner_uid(kube_job) for kube_job in kube_jobs}):
+            for workload in self._workloads(namespace, owner_uid):
+                found = True
+                self._call(
+                    f"updating Kueue workload {workload['metadata']['name']}",
+                    self.custom.patch_namespaced_custom_object,
+                    manifests.KUEUE_GROUP,
+                    manifests.KUEUE_VERSION,
+                    namespace,
+                    "workloads",
+                    workload["metadata"]["name"],
+                    {"spec": {"active": active}},
+                    _content_type=MERGE_PATCH,
+                    ok=(404,),
+                )
+        return found
+
+    def _kueue_wait_reason(self, job: Job, kube_jobs: list[Any]) -> str:
+        """Why Kueue hasn't admitted the attempt yet, from its Workload's conditions."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        for owner_uid in sorted({_kueue_owner_uid(kube_job) for kube_job in kube_jobs}):
+            for workload in self._workloads(namespace, owner_uid):
+                for condition in (workload.get("status") or {}).get("conditions") or []:
+                    if condition.get("type") == "QuotaReserved" and condition.get("message"):
+                        return f"waiting for Kueue admission: {condition['message']}"[:500]
+        return "waiting for Kueue admission"
+
+    def ensure_pull_secret(self, job: Job, namespace: str) -> list[str]:
+        """The image pull Secret for the job's registry, when the tenant stored a login for
+        it: created, or replaced when it exists (409), so a changed password applies to
+        the next launch. Returns the Secret names for `imagePullSecrets`."""
+        from marketplace.selectors import registry_login_for_image
+
+        login = registry_login_for_image(tenant=job.tenant_id, image_reference=job.image_reference)
+        if login is None:
+            return []
+        secret = manifests.registry_secret_manifest(
+            job.tenant_id, login.registry, login.username, login.password
+        )
+        name = secret["metadata"]["name"]
+        created = self._create(
+            f"image pull secret {name}", self.core.create_namespaced_secret, namespace, secret
+        )
+        if created is None:
+            self._call(
+                f"updating image pull secret {name}",
+                self.core.replace_namespaced_secret,
+                name,
+                namespace,
+                secret,
+            )
+        return [name]
+
+    def remove_pull_secret(self, tenant_id: int, registry: str) -> None:
+        """Delete the tenant's image pull Secret for `registry` (its login was removed);
+        jobs already running keep their pulled images."""
+        name = manifests.registry_secret_name(registry)
+        self._delete(
+            f"image pull secret {name}",
+            self.core.delete_namespaced_secret,
+            name,
+            manifests.namespace_name(tenant_id),
+        )
 
     def _create_attempt(self, job: Job, *, resumed: bool) -> None:
         from console.crypto import decrypt_json
@@ -349,7 +496,25 @@ class KubernetesBackend:
             namespace,
             service,
         )
-        for manifest in manifests.job_manifests(job, resumed=resumed):
+        pull_secrets = self.ensure_pull_secret(job, namespace)
+        queue = self.kueue_queue()
+        if self._gang(job, queue):
+            jobset = manifests.jobset_manifest(
+                job, kueue_queue=queue, resumed=resumed, pull_secrets=pull_secrets
+            )
+            self._create(
+                f"JobSet {jobset['metadata']['name']}",
+                self.custom.create_namespaced_custom_object,
+                manifests.JOBSET_GROUP,
+                manifests.JOBSET_VERSION,
+                namespace,
+                "jobsets",
+                jobset,
+            )
+            return
+        for manifest in manifests.job_manifests(
+            job, resumed=resumed, pull_secrets=pull_secrets, kueue_queue=queue
+        ):
             self._create(
                 f"Job {manifest['metadata']['name']}",
                 self.batch.create_namespaced_job,
@@ -384,11 +549,71 @@ class KubernetesBackend:
         requeued job never holds two attempts' compute."""
         namespace = manifests.namespace_name(job.tenant_id)
         if job.attempt > 1:
+            if self.kueue_queue():  # a JobSet first, or it would make its Jobs again
+                for attempt in range(1, job.attempt):
+                    self._delete_jobset(namespace, f"gg-{job.pk}-a{attempt}")
             for kube_job in self._jobs_of(job):
                 labels = kube_job.metadata.labels or {}
                 if labels.get(manifests.ATTEMPT_LABEL) != str(job.attempt):
                     self._delete_job(namespace, kube_job.metadata.name)
         self._create_attempt(job, resumed=False)
+
+    def _delete_jobset(self, namespace: str, name: str) -> None:
+        self._delete(
+            f"JobSet {name}",
+            self.custom.delete_namespaced_custom_object,
+            manifests.JOBSET_GROUP,
+            manifests.JOBSET_VERSION,
+            namespace,
+            "jobsets",
+            name,
+            propagation_policy="Background",
+        )
+
+    def _attempt_jobs(self, job: Job) -> dict[str, Any]:
+        """The current attempt's Kubernetes Jobs by tier, found by label: the same for
+        our own Jobs and for those a JobSet made (which carry the template's labels)."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        listed = self._call(
+            f"listing the Jobs of job {job.pk}",
+            self.batch.list_namespaced_job,
+            namespace,
+            label_selector=(
+                f"{manifests.JOB_LABEL}={job.pk},{manifests.ATTEMPT_LABEL}={job.attempt}"
+            ),
+            ok=(404,),
+        )
+        by_tier: dict[str, Any] = {}
+        for kube_job in listed.items if listed is not None else []:
+            tier = (kube_job.metadata.labels or {}).get(manifests.TIER_LABEL)
+            if tier:
+                by_tier[tier] = kube_job
+        return by_tier
+
+    def _jobset_exists(self, job: Job) -> bool:
+        if not self.kueue_queue() or len(manifests.tiers(job)) < 2:
+            return False
+        return (
+            self._call(
+                f"reading JobSet {manifests.jobset_name(job)}",
+                self.custom.get_namespaced_custom_object,
+                manifests.JOBSET_GROUP,
+                manifests.JOBSET_VERSION,
+                manifests.namespace_name(job.tenant_id),
+                "jobsets",
+                manifests.jobset_name(job),
+                ok=(404,),
+            )
+            is not None
+        )
+
+    @staticmethod
+    def _kueue_managed(kube_jobs: Iterable[Any]) -> bool:
+        return any(
+            manifests.KUEUE_QUEUE_LABEL in (kube_job.metadata.labels or {})
+            or _kueue_owner_uid(kube_job) != kube_job.metadata.uid
+            for kube_job in kube_jobs
+        )
 
     def _patch_tiers(self, job: Job, body: dict) -> list[str]:
         """Patch each tier Job of the attempt; returns the names that were missing."""
@@ -410,7 +635,12 @@ class KubernetesBackend:
 
     def suspend(self, job: Job) -> None:
         """`spec.suspend: true`: the Job controller deletes the pods (SIGTERM, then the
-        grace period) and keeps the Job and its completed indexes."""
+        grace period) and keeps the Job and its completed indexes. Under Kueue, which
+        owns `suspend`, the Workload is deactivated instead: Kueue then suspends the Job
+        (or JobSet) the same way and releases its quota."""
+        kube_jobs = list(self._attempt_jobs(job).values())
+        if self._kueue_managed(kube_jobs) and self._set_workloads_active(job, kube_jobs, False):
+            return
         self._patch_tiers(job, {"spec": {"suspend": True}})
 
     def resume(self, job: Job) -> None:
@@ -424,6 +654,10 @@ class KubernetesBackend:
         deletion still in progress. A Job that is gone (deleted by hand) is created
         again with GPUGEEK_RESUMED=1.
         """
+        kube_jobs = self._attempt_jobs(job)
+        if kube_jobs and self._kueue_managed(kube_jobs.values()):
+            self._resume_under_kueue(job, kube_jobs)
+            return
         body = {
             "spec": {
                 "suspend": False,
@@ -440,10 +674,44 @@ class KubernetesBackend:
         if missing:
             self._create_attempt(job, resumed=True)
 
+    def _resume_under_kueue(self, job: Job, kube_jobs: dict[str, Any]) -> None:
+        """Flag the pods as resumed (allowed while suspended), then reactivate the
+        Workload so that Kueue admits the attempt again and unsuspends it."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        flag = {manifests.RESUMED_ANNOTATION: "1"}
+        if any(_kueue_owner_uid(k) != k.metadata.uid for k in kube_jobs.values()):
+            # A JobSet copies its template to its Jobs when it is unsuspended.
+            ops = [
+                {
+                    "op": "replace",
+                    "path": f"/spec/replicatedJobs/{index}/template/spec/template/metadata"
+                    f"/annotations/{manifests.RESUMED_ANNOTATION.replace('/', '~1')}",
+                    "value": "1",
+                }
+                for index in range(len(manifests.tiers(job)))
+            ]
+            self._call(
+                f"updating JobSet {manifests.jobset_name(job)}",
+                self.custom.patch_namespaced_custom_object,
+                manifests.JOBSET_GROUP,
+                manifests.JOBSET_VERSION,
+                namespace,
+                "jobsets",
+                manifests.jobset_name(job),
+                ops,
+                _content_type="application/json-patch+json",
+            )
+        else:
+            self._patch_tiers(job, {"spec": {"template": {"metadata": {"annotations": flag}}}})
+        if not self._set_workloads_active(job, list(kube_jobs.values()), True):
+            self._patch_tiers(job, {"spec": {"suspend": False}})  # no Workload: not queued
+
     def cancel(self, job: Job) -> None:
         """Delete every Job of this job (any attempt) with its pods, its Service and its
         Secret; what is already gone is fine."""
         namespace = manifests.namespace_name(job.tenant_id)
+        if self.kueue_queue():  # the JobSet first, or it would make its Jobs again
+            self._delete_jobset(namespace, manifests.jobset_name(job))
         names = {kube_job.metadata.name for kube_job in self._jobs_of(job)}
         names |= {manifests.job_name(job, tier) for tier, _, _ in manifests.tiers(job)}
         for name in sorted(names):
@@ -493,12 +761,8 @@ class KubernetesBackend:
         podFailurePolicy does within one Job.
         """
         namespace = manifests.namespace_name(job.tenant_id)
-        kube_jobs: dict[str, Any] = {}
-        for tier, _, _ in manifests.tiers(job):
-            name = manifests.job_name(job, tier)
-            kube_jobs[tier] = self._call(
-                f"reading Job {name}", self.batch.read_namespaced_job, name, namespace, ok=(404,)
-            )
+        found = self._attempt_jobs(job)
+        kube_jobs = {tier: found.get(tier) for tier, _, _ in manifests.tiers(job)}
         present = {tier: kube_job for tier, kube_job in kube_jobs.items() if kube_job is not None}
         pods = self._attempt_pods(job) if present else []
 
@@ -512,16 +776,24 @@ class KubernetesBackend:
                 if not _is_finished(kube_job):
                     self._delete_job(namespace, kube_job.metadata.name)
             return self._failure(job, failed, pods)
+        if len(present) < len(kube_jobs) and self._jobset_exists(job):
+            return Observation(phase="pending", reason="the JobSet is creating its Jobs")
         if not present:
             return Observation(phase="missing", reason="the attempt's Kubernetes Jobs are gone")
         if len(present) < len(kube_jobs):
-            gone = sorted(manifests.job_name(job, t) for t in kube_jobs if t not in present)
-            return Observation(phase="missing", reason=f"Kubernetes Job {', '.join(gone)} is gone")
+            gone = sorted(t.replace("_", "-") for t in kube_jobs if t not in present)
+            return Observation(
+                phase="missing", reason=f"the {', '.join(gone)} Kubernetes Job is gone"
+            )
         if all(_condition(kube_job, "Complete") for kube_job in present.values()):
             return Observation(phase="succeeded", exit_code=0)
 
         live = [p for p in pods if p.status and p.status.phase in ("Pending", "Running", None)]
-        if any(kube_job.spec.suspend for kube_job in present.values()):
+        suspended = [kube_job for kube_job in present.values() if kube_job.spec.suspend]
+        if suspended and job.status != "pausing" and self._kueue_managed(suspended):
+            # Created (or resumed) suspended: Kueue hasn't admitted it yet.
+            return Observation(phase="pending", reason=self._kueue_wait_reason(job, suspended))
+        if suspended:
             if all(kube_job.spec.suspend for kube_job in present.values()) and not live:
                 return Observation(phase="suspended")
             return Observation(phase="pending", reason="stopping")
@@ -625,6 +897,42 @@ class KubernetesBackend:
         return Observation(phase="pending", reason="waiting for pods")
 
     # --- logs -------------------------------------------------------------------------------------
+    def log_sources(self, job: Job) -> list[LogSource]:
+        """The main container log of the newest pod of each rank, once it has started."""
+        sources = []
+        for rank, pod in current_pods(self._attempt_pods(job)).items():
+            state = getattr(_main_status(pod), "state", None)
+            if state is None or (state.running is None and state.terminated is None):
+                continue  # waiting: the API has no log to give yet (400)
+            sources.append(
+                LogSource(
+                    rank=rank,
+                    key=f"{pod.metadata.name}/{pod.metadata.uid}",
+                    live=state.terminated is None,
+                )
+            )
+        return sources
+
+    def open_log(
+        self,
+        job: Job,
+        source: LogSource,
+        *,
+        skip: int = 0,
+        follow: bool = True,
+        wake: Callable[[], None] | None = None,
+    ) -> PodLogStream:
+        stream = PodLogStream(
+            self.core,
+            manifests.namespace_name(job.tenant_id),
+            source,
+            skip=skip,
+            follow=follow,
+            wake=wake,
+        )
+        stream.start()
+        return stream
+
     def logs(self, job: Job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
         """The attempt's log lines after `since_line`, numbered globally rank by rank: all
         of rank 0's lines (1…k), then rank 1's, and so on (rank = completion index +
@@ -651,3 +959,123 @@ class KubernetesBackend:
                     if len(lines) >= limit:
                         return lines
         return lines
+
+
+# Seconds a followed pod log may stay silent before the connection is renewed (a quiet
+# job then costs one reconnect per interval; a dead connection is noticed in this time).
+FOLLOW_READ_TIMEOUT = 300
+
+
+class PodLogStream:
+    """One pod's main-container log through the pod log API (`jobs.backends.base.LogStream`).
+
+    With `follow=True` a daemon thread holds one streaming response (`follow=True`,
+    `_preload_content=False`) and collects complete lines as the kubelet sends them;
+    with `follow=False` the log so far is read once. The API cannot start at a line, so
+    the first `skip` lines are read and dropped. A last line without its newline counts
+    only once the container has stopped (its text can't change any more)."""
+
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        namespace: str,
+        source: LogSource,
+        *,
+        skip: int = 0,
+        follow: bool = True,
+        wake: Callable[[], None] | None = None,
+    ):
+        self.core = core
+        self.namespace = namespace
+        self.source = source
+        self.skip = skip
+        self.follow = follow
+        self.wake = wake or (lambda: None)
+        self.pod_name = source.key.split("/", 1)[0]
+        self.error = ""
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._finished = False  # the reading side is done
+        self._closed = False
+        self._response: Any = None
+
+    def start(self) -> None:
+        if self.follow:
+            name = f"pod-log-{self.pod_name}"
+            threading.Thread(target=self._read, name=name, daemon=True).start()
+        else:
+            self._read()
+
+    def poll(self) -> list[str]:
+        with self._lock:
+            lines, self._lines = self._lines, []
+        return lines
+
+    @property
+    def ended(self) -> bool:
+        with self._lock:
+            return self._finished and not self._lines
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            response = self._response
+        if response is not None:
+            # Unblocks the reading thread's recv at once (it then releases the response).
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                response.shutdown()
+
+    def _read(self) -> None:
+        response = None
+        seen = 0  # lines of the source read so far, skipped ones included
+        pending = b""
+        clean_end = False
+        try:
+            response = self.core.read_namespaced_pod_log(
+                self.pod_name,
+                self.namespace,
+                container=manifests.CONTAINER,
+                follow=self.follow,
+                _preload_content=False,
+                _request_timeout=(settings.KUBERNETES_REQUEST_TIMEOUT, FOLLOW_READ_TIMEOUT),
+            )
+            with self._lock:
+                if self._closed:
+                    return
+                self._response = response
+            while True:
+                data = response.read1(1 << 16)  # returns what has arrived, unlike read()
+                if not data:
+                    clean_end = True
+                    break
+                complete, newline, pending = (pending + data).rpartition(b"\n")
+                if newline:
+                    seen = self._add(complete.split(b"\n"), seen)
+        except ApiException as error:
+            if error.status not in (400, 404):  # not started yet / gone: nothing to read
+                self.error = api_message(error)
+        except (HTTPError, OSError, ValueError) as error:
+            self.error = str(error)
+        finally:
+            # The end of a follow means the container stopped; a snapshot is final only if
+            # it had stopped when listed. A closed stream's partial line may grow still.
+            stopped = self.follow or not self.source.live
+            if clean_end and pending and stopped and not self._closed:
+                self._add([pending], seen)
+            if self.error and not self._closed:
+                log.warning("reading the log of pod %s: %s", self.pod_name, self.error)
+            if response is not None:
+                response.close()
+                response.release_conn()
+            with self._lock:
+                self._finished = True
+            self.wake()
+
+    def _add(self, raws: list[bytes], seen: int) -> int:
+        texts = [raw.decode(errors="replace").rstrip("\r") for raw in raws]
+        fresh = texts[max(0, self.skip - seen) :]
+        if fresh:
+            with self._lock:
+                self._lines.extend(fresh)
+            self.wake()
+        return seen + len(texts)

@@ -11,6 +11,9 @@ Layout of one job (`DESIGN.md`, "Kubernetes, precisely"):
   ResourceQuota from the tenant's quota, a LimitRange and a default-deny NetworkPolicy;
 - a headless Service `gg-<job>` for rendezvous, shared by every attempt and tier;
 - a Secret `gg-<job>-env` holding the secret environment variables (when any);
+- per registry the tenant stored a login for, a `kubernetes.io/dockerconfigjson` Secret
+  `gg-pull-<registry>-<hash>` in its namespace, named in `imagePullSecrets` of the jobs
+  whose image comes from that registry;
 - per attempt, one Indexed `batch/v1` Job per tier: `gg-<job>-a<attempt>` (on-demand
   ranks 0…k-1) and `gg-<job>-a<attempt>-spot` (spot ranks k…n-1).
 
@@ -30,7 +33,11 @@ Job name (see KubernetesBackend.resume).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
+import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -47,6 +54,7 @@ ATTEMPT_LABEL = "gpugeek.io/attempt"
 TIER_LABEL = "gpugeek.io/tier"
 RESUMED_ANNOTATION = "gpugeek.io/resumed"
 RANK_OFFSET_ANNOTATION = "gpugeek.io/rank-offset"
+REGISTRY_ANNOTATION = "gpugeek.io/registry"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REGION_LABEL = "topology.kubernetes.io/region"
@@ -95,8 +103,10 @@ def _setting(name: str, default: Any) -> Any:
     return getattr(settings, name, default)
 
 
-def kueue_queue_name() -> str:
-    return _setting("KUEUE_QUEUE_NAME", "") or ""
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
+# replicatedJob names of a gang-admitted job's JobSet, per tier.
+JOBSET_TIER_NAMES = {ON_DEMAND: "od", SPOT: "spot"}
 
 
 # --- names --------------------------------------------------------------------------------
@@ -114,9 +124,23 @@ def secret_name(job: Job) -> str:
     return f"gg-{job.pk}-env"
 
 
-def job_name(job: Job, tier: str, attempt: int | None = None) -> str:
+def registry_secret_name(registry: str) -> str:
+    """Deterministic per registry (a namespace is one tenant's): readable host, plus a
+    hash so that hosts differing only in characters a name can't hold don't clash."""
+    readable = re.sub(r"[^a-z0-9.-]+", "-", registry.lower()).strip(".-")[:40].strip(".-")
+    digest = hashlib.sha256(registry.encode()).hexdigest()[:8]
+    return f"gg-pull-{readable}-{digest}"
+
+
+def job_name(job: Job, tier: str, attempt: int | None = None, *, gang: bool = False) -> str:
     base = f"gg-{job.pk}-a{job.attempt if attempt is None else attempt}"
+    if gang:  # the JobSet controller names its Jobs <jobset>-<replicatedJob>-<index>
+        return f"{base}-{JOBSET_TIER_NAMES[tier]}-0"
     return f"{base}-spot" if tier == SPOT else base
+
+
+def jobset_name(job: Job) -> str:
+    return f"gg-{job.pk}-a{job.attempt}"
 
 
 def tiers(job: Job) -> list[tuple[str, int, int]]:
@@ -131,9 +155,15 @@ def tiers(job: Job) -> list[tuple[str, int, int]]:
     return out
 
 
-def master_addr(job: Job) -> str:
+def is_gang(job: Job, kueue_queue: str | None) -> bool:
+    """Whether the attempt is one JobSet: a job split over both tiers, under Kueue (see
+    `jobset_manifest` for why)."""
+    return bool(kueue_queue) and len(tiers(job)) > 1
+
+
+def master_addr(job: Job, *, gang: bool = False) -> str:
     first_tier = tiers(job)[0][0]
-    return f"{job_name(job, first_tier)}-0.{service_name(job)}"
+    return f"{job_name(job, first_tier, gang=gang)}-0.{service_name(job)}"
 
 
 def job_labels(job: Job, tier: str | None = None) -> dict[str, str]:
@@ -335,6 +365,33 @@ def secret_manifest(job: Job, values: dict[str, str]) -> dict:
     }
 
 
+# Docker Hub's credentials are looked up under its v1 index URL, not "docker.io".
+DOCKER_HUB_AUTH_KEY = "https://index.docker.io/v1/"
+
+
+def registry_secret_manifest(tenant_id: int, registry: str, username: str, password: str) -> dict:
+    """The tenant's login to `registry` as the kubelet reads it (a docker config.json)."""
+    auth = base64.b64encode(f"{username}:{password}".encode()).decode()
+    key = DOCKER_HUB_AUTH_KEY if registry == "docker.io" else registry
+    config = {"auths": {key: {"username": username, "password": password, "auth": auth}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": registry_secret_name(registry),
+            "namespace": namespace_name(tenant_id),
+            "labels": {MANAGED_BY: MANAGER, TENANT_LABEL: str(tenant_id)},
+            "annotations": {REGISTRY_ANNOTATION: registry},
+        },
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {
+            ".dockerconfigjson": base64.b64encode(
+                json.dumps(config, sort_keys=True).encode()
+            ).decode()
+        },
+    }
+
+
 def _memory_limit(job: Job, pool: NodePool | None) -> str | None:
     """The job's share of a node's allocatable memory (its share of the node's GPUs, or of
     its vCPUs for CPU jobs), keeping 10 % for daemons; None when the pool doesn't say."""
@@ -378,7 +435,7 @@ def _field_env(name: str, path: str) -> dict:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _env(job: Job, tier: str, offset: int) -> list[dict]:
+def _env(job: Job, tier: str, offset: int, *, gang: bool = False) -> list[dict]:
     index_path = f"metadata.annotations['{COMPLETION_INDEX}']"
     platform: list[dict] = [
         {"name": "GPUGEEK_JOB_ID", "value": str(job.pk)},
@@ -393,7 +450,7 @@ def _env(job: Job, tier: str, offset: int) -> list[dict]:
         platform.append(_field_env("NODE_RANK", index_path))
     platform += [
         {"name": "WORLD_SIZE", "value": str(job.nodes)},
-        {"name": "MASTER_ADDR", "value": master_addr(job)},
+        {"name": "MASTER_ADDR", "value": master_addr(job, gang=gang)},
         {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
         {"name": "HOME", "value": HOME},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -429,13 +486,26 @@ def _tolerations(job: Job, tier: str) -> list[dict]:
     return tolerations
 
 
-def job_manifest(job: Job, tier: str, nodes: int, offset: int, *, resumed: bool = False) -> dict:
-    """One tier's Indexed Job of the job's current attempt."""
+def job_manifest(
+    job: Job,
+    tier: str,
+    nodes: int,
+    offset: int,
+    *,
+    resumed: bool = False,
+    pull_secrets: list[str] | None = None,
+    kueue_queue: str | None = None,
+    gang: bool = False,
+) -> dict:
+    """One tier's Indexed Job of the job's current attempt. `pull_secrets`: names of the
+    image pull Secrets for its image's registry (see `registry_secret_manifest`).
+    `kueue_queue`: the tenant's LocalQueue when Kueue admits jobs; `gang`: the Job is a
+    template inside the attempt's JobSet (which carries the queue label instead)."""
     pool = job.spot_pool if tier == SPOT else job.pool
     labels = job_labels(job, tier)
     job_metadata_labels = dict(labels)
-    if kueue_queue_name():
-        job_metadata_labels[KUEUE_QUEUE_LABEL] = kueue_queue_name()
+    if kueue_queue and not gang:
+        job_metadata_labels[KUEUE_QUEUE_LABEL] = kueue_queue
 
     node_selector = {REGION_LABEL: job.region.slug}
     if job.gpu_type_id:
@@ -455,7 +525,7 @@ def job_manifest(job: Job, tier: str, nodes: int, offset: int, *, resumed: bool 
         "image": job.image_reference,
         # argv, never a shell: the image's entrypoint is replaced by the command as given.
         "command": [str(arg) for arg in job.command],
-        "env": _env(job, tier, offset),
+        "env": _env(job, tier, offset, gang=gang),
         "resources": {"limits": dict(resources), "requests": dict(resources)},
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -496,9 +566,15 @@ def job_manifest(job: Job, tier: str, nodes: int, offset: int, *, resumed: bool 
     tolerations = _tolerations(job, tier)
     if tolerations:
         pod_spec["tolerations"] = tolerations
-    pull_secrets = list(_setting("KUBERNETES_IMAGE_PULL_SECRETS", []) or [])
-    if pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": name} for name in pull_secrets]
+    # The tenant's own login for the image's registry first, then any cluster-wide ones.
+    pull_secret_names = list(pull_secrets or [])
+    pull_secret_names += [
+        name
+        for name in _setting("KUBERNETES_IMAGE_PULL_SECRETS", []) or []
+        if name not in pull_secret_names
+    ]
+    if pull_secret_names:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in pull_secret_names]
 
     spec: dict[str, Any] = {
         "completionMode": "Indexed",
@@ -517,7 +593,7 @@ def job_manifest(job: Job, tier: str, nodes: int, offset: int, *, resumed: bool 
         },
         "activeDeadlineSeconds": job.max_runtime_minutes * 60,
         # Kueue admits a queued Job by unsuspending it (its webhook would suspend it anyway).
-        "suspend": bool(kueue_queue_name()),
+        "suspend": bool(kueue_queue),
         "template": {
             "metadata": {
                 "labels": labels,
@@ -529,7 +605,7 @@ def job_manifest(job: Job, tier: str, nodes: int, offset: int, *, resumed: bool 
             "spec": pod_spec,
         },
     }
-    if job.auto_release:
+    if job.auto_release and not gang:  # a JobSet's Jobs go with the JobSet
         spec["ttlSecondsAfterFinished"] = int(
             _setting("KUBERNETES_TTL_SECONDS_AFTER_FINISHED", 3600)
         )
@@ -537,7 +613,7 @@ def job_manifest(job: Job, tier: str, nodes: int, offset: int, *, resumed: bool 
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(job, tier),
+            "name": job_name(job, tier, gang=gang),
             "namespace": namespace_name(job.tenant_id),
             "labels": job_metadata_labels,
         },
@@ -545,9 +621,108 @@ def job_manifest(job: Job, tier: str, nodes: int, offset: int, *, resumed: bool 
     }
 
 
-def job_manifests(job: Job, *, resumed: bool = False) -> list[dict]:
+def job_manifests(
+    job: Job,
+    *,
+    resumed: bool = False,
+    pull_secrets: list[str] | None = None,
+    kueue_queue: str | None = None,
+) -> list[dict]:
     """The attempt's Kubernetes Jobs, on-demand tier first (it holds rank 0)."""
     return [
-        job_manifest(job, tier, nodes, offset, resumed=resumed)
+        job_manifest(
+            job,
+            tier,
+            nodes,
+            offset,
+            resumed=resumed,
+            pull_secrets=pull_secrets,
+            kueue_queue=kueue_queue,
+        )
         for tier, nodes, offset in tiers(job)
     ]
+
+
+def jobset_manifest(
+    job: Job,
+    *,
+    kueue_queue: str,
+    resumed: bool = False,
+    pull_secrets: list[str] | None = None,
+) -> dict:
+    """The attempt of a job split over spot and on-demand nodes, as one JobSet.
+
+    Why a JobSet: under Kueue each tier's Job would be its own Workload, admitted on its
+    own, so one tier could hold its GPUs while the other waits (a deadlock for a training
+    run that needs every rank). Kueue gang-admits several Jobs only as one object: it
+    supports JobSet (jobset.x-k8s.io) natively, one Workload with a pod set per
+    replicatedJob, admitted all or nothing. Its other multi-pod mechanisms don't fit:
+    pod groups (`kueue.x-k8s.io/pod-group-name`) are for plain Pods, and a prebuilt
+    Workload (`kueue.x-k8s.io/prebuilt-workload-name`) belongs to a single Job.
+
+    The JobSet runs the same Indexed Job per tier as `job_manifests` (named
+    `<jobset>-od-0` and `<jobset>-spot-0` by the JobSet controller), keeps our headless
+    Service (its own DNS hostnames are off), fails on the first failed Job (a lost rank
+    ends the attempt, as podFailurePolicy does within a Job) and succeeds when all do.
+    It is created suspended with the queue label; Kueue unsuspends it, and the JobSet
+    controller its Jobs.
+    """
+    replicated = []
+    for tier, nodes, offset in tiers(job):
+        manifest = job_manifest(
+            job,
+            tier,
+            nodes,
+            offset,
+            resumed=resumed,
+            pull_secrets=pull_secrets,
+            kueue_queue=kueue_queue,
+            gang=True,
+        )
+        template_spec = dict(manifest["spec"])
+        template_spec.pop("suspend")  # the JobSet's suspend governs its Jobs
+        replicated.append(
+            {
+                "name": JOBSET_TIER_NAMES[tier],
+                "replicas": 1,
+                "template": {
+                    "metadata": {"labels": manifest["metadata"]["labels"]},
+                    "spec": template_spec,
+                },
+            }
+        )
+    spec: dict[str, Any] = {
+        "suspend": True,
+        "network": {"enableDNSHostnames": False},
+        "failurePolicy": {"maxRestarts": 0},
+        "successPolicy": {"operator": "All"},
+        "replicatedJobs": replicated,
+    }
+    if job.auto_release:
+        spec["ttlSecondsAfterFinished"] = int(
+            _setting("KUBERNETES_TTL_SECONDS_AFTER_FINISHED", 3600)
+        )
+    return {
+        "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}",
+        "kind": "JobSet",
+        "metadata": {
+            "name": jobset_name(job),
+            "namespace": namespace_name(job.tenant_id),
+            "labels": {**job_labels(job), KUEUE_QUEUE_LABEL: kueue_queue},
+        },
+        "spec": spec,
+    }
+
+
+def local_queue_manifest(tenant_id: int, queue: str, cluster_queue: str) -> dict:
+    """The tenant's Kueue LocalQueue: its jobs queue in the platform's ClusterQueue."""
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+        "kind": "LocalQueue",
+        "metadata": {
+            "name": queue,
+            "namespace": namespace_name(tenant_id),
+            "labels": {MANAGED_BY: MANAGER, TENANT_LABEL: str(tenant_id)},
+        },
+        "spec": {"clusterQueue": cluster_queue},
+    }

@@ -17,12 +17,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
 
-from jobs.backends.base import BackendRejected, LogLine, NodeInventory, Observation
+from jobs.backends.base import (
+    BackendRejected,
+    LogLine,
+    LogSource,
+    NodeInventory,
+    Observation,
+)
 
 log = logging.getLogger(__name__)
 LOCAL_REGION = "local"
@@ -291,6 +298,25 @@ class LocalBackend:
             "code (host restarted or process killed)",
         )
 
+    def log_sources(self, job) -> list[LogSource]:
+        """One log per job: its output file (every line is rank 0)."""
+        run_dir = self.data_dir / "jobs" / str(job.pk)  # no run_dir(): reading makes nothing
+        return [LogSource(rank=0, key="output.log", live=not (run_dir / "exit_code").exists())]
+
+    def open_log(
+        self,
+        job,
+        source: LogSource,
+        *,
+        skip: int = 0,
+        follow: bool = True,
+        wake: Callable[[], None] | None = None,
+    ) -> LocalLogStream:
+        # No reading thread: each poll reads what was written since the last one, so a
+        # follower of many jobs polls them from its event loop (`wake` is never called).
+        run_dir = self.data_dir / "jobs" / str(job.pk)
+        return LocalLogStream(run_dir, source, skip=skip, follow=follow)
+
     def logs(self, job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
         path = self.log_path(job)
         if not path.exists():
@@ -306,3 +332,97 @@ class LocalBackend:
                 if len(lines) >= limit:
                     break
         return lines
+
+
+class LocalLogStream:
+    """A local job's output file after its first `skip` lines (`jobs.backends.base.LogStream`).
+
+    Each poll reads the bytes written since the last one on an open handle and returns
+    the complete lines; a last line without its newline counts once the job has ended
+    (the supervisor wrote `exit_code`), as in the console's numbering of the file. A
+    followed stream never ends by itself: a resumed job writes to the same file."""
+
+    CHUNK = 4 << 20
+
+    def __init__(self, run_dir: Path, source: LogSource, *, skip: int = 0, follow: bool = True):
+        self.path = run_dir / source.key
+        self.exit_path = run_dir / "exit_code"
+        self.source = source
+        self.skip = skip
+        self.follow = follow
+        self.handle = None
+        self.partial = b""
+        self._ended = False
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def _open(self) -> bool:
+        try:
+            self.handle = open(self.path, "rb")  # noqa: SIM115 (kept open while followed)
+        except FileNotFoundError:
+            return False
+        # Move past the first `skip` complete lines. With fewer so far, stop after the
+        # last complete one and skip the rest from the lines still to come.
+        skipped = start = position = 0
+        while skipped < self.skip:
+            data = self.handle.read(1 << 20)
+            if not data:
+                break
+            newlines = data.count(b"\n")
+            if skipped + newlines < self.skip:
+                skipped += newlines
+                if newlines:
+                    start = position + data.rfind(b"\n") + 1
+            else:
+                at = -1
+                for _ in range(self.skip - skipped):
+                    at = data.index(b"\n", at + 1)
+                start = position + at + 1
+                skipped = self.skip
+            position += len(data)
+        self.handle.seek(start)
+        self.skip -= skipped
+        return True
+
+    def poll(self) -> list[str]:
+        if self._ended:
+            return []
+        if self.handle is None and not self._open():
+            self._ended = not self.follow
+            return []
+        raws = self._read()
+        if not raws or not self.follow:
+            # Nothing new (or a snapshot): once the job has ended, a partial line is final.
+            # `exit_code` is written after the job's last output, so checking it first and
+            # then reading again misses nothing.
+            if self.exit_path.exists():
+                raws += self._read()
+                if self.partial:
+                    raws.append(self.partial)
+                    self.partial = b""
+            self._ended = not self.follow
+        if self.skip:
+            dropped = min(self.skip, len(raws))
+            self.skip -= dropped
+            raws = raws[dropped:]
+        return [raw.decode(errors="replace").rstrip("\r") for raw in raws]
+
+    def _read(self) -> list[bytes]:
+        raws: list[bytes] = []
+        while True:
+            data = self.handle.read(self.CHUNK)
+            if not data:
+                return raws
+            complete, newline, self.partial = (self.partial + data).rpartition(b"\n")
+            if newline:
+                raws.extend(complete.split(b"\n"))
+            if len(data) < self.CHUNK:
+                return raws
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        self._ended = True

@@ -4,7 +4,16 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
-from marketplace.models import GpuType, Image, NodePool, PriceVersion, Region, Tier
+from console.crypto import mask
+from marketplace.models import (
+    GpuType,
+    Image,
+    NodePool,
+    PriceVersion,
+    Region,
+    RegistryCredential,
+    Tier,
+)
 
 
 class GpuTypeSerializer(serializers.ModelSerializer):
@@ -228,3 +237,19 @@ class PriceVersionInSerializer(serializers.Serializer):
     reserved_12m_discount_percent = serializers.DecimalField(max_digits=5, decimal_places=2)
     note = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
     entries = PriceEntryInSerializer(many=True, allow_empty=False)
+
+
+class RegistryCredentialSerializer(serializers.ModelSerializer):
+    """A registry login; the password is write-only and always answered masked."""
+
+    password = serializers.CharField(write_only=True, max_length=4000, trim_whitespace=False)
+
+    class Meta:
+        model = RegistryCredential
+        fields = ["id", "registry", "username", "password", "updated_at"]
+        read_only_fields = ["id", "updated_at"]
+
+    def to_representation(self, credential):
+        data = super().to_representation(credential)
+        data["password"] = mask("stored")
+        return data

@@ -14,7 +14,15 @@ from console.permissions import Capability, IsTenantMember
 from console.services import ServiceError
 from marketplace import selectors, services
 from marketplace.api import serializers as s
-from marketplace.models import GpuType, Image, NodePool, PriceEntry, PriceVersion, Region
+from marketplace.models import (
+    GpuType,
+    Image,
+    NodePool,
+    PriceEntry,
+    PriceVersion,
+    Region,
+    RegistryCredential,
+)
 from marketplace.pricing import PricingError, estimate_cost
 
 
@@ -144,6 +152,44 @@ class ImageViewSet(
             image=self.get_object(), user=request.user, request=request._request
         )
         return Response(s.ImageSerializer(image).data)
+
+
+class RegistryCredentialViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    TenantScopedViewSet,
+):
+    """The tenant's logins to allow-listed registries, for pulling its private images.
+    Members see which registries have one; admins add (or replace: one per registry) and
+    remove them. Passwords are never returned."""
+
+    queryset = RegistryCredential.objects.select_related("created_by")
+    serializer_class = s.RegistryCredentialSerializer
+    required_capabilities = {
+        "create": Capability.MANAGE_PRIVATE_IMAGES,
+        "destroy": Capability.MANAGE_PRIVATE_IMAGES,
+    }
+
+    def create(self, request, *args, **kwargs):
+        data = s.RegistryCredentialSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        credential = services.registry_credential_set(
+            tenant=request.tenant,
+            user=request.user,
+            request=request._request,
+            **data.validated_data,
+        )
+        return Response(
+            s.RegistryCredentialSerializer(credential).data, status=status.HTTP_201_CREATED
+        )
+
+    def destroy(self, request, *args, **kwargs):
+        services.registry_credential_delete(
+            credential=self.get_object(), user=request.user, request=request._request
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class NodePoolViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -406,7 +406,9 @@ class Receiver(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def receiver():
+def receiver(settings):
+    # A receiver on this host is a loopback address: allowed only with the opt-in.
+    settings.BUDGET_WEBHOOK_ALLOW_PRIVATE = True
     Receiver.received = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

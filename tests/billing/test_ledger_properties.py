@@ -41,7 +41,7 @@ from hypothesis.stateful import (
 )
 
 from billing.metering import meter_tick, rollups_rebuild
-from billing.models import AMOUNT_QUANTUM, UsageRecord, UsageRollup
+from billing.models import AMOUNT_QUANTUM, UsageDailyTotal, UsageRecord, UsageRollup
 from jobs.models import Job, JobEvent
 from jobs.services import JobSpec, job_submit
 from marketplace.models import PriceEntry, PriceVersion, TenantPricing
@@ -271,6 +271,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.check_amounts(records)
         self.check_coverage(records)
         assert self._rollups() == self._rollups_from(records)
+        assert self._totals() == self._totals_from(records)
 
     def check_amounts(self, records: list[UsageRecord]) -> None:
         """Exact Decimal amounts at the price in force, never across an hour or a change."""
@@ -340,6 +341,27 @@ class LedgerMachine(RuleBasedStateMachine):
                     row[i] += getattr(r, field)
         return {key: tuple(values) for key, values in sums.items()}
 
+    def _totals(self) -> dict[tuple, tuple]:
+        return {
+            (row.bucket_start, row.gpu_type, row.tier, row.region): tuple(
+                getattr(row, f) for f in ROLLUP_FIELDS
+            )
+            for row in UsageDailyTotal.objects.filter(tenant=self.world.tenant)
+        }
+
+    @staticmethod
+    def _totals_from(records: list[UsageRecord]) -> dict[tuple, tuple]:
+        sums: dict[tuple, list[Decimal]] = {}
+        for r in records:
+            day = r.interval_start.astimezone(UTC).replace(
+                hour=0, minute=0, second=0, microsecond=0
+            )
+            gpu = r.gpu_type.slug if r.gpu_type_id else "cpu"
+            row = sums.setdefault((day, gpu, r.tier, r.region.slug), [Decimal(0)] * 4)
+            for i, field in enumerate(ROLLUP_FIELDS):
+                row[i] += getattr(r, field)
+        return {key: tuple(values) for key, values in sums.items()}
+
     def teardown(self):
         try:
             if sys.exc_info()[0] is None:  # not after a failure: that one is the report
@@ -352,9 +374,9 @@ class LedgerMachine(RuleBasedStateMachine):
                     s=Sum("amount")
                 )["s"] or Decimal(0)
                 assert isinstance(in_database, Decimal) and in_database == exact
-                before = self._rollups()
+                before = self._rollups(), self._totals()
                 rollups_rebuild(tenant_id=self.world.tenant.pk)
-                assert self._rollups() == before
+                assert (self._rollups(), self._totals()) == before
         finally:
             transaction.set_rollback(True)
             self.atomic.__exit__(None, None, None)

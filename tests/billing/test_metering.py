@@ -1,8 +1,13 @@
 from datetime import timedelta
 from decimal import Decimal
 
+import pytest
+from django.db import connection, transaction
+
+from billing import metering
 from billing.metering import meter_tick
-from billing.models import JobMeter, UsageRecord, UsageRollup
+from billing.models import JobMeter, UsageDailyTotal, UsageRecord, UsageRollup
+from jobs.models import JobEvent
 from marketplace.models import PriceVersion
 from tests.billing.conftest import T0, S, make_job, set_status
 
@@ -92,3 +97,153 @@ def test_query_count_is_constant(world, catalog, django_assert_max_num_queries):
     meter_tick(now=T0 + timedelta(seconds=30))
     with django_assert_max_num_queries(len(few.captured_queries)):
         meter_tick(now=T0 + timedelta(seconds=40))
+
+
+def test_a_run_between_two_ticks_after_the_meter_closed_is_billed(world, catalog):
+    """The meter closes when a job stops; a new attempt that runs and stops again before
+    the next tick must still be found and billed."""
+    job = make_job(world, start=T0)
+    set_status(job, S.RUNNING, T0)
+    set_status(job, S.PREEMPTED, T0 + timedelta(seconds=10))
+    set_status(job, S.QUEUED, T0 + timedelta(seconds=10), attempt=2)
+    meter_tick(now=T0 + timedelta(seconds=20))
+    assert not JobMeter.objects.get(job=job).open
+    set_status(job, S.RUNNING, T0 + timedelta(seconds=30))
+    set_status(job, S.FAILED, T0 + timedelta(seconds=75))
+    meter_tick(now=T0 + timedelta(seconds=90))
+    spans = [
+        (r.attempt, r.interval_start, r.interval_end)
+        for r in UsageRecord.objects.filter(job_ref=job.pk)
+    ]
+    assert spans == [
+        (1, T0, T0 + timedelta(seconds=10)),
+        (2, T0 + timedelta(seconds=30), T0 + timedelta(seconds=75)),
+    ]
+    # Once caught up, the finished job is no longer a candidate of later ticks.
+    assert meter_tick(now=T0 + timedelta(seconds=120)).jobs == 0
+
+
+# --- the PostgreSQL fast path and the portable path write the same ledger ----
+
+
+def _snapshot() -> dict:
+    """Everything a tick writes, without surrogate keys and clocks."""
+    return {
+        "records": sorted(
+            UsageRecord.objects.values_list(
+                *[
+                    f.attname
+                    for f in UsageRecord._meta.concrete_fields
+                    if f.attname not in ("id", "created_at")
+                ]
+            )
+        ),
+        "rollups": sorted(
+            UsageRollup.objects.values_list(
+                *[f.attname for f in UsageRollup._meta.concrete_fields if f.attname != "id"]
+            )
+        ),
+        "totals": sorted(
+            UsageDailyTotal.objects.values_list(
+                *[f.attname for f in UsageDailyTotal._meta.concrete_fields if f.attname != "id"]
+            )
+        ),
+        "meters": sorted(JobMeter.objects.values_list("job_id", "metered_until", "open")),
+    }
+
+
+def _lifecycles(world) -> list:
+    """A CPU job and a two-tier GPU job with a pause, a preemption, an hour boundary and
+    a price change; plus a job that runs and ends between two ticks."""
+    from tests.billing.test_ledger_properties import cpu_job, gpu_job
+
+    cpu, gpu, short = cpu_job(world, name="cpu"), gpu_job(world, name="gpu"), make_job(world)
+    first = PriceVersion.objects.order_by("effective_from").first()
+    t0 = (first.effective_from + timedelta(days=1)).replace(minute=40, second=0, microsecond=0)
+    JobEvent.objects.filter(job__in=[cpu, gpu, short]).update(at=t0 - timedelta(seconds=5))
+    set_status(cpu, S.RUNNING, t0)
+    set_status(gpu, S.RUNNING, t0 + timedelta(seconds=7, microseconds=250))
+    set_status(cpu, S.PAUSING, t0 + timedelta(minutes=10))
+    set_status(cpu, S.PAUSED, t0 + timedelta(minutes=11))
+    set_status(cpu, S.RESUMING, t0 + timedelta(minutes=30))
+    set_status(cpu, S.RUNNING, t0 + timedelta(minutes=31))
+    set_status(gpu, S.PREEMPTED, t0 + timedelta(minutes=45))
+    set_status(gpu, S.QUEUED, t0 + timedelta(minutes=45), attempt=2)
+    set_status(gpu, S.RUNNING, t0 + timedelta(minutes=50))
+    set_status(short, S.RUNNING, t0 + timedelta(minutes=61))
+    set_status(short, S.SUCCEEDED, t0 + timedelta(minutes=62))
+    old = first
+    new = PriceVersion.objects.create(
+        currency="USD",
+        effective_from=t0 + timedelta(minutes=40),
+        spot_discount_percent=60,
+        reserved_1m_discount_percent=1,
+        reserved_3m_discount_percent=2,
+        reserved_12m_discount_percent=3,
+    )
+    for entry in old.entries.all():
+        entry.pk, entry.version = None, new
+        entry.on_demand_price = entry.on_demand_price * 3
+        entry.save()
+    return [t0 + timedelta(minutes=m, seconds=s) for m, s in ((5, 0), (25, 3), (60, 0), (95, 1))]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the fast path is PostgreSQL's")
+def test_the_postgres_fast_path_writes_what_the_portable_path_writes(world, catalog, monkeypatch):
+    ticks = _lifecycles(world)
+    snapshots = {}
+    for fast in (True, False):
+        monkeypatch.setattr(metering, "use_postgres_bulk_sql", lambda fast=fast: fast)
+        with transaction.atomic():
+            for at in ticks:
+                meter_tick(now=at)
+                meter_tick(now=at)  # a duplicate
+            snapshots[fast] = _snapshot()
+            transaction.set_rollback(True)
+    assert snapshots[True]["records"], "the scenario wrote nothing"
+    assert {r[0] for r in snapshots[True]["records"]} == {world.tenant.pk}
+    assert snapshots[True] == snapshots[False]
+
+
+@pytest.fixture(params=["default", "portable"])
+def writer(request, monkeypatch):
+    """Each test runs with this database's own writer and with the portable one."""
+    if request.param == "portable":
+        monkeypatch.setattr(metering, "use_postgres_bulk_sql", lambda: False)
+    return request.param
+
+
+def test_rollups_count_only_records_really_inserted(world, catalog, writer):
+    """Records that exist already (a cursor moved back behind the ledger) are skipped by
+    the unique key, and the rollups still equal the ledger."""
+    ticks = _lifecycles(world)
+    for at in ticks:
+        meter_tick(now=at)
+    before = _snapshot()
+    JobMeter.objects.update(metered_until=ticks[0], open=True)
+    meter_tick(now=ticks[-1])
+    after = _snapshot()
+    assert after["records"] == before["records"]
+    assert after["rollups"] == before["rollups"]
+    assert after["totals"] == before["totals"]
+
+
+def test_daily_totals_are_the_daily_rollups_without_the_job(world, catalog, writer):
+    for at in _lifecycles(world):
+        meter_tick(now=at)
+    expected: dict[tuple, list] = {}
+    for r in UsageRollup.objects.filter(bucket="day"):
+        key = (r.tenant_id, r.bucket_start, r.gpu_type, r.tier, r.region, r.currency)
+        sums = expected.setdefault(key, [Decimal(0)] * 4)
+        for i, field in enumerate(("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")):
+            sums[i] += getattr(r, field)
+    totals = {
+        (t.tenant_id, t.bucket_start, t.gpu_type, t.tier, t.region, t.currency): [
+            t.gpu_seconds,
+            t.cpu_seconds,
+            t.amount,
+            t.on_demand_amount,
+        ]
+        for t in UsageDailyTotal.objects.all()
+    }
+    assert len(expected) >= 3 and totals == expected

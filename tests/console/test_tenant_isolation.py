@@ -119,9 +119,19 @@ def foreign(other_world, world):
     foreign_budget = budget_create(
         tenant=other_world.tenant, user=other_world.owner, name="globex-secret-budget", amount="100"
     )
+    from marketplace.services import registry_credential_set
+
+    foreign_registry_login = registry_credential_set(
+        tenant=other_world.tenant,
+        user=other_world.owner,
+        registry=AllowedRegistry.objects.first().host,
+        username="globex-secret-robot",
+        password="globex-registry-password",
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
+        "api-registry-credential": foreign_registry_login.pk,
         "api-member": membership.pk,
         "api-invitation": invitation.pk,
         "api-token": token.pk,
@@ -145,6 +155,7 @@ def foreign(other_world, world):
             "budget_id": foreign_budget.pk,
             "action": "pause",
             "image_id": private_image.pk,  # also staff_image_retire: staff-only, 404
+            "credential_id": foreign_registry_login.pk,
             # staff-only pages: a tenant owner must get 404 whatever the object
             "version_id": version.pk,
             "pool_id": pool.pk,
@@ -165,6 +176,8 @@ def foreign(other_world, world):
             "globex-secret-template",
             "globex-secret-budget",
             "globex-secret-value",
+            "globex-secret-robot",
+            "globex-registry-password",
         ],
     }
 

@@ -61,7 +61,9 @@ class BrowserProblems:
         return f"{parsed.scheme}://{parsed.netloc}" == self.origin
 
     def on_request_failed(self, request) -> None:
-        if self.own(request.url):
+        # ERR_ABORTED is the browser cancelling a page's in-flight fetch as it navigates
+        # away (a live sparkline refresh, say), not a failure of the server.
+        if self.own(request.url) and request.failure != "net::ERR_ABORTED":
             self.failed_requests.append(f"{request.method} {request.url}: {request.failure}")
 
     def on_response(self, response) -> None:

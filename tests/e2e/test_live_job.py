@@ -154,6 +154,13 @@ def test_live_logs_and_status_survive_reconnects(
     row = listing.locator(f"tr[data-job='{job.pk}']")
     expect(row).to_contain_text("Running")
     expect(listing.locator("html")).to_have_attribute("data-tenant-socket", "open")
+    # And the dashboard's job list, live the same way.
+    dashboard = page.context.new_page()
+    dashboard.goto("/")
+    dashboard_row = dashboard.locator(f"#dashboard-jobs tr[data-job='{job.pk}']")
+    expect(dashboard_row).to_contain_text("Running")
+    expect(dashboard.get_by_test_id("running-count")).to_have_text("1")
+    expect(dashboard.locator("html")).to_have_attribute("data-tenant-socket", "open")
     time.sleep(0.5)
     stop_file.write_text("")
     expect(log).to_contain_text("final line", timeout=15_000)
@@ -161,6 +168,8 @@ def test_live_logs_and_status_survive_reconnects(
     expect(page.get_by_test_id("timeline")).to_contain_text("succeeded")
     # Faster than the list's 5 s fallback poll: the status message refreshed it.
     expect(row).to_contain_text("Succeeded", timeout=4_000)
+    expect(dashboard_row).to_contain_text("Succeeded", timeout=4_000)
+    expect(dashboard.get_by_test_id("running-count")).to_have_text("0")
 
     if os.environ.get("GPUGEEK_E2E_SCREENSHOTS"):  # a folder to keep a picture of the page
         folder = Path(os.environ["GPUGEEK_E2E_SCREENSHOTS"])

@@ -2635,11 +2635,247 @@ class KubeAPIServer:
         with self._lock:
             for _ in range(max_passes):
                 before = self._rv
+                self._kueue_pass()
+                self._jobset_pass()
                 self._jobs_pass()
                 self._pods_pass()
                 self._quota_pass()
                 if self._rv == before:
                     break
+
+    # ------------------------------------------------------------------ Kueue and JobSet
+
+    #: Whether the fake Kueue admits what its queues hold (a test holds it to see a wait).
+    kueue_admits = True
+    #: Why it doesn't, as Kueue would put it in the Workload's QuotaReserved condition.
+    kueue_hold_message = "couldn't assign flavors to pod set main: insufficient unused quota"
+
+    def install_kueue(self) -> None:
+        """Serve Kueue's API (kueue.x-k8s.io/v1beta1) with a small admission controller:
+        a Job or JobSet labelled `kueue.x-k8s.io/queue-name` gets a Workload (labelled
+        with its uid); while its LocalQueue and that queue's ClusterQueue exist and
+        `kueue_admits`, the active Workload is admitted and the object unsuspended, all
+        its pod sets at once; a deactivated one (`spec.active: false`) is evicted and
+        the object suspended again. No quota arithmetic: tests decide by holding it."""
+        for plural, kind, namespaced in (
+            ("clusterqueues", "ClusterQueue", False),
+            ("localqueues", "LocalQueue", True),
+            ("workloads", "Workload", True),
+            ("resourceflavors", "ResourceFlavor", False),
+        ):
+            self.register_resource(
+                ResourceType("kueue.x-k8s.io", "v1beta1", plural, kind, namespaced)
+            )
+
+    def install_jobset(self) -> None:
+        """Serve JobSet (jobset.x-k8s.io/v1alpha2) with its controller's essentials: one
+        Job `<jobset>-<replicatedJob>-<index>` per replica from the template (labels
+        kept, owned by the JobSet), `suspend` passed down (and the pod template's
+        metadata copied again on resume), Failed when a Job fails, Completed when all
+        complete."""
+        self.register_resource(
+            ResourceType("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", True)
+        )
+
+    @staticmethod
+    def _true(obj: dict, ctype: str) -> bool:
+        cond = _condition(obj, ctype)
+        return bool(cond and cond.get("status") == "True")
+
+    def _finished(self, obj: dict) -> bool:
+        return any(self._true(obj, c) for c in ("Complete", "Completed", "Failed"))
+
+    def _kueue_pass(self) -> None:
+        wl_rt = self._by_key.get("workloads.kueue.x-k8s.io")
+        if wl_rt is None:
+            return
+        owners = [
+            (self._by_key["jobs.batch"], o) for o in self._objects(self._by_key["jobs.batch"])
+        ]
+        js_rt = self._by_key.get("jobsets.jobset.x-k8s.io")
+        if js_rt is not None:
+            owners += [(js_rt, o) for o in self._objects(js_rt)]
+        for rt, obj in owners:
+            meta = obj["metadata"]
+            queue = (meta.get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+            if not queue or meta.get("deletionTimestamp") or self._finished(obj):
+                continue
+            ns, uid = meta["namespace"], meta["uid"]
+            workload = next(
+                (
+                    w
+                    for w in self._objects(wl_rt, ns)
+                    if (w["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid
+                ),
+                None,
+            )
+            if workload is None:
+                workload = self._create(wl_rt, ns, self._workload_for(rt, obj, queue))
+            active = (workload.get("spec") or {}).get("active", True)
+            admitted = self._true(workload, "Admitted")
+            ts = self._ts()
+            if active and not admitted:
+                blocker = self._kueue_blocker(ns, queue)
+
+                def wait_or_admit(w: dict, blocker: str | None = blocker) -> None:
+                    conds = w.setdefault("status", {}).setdefault("conditions", [])
+                    if blocker:
+                        _set_condition(conds, "QuotaReserved", "False", "Pending", blocker, ts)
+                        return
+                    _set_condition(conds, "QuotaReserved", "True", "QuotaReserved", "", ts)
+                    _set_condition(conds, "Admitted", "True", "Admitted", "", ts)
+                    w["status"]["conditions"] = [c for c in conds if c["type"] != "Evicted"]
+
+                workload = self._modify(wl_rt, workload, wait_or_admit)
+                if not blocker:
+                    self._modify(rt, obj, lambda o: o["spec"].update(suspend=False))
+            elif not active and admitted:
+
+                def evict(w: dict) -> None:
+                    conds = w.setdefault("status", {}).setdefault("conditions", [])
+                    conds[:] = [c for c in conds if c["type"] not in ("Admitted", "QuotaReserved")]
+                    _set_condition(
+                        conds, "Evicted", "True", "Deactivated", "The workload is deactivated", ts
+                    )
+
+                self._modify(wl_rt, workload, evict)
+                self._modify(rt, obj, lambda o: o["spec"].update(suspend=True))
+
+    def _workload_for(self, rt: ResourceType, obj: dict, queue: str) -> dict:
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        if rt.kind == "JobSet":
+            pod_sets = [
+                {
+                    "name": rj["name"],
+                    "count": int(rj.get("replicas", 1))
+                    * int((rj.get("template") or {}).get("spec", {}).get("parallelism", 1)),
+                }
+                for rj in spec.get("replicatedJobs") or []
+            ]
+        else:
+            pod_sets = [{"name": "main", "count": int(spec.get("parallelism", 1))}]
+        return {
+            "metadata": {
+                "name": f"{rt.kind.lower()}-{meta['name']}-{meta['uid'][:5]}",
+                "labels": {"kueue.x-k8s.io/job-uid": meta["uid"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": rt.api_version,
+                        "kind": rt.kind,
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {"queueName": queue, "active": True, "podSets": pod_sets},
+        }
+
+    def _kueue_blocker(self, ns: str, queue: str) -> str | None:
+        local = self._get(self._by_key["localqueues.kueue.x-k8s.io"], ns, queue)
+        if local is None:
+            return f"LocalQueue {queue} doesn't exist"
+        cluster_queue = (local.get("spec") or {}).get("clusterQueue", "")
+        if self._get(self._by_key["clusterqueues.kueue.x-k8s.io"], None, cluster_queue) is None:
+            return f"ClusterQueue {cluster_queue} doesn't exist"
+        return None if self.kueue_admits else self.kueue_hold_message
+
+    def _jobset_pass(self) -> None:
+        js_rt = self._by_key.get("jobsets.jobset.x-k8s.io")
+        if js_rt is None:
+            return
+        jobs_rt = self._by_key["jobs.batch"]
+        for jobset in self._objects(js_rt):
+            meta, spec = jobset["metadata"], jobset.get("spec") or {}
+            if meta.get("deletionTimestamp"):
+                continue
+            ns, suspend, done = meta["namespace"], bool(spec.get("suspend")), self._finished(jobset)
+            children: list[dict] = []
+            for rj in spec.get("replicatedJobs") or []:
+                template = rj.get("template") or {}
+                pod_meta = ((template.get("spec") or {}).get("template") or {}).get(
+                    "metadata"
+                ) or {}
+                for index in range(int(rj.get("replicas", 1))):
+                    name = f"{meta['name']}-{rj['name']}-{index}"
+                    child = self._get(jobs_rt, ns, name)
+                    if child is None and not done:
+                        labels = dict((template.get("metadata") or {}).get("labels") or {})
+                        labels["jobset.sigs.k8s.io/jobset-name"] = meta["name"]
+                        labels["jobset.sigs.k8s.io/replicatedjob-name"] = rj["name"]
+                        body = {
+                            "metadata": {
+                                "name": name,
+                                "labels": labels,
+                                "ownerReferences": [
+                                    {
+                                        "apiVersion": js_rt.api_version,
+                                        "kind": "JobSet",
+                                        "name": meta["name"],
+                                        "uid": meta["uid"],
+                                        "controller": True,
+                                        "blockOwnerDeletion": True,
+                                    }
+                                ],
+                            },
+                            "spec": {
+                                **copy.deepcopy(template.get("spec") or {}),
+                                "suspend": suspend,
+                            },
+                        }
+                        try:
+                            child = self._create(jobs_rt, ns, body)
+                        except ApiError:
+                            continue  # e.g. over a ResourceQuota: tried again next pass
+                    elif (
+                        child is not None
+                        and not done
+                        and bool(child["spec"].get("suspend")) != suspend
+                    ):
+
+                        def flip(
+                            job: dict, suspend: bool = suspend, pod_meta: dict = pod_meta
+                        ) -> None:
+                            job["spec"]["suspend"] = suspend
+                            if not suspend:  # resumed: the template's pod metadata again
+                                job["spec"]["template"].setdefault("metadata", {})[
+                                    "annotations"
+                                ] = copy.deepcopy(pod_meta.get("annotations") or {})
+
+                        child = self._modify(jobs_rt, child, flip)
+                    if child is not None:
+                        children.append(child)
+            if done or not children:
+                continue
+            ts = self._ts()
+            expected = sum(int(rj.get("replicas", 1)) for rj in spec.get("replicatedJobs") or [])
+            if any(self._true(c, "Failed") for c in children):
+                self._modify(
+                    js_rt,
+                    jobset,
+                    lambda o: _set_condition(
+                        o.setdefault("status", {}).setdefault("conditions", []),
+                        "Failed",
+                        "True",
+                        "FailedJobs",
+                        "a Job failed",
+                        ts,
+                    ),
+                )
+            elif len(children) == expected and all(self._true(c, "Complete") for c in children):
+                self._modify(
+                    js_rt,
+                    jobset,
+                    lambda o: _set_condition(
+                        o.setdefault("status", {}).setdefault("conditions", []),
+                        "Completed",
+                        "True",
+                        "AllJobsCompleted",
+                        "jobset completed",
+                        ts,
+                    ),
+                )
 
     def _owned_pods(self, job: dict) -> list[dict]:
         uid = job["metadata"]["uid"]

@@ -9,11 +9,14 @@ directly: one small local CPU pool, a spot CPU pool, and two local GPU pools.
 from __future__ import annotations
 
 import contextlib
+import random
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import product
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,6 +30,7 @@ from marketplace.demo import seed_catalog
 from marketplace.models import GpuType, NodePool, Region, TenantQuota, Tier
 
 S = JobStatus
+PRIORITY_NAMES = ["critical", "normal", "low"]
 CPU_POOL_VCPUS = 4
 
 
@@ -306,6 +310,89 @@ def test_quota_blocked_job_is_not_overtaken_by_the_same_tenants_smaller_job(worl
     assert reason(big) == "quota: 4 of 8 GPUs in use"
     small = gpu_job(world, "small", gpus=2)
     assert statuses(big, small) == [S.QUEUED, S.QUEUED]
+
+
+# --- admission on submit: one job, not the whole queue ------------------------------------
+
+
+def _queue_for(template: Job, length: int) -> None:
+    """`length` jobs queued for `template`'s pool (bulk rows, as if submitted earlier)."""
+    rows = []
+    for number in range(length):
+        row = Job.objects.get(pk=template.pk)
+        row.pk, row.name = None, f"waiting-{number}"
+        row.status, row.status_reason = S.QUEUED, "waiting for 8 GPUs in t-a100 (0 free)"
+        rows.append(row)
+    Job.objects.bulk_create(rows)
+
+
+def test_submit_costs_the_same_number_of_queries_whatever_the_queue_length(world, pools):
+    holder = gpu_job(world, "a100-holder", gpus=8, gpu_type="a100-80gb")
+    queries = []
+    for length in (3, 60):
+        _queue_for(holder, length - Job.objects.filter(status=S.QUEUED).count())
+        with CaptureQueriesContext(connection) as captured:
+            admitted = submit(world, f"cpu-{length}", cpus=1)
+        assert admitted.status == S.DISPATCHING
+        queries.append(len(captured.captured_queries))
+        last = Job.objects.filter(status=S.QUEUED).order_by("pk").last()
+        with CaptureQueriesContext(connection) as captured:
+            assert services.queue_position(last) == length
+        assert len(captured.captured_queries) == 1
+    assert queries[0] == queries[1]
+    # Nothing the submit path decided differs from what a full pass would.
+    assert services.jobs_admit() == []
+
+
+def test_a_new_critical_job_is_admitted_before_queued_normal_ones_when_it_fits(world, pools):
+    submit(world, "running", cpus=2)
+    normal = submit(world, "normal", cpus=CPU_POOL_VCPUS)
+    assert normal.status == S.QUEUED
+    critical = submit(world, "critical", cpus=2, priority="critical")
+    assert critical.status == S.DISPATCHING
+    assert services.queue_position(normal) == 1
+    # A new normal job still queues behind the earlier normal one; a low one too.
+    later = submit(world, "later", cpus=1)
+    assert (later.status, later.status_reason) == (S.QUEUED, services.BEHIND_IN_POOL)
+    assert services.queue_position(later) == 2
+
+
+def test_another_tenants_quota_wait_does_not_block_a_new_job_but_its_own_does(
+    world, other_world, pools
+):
+    TenantQuota.objects.create(tenant=other_world.tenant, max_concurrent_jobs=1)
+    submit(other_world, "theirs-running", cpus=1)
+    theirs = submit(other_world, "theirs-waiting", cpus=1)
+    assert theirs.status_reason == "quota: at most 1 jobs at once"
+    assert submit(world, "mine", cpus=1).status == S.DISPATCHING
+    again = submit(other_world, "theirs-again", cpus=1)
+    assert (again.status, again.status_reason) == (S.QUEUED, services.BEHIND_OWN_QUOTA)
+    assert services.jobs_admit() == []
+    assert reason(again) == services.BEHIND_OWN_QUOTA
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_submit_decides_as_a_full_admission_pass_would(world, other_world, pools, seed):
+    """Random launches with nothing finishing: after each, a full pass (which sees the
+    whole queue) admits nothing more, gives the new job the same reason and position, and
+    agrees on which jobs wait behind others."""
+    rng = random.Random(seed)
+    TenantQuota.objects.create(tenant=other_world.tenant, max_concurrent_jobs=2)
+    waits_behind = {services.BEHIND_IN_POOL, services.BEHIND_OWN_QUOTA}
+    for number in range(14):
+        owner = rng.choice([world, other_world])
+        spec = {"cpus": rng.choice([1, 2, 3]), "priority": rng.choice(PRIORITY_NAMES)}
+        if rng.random() < 0.3:
+            spec |= {"nodes": 2, "spot_ratio": Decimal("0.5"), "cpus": rng.choice([1, 2])}
+        elif rng.random() < 0.2:
+            spec |= {"gpu_type": "h100-80gb", "gpus_per_node": rng.choice([2, 4, 8])}
+            spec["cpus"] = None
+        new = submit(owner, f"job-{number}", **spec)
+        position = services.queue_position(new)
+        behind = set(Job.objects.filter(status_reason__in=waits_behind).values_list("pk"))
+        assert services.jobs_admit() == []
+        assert (reason(new), services.queue_position(new)) == (new.status_reason, position)
+        assert set(Job.objects.filter(status_reason__in=waits_behind).values_list("pk")) == behind
 
 
 # --- refused at submit -------------------------------------------------------------------------

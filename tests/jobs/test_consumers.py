@@ -55,6 +55,7 @@ def forget_files(job: Job) -> None:
     ):
         shutil.rmtree(leftover, ignore_errors=True)
     logstream.archive_path(job).unlink(missing_ok=True)
+    logstream.archive_index_path(logstream.archive_path(job)).unlink(missing_ok=True)
     logstream.FileLog.forget(Path(settings.DATA_DIR) / "jobs" / str(job.pk) / "output.log")
 
 
@@ -202,6 +203,28 @@ def test_tenant_socket_gets_its_tenants_job_changes_only(world, other_world, cat
         await socket.disconnect()
 
     run(body)
+
+
+def test_dashboard_job_list_is_a_live_section_refreshed_on_state_changes(world, catalog):
+    """The dashboard's job list listens to the tenant socket (tenant_live.js turns each
+    status message into `gg:tenant-job-changed`) and refetches itself as a partial."""
+    job = make_job(world.tenant, name="dash job", status=JobStatus.RUNNING)
+    make_job(world.tenant, name="queued one", status=JobStatus.QUEUED)
+    client = signed_in_client(world.member, world.tenant)
+    page = client.get("/").content.decode()
+    assert "js/tenant_live.js" in page
+    assert 'id="dashboard-jobs"' in page and "data-tenant-live" in page
+    assert "gg:tenant-job-changed from:body" in page
+    assert f'data-job="{job.pk}"' in page and "No jobs yet" not in page
+
+    job_transition(job=job, to=JobStatus.SUCCEEDED, actor="backend", reason="completed")
+    partial = client.get("/", HTTP_HX_REQUEST="true", HTTP_HX_TARGET="dashboard-jobs")
+    body = partial.content.decode()
+    assert body.lstrip().startswith('<section id="dashboard-jobs"')  # the section only
+    assert f'data-job="{job.pk}"' in body and 'data-status="succeeded"' in body
+    # The running count comes along, swapped out of band.
+    assert 'id="running-jobs-stat"' in body and 'hx-swap-oob="true"' in body
+    assert '<span class="stat-value" data-testid="running-count">0</span>' in body
 
 
 # --- logs -----------------------------------------------------------------------------------------

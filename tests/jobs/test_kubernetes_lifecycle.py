@@ -3,6 +3,8 @@ dispatch, the watcher's observation pass, pause/resume, cancel, preemption and f
 
 from __future__ import annotations
 
+import base64
+import json
 import queue
 import threading
 import time
@@ -13,6 +15,7 @@ from django.db import connection
 
 from jobs import services, tasks
 from jobs.backends import BackendUnavailable, get_backend
+from jobs.backends import kubernetes_manifests as manifests
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.kube_watch import watch_jobs
 from jobs.models import Job, JobStatus
@@ -407,3 +410,221 @@ def test_pending_reasons_and_unpullable_image(world, cluster):
     job.refresh_from_db()
     assert job.status == S.FAILED
     assert job.status_reason.startswith("image can't be pulled: rank 0: ErrImagePull")
+
+
+def test_private_image_pulls_with_the_tenants_registry_login(
+    world, cluster, django_capture_on_commit_callbacks
+):
+    from marketplace.models import AllowedRegistry
+    from marketplace.services import image_create, registry_credential_set
+
+    AllowedRegistry.objects.create(host="registry.example.com:5000")
+    image_create(
+        tenant=world.tenant,
+        slug="private-trainer",
+        reference="registry.example.com:5000/acme/trainer:1.0",
+        user=world.admin,
+        name="Trainer",
+        kind="framework",
+        compatible_with=["nvidia", "cpu"],
+    )
+    registry_credential_set(
+        tenant=world.tenant,
+        user=world.admin,
+        registry="registry.example.com:5000",
+        username="robot",
+        password="first-token",
+    )
+    job = launch(world, gpu_spec(image="private-trainer"))
+    name = manifests.registry_secret_name("registry.example.com:5000")
+    secret = cluster.get("secrets", ns(job), name)
+    assert secret["type"] == "kubernetes.io/dockerconfigjson"
+
+    def login(secret: dict) -> dict:
+        config = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+        return config["auths"]["registry.example.com:5000"]
+
+    assert (login(secret)["username"], login(secret)["password"]) == ("robot", "first-token")
+    kube_job = cluster.get("jobs", ns(job), f"gg-{job.pk}-a1")
+    assert kube_job["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": name}]
+    job = settle(cluster, job, S.RUNNING)
+    (pod,) = live_pods(cluster, job)
+    assert pod["spec"]["imagePullSecrets"] == [{"name": name}]
+
+    # A new token replaces the Secret (409 on create) for the next launch.
+    registry_credential_set(
+        tenant=world.tenant,
+        user=world.admin,
+        registry="registry.example.com:5000",
+        username="robot",
+        password="second-token",
+    )
+    cpu = {"gpu_type": None, "gpus_per_node": 0, "cpus": 1}
+    second = launch(world, gpu_spec(name="again", image="private-trainer", **cpu))
+    assert login(cluster.get("secrets", ns(second), name))["password"] == "second-token"
+    # Public images carry no pull secret; the login's Secret outlives single jobs.
+    public = launch(world, gpu_spec(name="public", image="python-3.11", **cpu))
+    public_job = cluster.get("jobs", ns(public), f"gg-{public.pk}-a1")
+    assert "imagePullSecrets" not in public_job["spec"]["template"]["spec"]
+    services.job_cancel(job=job, actor="tester")
+    tasks.job_cancel_task.apply(args=[job.pk])
+    assert cluster.get("secrets", ns(job), name) is not None
+
+    # Removing the login removes its copy from the namespace (after commit, by a task).
+    from marketplace.models import RegistryCredential
+    from marketplace.services import registry_credential_delete
+
+    credential = RegistryCredential.objects.get(tenant=world.tenant)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        registry_credential_delete(credential=credential, user=world.admin)
+    assert callbacks
+    tasks.registry_pull_secret_remove_task.apply(args=[world.tenant.pk, credential.registry])
+    assert cluster.get("secrets", ns(job), name) is None
+    tasks.registry_pull_secret_remove_task.apply(args=[world.tenant.pk, credential.registry])
+
+
+# --- Kueue ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kueue(cluster, settings):
+    """Kueue and JobSet installed, with the platform's ClusterQueue; KUEUE=on."""
+    from jobs.backends import kubernetes as kubernetes_backend
+
+    cluster.install_kueue()
+    cluster.install_jobset()
+    cluster.create(
+        "clusterqueues", {"metadata": {"name": "gpu-cluster-queue"}, "spec": {"cohort": "all"}}
+    )
+    settings.KUEUE = "on"
+    settings.KUEUE_QUEUE_NAME = "gpugeek"
+    settings.KUEUE_CLUSTER_QUEUE = "gpu-cluster-queue"
+    kubernetes_backend._API_GROUPS.clear()
+    yield cluster
+    kubernetes_backend._API_GROUPS.clear()
+
+
+def workloads(cluster, job: Job) -> list[dict]:
+    return cluster.list("workloads", ns(job))
+
+
+def test_kueue_admits_a_job_it_queued_and_pause_goes_through_its_workload(world, kueue):
+    kueue.kueue_admits = False
+    job = launch(world, gpu_spec())
+    local_queue = kueue.get("localqueues", ns(job), "gpugeek")
+    assert local_queue["spec"] == {"clusterQueue": "gpu-cluster-queue"}
+    kube_job = kueue.get("jobs", ns(job), f"gg-{job.pk}-a1")
+    assert kube_job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpugeek"
+    assert kube_job["spec"]["suspend"] is True
+
+    # Held by Kueue: still provisioning, with Kueue's own reason on the job, no pods.
+    for _ in range(3):
+        kueue.tick()
+        services.jobs_observe(backend_name="kubernetes")
+    job.refresh_from_db()
+    assert job.status == S.PROVISIONING
+    assert job.status_reason == (
+        "waiting for Kueue admission: couldn't assign flavors to pod set main: "
+        "insufficient unused quota"
+    )
+    assert live_pods(kueue, job) == []
+
+    kueue.kueue_admits = True
+    job = settle(kueue, job, S.RUNNING)
+    (workload,) = workloads(kueue, job)
+    assert workload["spec"]["queueName"] == "gpugeek"
+
+    # Kueue owns `suspend`: a pause deactivates the Workload, and Kueue suspends the Job.
+    job = services.job_pause(job=job, actor="member@acme.test")
+    tasks.job_suspend_task(job.pk)
+    (workload,) = workloads(kueue, job)
+    assert workload["spec"]["active"] is False
+    job = settle(kueue, job, S.PAUSED)
+    assert live_pods(kueue, job) == []
+
+    job = services.job_resume(job=job, actor="member@acme.test")
+    tasks.job_resume_task(job.pk)
+    job = settle(kueue, job, S.RUNNING)
+    (pod,) = live_pods(kueue, job)
+    assert pod["metadata"]["annotations"]["gpugeek.io/resumed"] == "1"
+    kueue.succeed_job(ns(job), f"gg-{job.pk}-a1")
+    assert settle(kueue, job, S.SUCCEEDED).exit_code == 0
+
+
+def test_kueue_admits_both_tiers_of_a_split_job_together_as_one_jobset(world, kueue):
+    kueue.kueue_admits = False
+    job = launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5")))
+    jobset = kueue.get("jobsets", ns(job), f"gg-{job.pk}-a1")
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpugeek"
+    kueue.tick()
+    tier_jobs = {j["metadata"]["name"]: j for j in kueue.list("jobs", ns(job))}
+    assert set(tier_jobs) == {f"gg-{job.pk}-a1-od-0", f"gg-{job.pk}-a1-spot-0"}
+    assert all(j["spec"]["suspend"] for j in tier_jobs.values())
+    # One Workload for both tiers: Kueue admits them all or nothing.
+    (workload,) = workloads(kueue, job)
+    assert [(p["name"], p["count"]) for p in workload["spec"]["podSets"]] == [
+        ("od", 1),
+        ("spot", 1),
+    ]
+    services.jobs_observe(backend_name="kubernetes")
+    job.refresh_from_db()
+    assert (job.status, job.status_reason.split(":")[0]) == (
+        S.PROVISIONING,
+        "waiting for Kueue admission",
+    )
+    assert live_pods(kueue, job) == []
+
+    kueue.kueue_admits = True
+    job = settle(kueue, job, S.RUNNING)
+    on_demand = kueue.job_pods(ns(job), f"gg-{job.pk}-a1-od-0")
+    spot = kueue.job_pods(ns(job), f"gg-{job.pk}-a1-spot-0")
+    assert [p["spec"]["nodeName"] for p in on_demand + spot] == ["h100-od-1", "h100-spot-1"]
+    env = {e["name"]: e.get("value") for e in spot[0]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == f"gg-{job.pk}-a1-od-0-0.gg-{job.pk}"
+    assert on_demand[0]["spec"]["hostname"] == f"gg-{job.pk}-a1-od-0-0"
+
+    kueue.succeed_job(ns(job), f"gg-{job.pk}-a1-od-0")
+    job = settle(kueue, job, S.RUNNING)
+    kueue.succeed_job(ns(job), f"gg-{job.pk}-a1-spot-0")
+    assert settle(kueue, job, S.SUCCEEDED, S.FAILED).status == S.SUCCEEDED
+
+
+def test_cancelling_a_kueue_jobset_removes_it_and_its_jobs(world, kueue):
+    job = settle(kueue, launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))), S.RUNNING)
+    job = services.job_cancel(job=job, actor="member@acme.test")
+    tasks.job_cancel_task(job.pk)
+    kueue.tick()
+    assert kueue.list("jobsets", ns(job)) == []
+    assert kueue.list("jobs", ns(job)) == []
+    assert live_pods(kueue, job) == []
+
+
+def test_our_admission_still_holds_the_tenant_quota_before_kueue(world, kueue):
+    from marketplace.models import TenantQuota
+
+    TenantQuota.objects.create(tenant=world.tenant, max_concurrent_jobs=1)
+    first = launch(world, gpu_spec(gpus_per_node=0, gpu_type=None, cpus=1, image="python-3.11"))
+    second = services.job_submit(
+        tenant=world.tenant,
+        user=world.member,
+        spec=gpu_spec(name="second", gpus_per_node=0, gpu_type=None, cpus=1, image="python-3.11"),
+    )
+    assert (second.status, second.status_reason) == (S.QUEUED, "quota: at most 1 jobs at once")
+    assert [j["metadata"]["name"] for j in kueue.list("jobs", ns(first))] == [f"gg-{first.pk}-a1"]
+
+
+def test_kueue_auto_follows_api_discovery(world, cluster, settings):
+    from jobs.backends import kubernetes as kubernetes_backend
+
+    settings.KUEUE = "auto"
+    kubernetes_backend._API_GROUPS.clear()
+    backend = get_backend("kubernetes")
+    assert backend.kueue_queue() is None
+    job = launch(world, gpu_spec())
+    labels = cluster.get("jobs", ns(job), f"gg-{job.pk}-a1")["metadata"]["labels"]
+    assert "kueue.x-k8s.io/queue-name" not in labels
+
+    cluster.install_kueue()
+    kubernetes_backend._API_GROUPS.clear()  # the cache's lifetime, passed
+    assert get_backend("kubernetes").kueue_queue() == settings.KUEUE_QUEUE_NAME
+    kubernetes_backend._API_GROUPS.clear()

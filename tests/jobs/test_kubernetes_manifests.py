@@ -7,6 +7,7 @@ and review the diff.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from decimal import Decimal
@@ -25,7 +26,6 @@ GOLDEN = Path(__file__).parent / "golden"
 @pytest.fixture(autouse=True)
 def pinned_settings(settings):
     settings.JOB_TERMINATION_GRACE_SECONDS = 30
-    settings.KUEUE_QUEUE_NAME = ""
     settings.KUBERNETES_TTL_SECONDS_AFTER_FINISHED = 3600
     settings.KUBERNETES_EGRESS_DENY_CIDRS = list(manifests.DEFAULT_EGRESS_DENY_CIDRS)
     settings.KUBERNETES_IMAGE_PULL_SECRETS = []
@@ -123,13 +123,22 @@ def cpu_job() -> Job:
     )
 
 
-def rendered(job: Job, *, secrets: dict[str, str] | None = None) -> dict:
+def rendered(
+    job: Job,
+    *,
+    secrets: dict[str, str] | None = None,
+    registry_login: tuple[str, str, str] | None = None,
+) -> dict:
     quotas = [TenantQuota(tenant_id=7, gpu_type=None, max_gpus=16, max_concurrent_jobs=4)]
+    pull_secrets = []
     out = {
         "namespace": manifests.namespace_manifests(7, quotas, {"nvidia.com/gpu": [3]}),
         "service": manifests.service_manifest(job),
-        "jobs": manifests.job_manifests(job),
     }
+    if registry_login is not None:
+        out["pull_secret"] = manifests.registry_secret_manifest(7, *registry_login)
+        pull_secrets.append(out["pull_secret"]["metadata"]["name"])
+    out["jobs"] = manifests.job_manifests(job, pull_secrets=pull_secrets)
     if secrets is not None:
         out["secret"] = manifests.secret_manifest(job, secrets)
     return out
@@ -149,7 +158,12 @@ def assert_golden(name: str, value: dict) -> None:
 
 def test_h100_spot_mix_matches_golden():
     assert_golden(
-        "kubernetes_h100_2node_spot.json", rendered(h100_job(), secrets={"HF_TOKEN": "hf_x"})
+        "kubernetes_h100_2node_spot.json",
+        rendered(
+            h100_job(),
+            secrets={"HF_TOKEN": "hf_x"},
+            registry_login=("nvcr.io", "$oauthtoken", "nvapi-x"),
+        ),
     )
 
 
@@ -176,7 +190,8 @@ def test_every_field_is_a_real_api_field(job_factory):
         *manifests.namespace_manifests(7, [], {}),
         manifests.service_manifest(job),
         manifests.secret_manifest(job, {"A": "b"}),
-        *manifests.job_manifests(job),
+        manifests.registry_secret_manifest(7, "ghcr.io", "bot", "ghp_x"),
+        *manifests.job_manifests(job, pull_secrets=["gg-pull-ghcr.io-0000"]),
     ]
     for obj in objects:
         model = models[obj["kind"]].from_dict(obj)
@@ -242,10 +257,13 @@ def test_all_spot_job_uses_the_spot_job_as_rank_zero():
 
 
 def test_kueue_pull_secrets_and_egress_settings(settings):
-    settings.KUEUE_QUEUE_NAME = "gpu-queue"
     settings.KUBERNETES_IMAGE_PULL_SECRETS = ["registry-creds"]
     settings.KUBERNETES_EGRESS_DENY_CIDRS = ["169.254.169.254/32", "10.20.0.0/16"]
-    kube_job = manifests.job_manifests(cpu_job())[0]
+    assert (
+        "kueue.x-k8s.io/queue-name"
+        not in (manifests.job_manifests(cpu_job())[0]["metadata"]["labels"])
+    )
+    kube_job = manifests.job_manifests(cpu_job(), kueue_queue="gpu-queue")[0]
     assert kube_job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     assert kube_job["spec"]["suspend"] is True  # Kueue admits by unsuspending
     assert kube_job["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "registry-creds"}]
@@ -257,6 +275,70 @@ def test_kueue_pull_secrets_and_egress_settings(settings):
         "except": ["169.254.169.254/32", "10.20.0.0/16"],
     }
     assert internet[1]["ipBlock"] == {"cidr": "::/0"}
+
+
+def test_registry_pull_secret_is_a_docker_config_for_that_registry():
+    secret = manifests.registry_secret_manifest(7, "registry.example.com:5000", "bot", "s3cret")
+    assert secret["type"] == "kubernetes.io/dockerconfigjson"
+    assert secret["metadata"]["namespace"] == "gg-t-7"
+    name = secret["metadata"]["name"]
+    assert name == manifests.registry_secret_name("registry.example.com:5000")
+    assert name.startswith("gg-pull-registry.example.com-5000-")
+    assert manifests.registry_secret_name("registry.example.com-5000") != name
+    config = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+    assert config["auths"]["registry.example.com:5000"] == {
+        "username": "bot",
+        "password": "s3cret",
+        "auth": base64.b64encode(b"bot:s3cret").decode(),
+    }
+    hub = manifests.registry_secret_manifest(7, "docker.io", "bot", "x")
+    hub_config = json.loads(base64.b64decode(hub["data"][".dockerconfigjson"]))
+    assert list(hub_config["auths"]) == ["https://index.docker.io/v1/"]
+
+
+def test_pull_secrets_name_the_registry_login_then_the_cluster_wide_ones(settings):
+    settings.KUBERNETES_IMAGE_PULL_SECRETS = ["cluster-wide", "gg-pull-x"]
+    for kube_job in manifests.job_manifests(h100_job(), pull_secrets=["gg-pull-x"]):
+        assert kube_job["spec"]["template"]["spec"]["imagePullSecrets"] == [
+            {"name": "gg-pull-x"},
+            {"name": "cluster-wide"},
+        ]
+    settings.KUBERNETES_IMAGE_PULL_SECRETS = []
+    pod_spec = manifests.job_manifests(cpu_job())[0]["spec"]["template"]["spec"]
+    assert "imagePullSecrets" not in pod_spec
+
+
+def test_split_job_under_kueue_is_one_jobset_golden():
+    """Gang admission: both tiers in one JobSet (one Kueue Workload, admitted together)."""
+    job = h100_job()
+    jobset = manifests.jobset_manifest(job, kueue_queue="gpugeek", pull_secrets=["gg-pull-x"])
+    assert_golden(
+        "kubernetes_h100_2node_spot_kueue.json",
+        {
+            "local_queue": manifests.local_queue_manifest(7, "gpugeek", "gpu-cluster-queue"),
+            "jobset": jobset,
+        },
+    )
+    assert jobset["metadata"]["name"] == "gg-4242-a1"
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpugeek"
+    assert jobset["spec"]["suspend"] is True
+    on_demand, spot = jobset["spec"]["replicatedJobs"]
+    assert (on_demand["name"], spot["name"]) == ("od", "spot")
+    for replicated in (on_demand, spot):
+        assert replicated["replicas"] == 1
+        template = replicated["template"]
+        assert "suspend" not in template["spec"]  # the JobSet's suspend decides
+        assert "kueue.x-k8s.io/queue-name" not in template["metadata"]["labels"]
+        env = {e["name"]: e for e in template["spec"]["template"]["spec"]["containers"][0]["env"]}
+        # The JobSet names its Jobs <jobset>-<replicatedJob>-0; rank 0 is od's index 0.
+        assert env["MASTER_ADDR"]["value"] == "gg-4242-a1-od-0-0.gg-4242"
+        # The headless Service stays ours: pods keep its subdomain.
+        assert template["spec"]["template"]["spec"]["subdomain"] == "gg-4242"
+    assert on_demand["template"]["metadata"]["labels"]["gpugeek.io/tier"] == "on_demand"
+    assert spot["template"]["metadata"]["labels"]["gpugeek.io/tier"] == "spot"
+    assert manifests.job_name(job, "spot", gang=True) == "gg-4242-a1-spot-0"
+    assert manifests.is_gang(job, "gpugeek") and not manifests.is_gang(job, None)
+    assert not manifests.is_gang(cpu_job(), "gpugeek")  # one tier: a plain Job
 
 
 def test_quota_from_per_type_quotas():

@@ -20,7 +20,8 @@ from django.urls import include, path, re_path
 from console.crypto import encrypt_json
 from jobs import logstream, services
 from jobs.api import streams
-from jobs.backends.local import LocalBackend
+from jobs.backends.base import LogSource
+from jobs.backends.local import LocalBackend, LocalLogStream
 from jobs.logstream import FileLog, KubernetesSpool
 from jobs.models import Job, JobLogArchive, JobStatus
 from tests.conftest import signed_in_client
@@ -147,9 +148,9 @@ def test_download_is_the_whole_masked_log_and_tenant_scoped(world, other_world, 
 def test_multi_node_download_prefixes_ranks(world, catalog, monkeypatch):
     job = make_job(world.tenant, backend="kubernetes", nodes=2, status=JobStatus.SUCCEEDED)
     spool = KubernetesSpool(logstream.spool_dir(job))
-    spool.append(1, {0: ["a0"], 1: ["b0", "b1"]})
+    spool.append(1, [(pod("p0", 0), 0, ["a0"]), (pod("p1", 1), 0, ["b0", "b1"])])
     # The job's pods are gone (no cluster here): the spool is what was read.
-    monkeypatch.setattr(logstream, "kubernetes_pod_logs", lambda job: {})
+    monkeypatch.setattr(logstream, "kubernetes_sync", lambda job: 0)
     body = b"".join(logstream.download_chunks(job)).decode()
     assert body == "[0] a0\n[1] b0\n[1] b1\n"
 
@@ -157,13 +158,21 @@ def test_multi_node_download_prefixes_ranks(world, catalog, monkeypatch):
 # --- kubernetes spool ----------------------------------------------------------------------------
 
 
-def test_spool_appends_only_what_each_rank_printed_since_the_last_read(tmp_path):
+def pod(key: str, rank: int, live: bool = True) -> LogSource:
+    return LogSource(rank=rank, key=key, live=live)
+
+
+def test_spool_appends_only_what_each_pod_printed_since_the_last_read(tmp_path):
     spool = KubernetesSpool(tmp_path / "spool")
-    assert spool.append(1, {0: ["r0 a"], 1: ["r1 a", "r1 b"]}) == 3
-    assert spool.append(1, {0: ["r0 a", "r0 b"], 1: ["r1 a", "r1 b"]}) == 1
-    assert spool.append(1, {0: ["r0 a", "r0 b"], 1: ["r1 a", "r1 b", "r1 c"]}) == 1
-    # A new attempt's pods start their logs over: counted separately.
-    assert spool.append(2, {0: ["again"]}) == 1
+    r0, r1 = pod("job-0-a/uid0", 0), pod("job-1-b/uid1", 1)
+    assert spool.append(1, [(r0, 0, ["r0 a"]), (r1, 0, ["r1 a", "r1 b"])]) == 3
+    # A whole log read again, and a follow stream's suffix: only the new lines count.
+    assert spool.append(1, [(r0, 0, ["r0 a", "r0 b"]), (r1, 2, [])]) == 1
+    assert spool.append(1, [(r1, 1, ["r1 b", "r1 c"])]) == 1
+    assert spool.append(1, [(r1, 5, ["too far"])]) == 0  # a gap: never appended
+    # A pod replacing rank 0 (a resume, a new attempt) starts its log over.
+    assert spool.append(2, [(pod("job-0-c/uid2", 0), 0, ["again"])]) == 1
+    assert spool.counts() == {"job-0-a/uid0": 2, "job-1-b/uid1": 3, "job-0-c/uid2": 1}
     lines = spool.read(0, 100)
     assert [(ln.line_no, ln.rank, ln.text) for ln in lines] == [
         (1, 0, "r0 a"),
@@ -206,6 +215,54 @@ def test_finished_jobs_logs_are_archived_once_and_stay_readable(world, catalog):
         (ln["line_no"], ln["text"]) for ln in before
     ]
     assert not JobLogArchive.objects.filter(job=running).exists()
+
+
+def test_archive_range_reads_cross_member_boundaries(tmp_path):
+    per = logstream.ARCHIVE_MEMBER_LINES
+    total = 3 * per + 5
+    rows = [(n % 3, f"line {n} ünï") for n in range(1, total + 1)]
+    target = tmp_path / "job-1.jsonl.gz"
+    assert logstream.write_archive(target, iter(rows)) == total
+    store = logstream.ArchiveLog(target)
+    assert store.count() == total
+    for since, limit in [
+        (0, 10),
+        (per - 1, 2),  # the last line of a member and the first of the next
+        (per, 1),
+        (per + 1, 5),
+        (2 * per - 3, 10),
+        (10, 2 * per + 50),  # spans three members
+        (3 * per, 100),  # the last, short member
+        (total - 3, 10),  # the last page is short
+        (total, 10),  # beyond the end
+        (total + 500, 10),
+    ]:
+        got = store.read(since, limit)
+        expected = list(range(since + 1, min(since + limit, total) + 1))
+        assert [ln.line_no for ln in got] == expected, (since, limit)
+        assert [(ln.rank, ln.text) for ln in got] == [rows[n - 1] for n in expected]
+    # Still one ordinary gzip file for any other reader (e.g. zcat on a download).
+    with gzip.open(target, "rt", encoding="utf-8") as handle:
+        assert [tuple(json.loads(row)) for row in handle] == rows
+
+
+def test_archives_without_a_matching_index_are_read_whole(tmp_path):
+    rows = [[0, f"old {n}"] for n in range(1, 2501)]
+    legacy = tmp_path / "job-2.jsonl.gz"  # the format before the index: one gzip stream
+    with gzip.open(legacy, "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    store = logstream.ArchiveLog(legacy)
+    assert store.count() == 2500
+    assert [ln.text for ln in store.read(2047, 3)] == ["old 2048", "old 2049", "old 2050"]
+    # An index left from another write of the archive (torn replace) is not trusted.
+    indexed = tmp_path / "job-3.jsonl.gz"
+    logstream.write_archive(indexed, [(0, "stale")] * 5000)
+    shutil.copy(legacy, indexed)
+    store = logstream.ArchiveLog(indexed)
+    assert store.count() == 2500 and store.read(2499, 5)[0].text == "old 2500"
+    empty = tmp_path / "job-4.jsonl.gz"
+    assert logstream.write_archive(empty, []) == 0
+    assert logstream.ArchiveLog(empty).count() == 0 and logstream.ArchiveLog(empty).read(0, 5) == []
 
 
 # --- the follower's lease ------------------------------------------------------------------------
@@ -307,29 +364,154 @@ def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, clus
     ]
 
 
+def test_pod_log_streams_skip_follow_and_end_with_the_container(world, cluster):  # noqa: F811
+    from jobs.backends import get_backend
+    from jobs.models import JobStatus as S
+    from tests.fakes.kube_api import PodRun
+    from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
+    from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
+
+    cluster.pod_script = lambda pod: PodRun(logs=["a", "b", "c"], duration=None)
+    job = launch_on_cluster(world, gpu_spec(nodes=1))
+    job = settle(cluster, job, S.RUNNING)
+    backend = get_backend("kubernetes")
+    (source,) = backend.log_sources(job)
+    assert (source.rank, source.live) == (0, True)
+    snapshot = backend.open_log(job, source, skip=1, follow=False)
+    assert snapshot.poll() == ["b", "c"] and snapshot.ended
+    stream = backend.open_log(job, source, skip=2)
+    try:
+        (pod_name,) = [p["metadata"]["name"] for p in cluster.list("pods", ns(job))]
+        cluster.append_log(ns(job), pod_name, "d\ne")
+        got: list[str] = []
+        deadline = time.monotonic() + 15
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += stream.poll()
+            time.sleep(0.02)
+        assert got == ["c", "d", "e"] and not stream.ended
+        cluster.delete("pods", ns(job), pod_name)  # the pod goes: its stream ends
+        while not stream.ended and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stream.ended and stream.poll() == []
+    finally:
+        stream.close()
+
+
+def test_kubernetes_follower_streams_each_pod_once_for_all_viewers(world, cluster):  # noqa: F811
+    import asyncio
+    import threading
+
+    from jobs import realtime
+    from jobs.models import JobStatus as S
+    from tests.fakes.kube_api import PodRun
+    from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
+    from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
+
+    cluster.pod_script = lambda pod: PodRun(logs=["started"], duration=None)
+    job = launch_on_cluster(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5")))
+    forget_files(job)
+    job = settle(cluster, job, S.RUNNING)
+    pods = {
+        int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
+        + int(p["metadata"]["annotations"]["gpugeek.io/rank-offset"]): p["metadata"]["name"]
+        for p in cluster.list("pods", ns(job))
+    }
+    assert sorted(pods) == [0, 1]
+
+    def log_requests(follow: bool) -> list:
+        return [
+            r
+            for r in cluster.requests
+            if r.path.endswith("/log") and (r.query.get("follow") == "true") == follow
+        ]
+
+    def readers_alive() -> list[str]:
+        names = {f"pod-log-{name}" for name in pods.values()}
+        return [t.name for t in threading.enumerate() if t.name in names]
+
+    async def until(predicate, what: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.05)
+
+    async def body():
+        group = realtime.job_group(job.pk)
+        received: list[dict] = []
+        await realtime.hub().subscribe(group, received.append)
+        client = logstream._redis.get()
+        follower = logstream.LogFollower(job.pk)
+        await client.delete(follower.viewers_key, follower.lease_key, follower.cursor_key)
+        try:
+            logstream.followers.watch(job.pk)  # two viewers, one upstream follower
+            logstream.followers.watch(job.pk)
+
+            def lines() -> list[tuple[int, int, str]]:
+                return [
+                    (ln["line_no"], ln["rank"], ln["text"])
+                    for m in received
+                    for ln in m.get("lines") or ()
+                ]
+
+            await until(lambda: len(readers_alive()) == 2, "a stream per pod")
+            for n in range(1, 4):
+                cluster.append_log(ns(job), pods[0], f"rank 0 step {n}")
+                cluster.append_log(ns(job), pods[1], f"rank 1 step {n}")
+                await asyncio.sleep(0.05)
+            await until(lambda: len(lines()) >= 8, "live lines")
+            got = lines()
+            # Numbered once, in arrival order across ranks, in print order within each.
+            assert [n for n, _, _ in got] == list(range(1, 9))
+            for rank in (0, 1):
+                assert [t for _, r, t in got if r == rank] == ["started"] + [
+                    f"rank {rank} step {n}" for n in (1, 2, 3)
+                ]
+            stored = await asyncio.to_thread(logstream.read_lines, job, limit=100)
+            assert [(ln["line_no"], ln["rank"], ln["text"]) for ln in stored["lines"]] == got
+            assert len(log_requests(follow=True)) == 2  # one follow per pod
+            assert log_requests(follow=False) == []  # no re-reads while followed
+            await logstream.followers.unwatch(job.pk)
+            assert readers_alive()  # one viewer left: still following
+            await logstream.followers.unwatch(job.pk)
+            await until(lambda: not readers_alive(), "streams closed with the last viewer")
+        finally:
+            await logstream.close_for_loop()
+            await realtime.close_hub()
+
+    async_to_sync(body)()
+
+
 # --- the follower: tail reading, local or Redis delivery -----------------------------------------
 
 
-def test_file_tail_numbers_lines_like_the_store(tmp_path):
+def test_local_log_stream_numbers_lines_like_the_store(tmp_path):
     path = tmp_path / "output.log"
     path.write_text("one\ntwo\n")
-    tail = logstream._FileTail.after(path, 1)
+    source = LogSource(rank=0, key="output.log", live=True)
+    stream = LocalLogStream(tmp_path, source, skip=1)
     with path.open("a") as handle:
         handle.write("three\nfo")
-    assert [(ln.line_no, ln.text) for ln in tail.poll(final=False)] == [(2, "two"), (3, "three")]
+    assert stream.poll() == ["two", "three"]
     with path.open("a") as handle:
         handle.write("ur\n\nsix")
-    assert [(ln.line_no, ln.text) for ln in tail.poll(final=False)] == [(4, "four"), (5, "")]
-    assert [(ln.line_no, ln.text) for ln in tail.poll(final=True)] == [(6, "six")]
-    tail.close()
+    assert stream.poll() == ["four", ""]
+    assert stream.poll() == []  # "six" may still grow
+    (tmp_path / "exit_code").write_text("0")
+    assert stream.poll() == ["six"] and not stream.ended  # a resumed job writes on
+    stream.close()
     stored = FileLog(path).read(0, 10, final=True)
-    assert [(ln.line_no, ln.text) for ln in stored][1:] == [
-        (2, "two"),
-        (3, "three"),
-        (4, "four"),
-        (5, ""),
-        (6, "six"),
-    ]
+    assert [ln.text for ln in stored] == ["one", "two", "three", "four", "", "six"]
+    # Skipping lines: across read chunks, and past what is written so far.
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "output.log").write_text("".join(f"{n}\n" for n in range(1, 300_001)) + "3000")
+    assert LocalLogStream(big, source, skip=299_998, follow=False).poll() == ["299999", "300000"]
+    ahead = LocalLogStream(big, source, skip=300_002)
+    assert ahead.poll() == []
+    with (big / "output.log").open("a") as handle:
+        handle.write("01\nx\ny\n")
+    assert ahead.poll() == ["y"]  # 300001 and x skipped
+    ahead.close()
 
 
 @pytest.mark.django_db

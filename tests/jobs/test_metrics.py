@@ -324,7 +324,7 @@ def test_kubernetes_jobs_metrics_come_from_one_prometheus_query_per_tick(
     prometheus.gpu("someone-elses-pod-0", 0, util=99, **values)
     settings.PROMETHEUS_URL = prometheus.url
     # No cluster here: the loss scan of these Kubernetes jobs finds no pods, quietly.
-    monkeypatch.setattr("jobs.logstream.kubernetes_pod_logs", lambda job: {})
+    monkeypatch.setattr("jobs.logstream.kubernetes_sync", lambda job: 0)
 
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # until Prometheus has scraped the exporter

@@ -1,5 +1,6 @@
-"""Dispatch benchmark: launches per second from the API to a Kubernetes Job, and how the
-length of the admission queue slows a launch down.
+"""Dispatch benchmark: launches per second from the API to a Kubernetes Job, and whether
+the length of the admission queue slows a launch down (it shouldn't: a launch is admitted
+by looking at its own pools only, `jobs.services.job_admit_submitted`).
 
 For each queue length (1, 100, 1,000 jobs already waiting for other GPUs), jobs are
 submitted one after another through `POST /api/v1/jobs` (DRF with an API token; the real

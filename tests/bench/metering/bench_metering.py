@@ -86,10 +86,18 @@ def create_running_jobs(world, count: int, since) -> None:
 
 
 def timed_tick(now) -> tuple[float, float, int]:
-    """Wall-clock seconds, this process's CPU seconds, and the number of queries."""
+    """Wall-clock seconds, this process's CPU seconds, and the number of queries.
+
+    The test's transaction never commits, so on PostgreSQL the deferred foreign-key checks
+    that a real tick pays at commit are run inside the timing (SET CONSTRAINTS … IMMEDIATE).
+    """
     with CaptureQueriesContext(connection) as queries:
         started, cpu = time.perf_counter(), time.process_time()
         meter_tick(now=now)
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                cursor.execute("SET CONSTRAINTS ALL DEFERRED")
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     return elapsed, cpu, len(queries.captured_queries)
 
@@ -114,9 +122,9 @@ def test_metering_tick_time(bench_world, count):
 
     print(
         f"\n[bench metering] {connection.vendor}, {count:>6,} running jobs: "
-        f"first tick {first * 1000:8.1f} ms ({first_queries} queries), "
+        f"first tick {first * 1000:8.1f} ms ({first_queries} statements), "
         f"steady tick median {statistics.median(steady) * 1000:8.1f} ms / "
-        f"max {max(steady) * 1000:8.1f} ms ({queries} queries, "
+        f"max {max(steady) * 1000:8.1f} ms ({queries} statements, "
         f"{statistics.median(steady_cpu) * 1000:.0f} ms CPU in Python), "
         f"{statistics.median(steady) / count * 1e6:6.1f} µs per job; "
         f"setup {setup:.1f} s"

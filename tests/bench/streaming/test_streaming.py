@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from django.conf import settings
 from tests.conftest import signed_in_client
 from tests.jobs.conftest import catalog  # noqa: F401
 from tests.jobs.test_consumers import make_job
-from tests.servers import ROOT, asgi_server  # noqa: F401
+from tests.servers import ROOT
 
 RATE = 50  # lines per second per job
 # Seconds between two sockets' connects: pages arriving, not a storm. Each handshake costs
@@ -50,12 +51,24 @@ def full_size(config) -> bool:
     return any(str(arg).rstrip("/").startswith("tests/bench") for arg in config.args)
 
 
-def run_scenario(server, cookie: str, job_ids: list[int], viewers: int, seconds: float) -> dict:
+def server_profiled(server) -> bool:
+    return server.process.args[:3] == PROFILED_DAPHNE
+
+
+def server_cpu(processes) -> tuple[float, float]:
+    """User and system CPU seconds of the server processes together."""
+    times = [process.cpu_times() for process in processes]
+    return sum(t.user for t in times), sum(t.system for t in times)
+
+
+def run_scenario(servers, cookie: str, job_ids: list[int], viewers: int, seconds: float) -> dict:
     files = [Path(settings.DATA_DIR) / "jobs" / str(job) / "output.log" for job in job_ids]
     for path in files:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
-    config = {"ws_url": server.ws_url, "origin": server.url, "cookie": cookie}
+    # Sockets are spread over the server processes in turn, as a balancer would.
+    config = {"ws_urls": [server.ws_url for server in servers], "cookie": cookie}
+    config["origin"] = servers[0].url
     config.update(
         jobs=job_ids, viewers=viewers, ramp=float(os.environ.get("GPUGEEK_BENCH_RAMP", RAMP))
     )
@@ -70,11 +83,14 @@ def run_scenario(server, cookie: str, job_ids: list[int], viewers: int, seconds:
     try:
         line = load.stderr.readline()
         assert line.strip() == "connected", line + load.stderr.read()
-        daphne = psutil.Process(server.process.pid)
+        processes = [psutil.Process(server.process.pid) for server in servers]
         load_process = psutil.Process(load.pid)
-        cpu_before, load_before = daphne.cpu_times(), load_process.cpu_times()
+        cpu_before, load_before = server_cpu(processes), load_process.cpu_times()
         started = time.time()
         warmup = min(2.0, seconds / 4)
+        for server in servers:
+            if server_profiled(server):
+                server.process.send_signal(signal.SIGUSR2)  # profile the writing phase only
         writer = subprocess.run(
             [sys.executable, "-m", "tests.bench.streaming.writer", str(seconds), str(RATE)]
             + [str(f) for f in files],
@@ -84,20 +100,25 @@ def run_scenario(server, cookie: str, job_ids: list[int], viewers: int, seconds:
             check=True,
         )
         time.sleep(1.5)  # let the last batches arrive
+        for server in servers:
+            if server_profiled(server):
+                server.process.send_signal(signal.SIGUSR2)
         wall = time.time() - started
-        cpu_after, load_after = daphne.cpu_times(), load_process.cpu_times()
-        rss = daphne.memory_info().rss
-        out, _ = load.communicate(json.dumps({"measure_from": started + warmup}), timeout=120)
+        cpu_after, load_after = server_cpu(processes), load_process.cpu_times()
+        rss = sum(process.memory_info().rss for process in processes)
+        report = json.loads(writer.stdout)
+        command = {"measure_from": started + warmup, "written_at": report["written_at"]}
+        out, _ = load.communicate(json.dumps(command), timeout=120)
     finally:
         if load.poll() is None:
             load.kill()
     results = json.loads(out)
-    written = json.loads(writer.stdout)["lines_per_file"]
+    written = report["lines_per_file"]
     sockets = results["sockets"]
     lost = sum(s["gaps"] for s in sockets) + sum(
         written - (s["last"] or 0) for s in sockets if (s["last"] or 0) < written
     )
-    cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    cpu = sum(cpu_after) - sum(cpu_before)
     load_cpu = (load_after.user + load_after.system) - (load_before.user + load_before.system)
     errors = sorted({s["error"] for s in sockets if s["error"]})
     return {
@@ -111,10 +132,14 @@ def run_scenario(server, cookie: str, job_ids: list[int], viewers: int, seconds:
         "p50_ms": (results["p50"] or 0) * 1000,
         "p99_ms": (results["p99"] or 0) * 1000,
         "max_ms": (results["max"] or 0) * 1000,
+        "breakdown": {
+            key: round((results[key] or 0) * 1000, 1)
+            for key in ("read_p50", "read_p99", "send_p50", "send_p99")
+        },
         "lines_per_s": results["measured_lines"] / max(0.001, seconds - warmup),
         "expected_lines_per_s": len(job_ids) * viewers * RATE,
         "server_cpu_pct": 100 * cpu / wall,
-        "server_sys_pct": 100 * (cpu_after.system - cpu_before.system) / wall,
+        "server_sys_pct": 100 * (cpu_after[1] - cpu_before[1]) / wall,
         "load_cpu_pct": 100 * load_cpu / wall,
         "server_rss_mib": rss / 2**20,
         "lost": lost,
@@ -123,35 +148,60 @@ def run_scenario(server, cookie: str, job_ids: list[int], viewers: int, seconds:
     }
 
 
-@pytest.fixture
-def bench_server(request, transactional_db, tmp_path):
-    """The Daphne of tests.servers.asgi_server; GPUGEEK_BENCH_PROFILE=<file> runs it under
-    cProfile (stats written there when it stops) to see where server time goes."""
-    profile = os.environ.get("GPUGEEK_BENCH_PROFILE")
-    if not profile:
-        yield request.getfixturevalue("asgi_server")
-        return
-    import signal
+def server_command(port: int) -> tuple[str, list[str]]:
+    """The ASGI server to measure: Daphne (what `runconsole` runs), or uvicorn with
+    `GPUGEEK_BENCH_SERVER=uvicorn` (websockets + httptools; must be importable, e.g.
+    through PYTHONPATH) to compare per-message costs."""
+    if os.environ.get("GPUGEEK_BENCH_SERVER") == "uvicorn":
+        arguments = ["--host", "127.0.0.1", "--port", str(port), "--ws", "websockets"]
+        arguments += ["--http", "httptools", "--no-access-log", "--log-level", "warning"]
+        return "uvicorn", [*arguments, "console.asgi:application"]
+    return "daphne", daphne_args(port)
 
+
+def server_count() -> int:
+    """How many server processes (GPUGEEK_BENCH_SERVERS, default 1): each serves its own
+    sockets, and a job's batches reach the other processes through the Redis channel
+    layer. On this 2-core machine, with the load generator on it too, two processes
+    measured worse than one (each batch crosses Redis, and the hubs fell behind)."""
+    return int(os.environ.get("GPUGEEK_BENCH_SERVERS") or 1)
+
+
+@pytest.fixture
+def bench_servers(request, transactional_db, tmp_path):
+    """The ASGI server processes under test, against the test database.
+    GPUGEEK_BENCH_PROFILE=<file> runs them under cProfile (stats of the writing phase
+    written to <file>.<n> when they stop)."""
     from console.launcher import free_loopback_port
     from tests.servers import AsgiServer, _port_open, child_env, wait_until
 
-    port = free_loopback_port()
-    log_path = tmp_path / "daphne.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [*PROFILED_DAPHNE, profile, "-m", "daphne", *daphne_args(port)],
-            cwd=ROOT,
-            env=child_env(),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    wait_until(lambda: _port_open(port), 30, what="daphne")
+    profile = os.environ.get("GPUGEEK_BENCH_PROFILE")
+    servers = []
     try:
-        yield AsgiServer(process, port, log_path)
+        for number in range(server_count()):
+            port = free_loopback_port()
+            module, arguments = server_command(port)
+            command = [sys.executable, "-m", module, *arguments]
+            if profile:
+                command = [*PROFILED_DAPHNE, f"{profile}.{number}", "-m", module, *arguments]
+            log_path = tmp_path / f"server-{number}.log"
+            with log_path.open("wb") as log_file:
+                process = subprocess.Popen(
+                    command, cwd=ROOT, env=child_env(), stdout=log_file, stderr=subprocess.STDOUT
+                )
+            servers.append(AsgiServer(process, port, log_path))
+            wait_until(lambda: process.poll() is not None or _port_open(port), 30, what=module)
+            assert process.poll() is None, log_path.read_text()
+        yield servers
     finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=60)
+        for server in servers:
+            server.process.send_signal(signal.SIGINT)
+        for server in servers:
+            try:
+                server.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+                server.process.wait()
 
 
 def scenarios_for(config) -> tuple[list[tuple[int, int]], float]:
@@ -179,7 +229,7 @@ HEADER = (
 
 
 @pytest.mark.django_db(transaction=True)
-def test_streaming_benchmark(bench_server, world, catalog, request, scenario):  # noqa: F811
+def test_streaming_benchmark(bench_servers, world, catalog, request, scenario):  # noqa: F811
     jobs, viewers = scenario
     _, seconds = scenarios_for(request.config)
     client = signed_in_client(world.member, world.tenant)
@@ -187,11 +237,12 @@ def test_streaming_benchmark(bench_server, world, catalog, request, scenario):  
     load_before = os.getloadavg()  # other work on the machine skews every figure
     names = [f"bench {jobs}x{viewers} #{i}" for i in range(jobs)]
     job_ids = [make_job(world.tenant, name=name).pk for name in names]
-    r = run_scenario(bench_server, cookie, job_ids, viewers, seconds)
+    r = run_scenario(bench_servers, cookie, job_ids, viewers, seconds)
     size = "full" if full_size(request.config) else "smoke"
     print(
         f"\nstreaming benchmark, {size} size: {os.cpu_count()} CPUs, {RATE} lines/s per job, "
-        f"{seconds:.0f} s of writing, 1 Daphne process, load average before "
+        f"{seconds:.0f} s of writing, {len(bench_servers)} {server_command(0)[0]} "
+        f"process(es), load average before "
         f"{load_before[0]:.1f}\n{HEADER}"
     )
     print(
@@ -202,6 +253,7 @@ def test_streaming_benchmark(bench_server, world, catalog, request, scenario):  
         f"{r['server_rss_mib']:>14.0f}  {r['load_cpu_pct']:>14.0f}  "
         f"{r['lost']:>4}  {r['duplicated']:>10}"
     )
+    print(f"batch first lines, ms: written → read by the server, read → received: {r['breakdown']}")
     if r["reconnects"]:
         print(f"{r['reconnects']} reconnects (resuming after their last line); {r['errors']}")
     assert r["failed_sockets"] == 0, r  # every socket got connected, if not at once
