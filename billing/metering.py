@@ -12,12 +12,13 @@ priced by the version in force when it ran and rolls up into one hour.
 
 A tick handles thousands of running jobs, so it works on plain value tuples, never on
 model instances, and writes in bulk: on PostgreSQL one statement inserts the records from
-arrays and adds exactly the inserted ones to the rollups; elsewhere (SQLite, the embedded
-default) `executemany` does the same work in three statements.
+one JSON parameter and adds exactly the inserted ones to the rollups; elsewhere (SQLite,
+the embedded default) `executemany` does the same work in three statements.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from bisect import bisect_right
 from collections import defaultdict
@@ -41,7 +42,7 @@ from billing.models import (
     UsageRollup,
 )
 from jobs.models import Job, JobEvent, JobStatus
-from marketplace.models import PriceVersion, TenantPricing, Tier
+from marketplace.models import GpuType, PriceVersion, Region, TenantPricing, Tier
 from marketplace.pricing import unit_prices
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,13 @@ def billed_spans(events, since: datetime, until: datetime) -> list[Span]:
 
 
 def _split(span: Span, cut_points: list[datetime]) -> list[Span]:
-    """Cut a span at hour boundaries and at the given instants (price changes)."""
+    """Cut a span at hour boundaries and at the given instants (price changes, in time
+    order)."""
     next_hour = span.start.replace(minute=0, second=0, microsecond=0) + HOUR
-    if span.end <= next_hour and not any(span.start < p < span.end for p in cut_points):
+    first = bisect_right(cut_points, span.start)  # the first instant after the start
+    if span.end <= next_hour and (first == len(cut_points) or cut_points[first] >= span.end):
         return [span]  # the usual case: a tick's 30 s inside one hour and one price
-    points = {p for p in cut_points if span.start < p < span.end}
+    points = {p for p in cut_points[first:] if p < span.end}
     while next_hour < span.end:
         points.add(next_hour)
         next_hour += HOUR
@@ -375,7 +378,7 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
 
 
 def use_postgres_bulk_sql() -> bool:
-    """Whether the tick writes through PostgreSQL arrays (the fast path) or the portable
+    """Whether the tick writes through PostgreSQL's bulk statements (the fast path) or the portable
     `executemany` statements; tests run both on PostgreSQL and compare them."""
     return connection.vendor == "postgresql"
 
@@ -388,6 +391,8 @@ RECORD_TABLE = UsageRecord._meta.db_table
 ROLLUP_TABLE = UsageRollup._meta.db_table
 METER_TABLE = JobMeter._meta.db_table
 TOTAL_TABLE = UsageDailyTotal._meta.db_table
+GPU_TYPE_TABLE = GpuType._meta.db_table
+REGION_TABLE = Region._meta.db_table
 TOTAL_KEY = ("tenant_id", "bucket_start", "gpu_type", "tier", "region")
 TOTAL_COLUMNS = (*TOTAL_KEY, "currency", *ROLLUP_SUMS)
 
@@ -451,24 +456,16 @@ class _PortableWriter:
 def _rollup_rows(rows) -> dict[tuple, list]:
     sums: dict[tuple, list] = {}
     for r in rows:
-        for bucket, start in (
-            (Bucket.HOUR, r.hour_start),
-            (Bucket.DAY, r.hour_start.replace(hour=0)),
-        ):
-            key = (r.tenant_id, bucket, start, r.job_ref, r.gpu_type, r.tier, r.region)
-            row = sums.get(key)
-            if row is None:
-                sums[key] = [
-                    r.job_name,
-                    r.project,
-                    r.currency,
-                    *(getattr(r, f) for f in ROLLUP_SUMS),
-                ]
-            else:
-                row[3] += r.gpu_seconds
-                row[4] += r.cpu_seconds
-                row[5] += r.amount
-                row[6] += r.on_demand_amount
+        day = r.hour_start.replace(hour=0)
+        key = (r.tenant_id, Bucket.DAY, day, r.job_ref, r.gpu_type, r.tier, r.region)
+        row = sums.get(key)
+        if row is None:
+            sums[key] = [r.job_name, r.project, r.currency, *(getattr(r, f) for f in ROLLUP_SUMS)]
+        else:
+            row[3] += r.gpu_seconds
+            row[4] += r.cpu_seconds
+            row[5] += r.amount
+            row[6] += r.on_demand_amount
     return sums
 
 
@@ -488,8 +485,8 @@ def _total_rows(rows) -> dict[tuple, list]:
 
 
 def rollups_add(rows) -> None:
-    """Add ledger rows (anything with LedgerRow's fields) to the hourly and daily job
-    rollups and to the daily totals: one upsert each that increments existing rows
+    """Add ledger rows (anything with LedgerRow's fields) to the daily job rollups and
+    to the daily totals: one upsert each that increments existing rows
     (INSERT … ON CONFLICT DO UPDATE, on SQLite and PostgreSQL alike)."""
     rollups = _rollup_rows(rows)
     if not rollups:
@@ -511,8 +508,8 @@ def rollups_add(rows) -> None:
         )
 
 
-# PostgreSQL types of LedgerRow's fields, for the arrays the rows travel in.
-ARRAY_TYPES = {
+# PostgreSQL types of LedgerRow's fields, for the columns the rows travel in.
+COLUMN_TYPES = {
     "tenant_id": "bigint",
     "job_ref": "bigint",
     "job_name": "text",
@@ -537,6 +534,26 @@ ARRAY_TYPES = {
     "gpu_type": "text",
     "region": "text",
 }
+# Columns JSON has no type for: sent as their exact text (str() of a Decimal or of an
+# aware datetime), which PostgreSQL's casts read back exactly.
+AS_TEXT = frozenset(
+    name for name, kind in COLUMN_TYPES.items() if kind in ("numeric", "timestamptz")
+)
+
+
+def _json_columns(rows: list[LedgerRow], fields: tuple[str, ...]) -> str:
+    """The rows' leading `fields` as one JSON array per column. A tick's values repeat
+    (the same interval, price and amount for most jobs), so each distinct Decimal or
+    datetime is turned into text once; `json` then encodes the whole tick in C. Binding
+    the same rows as typed arrays costs psycopg a Python call per element: several times
+    slower."""
+    columns = []
+    for name, values in zip(fields, zip(*rows, strict=True), strict=False):
+        if name in AS_TEXT:
+            text = {v: None if v is None else str(v) for v in set(values)}
+            values = [text[v] for v in values]
+        columns.append(values)
+    return json.dumps(columns)
 
 
 @contextmanager
@@ -560,9 +577,10 @@ def _binary_cursor():
 
 
 class _PostgresWriter:
-    """PostgreSQL: rows travel as one array per column (`unnest`), so a tick is a couple
-    of statements whose size doesn't grow with the number of parameters, and the rollups
-    are fed from `RETURNING`: exactly the records this tick inserted."""
+    """PostgreSQL: the meters travel as one array per column (`unnest`), the ledger rows
+    as one JSON document, so a tick is a couple of statements whose size doesn't grow
+    with the number of parameters, and the rollups are fed from `RETURNING`: exactly the
+    records this tick inserted."""
 
     def meters(self, new: list[tuple], moved: list[tuple]) -> None:
         with _binary_cursor() as cursor:
@@ -583,35 +601,47 @@ class _PostgresWriter:
     def ledger(self, rows: list[LedgerRow], *, created_at: datetime) -> None:
         if not rows:
             return
-        fields = LedgerRow._fields
-        source = ", ".join(f"%s::{ARRAY_TYPES[name]}[]" for name in fields)
+        fields = RECORD_COLUMNS
+        # One JSON array per column, read back in step (ROWS FROM zips set functions).
+        elements = ", ".join(f"jsonb_array_elements_text(d.j -> {n})" for n in range(len(fields)))
+        typed = ", ".join(f"c.{name}::{COLUMN_TYPES[name]} AS {name}" for name in fields)
         record_columns = ("job_id", *RECORD_COLUMNS, "created_at")
-        key = ("job_ref", "attempt", "tier", "interval_start")
-        day = "date_trunc('day', a.hour_start AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
+        labels = ("tenant_id", "job_ref", "job_name", "project", "tier", "currency")
         sums = ", ".join(f"sum(a.{c})" for c in ROLLUP_SUMS)
         # Data-modifying CTEs all run to completion, read or not (PostgreSQL docs, WITH).
+        # The rollups read what the INSERT returns: exactly the records it added.
         sql = f"""
-            WITH s AS (SELECT * FROM unnest({source}) AS s({", ".join(fields)})),
+            WITH d AS (SELECT %s::jsonb AS j),
+            s AS (
+                SELECT {typed}
+                FROM d, ROWS FROM ({elements}) AS c({", ".join(fields)})
+            ),
             inserted AS (
                 INSERT INTO {RECORD_TABLE} ({", ".join(record_columns)})
                 SELECT job_ref, {", ".join(RECORD_COLUMNS)}, %s FROM s
                 ON CONFLICT DO NOTHING
-                RETURNING {", ".join(key)}
+                RETURNING {", ".join(labels)}, gpu_type_id, region_id, interval_start,
+                          {", ".join(ROLLUP_SUMS)}
             ),
-            added AS MATERIALIZED (SELECT s.* FROM s JOIN inserted USING ({", ".join(key)})),
+            added AS MATERIALIZED (
+                SELECT {", ".join(f"i.{c}" for c in (*labels, *ROLLUP_SUMS))},
+                       date_trunc('day', i.interval_start AT TIME ZONE 'UTC')
+                           AT TIME ZONE 'UTC' AS day,
+                       coalesce(g.slug, 'cpu') AS gpu_type, r.slug AS region
+                FROM inserted AS i
+                LEFT JOIN {GPU_TYPE_TABLE} AS g ON g.id = i.gpu_type_id
+                JOIN {REGION_TABLE} AS r ON r.id = i.region_id
+            ),
             rolled_up AS (
                 INSERT INTO {ROLLUP_TABLE} ({", ".join(ROLLUP_COLUMNS)})
-                SELECT a.tenant_id, b.bucket,
-                       CASE b.bucket WHEN 'hour' THEN a.hour_start ELSE {day} END,
-                       a.job_ref, a.gpu_type, a.tier, a.region,
+                SELECT a.tenant_id, '{Bucket.DAY}', a.day, a.job_ref, a.gpu_type, a.tier, a.region,
                        min(a.job_name), min(a.project), min(a.currency), {sums}
                 FROM added AS a
-                CROSS JOIN (VALUES ('{Bucket.HOUR}'), ('{Bucket.DAY}')) AS b(bucket)
-                GROUP BY 1, 2, 3, 4, 5, 6, 7
+                GROUP BY a.tenant_id, a.day, a.job_ref, a.gpu_type, a.tier, a.region
                 {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
             )
             INSERT INTO {TOTAL_TABLE} ({", ".join(TOTAL_COLUMNS)})
-            SELECT a.tenant_id, {day}, a.gpu_type, a.tier, a.region, min(a.currency), {sums}
+            SELECT a.tenant_id, a.day, a.gpu_type, a.tier, a.region, min(a.currency), {sums}
             FROM added AS a
             GROUP BY 1, 2, 3, 4, 5
             {_upsert(TOTAL_TABLE, TOTAL_KEY)}
@@ -619,7 +649,7 @@ class _PostgresWriter:
         with _binary_cursor() as cursor:
             # Room to sort a big tick's rollups in memory rather than in temporary files.
             cursor.execute("SET LOCAL work_mem = '64MB'")
-            cursor.execute(sql, [*map(list, zip(*rows, strict=True)), created_at])
+            cursor.execute(sql, [_json_columns(rows, fields), created_at])
 
 
 @transaction.atomic

@@ -333,12 +333,12 @@ class LedgerMachine(RuleBasedStateMachine):
         for r in records:
             hour = r.interval_start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
             gpu = r.gpu_type.slug if r.gpu_type_id else "cpu"
-            for bucket, start in (("hour", hour), ("day", hour.replace(hour=0))):
-                row = sums.setdefault(
-                    (bucket, start, r.job_ref, gpu, r.tier, r.region.slug), [Decimal(0)] * 4
-                )
-                for i, field in enumerate(ROLLUP_FIELDS):
-                    row[i] += getattr(r, field)
+            row = sums.setdefault(
+                ("day", hour.replace(hour=0), r.job_ref, gpu, r.tier, r.region.slug),
+                [Decimal(0)] * 4,
+            )
+            for i, field in enumerate(ROLLUP_FIELDS):
+                row[i] += getattr(r, field)
         return {key: tuple(values) for key, values in sums.items()}
 
     def _totals(self) -> dict[tuple, tuple]:
