@@ -8,7 +8,8 @@ number of jobs.
 A job is billed from the moment it is running until its compute is released
 (`running` and `pausing`); queueing, provisioning and paused time are not billed.
 Intervals are split at hour boundaries and at price-version changes, so each record is
-priced by the version in force when it ran and rolls up into one hour.
+priced by the version in force when it ran and rolls up into one hour. Daily rollups grow
+every tick; hourly ones are written when their hour has closed (`HourlyRollupMark`).
 
 A tick handles thousands of running jobs, so it works on plain value tuples, never on
 model instances, and writes in bulk: on PostgreSQL one statement inserts the records from
@@ -36,11 +37,13 @@ from django.utils import timezone
 from billing.models import (
     AMOUNT_QUANTUM,
     Bucket,
+    HourlyRollupMark,
     JobMeter,
     UsageDailyTotal,
     UsageRecord,
     UsageRollup,
 )
+from console.models import Tenant
 from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import GpuType, PriceVersion, Region, TenantPricing, Tier
 from marketplace.pricing import unit_prices
@@ -322,7 +325,10 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     jobs = list(
         Job.objects.select_for_update(of=("self",)).filter(CANDIDATES).values_list(*JOB_COLUMNS)
     )
+    writer = _PostgresWriter() if use_postgres_bulk_sql() else _PortableWriter()
+    hourly_mark = HourlyRollupMark.objects.values_list("rolled_until", flat=True).first()
     if not jobs:
+        _close_hours(writer, hourly_mark, now)
         return TickResult(0, 0, set())
     # The locked jobs are still candidates in the next statements' snapshots: only a tick
     # changes meters, and the jobs' own rows are locked.
@@ -369,12 +375,23 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
         elif meter != (metered_until, still_billed):
             moved_meters.append((job.pk, metered_until, still_billed))
 
-    writer = _PostgresWriter() if use_postgres_bulk_sql() else _PortableWriter()
     writer.meters(new_meters, moved_meters)
     # The locked rows and the cursor make a duplicate impossible; the unique key is the
     # last line of defence, and only rows really inserted reach the rollups.
-    writer.ledger(rows, created_at=timezone.now())
+    writer.ledger(rows, created_at=timezone.now(), hourly_before=hourly_mark)
+    _close_hours(writer, hourly_mark, now)
     return TickResult(len(jobs), len(rows), {r.tenant_id for r in rows})
+
+
+def _close_hours(writer, hourly_mark: datetime | None, now: datetime) -> None:
+    """Sum the hours that closed since the last mark into hourly rollups (once an hour,
+    after this tick's records are in the ledger) and move the mark."""
+    current_hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    if hourly_mark is not None and hourly_mark >= current_hour:
+        return
+    writer.roll_hours(since=hourly_mark, until=current_hour)
+    if not HourlyRollupMark.objects.update(rolled_until=current_hour):
+        HourlyRollupMark.objects.create(rolled_until=current_hour)
 
 
 def use_postgres_bulk_sql() -> bool:
@@ -393,6 +410,7 @@ METER_TABLE = JobMeter._meta.db_table
 TOTAL_TABLE = UsageDailyTotal._meta.db_table
 GPU_TYPE_TABLE = GpuType._meta.db_table
 REGION_TABLE = Region._meta.db_table
+TENANT_TABLE = Tenant._meta.db_table
 TOTAL_KEY = ("tenant_id", "bucket_start", "gpu_type", "tier", "region")
 TOTAL_COLUMNS = (*TOTAL_KEY, "currency", *ROLLUP_SUMS)
 
@@ -426,7 +444,9 @@ class _PortableWriter:
                     [(dt(until), is_open, job_id) for job_id, until, is_open in moved],
                 )
 
-    def ledger(self, rows: list[LedgerRow], *, created_at: datetime) -> None:
+    def ledger(
+        self, rows: list[LedgerRow], *, created_at: datetime, hourly_before: datetime | None
+    ) -> None:
         if not rows:
             return
         dt = self.adapt_datetime
@@ -444,7 +464,7 @@ class _PortableWriter:
             )
             inserted = cursor.rowcount
         if inserted == len(rows):
-            rollups_add(rows)
+            rollups_add(rows, hourly_before=hourly_before)
         else:
             # Only a ledger edited behind the meters' back gets here: which rows were new
             # is unknown, so the affected tenants' rollups are recomputed from the ledger.
@@ -452,12 +472,22 @@ class _PortableWriter:
             for tenant_id in sorted({r.tenant_id for r in rows}):
                 rollups_rebuild(tenant_id=tenant_id)
 
+    def roll_hours(self, *, since: datetime | None, until: datetime) -> None:
+        records = UsageRecord.objects.filter(interval_start__lt=until)
+        if since is not None:
+            records = records.filter(interval_start__gte=since)
+        batch: list[_RebuildRow] = []
+        for values in records.values_list(*REBUILD_FIELDS).iterator(chunk_size=2000):
+            batch.append(_RebuildRow._make(values))
+        rollups_add(batch, hourly_before=until, daily=False)
 
-def _rollup_rows(rows) -> dict[tuple, list]:
+
+def _rollup_rows(rows, *, hourly_before: datetime | None, daily: bool) -> dict[tuple, list]:
+    """Job rollup sums: daily ones (if `daily`), and hourly ones for the rows whose hour
+    started before `hourly_before` (hours already rolled, or being rolled now)."""
     sums: dict[tuple, list] = {}
-    for r in rows:
-        day = r.hour_start.replace(hour=0)
-        key = (r.tenant_id, Bucket.DAY, day, r.job_ref, r.gpu_type, r.tier, r.region)
+
+    def add(key: tuple, r) -> None:
         row = sums.get(key)
         if row is None:
             sums[key] = [r.job_name, r.project, r.currency, *(getattr(r, f) for f in ROLLUP_SUMS)]
@@ -466,6 +496,13 @@ def _rollup_rows(rows) -> dict[tuple, list]:
             row[4] += r.cpu_seconds
             row[5] += r.amount
             row[6] += r.on_demand_amount
+
+    for r in rows:
+        rest = (r.job_ref, r.gpu_type, r.tier, r.region)
+        if daily:
+            add((r.tenant_id, Bucket.DAY, r.hour_start.replace(hour=0), *rest), r)
+        if hourly_before is not None and r.hour_start < hourly_before:
+            add((r.tenant_id, Bucket.HOUR, r.hour_start, *rest), r)
     return sums
 
 
@@ -484,14 +521,15 @@ def _total_rows(rows) -> dict[tuple, list]:
     return sums
 
 
-def rollups_add(rows) -> None:
+def rollups_add(rows, *, hourly_before: datetime | None, daily: bool = True) -> None:
     """Add ledger rows (anything with LedgerRow's fields) to the daily job rollups and
-    to the daily totals: one upsert each that increments existing rows
+    to the daily totals (if `daily`), and to the hourly job rollups where their hour
+    started before `hourly_before`: one upsert each that increments existing rows
     (INSERT … ON CONFLICT DO UPDATE, on SQLite and PostgreSQL alike)."""
-    rollups = _rollup_rows(rows)
+    rollups = _rollup_rows(rows, hourly_before=hourly_before, daily=daily)
     if not rollups:
         return
-    totals = _total_rows(rows)
+    totals = _total_rows(rows) if daily else {}
     # The ORM's own encoding of datetimes, so SQLite text values compare equal.
     dt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
@@ -501,11 +539,13 @@ def rollups_add(rows) -> None:
             + _upsert(ROLLUP_TABLE, ROLLUP_KEY),
             [(t, b, dt(start), *rest, *values) for (t, b, start, *rest), values in rollups.items()],
         )
-        cursor.executemany(
-            f"INSERT INTO {TOTAL_TABLE} ({', '.join(TOTAL_COLUMNS)}) "  # noqa: S608
-            f"VALUES ({', '.join(['%s'] * len(TOTAL_COLUMNS))}) " + _upsert(TOTAL_TABLE, TOTAL_KEY),
-            [(t, dt(day), *rest, *values) for (t, day, *rest), values in totals.items()],
-        )
+        if totals:
+            cursor.executemany(
+                f"INSERT INTO {TOTAL_TABLE} ({', '.join(TOTAL_COLUMNS)}) "  # noqa: S608
+                f"VALUES ({', '.join(['%s'] * len(TOTAL_COLUMNS))}) "
+                + _upsert(TOTAL_TABLE, TOTAL_KEY),
+                [(t, dt(day), *rest, *values) for (t, day, *rest), values in totals.items()],
+            )
 
 
 # PostgreSQL types of LedgerRow's fields, for the columns the rows travel in.
@@ -598,7 +638,9 @@ class _PostgresWriter:
                     [list(column) for column in zip(*moved, strict=True)],
                 )
 
-    def ledger(self, rows: list[LedgerRow], *, created_at: datetime) -> None:
+    def ledger(
+        self, rows: list[LedgerRow], *, created_at: datetime, hourly_before: datetime | None
+    ) -> None:
         if not rows:
             return
         fields = RECORD_COLUMNS
@@ -627,6 +669,8 @@ class _PostgresWriter:
                 SELECT {", ".join(f"i.{c}" for c in (*labels, *ROLLUP_SUMS))},
                        date_trunc('day', i.interval_start AT TIME ZONE 'UTC')
                            AT TIME ZONE 'UTC' AS day,
+                       date_trunc('hour', i.interval_start AT TIME ZONE 'UTC')
+                           AT TIME ZONE 'UTC' AS hour,
                        coalesce(g.slug, 'cpu') AS gpu_type, r.slug AS region
                 FROM inserted AS i
                 LEFT JOIN {GPU_TYPE_TABLE} AS g ON g.id = i.gpu_type_id
@@ -639,6 +683,16 @@ class _PostgresWriter:
                 FROM added AS a
                 GROUP BY a.tenant_id, a.day, a.job_ref, a.gpu_type, a.tier, a.region
                 {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
+            ),
+            late_hours AS (
+                -- Records of hours already rolled (late arrivals) go straight to them.
+                INSERT INTO {ROLLUP_TABLE} ({", ".join(ROLLUP_COLUMNS)})
+                SELECT a.tenant_id, '{Bucket.HOUR}', a.hour, a.job_ref, a.gpu_type, a.tier,
+                       a.region, min(a.job_name), min(a.project), min(a.currency), {sums}
+                FROM added AS a
+                WHERE a.hour < %s::timestamptz
+                GROUP BY a.tenant_id, a.hour, a.job_ref, a.gpu_type, a.tier, a.region
+                {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
             )
             INSERT INTO {TOTAL_TABLE} ({", ".join(TOTAL_COLUMNS)})
             SELECT a.tenant_id, a.day, a.gpu_type, a.tier, a.region, min(a.currency), {sums}
@@ -649,7 +703,29 @@ class _PostgresWriter:
         with _binary_cursor() as cursor:
             # Room to sort a big tick's rollups in memory rather than in temporary files.
             cursor.execute("SET LOCAL work_mem = '64MB'")
-            cursor.execute(sql, [_json_columns(rows, fields), created_at])
+            cursor.execute(sql, [_json_columns(rows, fields), created_at, hourly_before])
+
+    def roll_hours(self, *, since: datetime | None, until: datetime) -> None:
+        """One statement: the closed hours' records summed into hourly job rollups. The
+        tenant list lets the (tenant, interval_start) index find the hours' records."""
+        sums = ", ".join(f"sum(u.{c})" for c in ROLLUP_SUMS)
+        since_clause = "AND u.interval_start >= %s" if since is not None else ""
+        sql = f"""
+            INSERT INTO {ROLLUP_TABLE} ({", ".join(ROLLUP_COLUMNS)})
+            SELECT u.tenant_id, '{Bucket.HOUR}',
+                   date_trunc('hour', u.interval_start AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
+                   u.job_ref, coalesce(g.slug, 'cpu'), u.tier, r.slug,
+                   min(u.job_name), min(u.project), min(u.currency), {sums}
+            FROM {RECORD_TABLE} AS u
+            LEFT JOIN {GPU_TYPE_TABLE} AS g ON g.id = u.gpu_type_id
+            JOIN {REGION_TABLE} AS r ON r.id = u.region_id
+            WHERE u.tenant_id = ANY(ARRAY(SELECT id FROM {TENANT_TABLE}))
+              AND u.interval_start < %s {since_clause}
+            GROUP BY 1, 3, 4, 5, 6, 7
+            {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
+        """  # noqa: S608 (table and column names are ours; values are parameters)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [until] if since is None else [until, since])
 
 
 @transaction.atomic
@@ -663,17 +739,20 @@ def rollups_rebuild(*, tenant_id: int | None = None) -> int:
         records = records.filter(tenant_id=tenant_id)
     rollups.delete()
     totals.delete()
-    fields = ("tenant_id", "job_ref", "job_name", "project", "tier", "interval_start",
-              "currency", "gpu_type__slug", "region__slug", *ROLLUP_SUMS)  # fmt: skip
+    hourly_mark = HourlyRollupMark.objects.values_list("rolled_until", flat=True).first()
     count = 0
     batch: list[_RebuildRow] = []
-    for values in records.values_list(*fields).iterator(chunk_size=2000):
+    for values in records.values_list(*REBUILD_FIELDS).iterator(chunk_size=2000):
         batch.append(_RebuildRow._make(values))
         if len(batch) == 2000:
-            rollups_add(batch)
+            rollups_add(batch, hourly_before=hourly_mark)
             count, batch = count + len(batch), []
-    rollups_add(batch)
+    rollups_add(batch, hourly_before=hourly_mark)
     return count + len(batch)
+
+
+REBUILD_FIELDS = ("tenant_id", "job_ref", "job_name", "project", "tier", "interval_start",
+                  "currency", "gpu_type__slug", "region__slug", *ROLLUP_SUMS)  # fmt: skip
 
 
 class _RebuildRow(NamedTuple):

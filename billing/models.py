@@ -117,12 +117,12 @@ class Bucket(models.TextChoices):
 
 
 class UsageRollup(TenantOwnedModel):
-    """Usage summed per day × GPU type × tier × region × job: what the Cost Explorer
-    reads about jobs and projects, so it never scans raw records.
+    """Usage summed per hour or day × GPU type × tier × region × job: what the Cost
+    Explorer reads about jobs and projects, so it never scans raw records.
 
-    The metering tick keeps only daily rows (`bucket` "day"): an hourly row per job would
-    double the rows every tick rewrites, and nothing reads it; a job's hours come from its
-    own ledger records. Rows with `bucket` "hour" are no longer written."""
+    Daily rows grow with every tick. Hourly rows are written once per hour, when the hour
+    has closed (see `HourlyRollupMark`): per tick they would double the rows each tick
+    rewrites, for a figure nobody reads while its hour is still running."""
 
     tenant = models.ForeignKey(
         "console.Tenant", on_delete=models.CASCADE, related_name="usage_rollups"
@@ -162,6 +162,20 @@ class UsageRollup(TenantOwnedModel):
 
     def __str__(self) -> str:
         return f"{self.bucket} {self.bucket_start:%Y-%m-%d %H:%M} {self.job_name}: {self.amount}"
+
+
+class HourlyRollupMark(models.Model):
+    """How far the hourly rollups are complete (one row): every record that started
+    before `rolled_until` is in them, later ones are not yet. The first tick of a new
+    hour sums the closed hour's records into hourly rows in one statement and moves the
+    mark; a record that arrives late for an hour already rolled (a catch-up tick, a job
+    closed at its real end) is added to its hourly row directly. No row: nothing is
+    rolled up hourly yet."""
+
+    rolled_until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"hourly rollups complete before {self.rolled_until:%Y-%m-%d %H:%M}"
 
 
 class UsageDailyTotal(TenantOwnedModel):

@@ -4,11 +4,6 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
-def delete_hourly_rollups(apps, schema_editor):
-    """The tick keeps only daily job rollups now: hourly rows would go stale."""
-    apps.get_model("billing", "UsageRollup").objects.filter(bucket="hour").delete()
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("billing", "0003_usage_daily_totals"),
@@ -65,5 +60,4 @@ class Migration(migrations.Migration):
                 to="marketplace.region",
             ),
         ),
-        migrations.RunPython(delete_hourly_rollups, migrations.RunPython.noop),
     ]

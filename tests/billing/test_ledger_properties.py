@@ -41,7 +41,13 @@ from hypothesis.stateful import (
 )
 
 from billing.metering import meter_tick, rollups_rebuild
-from billing.models import AMOUNT_QUANTUM, UsageDailyTotal, UsageRecord, UsageRollup
+from billing.models import (
+    AMOUNT_QUANTUM,
+    HourlyRollupMark,
+    UsageDailyTotal,
+    UsageRecord,
+    UsageRollup,
+)
 from jobs.models import Job, JobEvent
 from jobs.services import JobSpec, job_submit
 from marketplace.models import PriceEntry, PriceVersion, TenantPricing
@@ -329,16 +335,22 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _rollups_from(records: list[UsageRecord]) -> dict[tuple, tuple]:
+        """Daily rows for every record; hourly rows for the hours the mark says are
+        rolled (those that closed before the last tick)."""
+        mark = HourlyRollupMark.objects.values_list("rolled_until", flat=True).first()
         sums: dict[tuple, list[Decimal]] = {}
         for r in records:
             hour = r.interval_start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
             gpu = r.gpu_type.slug if r.gpu_type_id else "cpu"
-            row = sums.setdefault(
-                ("day", hour.replace(hour=0), r.job_ref, gpu, r.tier, r.region.slug),
-                [Decimal(0)] * 4,
-            )
-            for i, field in enumerate(ROLLUP_FIELDS):
-                row[i] += getattr(r, field)
+            buckets = [("day", hour.replace(hour=0))]
+            if mark is not None and hour < mark:
+                buckets.append(("hour", hour))
+            for bucket, start in buckets:
+                row = sums.setdefault(
+                    (bucket, start, r.job_ref, gpu, r.tier, r.region.slug), [Decimal(0)] * 4
+                )
+                for i, field in enumerate(ROLLUP_FIELDS):
+                    row[i] += getattr(r, field)
         return {key: tuple(values) for key, values in sums.items()}
 
     def _totals(self) -> dict[tuple, tuple]:

@@ -6,11 +6,12 @@ from django.db import connection, transaction
 
 from billing import metering
 from billing.metering import meter_tick
-from billing.models import JobMeter, UsageDailyTotal, UsageRecord, UsageRollup
+from billing.models import HourlyRollupMark, JobMeter, UsageDailyTotal, UsageRecord, UsageRollup
 from jobs.models import Job, JobEvent
 from marketplace.models import PriceVersion
 from tests.billing.conftest import T0, S, make_job, set_status
 
+HOUR = timedelta(hours=1)
 CPU_PRICE = Decimal("0.0125")  # demo price per vCPU-hour in region "local"
 
 
@@ -83,8 +84,42 @@ def test_intervals_split_at_hours_and_price_changes(world, catalog):
     assert [r.price_version_id for r in records] == [old.pk, old.pk, new.pk]
     assert records[2].unit_price == records[0].unit_price * 2
     # Two hours of one day: one daily job rollup, summing all three records.
-    assert UsageRollup.objects.filter(job_ref=job.pk).count() == 1
-    assert UsageRollup.objects.get(job_ref=job.pk).amount == sum(r.amount for r in records)
+    daily = UsageRollup.objects.get(job_ref=job.pk, bucket="day")
+    assert daily.amount == sum(r.amount for r in records)
+    # Hour 10 has closed: its hourly row; hour 11 is still running: none yet.
+    hourly = UsageRollup.objects.get(job_ref=job.pk, bucket="hour")
+    assert hourly.bucket_start == T0 and hourly.amount == records[0].amount
+
+
+def test_hourly_rollups_are_written_when_the_hour_closes_and_late_records_join_them(world, catalog):
+    job = make_job(world, start=T0)
+    set_status(job, S.RUNNING, T0 + timedelta(minutes=58))
+    meter_tick(now=T0 + timedelta(minutes=59))
+    assert not UsageRollup.objects.filter(bucket="hour").exists()  # hour 10 still runs
+    assert HourlyRollupMark.objects.get().rolled_until == T0
+
+    # The first tick of hour 11 rolls hour 10 (this tick's piece of it included).
+    meter_tick(now=T0 + timedelta(minutes=61))
+    assert HourlyRollupMark.objects.get().rolled_until == T0 + timedelta(hours=1)
+    hourly = UsageRollup.objects.get(bucket="hour", job_ref=job.pk)
+    in_hour_10 = UsageRecord.objects.filter(job_ref=job.pk, interval_start__lt=T0 + HOUR)
+    assert hourly.bucket_start == T0
+    assert hourly.cpu_seconds == sum(r.cpu_seconds for r in in_hour_10) == Decimal(120)
+
+    # A job that ran in hour 10 but is metered only now (it ended between ticks) joins
+    # the hour that was already rolled.
+    late = make_job(world, name="late", start=T0)
+    set_status(late, S.RUNNING, T0 + timedelta(minutes=30))
+    set_status(late, S.SUCCEEDED, T0 + timedelta(minutes=31))
+    meter_tick(now=T0 + timedelta(minutes=62))
+    late_hourly = UsageRollup.objects.get(bucket="hour", job_ref=late.pk)
+    assert late_hourly.bucket_start == T0 and late_hourly.cpu_seconds == Decimal(60)
+    assert UsageRollup.objects.get(bucket="hour", job_ref=job.pk).cpu_seconds == Decimal(120)
+    # Rebuilding from the ledger gives the same rows.
+    before = set(UsageRollup.objects.values_list("bucket", "bucket_start", "job_ref", "amount"))
+    metering.rollups_rebuild()
+    after = set(UsageRollup.objects.values_list("bucket", "bucket_start", "job_ref", "amount"))
+    assert after == before
 
 
 def test_query_count_is_constant(world, catalog, django_assert_max_num_queries):
