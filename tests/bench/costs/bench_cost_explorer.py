@@ -132,7 +132,7 @@ def test_cost_explorer_response_time(tenant_with_a_year):
             {"HTTP_HX_REQUEST": "true"},
         ),
         (
-            "page: last 90 days by job (500 traces)",
+            "page: last 90 days by job (500 jobs)",
             page,
             "/billing/costs/",
             {"range": "last_90_days", "group_by": "job"},
