@@ -116,7 +116,24 @@ class Bucket(models.TextChoices):
     DAY = "day", "Day"
 
 
-class UsageRollup(TenantOwnedModel):
+class UsageSums(models.Model):
+    """The dimensions and sums every rollup shares; the metering tick adds to the sums."""
+
+    gpu_type = models.CharField(max_length=40, help_text="GPU type slug, or 'cpu'")
+    tier = models.CharField(max_length=16)
+    region = models.CharField(max_length=40)
+    gpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
+    cpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
+    amount = models.DecimalField(default=Decimal(0), **AMOUNT)
+    # What the same usage would have cost on demand (for "savings vs on-demand").
+    on_demand_amount = models.DecimalField(default=Decimal(0), **AMOUNT)
+    currency = models.CharField(max_length=3)
+
+    class Meta:
+        abstract = True
+
+
+class UsageRollup(TenantOwnedModel, UsageSums):
     """Usage summed per hour or day × GPU type × tier × region × job: what the Cost
     Explorer reads about jobs and projects, so it never scans raw records.
 
@@ -133,15 +150,6 @@ class UsageRollup(TenantOwnedModel):
     job_ref = models.PositiveBigIntegerField()
     job_name = models.CharField(max_length=100)
     project = models.CharField(max_length=100, blank=True)
-    gpu_type = models.CharField(max_length=40, help_text="GPU type slug, or 'cpu'")
-    tier = models.CharField(max_length=16)
-    region = models.CharField(max_length=40)
-    gpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
-    cpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
-    amount = models.DecimalField(default=Decimal(0), **AMOUNT)
-    # What the same usage would have cost on demand (for "savings vs on-demand").
-    on_demand_amount = models.DecimalField(default=Decimal(0), **AMOUNT)
-    currency = models.CharField(max_length=3)
 
     class Meta:
         constraints = [
@@ -178,7 +186,7 @@ class HourlyRollupMark(models.Model):
         return f"hourly rollups complete before {self.rolled_until:%Y-%m-%d %H:%M}"
 
 
-class UsageDailyTotal(TenantOwnedModel):
+class UsageDailyTotal(TenantOwnedModel, UsageSums):
     """Usage summed per day × GPU type × tier × region, without the job or the project:
     what the Cost Explorer's charts and tables read unless they are about jobs or projects
     (a few rows a day where the job rollups have one per job). Kept by the metering tick
@@ -192,14 +200,6 @@ class UsageDailyTotal(TenantOwnedModel):
         db_index=False,
     )
     bucket_start = models.DateTimeField(help_text="The day (00:00 UTC)")
-    gpu_type = models.CharField(max_length=40, help_text="GPU type slug, or 'cpu'")
-    tier = models.CharField(max_length=16)
-    region = models.CharField(max_length=40)
-    gpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
-    cpu_seconds = models.DecimalField(default=Decimal(0), **SECONDS)
-    amount = models.DecimalField(default=Decimal(0), **AMOUNT)
-    on_demand_amount = models.DecimalField(default=Decimal(0), **AMOUNT)
-    currency = models.CharField(max_length=3)
 
     class Meta:
         constraints = [
