@@ -33,7 +33,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 bench: setup
-	$(PY) -m pytest tests/bench -p no:cacheprovider -s -o 'python_files=bench_*.py test_*.py'
+	$(PY) -m pytest tests/bench -p no:cacheprovider -s
 
 clean:
 	rm -rf $(VENV) node_modules $(VENDOR)

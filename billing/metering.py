@@ -232,65 +232,72 @@ def _tiers(job: _JobRow) -> list[tuple[str, int]]:
     return [(tier, units) for tier, units in shares if units > 0]
 
 
-class _Amounts:
-    """(unit-seconds, amount, on-demand amount) of a duration × units at a price, each
-    combination computed once per tick: most jobs bill the same 30 s at the same price."""
+class _TickLedger:
+    """A tick's records as (job, priced piece) charges. A priced piece is everything of a
+    ledger row but the job's own fields (tenant, id, name, project): it is computed once
+    per tick for each (piece, tier, units, GPU type, region, discount), since most running
+    jobs bill the same 30 s at the same price. A big tick prices a handful of pieces and
+    charges them ten thousand times; the PostgreSQL writer ships just that."""
 
-    def __init__(self) -> None:
-        self._cache: dict[tuple, tuple[Decimal, Decimal, Decimal]] = {}
+    def __init__(self, book: _PriceBook) -> None:
+        self.book = book
+        self.pieces: list[tuple] = []  # LedgerRow's fields from `attempt` on
+        self.charges: list[tuple[_JobRow, int]] = []  # (job, index into `pieces`)
+        self._index: dict[tuple, int] = {}
 
-    def __call__(self, duration: timedelta, units: int, price: _Price):
-        key = (duration, units, price.unit_price, price.on_demand_price)
-        found = self._cache.get(key)
-        if found is None:
-            # Exact: a timedelta is a whole number of microseconds.
-            seconds = Decimal(duration // timedelta(microseconds=1)) / MICROSECONDS
-            unit_seconds = (seconds * units).quantize(SECONDS_QUANTUM)
-            found = self._cache[key] = (
-                unit_seconds,
-                (unit_seconds * price.unit_price / 3600).quantize(AMOUNT_QUANTUM),
-                (unit_seconds * price.on_demand_price / 3600).quantize(AMOUNT_QUANTUM),
-            )
-        return found
+    def charge(self, job: _JobRow, spans: list[Span]) -> None:
+        discount = self.book.discounts.get(job.tenant_id, ZERO)
+        tiers = _tiers(job)
+        for span in spans:
+            for piece in _split(span, self.book.change_points):
+                for tier, units in tiers:
+                    key = (piece, tier, units, job.gpu_type_id, job.region_id, discount)
+                    index = self._index.get(key)
+                    if index is None:
+                        index = self._index[key] = len(self.pieces)
+                        self.pieces.append(self._tail(job, piece, tier, units, discount))
+                    self.charges.append((job, index))
 
+    def rows(self) -> list[LedgerRow]:
+        """Every record in full."""
+        pieces = self.pieces
+        return [
+            LedgerRow._make((job.tenant_id, job.pk, job.name, job.project, *pieces[index]))
+            for job, index in self.charges
+        ]
 
-def _rows_for(job: _JobRow, spans: list[Span], book: _PriceBook, amounts: _Amounts):
-    tiers = _tiers(job)
-    discount = book.discounts.get(job.tenant_id, ZERO)
-    is_gpu = job.gpu_type_id is not None
-    gpu_slug = job.gpu_type__slug if is_gpu else "cpu"
-    for span in spans:
-        for piece in _split(span, book.change_points):
-            start = piece.start
-            hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-            for tier, units in tiers:
-                price = book.price(job, tier, start)
-                unit_seconds, amount, on_demand_amount = amounts(piece.end - start, units, price)
-                yield LedgerRow(
-                    job.tenant_id,
-                    job.pk,
-                    job.name,
-                    job.project,
-                    piece.attempt,
-                    tier,
-                    job.gpu_type_id,
-                    job.region_id,
-                    start,
-                    piece.end,
-                    units,
-                    unit_seconds if is_gpu else ZERO,
-                    ZERO if is_gpu else unit_seconds,
-                    price.version_id,
-                    price.unit_price,
-                    discount,
-                    amount,
-                    on_demand_amount,
-                    price.currency,
-                    gap_note(job, start) if price.is_gap else "",
-                    hour,
-                    gpu_slug,
-                    job.region__slug,
-                )
+    @property
+    def tenants(self) -> set[int]:
+        return {job.tenant_id for job, _ in self.charges}
+
+    def _tail(self, job: _JobRow, piece: Span, tier: str, units: int, discount: Decimal):
+        start = piece.start
+        price = self.book.price(job, tier, start)
+        # Exact: a timedelta is a whole number of microseconds.
+        seconds = Decimal((piece.end - start) // timedelta(microseconds=1)) / MICROSECONDS
+        unit_seconds = (seconds * units).quantize(SECONDS_QUANTUM)
+        is_gpu = job.gpu_type_id is not None
+        return (
+            piece.attempt,
+            tier,
+            job.gpu_type_id,
+            job.region_id,
+            start,
+            piece.end,
+            units,
+            unit_seconds if is_gpu else ZERO,
+            ZERO if is_gpu else unit_seconds,
+            price.version_id,
+            price.unit_price,
+            discount,
+            (unit_seconds * price.unit_price / 3600).quantize(AMOUNT_QUANTUM),
+            (unit_seconds * price.on_demand_price / 3600).quantize(AMOUNT_QUANTUM),
+            price.currency,
+            gap_note(job, start) if price.is_gap else "",
+            start.astimezone(UTC).replace(minute=0, second=0, microsecond=0),
+            job.gpu_type__slug if is_gpu else "cpu",
+            job.region__slug,
+        )
 
 
 @dataclass
@@ -322,7 +329,11 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
         # immediate transactions already serialize every writer.)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [TICK_LOCK])
-    jobs = list(
+            # The commit needn't wait for its WAL flush: a crash can only lose the whole
+            # tick (records and meters together, never half of it), which the next tick
+            # then bills again from the same meters.
+            cursor.execute("SET LOCAL synchronous_commit = off")
+    jobs = _fetch(
         Job.objects.select_for_update(of=("self",)).filter(CANDIDATES).values_list(*JOB_COLUMNS)
     )
     writer = _PostgresWriter() if use_postgres_bulk_sql() else _PortableWriter()
@@ -335,12 +346,14 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     candidates = Job.objects.filter(CANDIDATES).values("pk")
     meters = {
         job_id: (until, is_open)
-        for job_id, until, is_open in JobMeter.objects.filter(job__in=candidates).values_list(
-            "job_id", "metered_until", "open"
+        for job_id, until, is_open in _fetch(
+            JobMeter.objects.filter(job__in=candidates).values_list(
+                "job_id", "metered_until", "open"
+            )
         )
     }
     changes: dict[int, list[_Change]] = defaultdict(list)
-    for job_id, *change in (
+    for job_id, *change in _fetch(
         JobEvent.objects.filter(job__in=candidates)
         # Only changes into or out of billed time can open or close a span.
         .filter(Q(to_status__in=BILLED) | Q(from_status__in=BILLED))
@@ -350,11 +363,9 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     ):
         changes[job_id].append(_Change(*change))
 
-    book = _PriceBook()
-    amounts = _Amounts()
+    ledger = _TickLedger(_PriceBook())
     new_meters: list[tuple[int, datetime, bool]] = []
     moved_meters: list[tuple[int, datetime, bool]] = []
-    rows: list[LedgerRow] = []
     for job in map(_JobRow._make, jobs):
         events = changes.get(job.pk, ())
         meter = meters.get(job.pk)
@@ -367,7 +378,7 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
         # lock) is billed to its real end, not cut at `now`.
         until = now if still_billed or not events else max(now, events[-1].at)
         spans = billed_spans(events, since, until)
-        rows.extend(_rows_for(job, spans, book, amounts))
+        ledger.charge(job, spans)
         # A job that isn't billed now has nothing left to bill before `until`.
         metered_until = now if still_billed else max(since, until)
         if meter is None:
@@ -378,9 +389,9 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     writer.meters(new_meters, moved_meters)
     # The locked rows and the cursor make a duplicate impossible; the unique key is the
     # last line of defence, and only rows really inserted reach the rollups.
-    writer.ledger(rows, created_at=timezone.now(), hourly_before=hourly_mark)
+    writer.ledger(ledger, created_at=timezone.now(), hourly_before=hourly_mark)
     _close_hours(writer, hourly_mark, now)
-    return TickResult(len(jobs), len(rows), {r.tenant_id for r in rows})
+    return TickResult(len(jobs), len(ledger.charges), ledger.tenants)
 
 
 def _close_hours(writer, hourly_mark: datetime | None, now: datetime) -> None:
@@ -405,6 +416,7 @@ ROLLUP_LABELS = ("job_name", "project", "currency")
 ROLLUP_SUMS = ("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")
 ROLLUP_COLUMNS = (*ROLLUP_KEY, *ROLLUP_LABELS, *ROLLUP_SUMS)
 RECORD_TABLE = UsageRecord._meta.db_table
+JOB_TABLE = Job._meta.db_table
 ROLLUP_TABLE = UsageRollup._meta.db_table
 METER_TABLE = JobMeter._meta.db_table
 TOTAL_TABLE = UsageDailyTotal._meta.db_table
@@ -445,8 +457,9 @@ class _PortableWriter:
                 )
 
     def ledger(
-        self, rows: list[LedgerRow], *, created_at: datetime, hourly_before: datetime | None
+        self, ledger: _TickLedger, *, created_at: datetime, hourly_before: datetime | None
     ) -> None:
+        rows = ledger.rows()
         if not rows:
             return
         dt = self.adapt_datetime
@@ -548,7 +561,7 @@ def rollups_add(rows, *, hourly_before: datetime | None, daily: bool = True) -> 
             )
 
 
-# PostgreSQL types of LedgerRow's fields, for the columns the rows travel in.
+# PostgreSQL types of the columns rows travel in: LedgerRow's fields, a meter's, a charge's.
 COLUMN_TYPES = {
     "tenant_id": "bigint",
     "job_ref": "bigint",
@@ -573,7 +586,14 @@ COLUMN_TYPES = {
     "hour_start": "timestamptz",
     "gpu_type": "text",
     "region": "text",
+    "job_id": "bigint",
+    "metered_until": "timestamptz",
+    "open": "boolean",
+    "piece": "integer",
 }
+METER_COLUMNS = ("job_id", "metered_until", "open")
+CHARGE_COLUMNS = ("job_id", "piece")
+PIECE_COLUMNS = RECORD_COLUMNS[RECORD_COLUMNS.index("attempt") :]
 # Columns JSON has no type for: sent as their exact text (str() of a Decimal or of an
 # aware datetime), which PostgreSQL's casts read back exactly.
 AS_TEXT = frozenset(
@@ -581,7 +601,7 @@ AS_TEXT = frozenset(
 )
 
 
-def _json_columns(rows: list[LedgerRow], fields: tuple[str, ...]) -> str:
+def _json_columns(rows: list[tuple], fields: tuple[str, ...]) -> str:
     """The rows' leading `fields` as one JSON array per column. A tick's values repeat
     (the same interval, price and amount for most jobs), so each distinct Decimal or
     datetime is turned into text once; `json` then encodes the whole tick in C. Binding
@@ -594,6 +614,40 @@ def _json_columns(rows: list[LedgerRow], fields: tuple[str, ...]) -> str:
             values = [text[v] for v in values]
         columns.append(values)
     return json.dumps(columns)
+
+
+def _json_rows_sql(fields: tuple[str, ...], *, numbered: bool = False) -> str:
+    """A FROM item reading `_json_columns(rows, fields)` (one parameter) back as typed
+    rows: the arrays are read in step (ROWS FROM zips set functions). `numbered` adds
+    each row's 0-based position as `n`."""
+    elements = ", ".join(f"jsonb_array_elements_text(d.j -> {n})" for n in range(len(fields)))
+    typed = ", ".join(f"c.{name}::{COLUMN_TYPES[name]} AS {name}" for name in fields)
+    rows_from, names = f"ROWS FROM ({elements})", ", ".join(fields)
+    if numbered:
+        rows_from, names, typed = (
+            f"{rows_from} WITH ORDINALITY",
+            f"{names}, n",
+            f"{typed}, c.n - 1 AS n",
+        )
+    # Our own column names and types only; the values are the parameter.
+    return f"(SELECT {typed} FROM (SELECT %s::jsonb AS j) AS d, {rows_from} AS c({names}))"  # noqa: S608
+
+
+def _fetch(queryset) -> list[tuple]:
+    """The rows of a `values_list` queryset. On PostgreSQL they are read through psycopg's
+    own timestamptz loader (in C): Django's is a Python subclass, and a big tick reads
+    some 30,000 datetimes, which it spends a quarter of a second on."""
+    if connection.vendor != "postgresql":
+        return list(queryset)
+    from psycopg.types.datetime import TimestamptzLoader
+
+    sql, params = queryset.query.sql_with_params()
+    with _binary_cursor() as cursor:
+        # Registering psycopg's Python class picks its C twin; the session's time zone
+        # is UTC (Django sets it), so the values are UTC-aware like Django's.
+        cursor.cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 @contextmanager
@@ -617,50 +671,49 @@ def _binary_cursor():
 
 
 class _PostgresWriter:
-    """PostgreSQL: the meters travel as one array per column (`unnest`), the ledger rows
-    as one JSON document, so a tick is a couple of statements whose size doesn't grow
-    with the number of parameters, and the rollups are fed from `RETURNING`: exactly the
+    """PostgreSQL: the meters, the charges and the priced pieces each travel as one JSON
+    document, so a tick is a couple of statements whose size doesn't grow with the
+    number of parameters, and the rollups are fed from `RETURNING`: exactly the
     records this tick inserted."""
 
     def meters(self, new: list[tuple], moved: list[tuple]) -> None:
         with _binary_cursor() as cursor:
             if new:
                 cursor.execute(
-                    f"INSERT INTO {METER_TABLE} (job_id, metered_until, open) "  # noqa: S608
-                    "SELECT * FROM unnest(%s::bigint[], %s::timestamptz[], %s::boolean[])",
-                    [list(column) for column in zip(*new, strict=True)],
+                    f"INSERT INTO {METER_TABLE} ({', '.join(METER_COLUMNS)}) "  # noqa: S608
+                    f"SELECT * FROM {_json_rows_sql(METER_COLUMNS)} AS v",
+                    [_json_columns(new, METER_COLUMNS)],
                 )
             if moved:
                 cursor.execute(
-                    f"UPDATE {METER_TABLE} AS m SET metered_until = v.until, open = v.open "  # noqa: S608
-                    "FROM unnest(%s::bigint[], %s::timestamptz[], %s::boolean[]) "
-                    "AS v(job_id, until, open) WHERE m.job_id = v.job_id",
-                    [list(column) for column in zip(*moved, strict=True)],
+                    f"UPDATE {METER_TABLE} AS m "  # noqa: S608
+                    "SET metered_until = v.metered_until, open = v.open "
+                    f"FROM {_json_rows_sql(METER_COLUMNS)} AS v WHERE m.job_id = v.job_id",
+                    [_json_columns(moved, METER_COLUMNS)],
                 )
 
     def ledger(
-        self, rows: list[LedgerRow], *, created_at: datetime, hourly_before: datetime | None
+        self, ledger: _TickLedger, *, created_at: datetime, hourly_before: datetime | None
     ) -> None:
-        if not rows:
+        if not ledger.charges:
             return
-        fields = RECORD_COLUMNS
-        # One JSON array per column, read back in step (ROWS FROM zips set functions).
-        elements = ", ".join(f"jsonb_array_elements_text(d.j -> {n})" for n in range(len(fields)))
-        typed = ", ".join(f"c.{name}::{COLUMN_TYPES[name]} AS {name}" for name in fields)
         record_columns = ("job_id", *RECORD_COLUMNS, "created_at")
+        # Each record: its job's own fields from the job row (locked by this tick), the
+        # rest from its priced piece.
+        from_job = {"tenant_id": "j.tenant_id", "job_ref": "j.id", "job_name": "j.name",
+                    "project": "j.project"}  # fmt: skip
+        values = ", ".join(from_job.get(c, f"p.{c}") for c in RECORD_COLUMNS)
         labels = ("tenant_id", "job_ref", "job_name", "project", "tier", "currency")
         sums = ", ".join(f"sum(a.{c})" for c in ROLLUP_SUMS)
         # Data-modifying CTEs all run to completion, read or not (PostgreSQL docs, WITH).
         # The rollups read what the INSERT returns: exactly the records it added.
         sql = f"""
-            WITH d AS (SELECT %s::jsonb AS j),
-            s AS (
-                SELECT {typed}
-                FROM d, ROWS FROM ({elements}) AS c({", ".join(fields)})
-            ),
-            inserted AS (
+            WITH inserted AS (
                 INSERT INTO {RECORD_TABLE} ({", ".join(record_columns)})
-                SELECT job_ref, {", ".join(RECORD_COLUMNS)}, %s FROM s
+                SELECT j.id, {values}, %s
+                FROM {_json_rows_sql(CHARGE_COLUMNS)} AS c
+                JOIN {JOB_TABLE} AS j ON j.id = c.job_id
+                JOIN {_json_rows_sql(PIECE_COLUMNS, numbered=True)} AS p ON p.n = c.piece
                 ON CONFLICT DO NOTHING
                 RETURNING {", ".join(labels)}, gpu_type_id, region_id, interval_start,
                           {", ".join(ROLLUP_SUMS)}
@@ -703,7 +756,16 @@ class _PostgresWriter:
         with _binary_cursor() as cursor:
             # Room to sort a big tick's rollups in memory rather than in temporary files.
             cursor.execute("SET LOCAL work_mem = '64MB'")
-            cursor.execute(sql, [_json_columns(rows, fields), created_at, hourly_before])
+            charges = [(job.pk, index) for job, index in ledger.charges]
+            cursor.execute(
+                sql,
+                [
+                    created_at,
+                    _json_columns(charges, CHARGE_COLUMNS),
+                    _json_columns(ledger.pieces, PIECE_COLUMNS),
+                    hourly_before,
+                ],
+            )
 
     def roll_hours(self, *, since: datetime | None, until: datetime) -> None:
         """One statement: the closed hours' records summed into hourly job rollups. The

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -48,3 +48,11 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(WorkerHeartbeat)
+
+
+@signals.worker_process_init.connect  # each prefork child, once Django is loaded
+@signals.worker_init.connect  # the main process (the solo and threads pools run tasks there)
+def _tune_garbage_collector(**kwargs) -> None:
+    from console.gc_tuning import tune_garbage_collector
+
+    tune_garbage_collector()

@@ -37,11 +37,22 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     return None
 
 
-@pytest.fixture
-def bench_world(db):
-    """A tenant and the demo catalog (its Kubernetes pools stand in for a cluster)."""
+def _world():
     from marketplace.demo import seed_catalog
     from tests.conftest import make_world
 
     seed_catalog()
     return make_world("bench")
+
+
+@pytest.fixture
+def bench_world(db):
+    """A tenant and the demo catalog (its Kubernetes pools stand in for a cluster)."""
+    return _world()
+
+
+@pytest.fixture
+def committed_bench_world(transactional_db):
+    """`bench_world` in a database whose transactions really commit, as production's do
+    (emptied afterwards)."""
+    return _world()

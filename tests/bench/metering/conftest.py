@@ -7,5 +7,6 @@ from __future__ import annotations
 
 from tests.bench.costs.conftest import (  # noqa: F401  (the same rule for both folders)
     bench_world,
+    committed_bench_world,
     pytest_collect_file,
 )
