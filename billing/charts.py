@@ -33,29 +33,11 @@ def _axis_title(text: str) -> dict:
     return {"title": {"text": text}}
 
 
-# Stacked series drawn at most; grouped by job over 90 days there can be hundreds, which
-# no legend or eye can follow (and which made a megabyte page). The rest is one "Other".
-MAX_STACKED_SERIES = 12
-
-
-def stacked_series(series: dict[str, list[Decimal]]) -> dict[str, list[Decimal]]:
-    """The costliest groups (in their original order) plus "Other (n)" summing the rest,
-    so the stack's daily totals are unchanged."""
-    if len(series) <= MAX_STACKED_SERIES:
-        return series
-    ranked = sorted(series, key=lambda key: (-sum(series[key]), key))
-    kept = set(ranked[: MAX_STACKED_SERIES - 1])
-    rest = [values for key, values in series.items() if key not in kept]
-    shown = {key: values for key, values in series.items() if key in kept}
-    shown[f"Other ({len(rest)})"] = [sum(day, Decimal(0)) for day in zip(*rest, strict=True)]
-    return shown
-
-
 def daily_stacked(days: list[str], series: dict[str, list[Decimal]], currency: str) -> dict:
     return _figure(
         [
             {"type": "bar", "name": key, "x": days, "y": _floats(values)}
-            for key, values in stacked_series(series).items()
+            for key, values in series.items()
         ],
         barmode="stack",
         yaxis=_axis_title(currency),

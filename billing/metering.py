@@ -9,7 +9,8 @@ A job is billed from the moment it is running until its compute is released
 (`running` and `pausing`); queueing, provisioning and paused time are not billed.
 Intervals are split at hour boundaries and at price-version changes, so each record is
 priced by the version in force when it ran and rolls up into one hour. Daily rollups grow
-every tick; hourly ones are written when their hour has closed (`HourlyRollupMark`).
+every tick; hourly ones are written when their hour has closed (`HourlyRollupMark`),
+monthly ones when their days have closed (`MonthlyRollupMark`).
 
 A tick handles thousands of running jobs, so it works on plain value tuples, never on
 model instances, and writes in bulk: on PostgreSQL one statement inserts the records from
@@ -31,7 +32,8 @@ from itertools import pairwise
 from typing import NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Min, Q, Sum
+from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
 from billing.models import (
@@ -39,6 +41,7 @@ from billing.models import (
     Bucket,
     HourlyRollupMark,
     JobMeter,
+    MonthlyRollupMark,
     UsageDailyTotal,
     UsageRecord,
     UsageRollup,
@@ -338,8 +341,10 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     )
     writer = _PostgresWriter() if use_postgres_bulk_sql() else _PortableWriter()
     hourly_mark = HourlyRollupMark.objects.values_list("rolled_until", flat=True).first()
+    monthly_mark = MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first()
     if not jobs:
         _close_hours(writer, hourly_mark, now)
+        roll_closed_days(monthly_mark, now)
         return TickResult(0, 0, set())
     # The locked jobs are still candidates in the next statements' snapshots: only a tick
     # changes meters, and the jobs' own rows are locked.
@@ -389,8 +394,11 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     writer.meters(new_meters, moved_meters)
     # The locked rows and the cursor make a duplicate impossible; the unique key is the
     # last line of defence, and only rows really inserted reach the rollups.
-    writer.ledger(ledger, created_at=timezone.now(), hourly_before=hourly_mark)
+    writer.ledger(
+        ledger, created_at=timezone.now(), hourly_before=hourly_mark, monthly_before=monthly_mark
+    )
     _close_hours(writer, hourly_mark, now)
+    roll_closed_days(monthly_mark, now)
     return TickResult(len(jobs), len(ledger.charges), ledger.tenants)
 
 
@@ -403,6 +411,39 @@ def _close_hours(writer, hourly_mark: datetime | None, now: datetime) -> None:
     writer.roll_hours(since=hourly_mark, until=current_hour)
     if not HourlyRollupMark.objects.update(rolled_until=current_hour):
         HourlyRollupMark.objects.create(rolled_until=current_hour)
+
+
+def roll_closed_days(monthly_mark: datetime | None, now: datetime) -> None:
+    """Add the days that closed since the last mark (their daily job rollups) to the
+    monthly rollups and move the mark: once a day, a few rows per job."""
+    today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if monthly_mark is not None and monthly_mark >= today:
+        return
+    days = UsageRollup.objects.filter(bucket=Bucket.DAY, bucket_start__lt=today)
+    if monthly_mark is not None:
+        days = days.filter(bucket_start__gte=monthly_mark)
+    keys = ("tenant_id", "month", "job_ref", "gpu_type", "tier", "region")
+    sums = {f"sum_{name}": Sum(name) for name in ROLLUP_SUMS}
+    months = {
+        (cell["tenant_id"], Bucket.MONTH, cell["month"], *(cell[k] for k in keys[2:])): [
+            cell["first_name"],
+            cell["first_project"],
+            cell["first_currency"],
+            *(cell[name] for name in sums),
+        ]
+        for cell in days.annotate(month=TruncMonth("bucket_start", tzinfo=UTC))
+        .values(*keys)
+        .annotate(
+            first_name=Min("job_name"),
+            first_project=Min("project"),
+            first_currency=Min("currency"),
+            **sums,
+        )
+        .order_by()
+    }
+    _upsert_rollups(months)
+    if not MonthlyRollupMark.objects.update(rolled_until=today):
+        MonthlyRollupMark.objects.create(rolled_until=today)
 
 
 def use_postgres_bulk_sql() -> bool:
@@ -457,7 +498,12 @@ class _PortableWriter:
                 )
 
     def ledger(
-        self, ledger: _TickLedger, *, created_at: datetime, hourly_before: datetime | None
+        self,
+        ledger: _TickLedger,
+        *,
+        created_at: datetime,
+        hourly_before: datetime | None,
+        monthly_before: datetime | None,
     ) -> None:
         rows = ledger.rows()
         if not rows:
@@ -477,7 +523,7 @@ class _PortableWriter:
             )
             inserted = cursor.rowcount
         if inserted == len(rows):
-            rollups_add(rows, hourly_before=hourly_before)
+            rollups_add(rows, hourly_before=hourly_before, monthly_before=monthly_before)
         else:
             # Only a ledger edited behind the meters' back gets here: which rows were new
             # is unknown, so the affected tenants' rollups are recomputed from the ledger.
@@ -495,9 +541,13 @@ class _PortableWriter:
         rollups_add(batch, hourly_before=until, daily=False)
 
 
-def _rollup_rows(rows, *, hourly_before: datetime | None, daily: bool) -> dict[tuple, list]:
-    """Job rollup sums: daily ones (if `daily`), and hourly ones for the rows whose hour
-    started before `hourly_before` (hours already rolled, or being rolled now)."""
+def _rollup_rows(
+    rows, *, hourly_before: datetime | None, monthly_before: datetime | None, daily: bool
+) -> dict[tuple, list]:
+    """Job rollup sums: daily ones (if `daily`), monthly ones for those whose day started
+    before `monthly_before` (days already rolled into months), and hourly ones for the
+    rows whose hour started before `hourly_before` (hours already rolled, or being rolled
+    now)."""
     sums: dict[tuple, list] = {}
 
     def add(key: tuple, r) -> None:
@@ -513,10 +563,28 @@ def _rollup_rows(rows, *, hourly_before: datetime | None, daily: bool) -> dict[t
     for r in rows:
         rest = (r.job_ref, r.gpu_type, r.tier, r.region)
         if daily:
-            add((r.tenant_id, Bucket.DAY, r.hour_start.replace(hour=0), *rest), r)
+            day = r.hour_start.replace(hour=0)
+            add((r.tenant_id, Bucket.DAY, day, *rest), r)
+            if monthly_before is not None and day < monthly_before:
+                add((r.tenant_id, Bucket.MONTH, day.replace(day=1), *rest), r)
         if hourly_before is not None and r.hour_start < hourly_before:
             add((r.tenant_id, Bucket.HOUR, r.hour_start, *rest), r)
     return sums
+
+
+def _upsert_rollups(rollups: dict[tuple, list]) -> None:
+    """Add sums to job rollup rows ({(tenant, bucket, start, job, GPU type, tier, region):
+    [name, project, currency, *sums]}), creating the missing ones."""
+    if not rollups:
+        return
+    dt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {ROLLUP_TABLE} ({', '.join(ROLLUP_COLUMNS)}) "  # noqa: S608
+            f"VALUES ({', '.join(['%s'] * len(ROLLUP_COLUMNS))}) "
+            + _upsert(ROLLUP_TABLE, ROLLUP_KEY),
+            [(t, b, dt(start), *rest, *values) for (t, b, start, *rest), values in rollups.items()],
+        )
 
 
 def _total_rows(rows) -> dict[tuple, list]:
@@ -534,24 +602,28 @@ def _total_rows(rows) -> dict[tuple, list]:
     return sums
 
 
-def rollups_add(rows, *, hourly_before: datetime | None, daily: bool = True) -> None:
+def rollups_add(
+    rows,
+    *,
+    hourly_before: datetime | None,
+    monthly_before: datetime | None = None,
+    daily: bool = True,
+) -> None:
     """Add ledger rows (anything with LedgerRow's fields) to the daily job rollups and
-    to the daily totals (if `daily`), and to the hourly job rollups where their hour
-    started before `hourly_before`: one upsert each that increments existing rows
+    to the daily totals (if `daily`), to the monthly job rollups where their day started
+    before `monthly_before`, and to the hourly job rollups where their hour started
+    before `hourly_before`: one upsert each that increments existing rows
     (INSERT … ON CONFLICT DO UPDATE, on SQLite and PostgreSQL alike)."""
-    rollups = _rollup_rows(rows, hourly_before=hourly_before, daily=daily)
+    rollups = _rollup_rows(
+        rows, hourly_before=hourly_before, monthly_before=monthly_before, daily=daily
+    )
     if not rollups:
         return
     totals = _total_rows(rows) if daily else {}
+    _upsert_rollups(rollups)
     # The ORM's own encoding of datetimes, so SQLite text values compare equal.
     dt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
-        cursor.executemany(
-            f"INSERT INTO {ROLLUP_TABLE} ({', '.join(ROLLUP_COLUMNS)}) "  # noqa: S608
-            f"VALUES ({', '.join(['%s'] * len(ROLLUP_COLUMNS))}) "
-            + _upsert(ROLLUP_TABLE, ROLLUP_KEY),
-            [(t, b, dt(start), *rest, *values) for (t, b, start, *rest), values in rollups.items()],
-        )
         if totals:
             cursor.executemany(
                 f"INSERT INTO {TOTAL_TABLE} ({', '.join(TOTAL_COLUMNS)}) "  # noqa: S608
@@ -693,7 +765,12 @@ class _PostgresWriter:
                 )
 
     def ledger(
-        self, ledger: _TickLedger, *, created_at: datetime, hourly_before: datetime | None
+        self,
+        ledger: _TickLedger,
+        *,
+        created_at: datetime,
+        hourly_before: datetime | None,
+        monthly_before: datetime | None,
     ) -> None:
         if not ledger.charges:
             return
@@ -746,6 +823,18 @@ class _PostgresWriter:
                 WHERE a.hour < %s::timestamptz
                 GROUP BY a.tenant_id, a.hour, a.job_ref, a.gpu_type, a.tier, a.region
                 {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
+            ),
+            late_days AS (
+                -- Records of days already rolled into months go straight to them too.
+                INSERT INTO {ROLLUP_TABLE} ({", ".join(ROLLUP_COLUMNS)})
+                SELECT a.tenant_id, '{Bucket.MONTH}',
+                       date_trunc('month', a.day AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
+                       a.job_ref, a.gpu_type, a.tier, a.region,
+                       min(a.job_name), min(a.project), min(a.currency), {sums}
+                FROM added AS a
+                WHERE a.day < %s::timestamptz
+                GROUP BY a.tenant_id, 3, a.job_ref, a.gpu_type, a.tier, a.region
+                {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
             )
             INSERT INTO {TOTAL_TABLE} ({", ".join(TOTAL_COLUMNS)})
             SELECT a.tenant_id, a.day, a.gpu_type, a.tier, a.region, min(a.currency), {sums}
@@ -764,6 +853,7 @@ class _PostgresWriter:
                     _json_columns(charges, CHARGE_COLUMNS),
                     _json_columns(ledger.pieces, PIECE_COLUMNS),
                     hourly_before,
+                    monthly_before,
                 ],
             )
 
@@ -801,15 +891,18 @@ def rollups_rebuild(*, tenant_id: int | None = None) -> int:
         records = records.filter(tenant_id=tenant_id)
     rollups.delete()
     totals.delete()
-    hourly_mark = HourlyRollupMark.objects.values_list("rolled_until", flat=True).first()
+    marks = {
+        "hourly_before": HourlyRollupMark.objects.values_list("rolled_until", flat=True).first(),
+        "monthly_before": MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first(),
+    }
     count = 0
     batch: list[_RebuildRow] = []
     for values in records.values_list(*REBUILD_FIELDS).iterator(chunk_size=2000):
         batch.append(_RebuildRow._make(values))
         if len(batch) == 2000:
-            rollups_add(batch, hourly_before=hourly_mark)
+            rollups_add(batch, **marks)
             count, batch = count + len(batch), []
-    rollups_add(batch, hourly_before=hourly_mark)
+    rollups_add(batch, **marks)
     return count + len(batch)
 
 

@@ -114,6 +114,7 @@ class UsageRecord(TenantOwnedModel):
 class Bucket(models.TextChoices):
     HOUR = "hour", "Hour"
     DAY = "day", "Day"
+    MONTH = "month", "Month"
 
 
 class UsageSums(models.Model):
@@ -139,12 +140,14 @@ class UsageRollup(TenantOwnedModel, UsageSums):
 
     Daily rows grow with every tick. Hourly rows are written once per hour, when the hour
     has closed (see `HourlyRollupMark`): per tick they would double the rows each tick
-    rewrites, for a figure nobody reads while its hour is still running."""
+    rewrites, for a figure nobody reads while its hour is still running. Monthly rows
+    (`bucket_start` the 1st) sum the closed days of their month (see
+    `MonthlyRollupMark`), so a year by job reads some 12 rows per job, not 365."""
 
     tenant = models.ForeignKey(
         "console.Tenant", on_delete=models.CASCADE, related_name="usage_rollups"
     )
-    bucket = models.CharField(max_length=4, choices=Bucket.choices)
+    bucket = models.CharField(max_length=5, choices=Bucket.choices)
     bucket_start = models.DateTimeField()
     # Plain values, never NULL, so the unique key below really is unique on every database.
     job_ref = models.PositiveBigIntegerField()
@@ -184,6 +187,19 @@ class HourlyRollupMark(models.Model):
 
     def __str__(self) -> str:
         return f"hourly rollups complete before {self.rolled_until:%Y-%m-%d %H:%M}"
+
+
+class MonthlyRollupMark(models.Model):
+    """How far the monthly job rollups are complete (one row, a day boundary): every day
+    before `rolled_until` is in them, later ones are not yet. The first tick of a new
+    day adds the closed days' daily rows to their months and moves the mark; a record
+    that arrives late for a day already rolled is added to its monthly row directly. No
+    row: nothing is rolled up monthly yet (the Cost Explorer then reads daily rows)."""
+
+    rolled_until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"monthly rollups complete before {self.rolled_until:%Y-%m-%d}"
 
 
 class UsageDailyTotal(TenantOwnedModel, UsageSums):

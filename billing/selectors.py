@@ -4,15 +4,15 @@ usage records (except a job's own cost)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import QuerySet, Sum
+from django.db.models import Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.models import UsageDailyTotal, UsageRecord, UsageRollup
+from billing.models import Bucket, MonthlyRollupMark, UsageDailyTotal, UsageRecord, UsageRollup
 from console.services import ServiceError
 
 GROUP_BY = {
@@ -26,6 +26,9 @@ GROUP_BY = {
 PRESETS = ("this_month", "last_month", "last_7_days", "last_30_days", "last_90_days", "custom")
 MAX_RANGE = timedelta(days=731)
 HOUR = Decimal(3600)
+# Stacked series drawn at most in the daily chart: grouped by job over 90 days there can
+# be hundreds, which no legend or eye can follow. The rest is one "Other (n)".
+MAX_STACKED_SERIES = 12
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,46 @@ def date_range(
     raise ServiceError(f"Unknown range “{preset}”.", field="range")
 
 
-def _rollups(tenant, query: CostQuery, *, jobs: bool = True) -> QuerySet:
-    """The daily rows in the query's range and filters: the job rollups, or (`jobs=False`,
-    when neither the grouping nor a filter is about jobs or projects) the much smaller
-    daily totals."""
+def covering(
+    start: datetime, end: datetime, monthly_mark: datetime | None
+) -> list[tuple[str, datetime, datetime]]:
+    """Which job rollup rows sum to exactly the day-aligned range [start, end), as
+    (bucket, from, until) pieces in time order: a month's row (which holds its days up to
+    the mark) where the range holds all of those days from the 1st, daily rows for the
+    rest."""
+    pieces: list[tuple[str, datetime, datetime]] = []
+    uncovered_from = start
+    month = start.replace(day=1)
+    while month < end:
+        next_month = (month + timedelta(days=32)).replace(day=1)
+        rolled_until = min(monthly_mark, next_month) if monthly_mark is not None else month
+        if start <= month < rolled_until <= end:
+            if uncovered_from < month:
+                pieces.append((Bucket.DAY, uncovered_from, month))
+            pieces.append((Bucket.MONTH, month, rolled_until))
+            uncovered_from = rolled_until
+        month = next_month
+    if uncovered_from < end:
+        pieces.append((Bucket.DAY, uncovered_from, end))
+    return pieces
+
+
+def _covering_rows(start: datetime, end: datetime) -> Q:
+    mark = MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first()
+    rows = Q(pk__in=[])
+    for bucket, since, until in covering(start, end, mark):
+        if bucket == Bucket.MONTH:
+            rows |= Q(bucket=bucket, bucket_start=since)
+        else:
+            rows |= Q(bucket=bucket, bucket_start__gte=since, bucket_start__lt=until)
+    return rows
+
+
+def _rollups(tenant, query: CostQuery, *, jobs: bool = True, by_day: bool = False) -> QuerySet:
+    """The rows in the query's range and filters: the job rollups, or (`jobs=False`, when
+    neither the grouping nor a filter is about jobs or projects) the much smaller daily
+    totals. Job rollups are daily rows if `by_day`, else whole months' rows where they
+    cover the range (a year by job is some 12 rows per job, not 365)."""
     if query.group_by not in GROUP_BY:
         raise ServiceError(
             f"Unknown group-by “{query.group_by}”; use one of {', '.join(GROUP_BY)}.",
@@ -84,10 +123,17 @@ def _rollups(tenant, query: CostQuery, *, jobs: bool = True) -> QuerySet:
     if query.end - query.start > MAX_RANGE + timedelta(days=1):
         raise ServiceError("A range is at most two years.", field="end")
     if jobs or query.group_by in ("job", "project") or query.job_contains or query.project:
-        rollups = UsageRollup.objects.for_tenant(tenant).filter(bucket="day")
+        rollups = UsageRollup.objects.for_tenant(tenant)
+        if by_day:
+            rollups = rollups.filter(
+                bucket=Bucket.DAY, bucket_start__gte=query.start, bucket_start__lt=query.end
+            )
+        else:
+            rollups = rollups.filter(_covering_rows(query.start, query.end))
     else:
-        rollups = UsageDailyTotal.objects.for_tenant(tenant)
-    rollups = rollups.filter(bucket_start__gte=query.start, bucket_start__lt=query.end)
+        rollups = UsageDailyTotal.objects.for_tenant(tenant).filter(
+            bucket_start__gte=query.start, bucket_start__lt=query.end
+        )
     if query.gpu_type:
         rollups = rollups.filter(gpu_type=query.gpu_type)
     if query.region:
@@ -113,11 +159,16 @@ SUMS = {
 }
 
 
-def _cells(tenant, query: CostQuery, *dimensions: str) -> list[dict]:
-    """The rollups summed per distinct value of `dimensions` (one grouped query); "day"
-    is the bucket's date (a date is much cheaper to read than a timestamp with a zone)."""
-    rollups = _rollups(tenant, query, jobs=False)  # validates the query, group_by included
-    if "day" in dimensions:
+def _cells(tenant, query: CostQuery, *dimensions: str, only: dict | None = None) -> list[dict]:
+    """The rollups summed per distinct value of `dimensions` (one grouped query), limited
+    to the rows matching `only` if given; "day" is the bucket's date (a date is much
+    cheaper to read than a timestamp with a zone)."""
+    by_day = "day" in dimensions
+    # Validates the query, group_by included.
+    rollups = _rollups(tenant, query, jobs=False, by_day=by_day)
+    if only:
+        rollups = rollups.filter(**only)
+    if by_day:
         rollups = rollups.annotate(day=TruncDate("bucket_start", tzinfo=UTC))
     return list(rollups.values(*dict.fromkeys(dimensions)).annotate(**SUMS).order_by())
 
@@ -260,7 +311,7 @@ def cost_explorer(*, tenant, query: CostQuery) -> CostExplorer:
     grouped by job over 90 days that is already 45,000 rows."""
     field = GROUP_BY.get(query.group_by, "")
     cells = _cells(tenant, query, field, "tier", "gpu_type", "currency")
-    days, series = _series_from(_cells(tenant, query, "day", field), field, _days(query))
+    days, series = _stacked_daily(tenant, query, field, cells)
     return CostExplorer(
         rows=_usage_rows_from(cells, field),
         days=days,
@@ -269,6 +320,35 @@ def cost_explorer(*, tenant, query: CostQuery) -> CostExplorer:
         value=_value_from(cells),
         top=top_jobs(tenant=tenant, query=query),
     )
+
+
+def _stacked_daily(
+    tenant, query: CostQuery, field: str, cells: list[dict]
+) -> tuple[list[str], dict[str, list[Decimal]]]:
+    """The daily chart's series: every group's, or, with more than MAX_STACKED_SERIES
+    groups, the costliest ones' (in their usual order) plus "Other (n)" for the rest,
+    which is each day's total less theirs: the stack's daily totals stay the same and
+    only the kept groups' days are read (not 90 days × 500 jobs)."""
+    days = _days(query)
+    amounts: dict[str, Decimal] = defaultdict(Decimal)
+    for cell in cells:
+        amounts[_key(cell[field])] += cell["amount"]
+    if len(amounts) <= MAX_STACKED_SERIES or query.group_by == "day":
+        # Grouped by day, each day is its own bar already.
+        return _series_from(_cells(tenant, query, "day", field), field, days)
+    ranked = sorted(amounts, key=lambda key: (-amounts[key], key))
+    kept = ranked[: MAX_STACKED_SERIES - 1]
+    top = _cells(tenant, query, "day", field, only={f"{field}__in": kept})
+    _, series = _series_from(top, field, days)
+    index = {day: i for i, day in enumerate(days)}
+    other = [Decimal(0)] * len(days)
+    for cell in _cells(tenant, replace(query, group_by="day"), "day"):
+        other[index[_key(cell["day"])]] += cell["amount"]
+    for values in series.values():
+        for i, amount in enumerate(values):
+            other[i] -= amount
+    series[f"Other ({len(amounts) - len(kept)})"] = other
+    return days, series
 
 
 def cumulative_month(

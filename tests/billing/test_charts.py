@@ -58,20 +58,3 @@ def test_stacked_daily_chart_keeps_one_trace_per_group_in_order():
         ("cpu", [0.1, 0.2]),
     ]
     assert figure["layout"]["yaxis"]["title"]["text"] == "USD"
-
-
-def test_many_groups_stack_the_costliest_and_one_other_with_the_same_daily_totals():
-    days = ["2026-11-01", "2026-11-02"]
-    series = {f"job-{n:03}": [Decimal(n), Decimal(1)] for n in range(1, 41)}
-    figure = charts.daily_stacked(days, series, "USD")
-    names = [t["name"] for t in figure["data"]]
-    assert len(names) == charts.MAX_STACKED_SERIES
-    # The eleven costliest keep their original order; the other 29 are one trace.
-    assert names[:-1] == [f"job-{n:03}" for n in range(30, 41)]
-    assert names[-1] == "Other (29)"
-    assert figure["data"][-1]["y"] == [float(sum(range(1, 30))), 29.0]
-    for day in range(2):
-        assert sum(t["y"][day] for t in figure["data"]) == float(
-            sum(values[day] for values in series.values())
-        )
-    assert charts.stacked_series(dict(list(series.items())[:3])) == dict(list(series.items())[:3])

@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from html import unescape
@@ -20,10 +21,12 @@ from html import unescape
 import pytest
 from django.db import connection
 from django.test import override_settings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from billing import selectors
 from billing.metering import meter_tick
-from billing.models import AMOUNT_QUANTUM
+from billing.models import AMOUNT_QUANTUM, MonthlyRollupMark, UsageRollup
 from billing.selectors import CostQuery
 from billing.services import period_start
 from console.services import ServiceError
@@ -248,6 +251,69 @@ def check_against_the_ledger(world, usage, filters: dict) -> None:
     assert split["all_savings"] == sum(
         (v["on_demand_amount"] - v["amount"] for v in by_tier.values()), Decimal(0)
     )
+
+
+def test_a_range_read_partly_from_monthly_rows_still_equals_the_ledger(usage, world):
+    """From the 1st of the month the explorer reads the month's row for the closed days
+    (the ticks ran into the fourth day) and daily rows after them."""
+    month_start = usage["query"].start.replace(day=1)
+    mark = MonthlyRollupMark.objects.get().rolled_until
+    assert month_start < mark < usage["query"].end
+    assert UsageRollup.objects.filter(bucket="month", bucket_start=month_start).exists()
+    for group_by in ("gpu_type", "job", "tier", "region", "project"):
+        query = CostQuery(start=month_start, end=usage["query"].end, group_by=group_by)
+        expected = ledger_sums(world.tenant, query, [group_by])
+        rows = selectors.usage_rows(tenant=world.tenant, query=query)
+        assert {r["key"]: r["amount"] for r in rows} == {
+            k[0]: v["amount"] for k, v in expected.items()
+        }, group_by
+    query = CostQuery(start=month_start, end=usage["query"].end)
+    by_job = ledger_sums(world.tenant, query, ["r.job_ref", "job"])
+    top = selectors.top_jobs(tenant=world.tenant, query=query)
+    assert {(str(t["job_ref"]), t["job_name"]): t["amount"] for t in top} == {
+        key: v["amount"] for key, v in by_job.items()
+    }
+
+
+DAY = timedelta(days=1)
+FIRST_DAY = datetime(2025, 1, 1, tzinfo=UTC)
+days_after = st.integers(min_value=0, max_value=800).map(lambda n: FIRST_DAY + n * DAY)
+
+
+@given(start=days_after, length=st.integers(1, 731), mark=st.none() | days_after)
+def test_monthly_and_daily_rows_cover_a_range_exactly_once(start, length, mark):
+    end = start + length * DAY
+    covered: list[datetime] = []
+    for bucket, since, until in selectors.covering(start, end, mark):
+        if bucket == "month":
+            # A month's row: its days from the 1st up to the mark, all inside the range.
+            assert since.day == 1 and since >= start and until <= end
+            assert until == min(mark, (since + timedelta(days=32)).replace(day=1))
+        day = since
+        while day < until:
+            covered.append(day)
+            day += DAY
+    assert covered == [start + n * DAY for n in range(length)]
+
+
+def test_many_groups_stack_the_costliest_and_one_other_with_the_same_daily_totals(
+    usage, world, monkeypatch
+):
+    """With more groups than the chart stacks, only the costliest are read by day; one
+    "Other (n)" is each day's total less theirs."""
+    query = replace(usage["query"], group_by="job")
+    monkeypatch.setattr(selectors, "MAX_STACKED_SERIES", 3)  # five jobs: two and "Other (3)"
+    explorer = selectors.cost_explorer(tenant=world.tenant, query=query)
+    _, every = selectors.daily_by_group(tenant=world.tenant, query=query)
+    totals = {key: sum(values) for key, values in every.items()}
+    costliest = sorted(totals, key=lambda key: (-totals[key], key))[:2]
+    assert list(explorer.series) == [*sorted(costliest), "Other (3)"]
+    for key in costliest:
+        assert explorer.series[key] == every[key]
+    for day in range(len(explorer.days)):
+        assert sum(values[day] for values in explorer.series.values()) == sum(
+            values[day] for values in every.values()
+        )
 
 
 def test_spot_saves_against_on_demand(usage, world):

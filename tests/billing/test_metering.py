@@ -1,4 +1,4 @@
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -6,7 +6,14 @@ from django.db import connection, transaction
 
 from billing import metering
 from billing.metering import meter_tick
-from billing.models import HourlyRollupMark, JobMeter, UsageDailyTotal, UsageRecord, UsageRollup
+from billing.models import (
+    HourlyRollupMark,
+    JobMeter,
+    MonthlyRollupMark,
+    UsageDailyTotal,
+    UsageRecord,
+    UsageRollup,
+)
 from jobs.models import Job, JobEvent
 from marketplace.models import PriceVersion
 from tests.billing.conftest import T0, S, make_job, set_status
@@ -122,11 +129,50 @@ def test_hourly_rollups_are_written_when_the_hour_closes_and_late_records_join_t
     assert after == before
 
 
+def test_monthly_rollups_sum_closed_days_and_late_records_join_them(world, catalog):
+    october_31 = datetime(2026, 10, 31, tzinfo=UTC)
+    november_1 = datetime(2026, 11, 1, tzinfo=UTC)
+    job = make_job(world, start=october_31 + timedelta(hours=23))
+    set_status(job, S.RUNNING, october_31 + timedelta(hours=23))
+    meter_tick(now=october_31 + timedelta(hours=23, minutes=30))
+    assert MonthlyRollupMark.objects.get().rolled_until == october_31
+    assert not UsageRollup.objects.filter(bucket="month").exists()  # October 31 still runs
+
+    # The first tick of November 1 adds October 31 (this tick's piece of it included).
+    meter_tick(now=november_1 + timedelta(minutes=30))
+    assert MonthlyRollupMark.objects.get().rolled_until == november_1
+    october = UsageRollup.objects.get(bucket="month", job_ref=job.pk)
+    october_31_daily = UsageRollup.objects.get(
+        bucket="day", bucket_start=october_31, job_ref=job.pk
+    )
+    assert october.bucket_start == datetime(2026, 10, 1, tzinfo=UTC)
+    assert october.cpu_seconds == october_31_daily.cpu_seconds == Decimal(3600)
+    assert october.amount == october_31_daily.amount
+
+    # A job that ran on October 31 but is metered only now joins October's row directly.
+    late = make_job(world, name="late", start=october_31 + timedelta(hours=20))
+    set_status(late, S.RUNNING, october_31 + timedelta(hours=20))
+    set_status(late, S.SUCCEEDED, october_31 + timedelta(hours=20, minutes=10))
+    meter_tick(now=november_1 + timedelta(minutes=40))
+    assert UsageRollup.objects.get(bucket="month", job_ref=late.pk).cpu_seconds == Decimal(600)
+    assert not UsageRollup.objects.filter(bucket="month", bucket_start=november_1).exists()
+
+    # Ticks missed until November 2: the catch-up tick completes November 1, then rolls it.
+    meter_tick(now=november_1 + timedelta(days=1, minutes=10))
+    november = UsageRollup.objects.get(bucket="month", bucket_start=november_1, job_ref=job.pk)
+    assert november.cpu_seconds == Decimal(86_400)
+    # Rebuilding from the ledger gives the same rows.
+    before = set(UsageRollup.objects.values_list("bucket", "bucket_start", "job_ref", "amount"))
+    metering.rollups_rebuild()
+    after = set(UsageRollup.objects.values_list("bucket", "bucket_start", "job_ref", "amount"))
+    assert after == before
+
+
 def test_query_count_is_constant(world, catalog, django_assert_max_num_queries):
     for n in range(3):
         set_status(make_job(world, name=f"a{n}", start=T0), S.RUNNING, T0)
     meter_tick(now=T0 + timedelta(seconds=10))
-    with django_assert_max_num_queries(14) as few:
+    with django_assert_max_num_queries(15) as few:
         meter_tick(now=T0 + timedelta(seconds=20))
     for n in range(5):
         set_status(make_job(world, name=f"b{n}", start=T0), S.RUNNING, T0)

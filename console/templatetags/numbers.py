@@ -1,0 +1,24 @@
+"""Number formatting for pages that show hundreds of figures."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def decimals(value, places: int = 2) -> str:
+    """`value` with exactly `places` decimals, rounded half up like `floatformat`, whose
+    every call costs a tenth of a millisecond: 0.2 s for the Cost Explorer's table of
+    500 jobs. Empty for a missing or non-numeric value."""
+    if value is None or value == "":
+        return ""
+    try:
+        number = value if isinstance(value, Decimal) else Decimal(str(value))
+        rounded = number.quantize(Decimal(1).scaleb(-int(places)), rounding=ROUND_HALF_UP)
+    except (InvalidOperation, ValueError, TypeError):
+        return ""
+    return f"{rounded.copy_abs() if rounded.is_zero() else rounded:f}"
