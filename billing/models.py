@@ -105,7 +105,15 @@ class UsageRecord(TenantOwnedModel):
                 fields=["job_ref", "attempt", "tier", "interval_start"], name="usage_record_once"
             ),
         ]
-        indexes = [models.Index(fields=["tenant", "interval_start"])]
+        indexes = [
+            models.Index(fields=["tenant", "interval_start"]),
+            # Only the records priced at zero for a reason (a price-book gap): the staff's
+            # alert reads them without scanning the ledger, and the tick's inserts of
+            # priced records never touch it.
+            models.Index(
+                fields=["interval_start"], condition=~models.Q(note=""), name="usage_record_noted"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_name} {self.tier} {self.interval_start:%H:%M:%S}: {self.amount}"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -380,3 +380,29 @@ def job_costs(jobs: list) -> dict[int, Decimal]:
         .values_list("job_ref", "s")
     )
     return {job.pk: Decimal(totals.get(job.pk) or 0) for job in jobs}
+
+
+def price_gaps(limit: int = 20) -> list[dict]:
+    """Usage recorded at zero for want of a price (the staff's alert), per GPU type and
+    region, latest first: {gpu_type, region, first, last, records, note}. Not tenant data:
+    no tenant, job or amount leaves here. Read through the partial index of noted
+    records."""
+    return [
+        {
+            "gpu_type": row["gpu_type__slug"] or "cpu",
+            "region": row["region__slug"],
+            "first": row["first"],
+            "last": row["last"],
+            "records": row["records"],
+            "note": row["note"],
+        }
+        for row in UsageRecord.objects.exclude(note="")
+        .values("gpu_type__slug", "region__slug")
+        .annotate(
+            first=Min("interval_start"),
+            last=Max("interval_end"),
+            records=Count("pk"),
+            note=Max("note"),
+        )
+        .order_by("-last")[:limit]
+    ]

@@ -337,10 +337,13 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
                     return redirect("marketplace:staff_prices")
             else:
                 preview = services.price_version_preview(rows=rows)
+    from billing.selectors import price_gaps  # billing builds on the catalog, not back
+
     context = {
         "form": form,
         "preview": preview,
         "in_force": in_force,
+        "price_gaps": price_gaps(),
         "versions": Paginator(selectors.price_versions(), 20).get_page(request.GET.get("page")),
         **_price_grid(in_force, request.POST if request.method == "POST" else None),
     }

@@ -30,6 +30,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.db.models import Sum
 from django.test import override_settings
+from django.urls import reverse
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -49,10 +50,13 @@ from billing.models import (
     UsageRecord,
     UsageRollup,
 )
+from billing.selectors import price_gaps
 from jobs.models import Job, JobEvent
 from jobs.services import JobSpec, job_submit
 from marketplace.models import PriceEntry, PriceVersion, TenantPricing
 from tests.billing.conftest import S, make_job, set_status
+from tests.conftest import signed_in_client
+from tests.factories import MembershipFactory, UserFactory
 
 SECONDS_QUANTUM = Decimal("0.001")
 HUNDRED = Decimal(100)
@@ -423,6 +427,11 @@ def test_ledger_invariants_hold_under_any_lifecycle(world, catalog):
 
 
 def test_a_price_book_gap_is_recorded_at_zero_with_the_reason(world, catalog, caplog):
+    staff = UserFactory(email="staff@gpugeek.test", is_staff=True)
+    MembershipFactory(tenant=world.tenant, user=staff, role="member")
+    staff_client = signed_in_client(staff, world.tenant)
+    html = staff_client.get(reverse("marketplace:staff_prices")).content.decode()
+    assert "Price book" in html and 'data-testid="price-gaps"' not in html  # no gap yet
     first = PriceVersion.objects.order_by("effective_from").first()
     start = first.effective_from - timedelta(minutes=10)
     job = make_job(world, name="early", cpus=1)
@@ -439,6 +448,12 @@ def test_a_price_book_gap_is_recorded_at_zero_with_the_reason(world, catalog, ca
     assert all("no price for CPU in local" in r.note for r in gap)
     assert "price book gap" in caplog.text
     assert priced and all(r.price_version_id == first.pk and r.amount > 0 for r in priced)
+    # Staff see it on the price book page, from the noted records.
+    (found,) = price_gaps()
+    assert (found["gpu_type"], found["region"], found["records"]) == ("cpu", "local", len(gap))
+    assert (found["first"], found["last"]) == (start, first.effective_from)
+    html = staff_client.get(reverse("marketplace:staff_prices")).content.decode()
+    assert 'data-testid="price-gaps"' in html and "no price for CPU in local" in html
 
 
 def test_a_tick_whose_clock_is_older_than_a_job_end_still_bills_the_tail(world, catalog):
