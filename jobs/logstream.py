@@ -69,6 +69,9 @@ BACKFILL_LINES = 1000
 FLUSH_SECONDS = 0.1  # a batch is published at least this often while lines arrive
 FOLLOW_BATCH = 2000
 LEASE_SECONDS = 5.0
+REDIS_TIMEOUT_SECONDS = 5.0
+# How long stopping a follower may take before it is abandoned (it was told to stop).
+STOP_TIMEOUT_SECONDS = 5.0
 MASK = "••••••"
 # Shorter secret values are not masked: they would blank out ordinary words and digits.
 MIN_SECRET_LENGTH = 4
@@ -676,14 +679,21 @@ class _RedisClients:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = aioredis.from_url(settings.REDIS_URL or "redis://127.0.0.1:1/0")
+            # Leases, hashes and scripts only (no blocking commands): an answer that takes
+            # longer than this is a lost connection, never a reason to wait forever.
+            client = aioredis.from_url(
+                settings.REDIS_URL or "redis://127.0.0.1:1/0",
+                socket_timeout=REDIS_TIMEOUT_SECONDS,
+                socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+            )
             self._clients[loop] = client
         return client
 
     async def close(self) -> None:
         client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
-            await client.aclose()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.aclose(), REDIS_TIMEOUT_SECONDS)
 
 
 _redis = _RedisClients()
@@ -1046,8 +1056,9 @@ class _FollowerRegistry:
         follower = self.followers.pop(key, None)
         if follower is not None and follower.task is not None:
             follower.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await follower.task
+            # Bounded: a follower stuck in a call that ignores cancellation must not hang
+            # the socket's disconnect (or a server's shutdown) with it.
+            await asyncio.wait({follower.task}, timeout=STOP_TIMEOUT_SECONDS)
             await follower.release()
 
     def active(self, job_id: int) -> bool:

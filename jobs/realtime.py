@@ -344,11 +344,12 @@ class GroupHub:
 
     async def close(self) -> None:
         self._closing = True
-        for task in (self._reader, self._refresher):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        tasks = {task for task in (self._reader, self._refresher) if task is not None}
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # Bounded, like every shutdown step: a read stuck in Redis must not hang it.
+            await asyncio.wait(tasks, timeout=5.0)
         self.subscribers.clear()
         self.channel = None
 
