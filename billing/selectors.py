@@ -8,7 +8,19 @@ from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models import (
+    Case,
+    Count,
+    DecimalField,
+    F,
+    Max,
+    Min,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -75,44 +87,55 @@ def date_range(
 
 def covering(
     start: datetime, end: datetime, monthly_mark: datetime | None
-) -> list[tuple[str, datetime, datetime]]:
+) -> list[tuple[str, datetime, datetime, int]]:
     """Which job rollup rows sum to exactly the day-aligned range [start, end), as
-    (bucket, from, until) pieces in time order: a month's row (which holds its days up to
-    the mark) where the range holds all of those days from the 1st, daily rows for the
-    rest."""
-    pieces: list[tuple[str, datetime, datetime]] = []
+    (bucket, from, until, sign) pieces: a month's row (which holds its days up to the
+    mark) where the range holds all of those days from the 1st, or most of them (the
+    days before the range are then subtracted: fewer rows than adding the rest), daily
+    rows for the rest."""
+    pieces: list[tuple[str, datetime, datetime, int]] = []
     uncovered_from = start
     month = start.replace(day=1)
     while month < end:
         next_month = (month + timedelta(days=32)).replace(day=1)
         rolled_until = min(monthly_mark, next_month) if monthly_mark is not None else month
-        if start <= month < rolled_until <= end:
-            if uncovered_from < month:
-                pieces.append((Bucket.DAY, uncovered_from, month))
-            pieces.append((Bucket.MONTH, month, rolled_until))
-            uncovered_from = rolled_until
+        if month < rolled_until <= end:
+            if start <= month:
+                if uncovered_from < month:
+                    pieces.append((Bucket.DAY, uncovered_from, month, 1))
+                pieces.append((Bucket.MONTH, month, rolled_until, 1))
+                uncovered_from = rolled_until
+            elif start - month < rolled_until - start:
+                pieces.append((Bucket.MONTH, month, rolled_until, 1))
+                pieces.append((Bucket.DAY, month, start, -1))
+                uncovered_from = rolled_until
         month = next_month
     if uncovered_from < end:
-        pieces.append((Bucket.DAY, uncovered_from, end))
+        pieces.append((Bucket.DAY, uncovered_from, end, 1))
     return pieces
 
 
-def _covering_rows(start: datetime, end: datetime) -> Q:
+def _signed_covering(start: datetime, end: datetime) -> tuple[Q, Q]:
+    """The rows `covering` names, and those of them to subtract."""
     mark = MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first()
-    rows = Q(pk__in=[])
-    for bucket, since, until in covering(start, end, mark):
+    rows, subtracted = Q(pk__in=[]), Q(pk__in=[])
+    for bucket, since, until, sign in covering(start, end, mark):
         if bucket == Bucket.MONTH:
-            rows |= Q(bucket=bucket, bucket_start=since)
+            piece = Q(bucket=bucket, bucket_start=since)
         else:
-            rows |= Q(bucket=bucket, bucket_start__gte=since, bucket_start__lt=until)
-    return rows
+            piece = Q(bucket=bucket, bucket_start__gte=since, bucket_start__lt=until)
+        rows |= piece
+        if sign < 0:
+            subtracted |= piece
+    return rows, subtracted
 
 
 def _rollups(tenant, query: CostQuery, *, jobs: bool = True, by_day: bool = False) -> QuerySet:
     """The rows in the query's range and filters: the job rollups, or (`jobs=False`, when
     neither the grouping nor a filter is about jobs or projects) the much smaller daily
     totals. Job rollups are daily rows if `by_day`, else whole months' rows where they
-    cover the range (a year by job is some 12 rows per job, not 365)."""
+    cover the range (a year by job is some 12 rows per job, not 365). Each row carries
+    its `sign` (-1 for days subtracted from a month), which the sums apply."""
     if query.group_by not in GROUP_BY:
         raise ServiceError(
             f"Unknown group-by “{query.group_by}”; use one of {', '.join(GROUP_BY)}.",
@@ -127,13 +150,17 @@ def _rollups(tenant, query: CostQuery, *, jobs: bool = True, by_day: bool = Fals
         if by_day:
             rollups = rollups.filter(
                 bucket=Bucket.DAY, bucket_start__gte=query.start, bucket_start__lt=query.end
-            )
+            ).annotate(sign=Value(1))
         else:
-            rollups = rollups.filter(_covering_rows(query.start, query.end))
+            rows, subtracted = _signed_covering(query.start, query.end)
+            rollups = rollups.filter(rows).annotate(
+                sign=Case(When(subtracted, then=Value(-1)), default=Value(1))
+            )
     else:
         rollups = UsageDailyTotal.objects.for_tenant(tenant).filter(
             bucket_start__gte=query.start, bucket_start__lt=query.end
         )
+        rollups = rollups.annotate(sign=Value(1))
     if query.gpu_type:
         rollups = rollups.filter(gpu_type=query.gpu_type)
     if query.region:
@@ -151,26 +178,31 @@ def _key(value) -> str:
     return value.date().isoformat() if isinstance(value, datetime) else str(value)
 
 
+def _signed_sum(field: str) -> Sum:
+    return Sum(F(field) * F("sign"), output_field=DecimalField(max_digits=30, decimal_places=9))
+
+
 SUMS = {
-    "gpu_seconds": Sum("gpu_seconds"),
-    "cpu_seconds": Sum("cpu_seconds"),
-    "amount": Sum("amount"),
-    "on_demand_amount": Sum("on_demand_amount"),
+    name: _signed_sum(name) for name in ("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")
 }
+# A group whose usage lies wholly in days subtracted from a month sums to nothing: it
+# had no usage in the range, and is not shown.
+USED = ~Q(gpu_seconds=0, cpu_seconds=0)
 
 
 def _cells(tenant, query: CostQuery, *dimensions: str, only: dict | None = None) -> list[dict]:
     """The rollups summed per distinct value of `dimensions` (one grouped query), limited
     to the rows matching `only` if given; "day" is the bucket's date (a date is much
     cheaper to read than a timestamp with a zone)."""
-    by_day = "day" in dimensions
+    by_day = "day" in dimensions or GROUP_BY["day"] in dimensions  # months have no days
     # Validates the query, group_by included.
     rollups = _rollups(tenant, query, jobs=False, by_day=by_day)
     if only:
         rollups = rollups.filter(**only)
     if by_day:
         rollups = rollups.annotate(day=TruncDate("bucket_start", tzinfo=UTC))
-    return list(rollups.values(*dict.fromkeys(dimensions)).annotate(**SUMS).order_by())
+    cells = rollups.values(*dict.fromkeys(dimensions)).annotate(**SUMS)
+    return list(cells.filter(USED).order_by())
 
 
 def _days(query: CostQuery) -> list[str]:
@@ -276,7 +308,8 @@ def top_jobs(*, tenant, query: CostQuery, limit: int = 10) -> list[dict]:
     rows = (
         _rollups(tenant, query)
         .values("job_ref", "job_name")
-        .annotate(amount=Sum("amount"), gpu_seconds=Sum("gpu_seconds"))
+        .annotate(**{name: SUMS[name] for name in ("amount", "gpu_seconds", "cpu_seconds")})
+        .filter(USED)
         .order_by("-amount", "job_ref")[:limit]
     )
     return list(rows)

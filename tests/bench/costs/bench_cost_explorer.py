@@ -99,6 +99,11 @@ def seed_rollups(tenant, today) -> int:
                 setattr(total, field, getattr(total, field) + getattr(row, field))
     UsageDailyTotal.objects.bulk_create(totals.values(), batch_size=5_000)
     roll_closed_days(None, timezone.now())
+    if connection.vendor == "postgresql":
+        # Statistics, as autovacuum keeps them for tables this size: plans for freshly
+        # bulk-loaded tables assume they are empty.
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE billing_usagerollup, billing_usagedailytotal")
     return len(rows)
 
 
