@@ -303,6 +303,21 @@ class _TickLedger:
         )
 
 
+class RollupMarks(NamedTuple):
+    """How far the hourly and the monthly job rollups are complete (`HourlyRollupMark`,
+    `MonthlyRollupMark`); None where nothing is rolled up yet."""
+
+    hourly: datetime | None
+    monthly: datetime | None
+
+
+def rollup_marks() -> RollupMarks:
+    return RollupMarks(
+        HourlyRollupMark.objects.values_list("rolled_until", flat=True).first(),
+        MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first(),
+    )
+
+
 @dataclass
 class TickResult:
     jobs: int
@@ -340,11 +355,10 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
         Job.objects.select_for_update(of=("self",)).filter(CANDIDATES).values_list(*JOB_COLUMNS)
     )
     writer = _PostgresWriter() if use_postgres_bulk_sql() else _PortableWriter()
-    hourly_mark = HourlyRollupMark.objects.values_list("rolled_until", flat=True).first()
-    monthly_mark = MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first()
+    marks = rollup_marks()
     if not jobs:
-        _close_hours(writer, hourly_mark, now)
-        roll_closed_days(monthly_mark, now)
+        _close_hours(writer, marks.hourly, now)
+        roll_closed_days(marks.monthly, now)
         return TickResult(0, 0, set())
     # The locked jobs are still candidates in the next statements' snapshots: only a tick
     # changes meters, and the jobs' own rows are locked.
@@ -394,11 +408,9 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     writer.meters(new_meters, moved_meters)
     # The locked rows and the cursor make a duplicate impossible; the unique key is the
     # last line of defence, and only rows really inserted reach the rollups.
-    writer.ledger(
-        ledger, created_at=timezone.now(), hourly_before=hourly_mark, monthly_before=monthly_mark
-    )
-    _close_hours(writer, hourly_mark, now)
-    roll_closed_days(monthly_mark, now)
+    writer.ledger(ledger, created_at=timezone.now(), marks=marks)
+    _close_hours(writer, marks.hourly, now)
+    roll_closed_days(marks.monthly, now)
     return TickResult(len(jobs), len(ledger.charges), ledger.tenants)
 
 
@@ -497,14 +509,7 @@ class _PortableWriter:
                     [(dt(until), is_open, job_id) for job_id, until, is_open in moved],
                 )
 
-    def ledger(
-        self,
-        ledger: _TickLedger,
-        *,
-        created_at: datetime,
-        hourly_before: datetime | None,
-        monthly_before: datetime | None,
-    ) -> None:
+    def ledger(self, ledger: _TickLedger, *, created_at: datetime, marks: RollupMarks) -> None:
         rows = ledger.rows()
         if not rows:
             return
@@ -523,7 +528,7 @@ class _PortableWriter:
             )
             inserted = cursor.rowcount
         if inserted == len(rows):
-            rollups_add(rows, hourly_before=hourly_before, monthly_before=monthly_before)
+            rollups_add(rows, hourly_before=marks.hourly, monthly_before=marks.monthly)
         else:
             # Only a ledger edited behind the meters' back gets here: which rows were new
             # is unknown, so the affected tenants' rollups are recomputed from the ledger.
@@ -764,14 +769,7 @@ class _PostgresWriter:
                     [_json_columns(moved, METER_COLUMNS)],
                 )
 
-    def ledger(
-        self,
-        ledger: _TickLedger,
-        *,
-        created_at: datetime,
-        hourly_before: datetime | None,
-        monthly_before: datetime | None,
-    ) -> None:
+    def ledger(self, ledger: _TickLedger, *, created_at: datetime, marks: RollupMarks) -> None:
         if not ledger.charges:
             return
         record_columns = ("job_id", *RECORD_COLUMNS, "created_at")
@@ -852,8 +850,8 @@ class _PostgresWriter:
                     created_at,
                     _json_columns(charges, CHARGE_COLUMNS),
                     _json_columns(ledger.pieces, PIECE_COLUMNS),
-                    hourly_before,
-                    monthly_before,
+                    marks.hourly,
+                    marks.monthly,
                 ],
             )
 
@@ -891,18 +889,15 @@ def rollups_rebuild(*, tenant_id: int | None = None) -> int:
         records = records.filter(tenant_id=tenant_id)
     rollups.delete()
     totals.delete()
-    marks = {
-        "hourly_before": HourlyRollupMark.objects.values_list("rolled_until", flat=True).first(),
-        "monthly_before": MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first(),
-    }
+    marks = rollup_marks()
     count = 0
     batch: list[_RebuildRow] = []
     for values in records.values_list(*REBUILD_FIELDS).iterator(chunk_size=2000):
         batch.append(_RebuildRow._make(values))
         if len(batch) == 2000:
-            rollups_add(batch, **marks)
+            rollups_add(batch, hourly_before=marks.hourly, monthly_before=marks.monthly)
             count, batch = count + len(batch), []
-    rollups_add(batch, **marks)
+    rollups_add(batch, hourly_before=marks.hourly, monthly_before=marks.monthly)
     return count + len(batch)
 
 

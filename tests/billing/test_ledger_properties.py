@@ -41,11 +41,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from billing.metering import meter_tick, rollups_rebuild
+from billing.metering import meter_tick, rollup_marks, rollups_rebuild
 from billing.models import (
     AMOUNT_QUANTUM,
-    HourlyRollupMark,
-    MonthlyRollupMark,
     UsageDailyTotal,
     UsageRecord,
     UsageRollup,
@@ -347,8 +345,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def _rollups_from(records: list[UsageRecord]) -> dict[tuple, tuple]:
         """Daily rows for every record; hourly rows for the hours the mark says are
         rolled (those that closed before the last tick), monthly rows for the days."""
-        mark = HourlyRollupMark.objects.values_list("rolled_until", flat=True).first()
-        days_mark = MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first()
+        mark, days_mark = rollup_marks()
         sums: dict[tuple, list[Decimal]] = {}
         for r in records:
             hour = r.interval_start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
