@@ -8,14 +8,17 @@ number of jobs.
 A job is billed from the moment it is running until its compute is released
 (`running` and `pausing`); queueing, provisioning and paused time are not billed.
 Intervals are split at hour boundaries and at price-version changes, so each record is
-priced by the version in force when it ran and rolls up into one hour. Daily rollups grow
-every tick; hourly ones are written when their hour has closed (`HourlyRollupMark`),
-monthly ones when their days have closed (`MonthlyRollupMark`).
+priced by the version in force when it ran and rolls up into one hour. A tick adds its
+records of the current hour to the jobs' meters (`JobMeter`), which it rewrites anyway;
+the first tick of the next hour moves the meters' hours into the hourly and daily job
+rollups in one statement, and records of any other hour go to those rows at once.
+Daily totals (without the job) grow every tick; monthly job rollups get their days when
+the days have closed (`MonthlyRollupMark`).
 
 A tick handles thousands of running jobs, so it works on plain value tuples, never on
-model instances, and writes in bulk: on PostgreSQL one statement inserts the records from
-one JSON parameter and adds exactly the inserted ones to the rollups; elsewhere (SQLite,
-the embedded default) `executemany` does the same work in three statements.
+model instances, and prices each distinct piece of usage once. On PostgreSQL the records
+and meters travel as JSON documents (one parameter each); elsewhere (SQLite, the embedded
+default) `executemany` does the same work.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict, namedtuple
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,10 +35,10 @@ from itertools import pairwise
 from typing import NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import F, Min, Q, Sum
-from django.db.models.functions import TruncMonth
+from django.db.models import F, Min, Q
 from django.utils import timezone
 
+from billing.dbviews import METER_ROLLUP
 from billing.models import (
     AMOUNT_QUANTUM,
     Bucket,
@@ -196,13 +199,9 @@ class _Change(NamedTuple):
     attempt: int
 
 
-class LedgerRow(NamedTuple):
-    """One usage record to write; the fields after `note` only feed the rollups."""
+class _Piece(NamedTuple):
+    """A priced piece of usage: everything of a record but its job's own fields."""
 
-    tenant_id: int
-    job_ref: int
-    job_name: str
-    project: str
     attempt: int
     tier: str
     gpu_type_id: int | None
@@ -219,9 +218,17 @@ class LedgerRow(NamedTuple):
     on_demand_amount: Decimal
     currency: str
     note: str
+    # Not stored in the record: what its rollups need.
     hour_start: datetime
     gpu_type: str  # slug, or "cpu"
     region: str  # slug
+
+
+# One usage record to write: its job's own fields, then its priced piece's (the fields
+# after `note` only feed the rollups).
+LedgerRow = namedtuple(
+    "LedgerRow", ("tenant_id", "job_ref", "job_name", "project", *_Piece._fields)
+)
 
 
 RECORD_COLUMNS = LedgerRow._fields[: LedgerRow._fields.index("note") + 1]
@@ -235,22 +242,82 @@ def _tiers(job: _JobRow) -> list[tuple[str, int]]:
     return [(tier, units) for tier, units in shares if units > 0]
 
 
+class _Held(NamedTuple):
+    """What a meter holds (see `JobMeter`): the hour, its currency, each slot's tier."""
+
+    hour: datetime | None
+    currency: str
+    tier_1: str
+    tier_2: str
+
+
+NOTHING_HELD = _Held(None, "", "", "")
+
+
+class _MeterPlan(NamedTuple):
+    """What one tick does with a job's usage, given what its meter held: the meter's new
+    held state, the sums added to its slots, and the rollup pieces (indices) that go to
+    the job's rollup rows at once."""
+
+    held: _Held
+    day: datetime | None
+    sums: tuple[Decimal, ...]  # slot 1's four sums (ROLLUP_SUMS), then slot 2's
+    direct: tuple[int, ...]
+
+    def changes(self, held: _Held) -> bool:
+        """Whether the meter that held `held` changes."""
+        return self.held != held or any(self.sums)
+
+
 class _TickLedger:
     """A tick's records as (job, priced piece) charges. A priced piece is everything of a
     ledger row but the job's own fields (tenant, id, name, project): it is computed once
     per tick for each (piece, tier, units, GPU type, region, discount), since most running
     jobs bill the same 30 s at the same price. A big tick prices a handful of pieces and
-    charges them ten thousand times; the PostgreSQL writer ships just that."""
+    charges them ten thousand times; the PostgreSQL writer ships just that.
 
-    def __init__(self, book: _PriceBook) -> None:
+    The rollups are planned the same way: once per (pieces of a job, what its meter
+    held), most jobs sharing a plan. Pieces of the tick's hour go to the meter's slots;
+    the rest (another hour, a third tier, another currency) become rollup pieces charged
+    to the job's rollup rows directly."""
+
+    def __init__(self, book: _PriceBook, *, hour: datetime, monthly_mark: datetime | None):
         self.book = book
-        self.pieces: list[tuple] = []  # LedgerRow's fields from `attempt` on
+        self.hour = hour  # the tick's hour (UTC): the one meters hold
+        self.monthly_mark = monthly_mark
+        self.pieces: list[_Piece] = []
         self.charges: list[tuple[_JobRow, int]] = []  # (job, index into `pieces`)
         self._index: dict[tuple, int] = {}
+        self._charged: dict[tuple, tuple[list[int], int]] = {}
+        self.plans: list[_MeterPlan] = []
+        self._plan_index: dict[tuple, int] = {}
+        # (bucket, start, GPU type, tier, region, currency, *ROLLUP_SUMS)
+        self.rollup_pieces: list[tuple] = []
+        self.rollup_charges: list[tuple[_JobRow, int]] = []  # (job, index into the above)
+        self._rollup_index: dict[tuple, int] = {}
 
-    def charge(self, job: _JobRow, spans: list[Span]) -> None:
+    def charge(self, job: _JobRow, spans: list[Span], held: _Held) -> int:
+        """Charge a job's billed spans; returns the index of its meter's plan. Jobs alike
+        in all that prices them, billed the same spans from the same held state (most
+        running jobs, each tick), share the work."""
         discount = self.book.discounts.get(job.tenant_id, ZERO)
+        per_node = job.gpus_per_node if job.gpu_type_id else job.cpus
+        alike = (tuple(spans), held, job.gpu_type_id, job.region_id, job.pool__tier,
+                 job.on_demand_nodes, job.spot_nodes, per_node, discount)  # fmt: skip
+        charged = self._charged.get(alike)
+        if charged is None:
+            charged = self._charged[alike] = self._price(job, spans, held, discount)
+        pieces, plan = charged
+        self.charges.extend([(job, index) for index in pieces])
+        direct = self.plans[plan].direct
+        if direct:
+            self.rollup_charges.extend([(job, index) for index in direct])
+        return plan
+
+    def _price(self, job: _JobRow, spans, held: _Held, discount: Decimal) -> tuple:
+        """(indices of the job's priced pieces, index of its meter's plan)."""
         tiers = _tiers(job)
+        pieces = []
         for span in spans:
             for piece in _split(span, self.book.change_points):
                 for tier, units in tiers:
@@ -259,7 +326,13 @@ class _TickLedger:
                     if index is None:
                         index = self._index[key] = len(self.pieces)
                         self.pieces.append(self._tail(job, piece, tier, units, discount))
-                    self.charges.append((job, index))
+                    pieces.append(index)
+        key = (tuple(pieces), held)
+        plan = self._plan_index.get(key)
+        if plan is None:
+            plan = self._plan_index[key] = len(self.plans)
+            self.plans.append(self._plan(*key))
+        return pieces, plan
 
     def rows(self) -> list[LedgerRow]:
         """Every record in full."""
@@ -273,6 +346,71 @@ class _TickLedger:
     def tenants(self) -> set[int]:
         return {job.tenant_id for job, _ in self.charges}
 
+    def rollups(self) -> dict[tuple, list]:
+        """The job rollup rows added to directly, as `_upsert_rollups` takes them."""
+        pieces = self.rollup_pieces
+        return {
+            (job.tenant_id, bucket, start, job.pk, gpu_type, tier, region): [
+                job.name, job.project, currency, *sums
+            ]
+            for job, index in self.rollup_charges
+            for bucket, start, gpu_type, tier, region, currency, *sums in (pieces[index],)
+        }  # fmt: skip
+
+    def totals(self) -> dict[tuple, list]:
+        """This tick's daily totals (tenant × day × GPU type × tier × region), from each
+        piece's sums times the number of its charges."""
+        sums: dict[tuple, list] = {}
+        for (tenant_id, index), count in Counter(
+            (job.tenant_id, index) for job, index in self.charges
+        ).items():
+            p = self.pieces[index]
+            key = (tenant_id, p.hour_start.replace(hour=0), p.gpu_type, p.tier, p.region)
+            row = sums.setdefault(key, [p.currency, ZERO, ZERO, ZERO, ZERO])
+            for i, value in enumerate(_sums_of(p), start=1):
+                row[i] += value * count
+        return sums
+
+    def _plan(self, pieces: tuple[int, ...], held: _Held) -> _MeterPlan:
+        hour, currency, tiers = held.hour, held.currency, [held.tier_1, held.tier_2]
+        sums = [ZERO] * 8
+        direct: dict[tuple, list[Decimal]] = {}
+        for index in pieces:
+            p = self.pieces[index]
+            slot = None
+            fits = hour in (None, self.hour) and currency in ("", p.currency)
+            if fits and p.hour_start == self.hour:
+                if p.tier in tiers:
+                    slot = tiers.index(p.tier)
+                elif "" in tiers:
+                    slot = tiers.index("")
+            if slot is not None:
+                hour, currency, tiers[slot] = self.hour, p.currency, p.tier
+                for i, value in enumerate(_sums_of(p)):
+                    sums[4 * slot + i] += value
+                continue
+            day = p.hour_start.replace(hour=0)
+            buckets = [(Bucket.HOUR, p.hour_start), (Bucket.DAY, day)]
+            if self.monthly_mark is not None and day < self.monthly_mark:
+                buckets.append((Bucket.MONTH, day.replace(day=1)))  # a day already rolled
+            for bucket, start in buckets:
+                key = (bucket, start, p.gpu_type, p.tier, p.region, p.currency)
+                row = direct.setdefault(key, [ZERO] * 4)
+                for i, value in enumerate(_sums_of(p)):
+                    row[i] += value
+        indices = []
+        for key, row in direct.items():
+            # One row per key and job: the currency is the first piece's, as in a rollup.
+            piece = (*key, *row)
+            index = self._rollup_index.get(piece)
+            if index is None:
+                index = self._rollup_index[piece] = len(self.rollup_pieces)
+                self.rollup_pieces.append(piece)
+            indices.append(index)
+        new_held = _Held(hour, currency, *tiers)
+        day = hour.replace(hour=0) if hour is not None else None
+        return _MeterPlan(new_held, day, tuple(sums), tuple(indices))
+
     def _tail(self, job: _JobRow, piece: Span, tier: str, units: int, discount: Decimal):
         start = piece.start
         price = self.book.price(job, tier, start)
@@ -280,7 +418,7 @@ class _TickLedger:
         seconds = Decimal((piece.end - start) // timedelta(microseconds=1)) / MICROSECONDS
         unit_seconds = (seconds * units).quantize(SECONDS_QUANTUM)
         is_gpu = job.gpu_type_id is not None
-        return (
+        return _Piece(
             piece.attempt,
             tier,
             job.gpu_type_id,
@@ -303,9 +441,13 @@ class _TickLedger:
         )
 
 
+def _sums_of(p) -> tuple[Decimal, Decimal, Decimal, Decimal]:
+    return p.gpu_seconds, p.cpu_seconds, p.amount, p.on_demand_amount
+
+
 class RollupMarks(NamedTuple):
-    """How far the hourly and the monthly job rollups are complete (`HourlyRollupMark`,
-    `MonthlyRollupMark`); None where nothing is rolled up yet."""
+    """How far the meters' hours have moved into the job rollups and the days into the
+    monthly ones (`HourlyRollupMark`, `MonthlyRollupMark`); None where no tick has."""
 
     hourly: datetime | None
     monthly: datetime | None
@@ -324,6 +466,11 @@ class TickResult:
     records: int
     tenants: set[int]
 
+    def merged(self, other: TickResult) -> TickResult:
+        return TickResult(
+            max(self.jobs, other.jobs), self.records + other.records, self.tenants | other.tenants
+        )
+
 
 # Billed now, still being metered, ran and ended before its first tick, or changed
 # status since it was last metered (it may have run again between two ticks).
@@ -337,38 +484,73 @@ CANDIDATES = (
 
 # Any constant: the key of the PostgreSQL advisory lock that makes ticks take turns.
 TICK_LOCK = 0x6767_6D65_7465_72  # "ggmeter"
+METER_READ = ("job_id", "metered_until", "open", "hour", "currency", "tier_1", "tier_2")
 
 
-@transaction.atomic
 def meter_tick(*, now: datetime | None = None) -> TickResult:
+    """Meter every job up to `now`. The first tick of a new hour first meters up to the
+    hour's start (into the hour the meters hold), then moves the meters' hours into the
+    job rollups and closed days into months, and then meters the rest: three
+    transactions, so that no one of them does an hour's rollup work on top of a tick's."""
     now = now or timezone.now()
+    hour = _hour_before(now)
+    mark = HourlyRollupMark.objects.values_list("rolled_until", flat=True).first()
+    result = TickResult(0, 0, set())
+    if mark is None or mark < hour:
+        if mark is not None:
+            result = _tick(now=hour)
+        _release_held_hours(hour)
+    return result.merged(_tick(now=now))
+
+
+def _hour_before(at: datetime) -> datetime:
+    """The hour (UTC) holding the last instant before `at`: the hour a tick up to `at`
+    bills last, and the one its meters may hold."""
+    last = at.astimezone(UTC) - timedelta(microseconds=1)
+    return last.replace(minute=0, second=0, microsecond=0)
+
+
+def _wait_for_turn() -> None:
+    """Take turns with every tick and rollup move until this transaction ends, so each
+    reads the meters its predecessor committed. (SQLite's immediate transactions already
+    serialize every writer.)"""
     if connection.vendor == "postgresql":
-        # Ticks take turns, so each reads the meters its predecessor committed. (SQLite's
-        # immediate transactions already serialize every writer.)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [TICK_LOCK])
-            # The commit needn't wait for its WAL flush: a crash can only lose the whole
-            # tick (records and meters together, never half of it), which the next tick
-            # then bills again from the same meters.
-            cursor.execute("SET LOCAL synchronous_commit = off")
+
+
+@contextmanager
+def _ticks_take_turns():
+    """One tick's or rollup move's transaction, in turn with the others."""
+    with transaction.atomic():
+        _wait_for_turn()
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                # The commit needn't wait for its WAL flush: a crash can only lose the
+                # whole transaction, which the next tick then does again from the same
+                # meters and marks.
+                cursor.execute("SET LOCAL synchronous_commit = off")
+        yield
+
+
+def _tick(*, now: datetime) -> TickResult:
+    with _ticks_take_turns():
+        return _meter(now=now)
+
+
+def _meter(*, now: datetime) -> TickResult:
     jobs = _fetch(
         Job.objects.select_for_update(of=("self",)).filter(CANDIDATES).values_list(*JOB_COLUMNS)
     )
-    writer = _PostgresWriter() if use_postgres_bulk_sql() else _PortableWriter()
-    marks = rollup_marks()
     if not jobs:
-        _close_hours(writer, marks.hourly, now)
-        roll_closed_days(marks.monthly, now)
         return TickResult(0, 0, set())
     # The locked jobs are still candidates in the next statements' snapshots: only a tick
     # changes meters, and the jobs' own rows are locked.
     candidates = Job.objects.filter(CANDIDATES).values("pk")
     meters = {
-        job_id: (until, is_open)
-        for job_id, until, is_open in _fetch(
-            JobMeter.objects.filter(job__in=candidates).values_list(
-                "job_id", "metered_until", "open"
-            )
+        job_id: (until, is_open, _Held(*held))
+        for job_id, until, is_open, *held in _fetch(
+            JobMeter.objects.filter(job__in=candidates).values_list(*METER_READ)
         )
     }
     changes: dict[int, list[_Change]] = defaultdict(list)
@@ -382,78 +564,104 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     ):
         changes[job_id].append(_Change(*change))
 
-    ledger = _TickLedger(_PriceBook())
-    new_meters: list[tuple[int, datetime, bool]] = []
-    moved_meters: list[tuple[int, datetime, bool]] = []
+    monthly_mark = MonthlyRollupMark.objects.values_list("rolled_until", flat=True).first()
+    ledger = _TickLedger(_PriceBook(), hour=_hour_before(now), monthly_mark=monthly_mark)
+    new_meters: list[tuple[int, datetime, bool, int]] = []
+    moved_meters: list[tuple[int, datetime, bool, int]] = []
     for job in map(_JobRow._make, jobs):
         events = changes.get(job.pk, ())
         meter = meters.get(job.pk)
         if meter is None:
             since = next((e.at for e in events if e.to_status in BILLED), job.started_at or now)
+            held = NOTHING_HELD
         else:
-            since = meter[0]
+            since, _, held = meter
         still_billed = job.status in BILLED
         # A job that ended after this tick's clock was read (while we waited for its row
         # lock) is billed to its real end, not cut at `now`.
         until = now if still_billed or not events else max(now, events[-1].at)
-        spans = billed_spans(events, since, until)
-        ledger.charge(job, spans)
-        # A job that isn't billed now has nothing left to bill before `until`.
-        metered_until = now if still_billed else max(since, until)
+        plan = ledger.charge(job, billed_spans(events, since, until), held)
+        # A job that isn't billed now has nothing left to bill before `until`. A cursor
+        # never moves back (a late tick of a concurrent round bills nothing).
+        metered_until = max(since, now if still_billed else until)
         if meter is None:
-            new_meters.append((job.pk, metered_until, still_billed))
-        elif meter != (metered_until, still_billed):
-            moved_meters.append((job.pk, metered_until, still_billed))
+            new_meters.append((job.pk, metered_until, still_billed, plan))
+        elif meter[:2] != (metered_until, still_billed) or ledger.plans[plan].changes(held):
+            moved_meters.append((job.pk, metered_until, still_billed, plan))
 
-    writer.meters(new_meters, moved_meters)
+    writer = _PostgresWriter() if use_postgres_bulk_sql() else _PortableWriter()
+    writer.meters(ledger.plans, new_meters, moved_meters)
     # The locked rows and the cursor make a duplicate impossible; the unique key is the
-    # last line of defence, and only rows really inserted reach the rollups.
-    writer.ledger(ledger, created_at=timezone.now(), marks=marks)
-    _close_hours(writer, marks.hourly, now)
-    roll_closed_days(marks.monthly, now)
+    # last line of defence, and only a tick whose records were all new adds to rollups.
+    writer.ledger(ledger, created_at=timezone.now())
     return TickResult(len(jobs), len(ledger.charges), ledger.tenants)
 
 
-def _close_hours(writer, hourly_mark: datetime | None, now: datetime) -> None:
-    """Sum the hours that closed since the last mark into hourly rollups (once an hour,
-    after this tick's records are in the ledger) and move the mark."""
-    current_hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-    if hourly_mark is not None and hourly_mark >= current_hour:
+def _release_held_hours(hour: datetime) -> None:
+    """Move every meter's hour before `hour` into the hourly and daily job rollups, and
+    the days closed since into the monthly ones; move the marks."""
+    with _ticks_take_turns():
+        marks = rollup_marks()
+        if marks.hourly is not None and marks.hourly >= hour:
+            return  # a concurrent round has done it
+        dt = connection.ops.adapt_datetimefield_value
+        _move_held_to_rollups("held_hour < %s", [dt(hour)])
+        JobMeter.objects.filter(hour__lt=hour).update(**EMPTY_HELD)
+        if not HourlyRollupMark.objects.update(rolled_until=hour):
+            HourlyRollupMark.objects.create(rolled_until=hour)
+        roll_closed_days(marks.monthly, hour)
+
+
+@transaction.atomic
+def release_held_usage(job_ids: list[int]) -> None:
+    """Move what these jobs' meters hold into their rollups now (before the jobs and
+    their meters are deleted: the job rollups outlive the job)."""
+    if not job_ids:
         return
-    writer.roll_hours(since=hourly_mark, until=current_hour)
-    if not HourlyRollupMark.objects.update(rolled_until=current_hour):
-        HourlyRollupMark.objects.create(rolled_until=current_hour)
+    _wait_for_turn()  # an hour's rollup move would otherwise move them too
+    _move_held_to_rollups(f"job_ref IN ({', '.join(['%s'] * len(job_ids))})", job_ids)
+    JobMeter.objects.filter(job_id__in=job_ids).update(**EMPTY_HELD)
+
+
+def _move_held_to_rollups(where: str, params: list) -> None:
+    # Each meter is one job and its two slots hold two tiers, so the rows have distinct
+    # keys. SQLite needs the WHERE to read ON CONFLICT as the upsert's.
+    sql = (
+        f"INSERT INTO {ROLLUP_TABLE} ({', '.join(ROLLUP_COLUMNS)}) "  # noqa: S608
+        f"SELECT {', '.join(ROLLUP_COLUMNS)} FROM {METER_ROLLUP} WHERE {where} "
+        + _upsert(ROLLUP_TABLE, ROLLUP_KEY)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def roll_closed_days(monthly_mark: datetime | None, now: datetime) -> None:
     """Add the days that closed since the last mark (their daily job rollups) to the
-    monthly rollups and move the mark: once a day, a few rows per job."""
+    monthly rollups and move the mark: once a day, one statement per month touched."""
     today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     if monthly_mark is not None and monthly_mark >= today:
         return
-    days = UsageRollup.objects.filter(bucket=Bucket.DAY, bucket_start__lt=today)
-    if monthly_mark is not None:
-        days = days.filter(bucket_start__gte=monthly_mark)
-    keys = ("tenant_id", "month", "job_ref", "gpu_type", "tier", "region")
-    sums = {f"sum_{name}": Sum(name) for name in ROLLUP_SUMS}
-    months = {
-        (cell["tenant_id"], Bucket.MONTH, cell["month"], *(cell[k] for k in keys[2:])): [
-            cell["first_name"],
-            cell["first_project"],
-            cell["first_currency"],
-            *(cell[name] for name in sums),
-        ]
-        for cell in days.annotate(month=TruncMonth("bucket_start", tzinfo=UTC))
-        .values(*keys)
-        .annotate(
-            first_name=Min("job_name"),
-            first_project=Min("project"),
-            first_currency=Min("currency"),
-            **sums,
-        )
-        .order_by()
-    }
-    _upsert_rollups(months)
+    start = monthly_mark
+    if start is None:
+        start = UsageRollup.objects.filter(bucket=Bucket.DAY, bucket_start__lt=today).aggregate(
+            first=Min("bucket_start")
+        )["first"]
+    dt = connection.ops.adapt_datetimefield_value
+    labels = ", ".join(f"min({c})" for c in ROLLUP_LABELS)
+    sums = ", ".join(f"sum({c})" for c in ROLLUP_SUMS)
+    sql = (
+        f"INSERT INTO {ROLLUP_TABLE} ({', '.join(ROLLUP_COLUMNS)}) "  # noqa: S608
+        f"SELECT tenant_id, '{Bucket.MONTH}', %s, job_ref, gpu_type, tier, region, {labels}, "
+        f"{sums} FROM {ROLLUP_TABLE} "
+        f"WHERE bucket = '{Bucket.DAY}' AND bucket_start >= %s AND bucket_start < %s "
+        "GROUP BY tenant_id, job_ref, gpu_type, tier, region " + _upsert(ROLLUP_TABLE, ROLLUP_KEY)
+    )
+    with connection.cursor() as cursor:
+        while start is not None and start < today:
+            month = start.astimezone(UTC).replace(day=1)
+            until = min((month + timedelta(days=32)).replace(day=1), today)
+            cursor.execute(sql, [dt(month), dt(start), dt(until)])
+            start = until
     if not MonthlyRollupMark.objects.update(rolled_until=today):
         MonthlyRollupMark.objects.create(rolled_until=today)
 
@@ -486,39 +694,95 @@ def _upsert(table: str, key: tuple[str, ...]) -> str:
     return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {increments}"
 
 
-class _PortableWriter:
+METER_PLAN_COLUMNS = (
+    "hour", "day", "currency", "tier_1", "tier_2",
+    *(f"{name}_{slot}" for slot in (1, 2) for name in ROLLUP_SUMS),
+)  # fmt: skip
+METER_SUMS = METER_PLAN_COLUMNS[5:]
+# A meter's fields once its hour has gone to the rollups.
+EMPTY_HELD = {"hour": None, "day": None, "currency": "", "tier_1": "", "tier_2": "",
+              **dict.fromkeys(METER_SUMS, ZERO)}  # fmt: skip
+
+
+def _plan_values(plan: _MeterPlan) -> tuple:
+    """A plan as METER_PLAN_COLUMNS' values."""
+    held = plan.held
+    return (held.hour, plan.day, held.currency, held.tier_1, held.tier_2, *plan.sums)
+
+
+class _Writer:
+    """What every writer does with a tick; subclasses move the rows."""
+
+    def meters(self, plans: list[_MeterPlan], new: list[tuple], moved: list[tuple]) -> None:
+        """Insert the new meters and update the moved ones ((job, metered until, open,
+        plan index) each): the cursor, the held hour, and the plan's sums added to the
+        slots."""
+        raise NotImplementedError
+
+    def insert_records(self, ledger: _TickLedger, *, created_at: datetime) -> int:
+        """Insert the tick's records, skipping any that exist; returns how many were new."""
+        raise NotImplementedError
+
+    def add_to_rollups(self, ledger: _TickLedger) -> None:
+        """Add the tick's direct rollup pieces to their job rollup rows."""
+        _upsert_rollups(ledger.rollups())
+
+    def ledger(self, ledger: _TickLedger, *, created_at: datetime) -> None:
+        if not ledger.charges:
+            return
+        inserted = self.insert_records(ledger, created_at=created_at)
+        if inserted != len(ledger.charges):
+            # Only a ledger edited behind the meters' back gets here: which records were
+            # new is unknown, so the tenants' rollups are recomputed from the ledger.
+            log.error(
+                "metering: %s of %s records existed already",
+                len(ledger.charges) - inserted,
+                len(ledger.charges),
+            )
+            for tenant_id in sorted(ledger.tenants):
+                rollups_rebuild(tenant_id=tenant_id)
+            return
+        if ledger.rollup_charges:
+            self.add_to_rollups(ledger)
+        _upsert_totals(ledger.totals())
+
+
+class _PortableWriter(_Writer):
     """Standard SQL through `executemany` (SQLite and PostgreSQL): one statement per
     kind of row, whatever the number of rows."""
 
     def __init__(self) -> None:
         self.adapt_datetime = connection.ops.adapt_datetimefield_value
 
-    def meters(self, new: list[tuple], moved: list[tuple]) -> None:
+    def meters(self, plans: list[_MeterPlan], new: list[tuple], moved: list[tuple]) -> None:
         dt = self.adapt_datetime
+        values = [(dt(hour), dt(day), *rest) for hour, day, *rest in map(_plan_values, plans)]
         with connection.cursor() as cursor:
             if new:
+                columns = (*METER_COLUMNS, *METER_PLAN_COLUMNS)
                 cursor.executemany(
-                    f"INSERT INTO {METER_TABLE} (job_id, metered_until, open) "  # noqa: S608
-                    "VALUES (%s, %s, %s)",
-                    [(job_id, dt(until), is_open) for job_id, until, is_open in new],
-                )
+                    f"INSERT INTO {METER_TABLE} ({', '.join(columns)}) "  # noqa: S608
+                    f"VALUES ({', '.join(['%s'] * len(columns))})",
+                    [(job_id, dt(until), is_open, *values[plan])
+                     for job_id, until, is_open, plan in new],
+                )  # fmt: skip
             if moved:
+                added = ", ".join(f"{c} = {c} + %s" for c in METER_SUMS)
                 cursor.executemany(
-                    f"UPDATE {METER_TABLE} SET metered_until = %s, open = %s "  # noqa: S608
+                    f"UPDATE {METER_TABLE} SET metered_until = %s, open = %s, "  # noqa: S608
+                    f"hour = %s, day = %s, currency = %s, tier_1 = %s, tier_2 = %s, {added} "
                     "WHERE job_id = %s",
-                    [(dt(until), is_open, job_id) for job_id, until, is_open in moved],
-                )
+                    [(dt(until), is_open, *values[plan], job_id)
+                     for job_id, until, is_open, plan in moved],
+                )  # fmt: skip
 
-    def ledger(self, ledger: _TickLedger, *, created_at: datetime, marks: RollupMarks) -> None:
-        rows = ledger.rows()
-        if not rows:
-            return
+    def insert_records(self, ledger: _TickLedger, *, created_at: datetime) -> int:
         dt = self.adapt_datetime
         columns = ("job_id", *RECORD_COLUMNS, "created_at")
         created = dt(created_at)
         params = [
             (r.job_ref, *r[:8], dt(r.interval_start), dt(r.interval_end), *r[10:20], created)
-            for r in rows
+            for r in ledger.rows()
         ]
         with connection.cursor() as cursor:
             cursor.executemany(
@@ -526,33 +790,12 @@ class _PortableWriter:
                 f"VALUES ({', '.join(['%s'] * len(columns))}) ON CONFLICT DO NOTHING",
                 params,
             )
-            inserted = cursor.rowcount
-        if inserted == len(rows):
-            rollups_add(rows, hourly_before=marks.hourly, monthly_before=marks.monthly)
-        else:
-            # Only a ledger edited behind the meters' back gets here: which rows were new
-            # is unknown, so the affected tenants' rollups are recomputed from the ledger.
-            log.error("metering: %s of %s records existed already", len(rows) - inserted, len(rows))
-            for tenant_id in sorted({r.tenant_id for r in rows}):
-                rollups_rebuild(tenant_id=tenant_id)
-
-    def roll_hours(self, *, since: datetime | None, until: datetime) -> None:
-        records = UsageRecord.objects.filter(interval_start__lt=until)
-        if since is not None:
-            records = records.filter(interval_start__gte=since)
-        batch: list[_RebuildRow] = []
-        for values in records.values_list(*REBUILD_FIELDS).iterator(chunk_size=2000):
-            batch.append(_RebuildRow._make(values))
-        rollups_add(batch, hourly_before=until, daily=False)
+            return cursor.rowcount
 
 
-def _rollup_rows(
-    rows, *, hourly_before: datetime | None, monthly_before: datetime | None, daily: bool
-) -> dict[tuple, list]:
-    """Job rollup sums: daily ones (if `daily`), monthly ones for those whose day started
-    before `monthly_before` (days already rolled into months), and hourly ones for the
-    rows whose hour started before `hourly_before` (hours already rolled, or being rolled
-    now)."""
+def _rollup_rows(rows, *, monthly_before: datetime | None) -> dict[tuple, list]:
+    """Job rollup sums of ledger rows: hourly and daily ones, and monthly ones for those
+    whose day started before `monthly_before` (days already rolled into months)."""
     sums: dict[tuple, list] = {}
 
     def add(key: tuple, r) -> None:
@@ -567,13 +810,11 @@ def _rollup_rows(
 
     for r in rows:
         rest = (r.job_ref, r.gpu_type, r.tier, r.region)
-        if daily:
-            day = r.hour_start.replace(hour=0)
-            add((r.tenant_id, Bucket.DAY, day, *rest), r)
-            if monthly_before is not None and day < monthly_before:
-                add((r.tenant_id, Bucket.MONTH, day.replace(day=1), *rest), r)
-        if hourly_before is not None and r.hour_start < hourly_before:
-            add((r.tenant_id, Bucket.HOUR, r.hour_start, *rest), r)
+        day = r.hour_start.replace(hour=0)
+        add((r.tenant_id, Bucket.HOUR, r.hour_start, *rest), r)
+        add((r.tenant_id, Bucket.DAY, day, *rest), r)
+        if monthly_before is not None and day < monthly_before:
+            add((r.tenant_id, Bucket.MONTH, day.replace(day=1), *rest), r)
     return sums
 
 
@@ -607,35 +848,28 @@ def _total_rows(rows) -> dict[tuple, list]:
     return sums
 
 
-def rollups_add(
-    rows,
-    *,
-    hourly_before: datetime | None,
-    monthly_before: datetime | None = None,
-    daily: bool = True,
-) -> None:
-    """Add ledger rows (anything with LedgerRow's fields) to the daily job rollups and
-    to the daily totals (if `daily`), to the monthly job rollups where their day started
-    before `monthly_before`, and to the hourly job rollups where their hour started
-    before `hourly_before`: one upsert each that increments existing rows
-    (INSERT … ON CONFLICT DO UPDATE, on SQLite and PostgreSQL alike)."""
-    rollups = _rollup_rows(
-        rows, hourly_before=hourly_before, monthly_before=monthly_before, daily=daily
-    )
-    if not rollups:
+def _upsert_totals(totals: dict[tuple, list]) -> None:
+    """Add sums to daily totals ({(tenant, day, GPU type, tier, region): [currency,
+    *sums]}), creating the missing ones."""
+    if not totals:
         return
-    totals = _total_rows(rows) if daily else {}
-    _upsert_rollups(rollups)
     # The ORM's own encoding of datetimes, so SQLite text values compare equal.
     dt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
-        if totals:
-            cursor.executemany(
-                f"INSERT INTO {TOTAL_TABLE} ({', '.join(TOTAL_COLUMNS)}) "  # noqa: S608
-                f"VALUES ({', '.join(['%s'] * len(TOTAL_COLUMNS))}) "
-                + _upsert(TOTAL_TABLE, TOTAL_KEY),
-                [(t, dt(day), *rest, *values) for (t, day, *rest), values in totals.items()],
-            )
+        cursor.executemany(
+            f"INSERT INTO {TOTAL_TABLE} ({', '.join(TOTAL_COLUMNS)}) "  # noqa: S608
+            f"VALUES ({', '.join(['%s'] * len(TOTAL_COLUMNS))}) " + _upsert(TOTAL_TABLE, TOTAL_KEY),
+            [(t, dt(day), *rest, *values) for (t, day, *rest), values in totals.items()],
+        )
+
+
+def rollups_add(rows, *, monthly_before: datetime | None) -> None:
+    """Add ledger rows (anything with LedgerRow's fields) to the hourly and daily job
+    rollups, to the monthly ones where their day started before `monthly_before`, and to
+    the daily totals: one upsert each that increments existing rows (INSERT … ON
+    CONFLICT DO UPDATE, on SQLite and PostgreSQL alike)."""
+    _upsert_rollups(_rollup_rows(rows, monthly_before=monthly_before))
+    _upsert_totals(_total_rows(rows))
 
 
 # PostgreSQL types of the columns rows travel in: LedgerRow's fields, a meter's, a charge's.
@@ -667,9 +901,20 @@ COLUMN_TYPES = {
     "metered_until": "timestamptz",
     "open": "boolean",
     "piece": "integer",
+    "plan": "integer",
+    "bucket": "text",
+    "bucket_start": "timestamptz",
+    "hour": "timestamptz",
+    "day": "timestamptz",
+    "tier_1": "text",
+    "tier_2": "text",
+    **{f"{name}_{slot}": "numeric" for slot in (1, 2) for name in ROLLUP_SUMS},
 }
 METER_COLUMNS = ("job_id", "metered_until", "open")
+METER_ROW_COLUMNS = (*METER_COLUMNS, "plan")
 CHARGE_COLUMNS = ("job_id", "piece")
+ROLLUP_PIECE_COLUMNS = ("bucket", "bucket_start", "gpu_type", "tier", "region", "currency",
+                        *ROLLUP_SUMS)  # fmt: skip
 PIECE_COLUMNS = RECORD_COLUMNS[RECORD_COLUMNS.index("attempt") :]
 # Columns JSON has no type for: sent as their exact text (str() of a Decimal or of an
 # aware datetime), which PostgreSQL's casts read back exactly.
@@ -747,157 +992,109 @@ def _binary_cursor():
         cursor.close()
 
 
-class _PostgresWriter:
+class _PostgresWriter(_Writer):
     """PostgreSQL: the meters, the charges and the priced pieces each travel as one JSON
-    document, so a tick is a couple of statements whose size doesn't grow with the
-    number of parameters, and the rollups are fed from `RETURNING`: exactly the
-    records this tick inserted."""
+    document, so a tick is a few statements whose size doesn't grow with the number of
+    parameters. Each record takes its job's own fields from the job row (locked by this
+    tick), the rest from its priced piece; meters take their plan the same way."""
 
-    def meters(self, new: list[tuple], moved: list[tuple]) -> None:
+    def meters(self, plans: list[_MeterPlan], new: list[tuple], moved: list[tuple]) -> None:
+        plan_rows = _json_rows_sql(METER_PLAN_COLUMNS, numbered=True)
+        plan_values = [_json_columns([_plan_values(p) for p in plans], METER_PLAN_COLUMNS)]
         with _binary_cursor() as cursor:
             if new:
+                columns = (*METER_COLUMNS, *METER_PLAN_COLUMNS)
                 cursor.execute(
-                    f"INSERT INTO {METER_TABLE} ({', '.join(METER_COLUMNS)}) "  # noqa: S608
-                    f"SELECT * FROM {_json_rows_sql(METER_COLUMNS)} AS v",
-                    [_json_columns(new, METER_COLUMNS)],
+                    f"INSERT INTO {METER_TABLE} ({', '.join(columns)}) "  # noqa: S608
+                    f"SELECT {', '.join(f'v.{c}' for c in METER_COLUMNS)}, "
+                    f"{', '.join(f'p.{c}' for c in METER_PLAN_COLUMNS)} "
+                    f"FROM {_json_rows_sql(METER_ROW_COLUMNS)} AS v "
+                    f"JOIN {plan_rows} AS p ON p.n = v.plan",
+                    [_json_columns(new, METER_ROW_COLUMNS), *plan_values],
                 )
             if moved:
+                held = ", ".join(f"{c} = p.{c}" for c in METER_PLAN_COLUMNS[:5])
+                added = ", ".join(f"{c} = m.{c} + p.{c}" for c in METER_SUMS)
                 cursor.execute(
                     f"UPDATE {METER_TABLE} AS m "  # noqa: S608
-                    "SET metered_until = v.metered_until, open = v.open "
-                    f"FROM {_json_rows_sql(METER_COLUMNS)} AS v WHERE m.job_id = v.job_id",
-                    [_json_columns(moved, METER_COLUMNS)],
+                    f"SET metered_until = v.metered_until, open = v.open, {held}, {added} "
+                    f"FROM {_json_rows_sql(METER_ROW_COLUMNS)} AS v "
+                    f"JOIN {plan_rows} AS p ON p.n = v.plan WHERE m.job_id = v.job_id",
+                    [_json_columns(moved, METER_ROW_COLUMNS), *plan_values],
                 )
 
-    def ledger(self, ledger: _TickLedger, *, created_at: datetime, marks: RollupMarks) -> None:
-        if not ledger.charges:
-            return
+    def insert_records(self, ledger: _TickLedger, *, created_at: datetime) -> int:
         record_columns = ("job_id", *RECORD_COLUMNS, "created_at")
-        # Each record: its job's own fields from the job row (locked by this tick), the
-        # rest from its priced piece.
         from_job = {"tenant_id": "j.tenant_id", "job_ref": "j.id", "job_name": "j.name",
                     "project": "j.project"}  # fmt: skip
         values = ", ".join(from_job.get(c, f"p.{c}") for c in RECORD_COLUMNS)
-        labels = ("tenant_id", "job_ref", "job_name", "project", "tier", "currency")
-        sums = ", ".join(f"sum(a.{c})" for c in ROLLUP_SUMS)
-        # Data-modifying CTEs all run to completion, read or not (PostgreSQL docs, WITH).
-        # The rollups read what the INSERT returns: exactly the records it added.
         sql = f"""
-            WITH inserted AS (
-                INSERT INTO {RECORD_TABLE} ({", ".join(record_columns)})
-                SELECT j.id, {values}, %s
-                FROM {_json_rows_sql(CHARGE_COLUMNS)} AS c
-                JOIN {JOB_TABLE} AS j ON j.id = c.job_id
-                JOIN {_json_rows_sql(PIECE_COLUMNS, numbered=True)} AS p ON p.n = c.piece
-                ON CONFLICT DO NOTHING
-                RETURNING {", ".join(labels)}, gpu_type_id, region_id, interval_start,
-                          {", ".join(ROLLUP_SUMS)}
-            ),
-            added AS MATERIALIZED (
-                SELECT {", ".join(f"i.{c}" for c in (*labels, *ROLLUP_SUMS))},
-                       date_trunc('day', i.interval_start AT TIME ZONE 'UTC')
-                           AT TIME ZONE 'UTC' AS day,
-                       date_trunc('hour', i.interval_start AT TIME ZONE 'UTC')
-                           AT TIME ZONE 'UTC' AS hour,
-                       coalesce(g.slug, 'cpu') AS gpu_type, r.slug AS region
-                FROM inserted AS i
-                LEFT JOIN {GPU_TYPE_TABLE} AS g ON g.id = i.gpu_type_id
-                JOIN {REGION_TABLE} AS r ON r.id = i.region_id
-            ),
-            rolled_up AS (
-                INSERT INTO {ROLLUP_TABLE} ({", ".join(ROLLUP_COLUMNS)})
-                SELECT a.tenant_id, '{Bucket.DAY}', a.day, a.job_ref, a.gpu_type, a.tier, a.region,
-                       min(a.job_name), min(a.project), min(a.currency), {sums}
-                FROM added AS a
-                GROUP BY a.tenant_id, a.day, a.job_ref, a.gpu_type, a.tier, a.region
-                {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
-            ),
-            late_hours AS (
-                -- Records of hours already rolled (late arrivals) go straight to them.
-                INSERT INTO {ROLLUP_TABLE} ({", ".join(ROLLUP_COLUMNS)})
-                SELECT a.tenant_id, '{Bucket.HOUR}', a.hour, a.job_ref, a.gpu_type, a.tier,
-                       a.region, min(a.job_name), min(a.project), min(a.currency), {sums}
-                FROM added AS a
-                WHERE a.hour < %s::timestamptz
-                GROUP BY a.tenant_id, a.hour, a.job_ref, a.gpu_type, a.tier, a.region
-                {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
-            ),
-            late_days AS (
-                -- Records of days already rolled into months go straight to them too.
-                INSERT INTO {ROLLUP_TABLE} ({", ".join(ROLLUP_COLUMNS)})
-                SELECT a.tenant_id, '{Bucket.MONTH}',
-                       date_trunc('month', a.day AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
-                       a.job_ref, a.gpu_type, a.tier, a.region,
-                       min(a.job_name), min(a.project), min(a.currency), {sums}
-                FROM added AS a
-                WHERE a.day < %s::timestamptz
-                GROUP BY a.tenant_id, 3, a.job_ref, a.gpu_type, a.tier, a.region
-                {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
-            )
-            INSERT INTO {TOTAL_TABLE} ({", ".join(TOTAL_COLUMNS)})
-            SELECT a.tenant_id, a.day, a.gpu_type, a.tier, a.region, min(a.currency), {sums}
-            FROM added AS a
-            GROUP BY 1, 2, 3, 4, 5
-            {_upsert(TOTAL_TABLE, TOTAL_KEY)}
+            INSERT INTO {RECORD_TABLE} ({", ".join(record_columns)})
+            SELECT j.id, {values}, %s
+            FROM {_json_rows_sql(CHARGE_COLUMNS)} AS c
+            JOIN {JOB_TABLE} AS j ON j.id = c.job_id
+            JOIN {_json_rows_sql(PIECE_COLUMNS, numbered=True)} AS p ON p.n = c.piece
+            ON CONFLICT DO NOTHING
         """  # noqa: S608 (table and column names are ours; values are parameters)
+        charges = [(job.pk, index) for job, index in ledger.charges]
         with _binary_cursor() as cursor:
-            # Room to sort a big tick's rollups in memory rather than in temporary files.
-            cursor.execute("SET LOCAL work_mem = '64MB'")
-            charges = [(job.pk, index) for job, index in ledger.charges]
             cursor.execute(
                 sql,
                 [
                     created_at,
                     _json_columns(charges, CHARGE_COLUMNS),
                     _json_columns(ledger.pieces, PIECE_COLUMNS),
-                    marks.hourly,
-                    marks.monthly,
                 ],
             )
+            return cursor.rowcount
 
-    def roll_hours(self, *, since: datetime | None, until: datetime) -> None:
-        """One statement: the closed hours' records summed into hourly job rollups. The
-        tenant list lets the (tenant, interval_start) index find the hours' records."""
-        sums = ", ".join(f"sum(u.{c})" for c in ROLLUP_SUMS)
-        since_clause = "AND u.interval_start >= %s" if since is not None else ""
+    def add_to_rollups(self, ledger: _TickLedger) -> None:
+        # A tick's first of a new hour sends every job's last piece here: as many rows as
+        # jobs, so they travel like the records.
+        from_job = {"tenant_id": "j.tenant_id", "job_ref": "j.id", "job_name": "j.name",
+                    "project": "j.project"}  # fmt: skip
+        values = ", ".join(from_job.get(c, f"p.{c}") for c in ROLLUP_COLUMNS)
         sql = f"""
             INSERT INTO {ROLLUP_TABLE} ({", ".join(ROLLUP_COLUMNS)})
-            SELECT u.tenant_id, '{Bucket.HOUR}',
-                   date_trunc('hour', u.interval_start AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
-                   u.job_ref, coalesce(g.slug, 'cpu'), u.tier, r.slug,
-                   min(u.job_name), min(u.project), min(u.currency), {sums}
-            FROM {RECORD_TABLE} AS u
-            LEFT JOIN {GPU_TYPE_TABLE} AS g ON g.id = u.gpu_type_id
-            JOIN {REGION_TABLE} AS r ON r.id = u.region_id
-            WHERE u.tenant_id = ANY(ARRAY(SELECT id FROM {TENANT_TABLE}))
-              AND u.interval_start < %s {since_clause}
-            GROUP BY 1, 3, 4, 5, 6, 7
+            SELECT {values}
+            FROM {_json_rows_sql(CHARGE_COLUMNS)} AS c
+            JOIN {JOB_TABLE} AS j ON j.id = c.job_id
+            JOIN {_json_rows_sql(ROLLUP_PIECE_COLUMNS, numbered=True)} AS p ON p.n = c.piece
             {_upsert(ROLLUP_TABLE, ROLLUP_KEY)}
         """  # noqa: S608 (table and column names are ours; values are parameters)
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [until] if since is None else [until, since])
+        charges = [(job.pk, index) for job, index in ledger.rollup_charges]
+        with _binary_cursor() as cursor:
+            cursor.execute(
+                sql,
+                [
+                    _json_columns(charges, CHARGE_COLUMNS),
+                    _json_columns(ledger.rollup_pieces, ROLLUP_PIECE_COLUMNS),
+                ],
+            )
 
 
 @transaction.atomic
 def rollups_rebuild(*, tenant_id: int | None = None) -> int:
     """Recompute every rollup and daily total from the ledger (a repair tool; the tick
-    never needs it)."""
+    never needs it). What the meters held is then in the rollups, so they hold nothing."""
     rollups, totals = UsageRollup.objects.all(), UsageDailyTotal.objects.all()
-    records = UsageRecord.objects.all()
+    records, meters = UsageRecord.objects.all(), JobMeter.objects.all()
     if tenant_id is not None:
         rollups, totals = rollups.filter(tenant_id=tenant_id), totals.filter(tenant_id=tenant_id)
         records = records.filter(tenant_id=tenant_id)
+        meters = meters.filter(job__tenant_id=tenant_id)
     rollups.delete()
     totals.delete()
-    marks = rollup_marks()
+    meters.exclude(hour=None).update(**EMPTY_HELD)
+    monthly_mark = rollup_marks().monthly
     count = 0
     batch: list[_RebuildRow] = []
     for values in records.values_list(*REBUILD_FIELDS).iterator(chunk_size=2000):
         batch.append(_RebuildRow._make(values))
         if len(batch) == 2000:
-            rollups_add(batch, hourly_before=marks.hourly, monthly_before=marks.monthly)
+            rollups_add(batch, monthly_before=monthly_mark)
             count, batch = count + len(batch), []
-    rollups_add(batch, hourly_before=marks.hourly, monthly_before=marks.monthly)
+    rollups_add(batch, monthly_before=monthly_mark)
     return count + len(batch)
 
 

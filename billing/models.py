@@ -20,11 +20,34 @@ SECONDS = {"max_digits": 20, "decimal_places": 3}
 
 
 class JobMeter(models.Model):
-    """How far a job's usage has been written to the ledger (the metering cursor)."""
+    """How far a job's usage has been written to the ledger (the metering cursor), and
+    the job's usage in the hour being metered that its job rollups don't hold yet.
+
+    Each tick adds its records' sums here, to the row it rewrites anyway, rather than to
+    the job's hourly and daily rollup rows: at 10,000 running jobs that is 15,000 upserts
+    a tick saved. The first tick of the next hour moves every meter's hour into those rows
+    in one statement. Readers see both through `LiveUsageRollup`. A job bills at most two
+    tiers at once (its nodes' tier and spot), hence two slots; usage that fits neither
+    (another hour, another currency, a third tier) goes to the rollup rows directly."""
 
     job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="meter")
     metered_until = models.DateTimeField()
     open = models.BooleanField(default=True, db_index=True)
+    # The hour held (None: none; the slots' values are then meaningless) and its day,
+    # stored so that the view needs no date functions (it is the same SQL everywhere).
+    hour = models.DateTimeField(null=True, blank=True)
+    day = models.DateTimeField(null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
+    tier_1 = models.CharField(max_length=16, blank=True)
+    gpu_seconds_1 = models.DecimalField(default=Decimal(0), **SECONDS)
+    cpu_seconds_1 = models.DecimalField(default=Decimal(0), **SECONDS)
+    amount_1 = models.DecimalField(default=Decimal(0), **AMOUNT)
+    on_demand_amount_1 = models.DecimalField(default=Decimal(0), **AMOUNT)
+    tier_2 = models.CharField(max_length=16, blank=True)
+    gpu_seconds_2 = models.DecimalField(default=Decimal(0), **SECONDS)
+    cpu_seconds_2 = models.DecimalField(default=Decimal(0), **SECONDS)
+    amount_2 = models.DecimalField(default=Decimal(0), **AMOUNT)
+    on_demand_amount_2 = models.DecimalField(default=Decimal(0), **AMOUNT)
 
     def __str__(self) -> str:
         return f"job {self.job_id} metered until {self.metered_until}"
@@ -146,14 +169,23 @@ class UsageRollup(TenantOwnedModel, UsageSums):
     """Usage summed per hour or day × GPU type × tier × region × job: what the Cost
     Explorer reads about jobs and projects, so it never scans raw records.
 
-    Daily rows grow with every tick. Hourly rows are written once per hour, when the hour
-    has closed (see `HourlyRollupMark`): per tick they would double the rows each tick
-    rewrites, for a figure nobody reads while its hour is still running. Monthly rows
+    Written by metering only; read through `LiveUsageRollup`. Hourly and daily rows get
+    an hour's usage when the hour has closed (the meters hold the open one, see
+    `JobMeter`), or at once for usage that arrives late. Monthly rows
     (`bucket_start` the 1st) sum the closed days of their month (see
     `MonthlyRollupMark`), so a year by job reads some 12 rows per job, not 365."""
 
+    # Rollups are derived from the ledger (`rollups_rebuild`), whose records keep the
+    # tenant constraint. Here it would only re-check, at each commit, every row an hour's
+    # rollup move inserts (15,000 an hour at 10,000 jobs); Django still cascades a
+    # tenant's deletion to them. The unique key, which leads with the tenant, serves the
+    # tenant's lookups.
     tenant = models.ForeignKey(
-        "console.Tenant", on_delete=models.CASCADE, related_name="usage_rollups"
+        "console.Tenant",
+        on_delete=models.CASCADE,
+        related_name="usage_rollups",
+        db_index=False,
+        db_constraint=False,
     )
     bucket = models.CharField(max_length=5, choices=Bucket.choices)
     bucket_start = models.DateTimeField()
@@ -192,12 +224,9 @@ class UsageRollup(TenantOwnedModel, UsageSums):
 
 
 class HourlyRollupMark(models.Model):
-    """How far the hourly rollups are complete (one row): every record that started
-    before `rolled_until` is in them, later ones are not yet. The first tick of a new
-    hour sums the closed hour's records into hourly rows in one statement and moves the
-    mark; a record that arrives late for an hour already rolled (a catch-up tick, a job
-    closed at its real end) is added to its hourly row directly. No row: nothing is
-    rolled up hourly yet."""
+    """How far the meters' hours have been moved into the job rollups (one row): no meter
+    holds an hour before `rolled_until`. The first tick of a new hour moves them all in
+    one statement and moves the mark. No row: no tick has run yet."""
 
     rolled_until = models.DateTimeField()
 
@@ -216,6 +245,31 @@ class MonthlyRollupMark(models.Model):
 
     def __str__(self) -> str:
         return f"monthly rollups complete before {self.rolled_until:%Y-%m-%d}"
+
+
+class LiveUsageRollup(UsageSums):
+    """The job rollups as every reader sees them (a database view, migration billing/0009):
+    the rows of `UsageRollup`, plus each meter's hour as an hourly and a daily row. A key
+    can have two rows (the day's closed hours and the hour still open): readers sum."""
+
+    tenant_field = "tenant"
+    tenant = models.ForeignKey(
+        "console.Tenant", on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
+    )
+    bucket = models.CharField(max_length=5, choices=Bucket.choices)
+    bucket_start = models.DateTimeField()
+    job_ref = models.PositiveBigIntegerField()
+    job_name = models.CharField(max_length=100)
+    project = models.CharField(max_length=100, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        managed = False
+        db_table = "billing_usagerollup_live"
+
+    def __str__(self) -> str:
+        return f"{self.bucket} {self.bucket_start:%Y-%m-%d %H:%M} {self.job_name}: {self.amount}"
 
 
 class UsageDailyTotal(TenantOwnedModel, UsageSums):

@@ -24,7 +24,13 @@ from django.db.models import (
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.models import Bucket, MonthlyRollupMark, UsageDailyTotal, UsageRecord, UsageRollup
+from billing.models import (
+    Bucket,
+    LiveUsageRollup,
+    MonthlyRollupMark,
+    UsageDailyTotal,
+    UsageRecord,
+)
 from console.services import ServiceError
 
 GROUP_BY = {
@@ -146,7 +152,7 @@ def _rollups(tenant, query: CostQuery, *, jobs: bool = True, by_day: bool = Fals
     if query.end - query.start > MAX_RANGE + timedelta(days=1):
         raise ServiceError("A range is at most two years.", field="end")
     if jobs or query.group_by in ("job", "project") or query.job_contains or query.project:
-        rollups = UsageRollup.objects.for_tenant(tenant)
+        rollups = LiveUsageRollup.objects.for_tenant(tenant)
         if by_day:
             rollups = rollups.filter(
                 bucket=Bucket.DAY, bucket_start__gte=query.start, bucket_start__lt=query.end

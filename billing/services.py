@@ -24,7 +24,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing.metering import meter_tick
-from billing.models import Budget, BudgetAction, BudgetAlert, UsageRollup
+from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
 from billing.webhooks import webhook_post, webhook_url_validate
 from console.models import Membership, Tenant, User
 from console.permissions import Role
@@ -183,7 +183,7 @@ def budget_delete(*, budget: Budget, user: User | None, request=None) -> None:
 
 
 def _scope(budget: Budget):
-    rollups = UsageRollup.objects.for_tenant(budget.tenant).filter(bucket="day")
+    rollups = LiveUsageRollup.objects.for_tenant(budget.tenant).filter(bucket="day")
     return rollups.filter(project=budget.project) if budget.project else rollups
 
 
@@ -203,14 +203,9 @@ def budget_spend(budget: Budget, now: datetime) -> Decimal:
 
 def run_rate(jobs) -> Decimal:
     """Hourly cost of the given jobs that are running now."""
-    from jobs.selectors import job_run_rate
+    from jobs.selectors import total_run_rate
 
-    total = Decimal(0)
-    for job in jobs.filter(status__in=[S.RUNNING, S.PAUSING]).select_related(
-        "gpu_type", "region", "tenant"
-    ):
-        total += job_run_rate(job) or Decimal(0)
-    return total
+    return total_run_rate(jobs.filter(status__in=[S.RUNNING, S.PAUSING]))
 
 
 def budget_forecast(budget: Budget, now: datetime, spend: Decimal | None = None) -> Decimal:

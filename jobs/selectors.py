@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
+from operator import attrgetter
 
-from django.db.models import QuerySet
+from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
 from jobs.models import Job, JobEvent, JobStatus
@@ -69,6 +70,39 @@ def job_run_rate(job: Job) -> Decimal | None:
     )
 
 
+# What a job's hourly price depends on: jobs alike in these are priced once (a tenant's
+# hundreds of running jobs share a handful of configurations; each pricing reads the
+# price book).
+PRICED_BY = ("gpu_type_id", "region_id", "tenant_id", "gpus_per_node", "cpus", "nodes",
+             "spot_nodes")  # fmt: skip
+_priced_by = attrgetter(*PRICED_BY)
+
+
+def jobs_run_rates(jobs) -> dict[int, Decimal | None]:
+    """Each job's hourly price (`job_run_rate`), each configuration priced once."""
+    by_configuration: dict[tuple, Decimal | None] = {}
+    rates = {}
+    for job in jobs:
+        key = _priced_by(job)
+        if key not in by_configuration:
+            by_configuration[key] = job_run_rate(job)
+        rates[job.pk] = by_configuration[key]
+    return rates
+
+
+def total_run_rate(jobs: QuerySet[Job]) -> Decimal:
+    """The summed hourly price of the given jobs, in two queries whatever their number:
+    how many jobs share each configuration, and one job of each to price."""
+    groups = list(jobs.order_by().values(*PRICED_BY).annotate(count=Count("pk"), one=Min("pk")))
+    examples = Job.objects.select_related("gpu_type", "region", "tenant").in_bulk(
+        [group["one"] for group in groups]
+    )
+    total = Decimal(0)
+    for group in groups:
+        total += (job_run_rate(examples[group["one"]]) or Decimal(0)) * group["count"]
+    return total
+
+
 def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int, Decimal]:
     """Cost to date of many jobs with a constant number of queries: the ledger, plus
     the running time not metered yet priced at each job's current rate (so the figure
@@ -89,26 +123,15 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
     events: dict[int, list[JobEvent]] = {j.pk: [] for j in live}
     for event in JobEvent.objects.filter(job__in=live).order_by("job_id", "at", "pk"):
         events[event.job_id].append(event)
-    rates: dict[tuple, Decimal | None] = {}
+    rates = jobs_run_rates(live)
     costs = {}
     for job in jobs:
         total = ledger[job.pk]
         if job.pk in events:
-            key = (
-                job.gpu_type_id,
-                job.region_id,
-                job.tenant_id,
-                job.gpus_per_node,
-                job.cpus,
-                job.nodes,
-                job.spot_nodes,
-            )
-            if key not in rates:
-                rates[key] = job_run_rate(job)
             seconds = billed_seconds(
                 job, events[job.pk], now=now, since=meters.get(job.pk) or job.started_at
             )
-            total += (rates[key] or Decimal(0)) * Decimal(str(round(seconds, 3))) / 3600
+            total += (rates[job.pk] or Decimal(0)) * Decimal(str(round(seconds, 3))) / 3600
         costs[job.pk] = total.quantize(COST_QUANTUM)
     return costs
 

@@ -917,7 +917,12 @@ def job_clone(*, job: Job, user: User | None, request=None) -> Job:
 def job_delete(*, job: Job, user: User | None, request=None) -> None:
     if not job.is_finished:
         raise ActionRefused("Only a finished job can be deleted; cancel it first.")
+    from billing.metering import release_held_usage
+
     with transaction.atomic():
+        # Its usage stays in the job rollups. (This waits for any metering tick to end,
+        # and holds off the next until the job is gone.)
+        release_held_usage([job.pk])
         audit_record(
             action="job.deleted", tenant=job.tenant, actor=user, target=job, request=request
         )

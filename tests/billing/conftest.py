@@ -1,7 +1,10 @@
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from types import SimpleNamespace
 
 import pytest
 
+from billing.models import LiveUsageRollup
 from jobs.models import Job, JobEvent, JobStatus
 from jobs.services import JobSpec, job_submit
 
@@ -58,3 +61,26 @@ def set_status(job, to, at, attempt=None):
 
 
 T0 = datetime(2026, 11, 2, 10, 0, 0, tzinfo=UTC)
+
+
+ROLLUP_SUMS = ("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")
+
+
+def live_rollups(**filters) -> dict[tuple, tuple[Decimal, ...]]:
+    """The job rollups as readers see them, a key's rows summed (the closed hours' row
+    and a meter's open hour): {(bucket, start, job, GPU type, tier, region): sums}."""
+    sums: dict[tuple, list[Decimal]] = {}
+    for row in LiveUsageRollup.objects.filter(**filters):
+        key = (row.bucket, row.bucket_start, row.job_ref, row.gpu_type, row.tier, row.region)
+        values = sums.setdefault(key, [Decimal(0)] * 4)
+        for i, field in enumerate(ROLLUP_SUMS):
+            values[i] += getattr(row, field)
+    return {key: tuple(values) for key, values in sums.items()}
+
+
+def live_rollup(**filters) -> SimpleNamespace:
+    """The one job rollup matching `filters`, its rows summed."""
+    (key, sums), *others = live_rollups(**filters).items()
+    assert not others, f"more than one rollup matches {filters}"
+    names = ("bucket", "bucket_start", "job_ref", "gpu_type", "tier", "region")
+    return SimpleNamespace(**dict(zip(names, key, strict=True)), **dict(zip(ROLLUP_SUMS, sums)))

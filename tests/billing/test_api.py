@@ -315,3 +315,25 @@ def test_cost_summary(apis, world, catalog):
         "action",
     }
     assert (budget["name"], budget["status"], Decimal(budget["spend"])) == ("All", "ok", spent)
+
+
+def test_run_rate_prices_each_configuration_once(world, catalog, django_assert_max_num_queries):
+    """The forecast's run rate sums every running job's rate, in the same few queries
+    however many jobs share a configuration."""
+    from billing.services import run_rate
+    from jobs.models import Job
+    from jobs.selectors import job_run_rate
+
+    def running(n: int, cpus: int) -> None:
+        for i in range(n):
+            set_status(make_job(world, name=f"{cpus}-{i}", cpus=cpus), S.RUNNING, timezone.now())
+
+    running(2, cpus=1)
+    running(1, cpus=2)
+    jobs = Job.objects.for_tenant(world.tenant)
+    with django_assert_max_num_queries(20) as few:
+        rate = run_rate(jobs)
+    assert rate == sum(job_run_rate(job) for job in jobs) == Decimal("0.0125") * 4
+    running(5, cpus=1)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        assert run_rate(jobs) == Decimal("0.0125") * 9

@@ -46,13 +46,12 @@ from billing.models import (
     AMOUNT_QUANTUM,
     UsageDailyTotal,
     UsageRecord,
-    UsageRollup,
 )
 from billing.selectors import price_gaps
 from jobs.models import Job, JobEvent
 from jobs.services import JobSpec, job_submit
 from marketplace.models import PriceEntry, PriceVersion, TenantPricing
-from tests.billing.conftest import S, make_job, set_status
+from tests.billing.conftest import S, live_rollups, make_job, set_status
 from tests.conftest import signed_in_client
 from tests.factories import MembershipFactory, UserFactory
 
@@ -334,27 +333,20 @@ class LedgerMachine(RuleBasedStateMachine):
             assert actual == job.billed_until(self.last_tick), (job.job.name, job.spans)
 
     def _rollups(self) -> dict[tuple, tuple]:
-        return {
-            (row.bucket, row.bucket_start, row.job_ref, row.gpu_type, row.tier, row.region): tuple(
-                getattr(row, f) for f in ROLLUP_FIELDS
-            )
-            for row in UsageRollup.objects.filter(tenant=self.world.tenant)
-        }
+        return live_rollups(tenant=self.world.tenant)
 
     @staticmethod
     def _rollups_from(records: list[UsageRecord]) -> dict[tuple, tuple]:
-        """Daily rows for every record; hourly rows for the hours the mark says are
-        rolled (those that closed before the last tick), monthly rows for the days."""
-        mark, days_mark = rollup_marks()
+        """Hourly and daily rows for every record, monthly rows for the days the mark
+        says are rolled (those that closed before the last tick)."""
+        days_mark = rollup_marks().monthly
         sums: dict[tuple, list[Decimal]] = {}
         for r in records:
             hour = r.interval_start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
             gpu = r.gpu_type.slug if r.gpu_type_id else "cpu"
-            buckets = [("day", hour.replace(hour=0))]
+            buckets = [("hour", hour), ("day", hour.replace(hour=0))]
             if days_mark is not None and hour.replace(hour=0) < days_mark:
                 buckets.append(("month", hour.replace(day=1, hour=0)))
-            if mark is not None and hour < mark:
-                buckets.append(("hour", hour))
             for bucket, start in buckets:
                 row = sums.setdefault(
                     (bucket, start, r.job_ref, gpu, r.tier, r.region.slug), [Decimal(0)] * 4

@@ -9,6 +9,7 @@ from billing.metering import meter_tick
 from billing.models import (
     HourlyRollupMark,
     JobMeter,
+    LiveUsageRollup,
     MonthlyRollupMark,
     UsageDailyTotal,
     UsageRecord,
@@ -16,7 +17,7 @@ from billing.models import (
 )
 from jobs.models import Job, JobEvent
 from marketplace.models import PriceVersion
-from tests.billing.conftest import T0, S, make_job, set_status
+from tests.billing.conftest import T0, S, live_rollup, live_rollups, make_job, set_status
 
 HOUR = timedelta(hours=1)
 CPU_PRICE = Decimal("0.0125")  # demo price per vCPU-hour in region "local"
@@ -35,9 +36,13 @@ def test_running_job_is_billed_per_second_and_rolls_up(world, catalog):
     assert sum(r.cpu_seconds for r in records) == Decimal("180.000")  # 2 vCPUs × 90 s
     expected = (Decimal(180) * CPU_PRICE / 3600).quantize(Decimal("0.000000001"))
     assert sum(r.amount for r in records) == expected
-    daily = UsageRollup.objects.get(job_ref=job.pk)
-    assert daily.bucket == "day" and daily.amount == expected
+    daily = live_rollup(job_ref=job.pk, bucket="day")
+    assert daily.amount == expected and daily.bucket_start == T0.replace(hour=0)
     assert daily.gpu_type == "cpu" and daily.region == "local"
+    # The hour still runs: its meter holds it, and no rollup row has been written.
+    assert live_rollup(job_ref=job.pk, bucket="hour").amount == expected
+    assert JobMeter.objects.get(job=job).hour == T0
+    assert not UsageRollup.objects.exists()
 
 
 def test_duplicate_tick_writes_nothing_twice(world, catalog):
@@ -46,7 +51,7 @@ def test_duplicate_tick_writes_nothing_twice(world, catalog):
     meter_tick(now=T0 + timedelta(seconds=30))
     meter_tick(now=T0 + timedelta(seconds=30))
     assert UsageRecord.objects.filter(job_ref=job.pk).count() == 1
-    assert UsageRollup.objects.get(job_ref=job.pk, bucket="day").cpu_seconds == Decimal(30)
+    assert live_rollup(job_ref=job.pk, bucket="day").cpu_seconds == Decimal(30)
 
 
 def test_pause_is_not_billed_and_end_is_exact(world, catalog):
@@ -91,30 +96,39 @@ def test_intervals_split_at_hours_and_price_changes(world, catalog):
     assert [r.price_version_id for r in records] == [old.pk, old.pk, new.pk]
     assert records[2].unit_price == records[0].unit_price * 2
     # Two hours of one day: one daily job rollup, summing all three records.
-    daily = UsageRollup.objects.get(job_ref=job.pk, bucket="day")
+    daily = live_rollup(job_ref=job.pk, bucket="day")
     assert daily.amount == sum(r.amount for r in records)
-    # Hour 10 has closed: its hourly row; hour 11 is still running: none yet.
-    hourly = UsageRollup.objects.get(job_ref=job.pk, bucket="hour")
-    assert hourly.bucket_start == T0 and hourly.amount == records[0].amount
+    # Hour 10 has closed: its row is written; hour 11 still runs: its meter holds it.
+    assert UsageRollup.objects.get(job_ref=job.pk, bucket="hour").amount == records[0].amount
+    hourly = live_rollups(job_ref=job.pk, bucket="hour")
+    assert [sums[2] for _, sums in sorted(hourly.items())] == [
+        records[0].amount,
+        records[1].amount + records[2].amount,
+    ]
 
 
-def test_hourly_rollups_are_written_when_the_hour_closes_and_late_records_join_them(world, catalog):
+def test_meters_hold_the_open_hour_the_next_hour_writes_it_and_late_records_join(world, catalog):
     job = make_job(world, start=T0)
     set_status(job, S.RUNNING, T0 + timedelta(minutes=58))
     meter_tick(now=T0 + timedelta(minutes=59))
-    assert not UsageRollup.objects.filter(bucket="hour").exists()  # hour 10 still runs
+    assert not UsageRollup.objects.exists()  # hour 10 still runs: its meter holds it
     assert HourlyRollupMark.objects.get().rolled_until == T0
+    assert live_rollup(bucket="hour", job_ref=job.pk).cpu_seconds == Decimal(60)
 
-    # The first tick of hour 11 rolls hour 10 (this tick's piece of it included).
+    # The first tick of hour 11 writes hour 10 (this tick's piece of it included).
     meter_tick(now=T0 + timedelta(minutes=61))
     assert HourlyRollupMark.objects.get().rolled_until == T0 + timedelta(hours=1)
     hourly = UsageRollup.objects.get(bucket="hour", job_ref=job.pk)
     in_hour_10 = UsageRecord.objects.filter(job_ref=job.pk, interval_start__lt=T0 + HOUR)
     assert hourly.bucket_start == T0
     assert hourly.cpu_seconds == sum(r.cpu_seconds for r in in_hour_10) == Decimal(120)
+    daily = UsageRollup.objects.get(bucket="day", job_ref=job.pk)
+    assert daily.cpu_seconds == Decimal(120)  # hour 11's minute is still in the meter
+    assert live_rollup(bucket="day", job_ref=job.pk).cpu_seconds == Decimal(180)
+    assert JobMeter.objects.get(job=job).hour == T0 + HOUR
 
     # A job that ran in hour 10 but is metered only now (it ended between ticks) joins
-    # the hour that was already rolled.
+    # the hour already written.
     late = make_job(world, name="late", start=T0)
     set_status(late, S.RUNNING, T0 + timedelta(minutes=30))
     set_status(late, S.SUCCEEDED, T0 + timedelta(minutes=31))
@@ -122,11 +136,29 @@ def test_hourly_rollups_are_written_when_the_hour_closes_and_late_records_join_t
     late_hourly = UsageRollup.objects.get(bucket="hour", job_ref=late.pk)
     assert late_hourly.bucket_start == T0 and late_hourly.cpu_seconds == Decimal(60)
     assert UsageRollup.objects.get(bucket="hour", job_ref=job.pk).cpu_seconds == Decimal(120)
-    # Rebuilding from the ledger gives the same rows.
-    before = set(UsageRollup.objects.values_list("bucket", "bucket_start", "job_ref", "amount"))
+    # Rebuilding from the ledger gives the same sums, the meters' hours then written.
+    before = live_rollups()
     metering.rollups_rebuild()
-    after = set(UsageRollup.objects.values_list("bucket", "bucket_start", "job_ref", "amount"))
-    assert after == before
+    assert live_rollups() == before
+    assert not JobMeter.objects.exclude(hour=None).exists()
+    assert UsageRollup.objects.get(bucket="hour", bucket_start=T0 + HOUR).cpu_seconds == 120
+
+
+def test_deleting_a_job_keeps_its_held_usage_in_the_rollups(world, catalog):
+    from jobs.services import job_delete
+
+    job = make_job(world, start=T0)
+    set_status(job, S.RUNNING, T0)
+    set_status(job, S.SUCCEEDED, T0 + timedelta(minutes=5))
+    meter_tick(now=T0 + timedelta(minutes=6))
+    assert JobMeter.objects.get(job=job).hour == T0
+    job_id, before = job.pk, live_rollups(job_ref=job.pk)
+    assert before
+    job.refresh_from_db()
+    job_delete(job=job, user=None)
+    assert not JobMeter.objects.exists()
+    assert live_rollups(job_ref=job_id) == before
+    assert UsageRollup.objects.get(bucket="day", job_ref=job_id).cpu_seconds == Decimal(300)
 
 
 def test_monthly_rollups_sum_closed_days_and_late_records_join_them(world, catalog):
@@ -161,11 +193,10 @@ def test_monthly_rollups_sum_closed_days_and_late_records_join_them(world, catal
     meter_tick(now=november_1 + timedelta(days=1, minutes=10))
     november = UsageRollup.objects.get(bucket="month", bucket_start=november_1, job_ref=job.pk)
     assert november.cpu_seconds == Decimal(86_400)
-    # Rebuilding from the ledger gives the same rows.
-    before = set(UsageRollup.objects.values_list("bucket", "bucket_start", "job_ref", "amount"))
+    # Rebuilding from the ledger gives the same sums.
+    before = live_rollups()
     metering.rollups_rebuild()
-    after = set(UsageRollup.objects.values_list("bucket", "bucket_start", "job_ref", "amount"))
-    assert after == before
+    assert live_rollups() == before
 
 
 def test_query_count_is_constant(world, catalog, django_assert_max_num_queries):
@@ -225,12 +256,17 @@ def _snapshot() -> dict:
                 *[f.attname for f in UsageRollup._meta.concrete_fields if f.attname != "id"]
             )
         ),
+        "live_rollups": live_rollups(),
         "totals": sorted(
             UsageDailyTotal.objects.values_list(
                 *[f.attname for f in UsageDailyTotal._meta.concrete_fields if f.attname != "id"]
             )
         ),
-        "meters": sorted(JobMeter.objects.values_list("job_id", "metered_until", "open")),
+        "meters": sorted(
+            JobMeter.objects.values_list(
+                *[f.attname for f in JobMeter._meta.concrete_fields if f.attname != "id"]
+            )
+        ),
     }
 
 
@@ -308,7 +344,9 @@ def test_rollups_count_only_records_really_inserted(world, catalog, writer):
     meter_tick(now=ticks[-1])
     after = _snapshot()
     assert after["records"] == before["records"]
-    assert after["rollups"] == before["rollups"]
+    # The tenant's rollups were rebuilt, so the meters' hours are now in rollup rows:
+    # the same sums.
+    assert after["live_rollups"] == before["live_rollups"]
     assert after["totals"] == before["totals"]
 
 
@@ -316,7 +354,7 @@ def test_daily_totals_are_the_daily_rollups_without_the_job(world, catalog, writ
     for at in _lifecycles(world):
         meter_tick(now=at)
     expected: dict[tuple, list] = {}
-    for r in UsageRollup.objects.filter(bucket="day"):
+    for r in LiveUsageRollup.objects.filter(bucket="day"):
         key = (r.tenant_id, r.bucket_start, r.gpu_type, r.tier, r.region, r.currency)
         sums = expected.setdefault(key, [Decimal(0)] * 4)
         for i, field in enumerate(("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")):
@@ -331,3 +369,29 @@ def test_daily_totals_are_the_daily_rollups_without_the_job(world, catalog, writ
         for t in UsageDailyTotal.objects.all()
     }
     assert len(expected) >= 3 and totals == expected
+
+
+def test_upgrading_writes_the_hours_not_rolled_up_before_from_the_ledger(world, catalog):
+    """Before migration billing/0009 the tick summed an hour's records into hourly rows
+    when the hour closed; the migration writes those of the hours not closed yet, which
+    the meters now never will."""
+    import importlib
+
+    from django.apps import apps
+
+    upgrade = importlib.import_module("billing.migrations.0009_meter_holds_open_hour")
+    job = make_job(world, start=T0)
+    set_status(job, S.RUNNING, T0 + timedelta(minutes=50))
+    meter_tick(now=T0 + timedelta(minutes=70))
+    # The state the old code left: hour 10 rolled up, hour 11 not, nothing held.
+    metering.rollups_rebuild()
+    UsageRollup.objects.filter(bucket="hour", bucket_start=T0 + HOUR).delete()
+    hour_10 = UsageRollup.objects.get(bucket="hour", bucket_start=T0)
+    HourlyRollupMark.objects.update(rolled_until=T0 + HOUR)
+
+    upgrade.roll_open_hours(apps, None)
+    again = UsageRollup.objects.get(bucket="hour", bucket_start=T0)  # untouched
+    assert (again.pk, again.cpu_seconds) == (hour_10.pk, hour_10.cpu_seconds) == (again.pk, 600)
+    hour_11 = UsageRollup.objects.get(bucket="hour", bucket_start=T0 + HOUR)
+    assert hour_11.cpu_seconds == Decimal(600) and hour_11.job_ref == job.pk
+    assert (hour_11.gpu_type, hour_11.tier, hour_11.region) == ("cpu", "on_demand", "local")

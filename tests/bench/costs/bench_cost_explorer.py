@@ -6,7 +6,9 @@ per day: 365 × 500 = 182,500 rows, over ten GPU types and CPU, two tiers, three
 and into the daily totals without the job dimension that metering keeps alongside them
 (what the charts read unless they are about jobs); then the closed days are rolled into
 monthly job rollups by metering's own `roll_closed_days`, as the first tick of each day
-does. Hourly rows are left out, as the explorer never reads them.
+does. Hourly rows are left out, as the explorer never reads them. Then 500 more jobs run
+and are metered once, so that their meters hold the running hour, which every read by job
+adds to the rollups.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from billing.metering import roll_closed_days
+from billing.metering import meter_tick, roll_closed_days
 from billing.models import UsageDailyTotal, UsageRollup
 from console.gc_tuning import tune_garbage_collector
+from tests.bench.metering.bench_metering import create_running_jobs
 from tests.conftest import signed_in_client, token_client
 
 DAYS = 365
@@ -99,12 +102,23 @@ def seed_rollups(tenant, today) -> int:
                 setattr(total, field, getattr(total, field) + getattr(row, field))
     UsageDailyTotal.objects.bulk_create(totals.values(), batch_size=5_000)
     roll_closed_days(None, timezone.now())
+    return len(rows)
+
+
+def run_jobs_this_hour(world) -> None:
+    """JOBS jobs running since a few minutes ago, metered once: their meters hold the
+    running hour, which every read by job adds to the rollups."""
+    now = timezone.now()
+    since = max(now - timedelta(minutes=5), now.replace(minute=0, second=0, microsecond=0))
+    create_running_jobs(world, JOBS, since)
+    meter_tick(now=now)
     if connection.vendor == "postgresql":
         # Statistics, as autovacuum keeps them for tables this size: plans for freshly
         # bulk-loaded tables assume they are empty.
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE billing_usagerollup, billing_usagedailytotal")
-    return len(rows)
+            cursor.execute(
+                "ANALYZE billing_usagerollup, billing_usagedailytotal, billing_jobmeter, jobs_job"
+            )
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -117,6 +131,7 @@ def tenant_with_a_year(bench_world):
     today = timezone.now().astimezone(UTC).date()
     started = time.perf_counter()
     count = seed_rollups(bench_world.tenant, today)
+    run_jobs_this_hour(bench_world)
     print(
         f"\n[bench costs] {connection.vendor}: {count:,} daily rollup rows "
         f"({DAYS} days × {JOBS} jobs) and "

@@ -3,13 +3,17 @@ PostgreSQL). Prints figures; asserts only that the ledger was written.
 
 Half the jobs are 8-GPU H100 jobs with one of two nodes on spot (two records per
 interval), half 4-vCPU CPU jobs. Each size meters a first tick (creating the jobs' meters),
-then steady ticks 30 s apart (the production interval).
+then ticks 30 s apart (the production interval) across a midnight: steady ticks inside an
+hour, and the day's first tick, which also writes the meters' closed hour into the hourly
+and daily job rollups and the closed day into the monthly ones (the most work a tick
+does; an hour's first tick does all of it but the day).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
 
@@ -18,8 +22,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing import metering
 from billing.metering import meter_tick
-from billing.models import UsageRecord, UsageRollup
+from billing.models import LiveUsageRollup, UsageRecord, UsageRollup
 from console.gc_tuning import tune_garbage_collector
 from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import GpuType, Image, NodePool, Region
@@ -97,10 +102,38 @@ def timed_tick(now) -> tuple[float, float, int]:
     return elapsed, cpu, len(queries.captured_queries)
 
 
+@contextmanager
+def timed_steps():
+    """The transactions a tick takes, each timed: (step, seconds) in order."""
+    steps: list[tuple[str, float]] = []
+    originals = {"tick": metering._tick, "rollup move": metering._release_held_hours}
+
+    def timed(name, step):
+        def run(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                steps.append((name, time.perf_counter() - started))
+
+        return run
+
+    attributes = {"tick": "_tick", "rollup move": "_release_held_hours"}
+    try:
+        for name, step in originals.items():
+            setattr(metering, attributes[name], timed(name, step))
+        yield steps
+    finally:
+        for name, step in originals.items():
+            setattr(metering, attributes[name], step)
+
+
 @pytest.mark.parametrize("count", SIZES, ids=lambda n: f"{n}-jobs")
 def test_metering_tick_time(committed_bench_world, count):
     world = committed_bench_world
-    since = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    # The day's first tick comes 15 s after midnight.
+    since = midnight - INTERVAL * (STEADY_TICKS + 2) + timedelta(seconds=15)
     started = time.perf_counter()
     create_running_jobs(world, count, since)
     setup = time.perf_counter() - started
@@ -112,10 +145,14 @@ def test_metering_tick_time(committed_bench_world, count):
         seconds, cpu, queries = timed_tick(since + INTERVAL * n)
         steady.append(seconds)
         steady_cpu.append(cpu)
+    with timed_steps() as steps:
+        day_first, _, day_first_queries = timed_tick(since + INTERVAL * (STEADY_TICKS + 2))
     records = UsageRecord.objects.filter(tenant=world.tenant).count()
-    # 1.5 records per job per tick: GPU jobs have an on-demand and a spot record.
-    assert records == count * 3 // 2 * (STEADY_TICKS + 1)
-    assert UsageRollup.objects.filter(tenant=world.tenant).exists()
+    # 1.5 records per job per tick (GPU jobs have an on-demand and a spot record), twice
+    # that in the day's first (it is cut at midnight).
+    assert records == count * 3 // 2 * (STEADY_TICKS + 3)
+    assert UsageRollup.objects.filter(tenant=world.tenant, bucket="month").exists()
+    assert LiveUsageRollup.objects.filter(tenant=world.tenant, bucket_start=midnight).exists()
 
     print(
         f"\n[bench metering] {connection.vendor}, {count:>6,} running jobs: "
@@ -124,5 +161,7 @@ def test_metering_tick_time(committed_bench_world, count):
         f"max {max(steady) * 1000:8.1f} ms ({queries} statements, "
         f"{statistics.median(steady_cpu) * 1000:.0f} ms CPU in Python), "
         f"{statistics.median(steady) / count * 1e6:6.1f} µs per job; "
+        f"a day's first tick {day_first * 1000:8.1f} ms ({day_first_queries} statements: "
+        f"{' + '.join(f'{name} {seconds * 1000:.0f} ms' for name, seconds in steps)}); "
         f"setup {setup:.1f} s"
     )
