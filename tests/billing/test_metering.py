@@ -395,3 +395,57 @@ def test_upgrading_writes_the_hours_not_rolled_up_before_from_the_ledger(world, 
     hour_11 = UsageRollup.objects.get(bucket="hour", bucket_start=T0 + HOUR)
     assert hour_11.cpu_seconds == Decimal(600) and hour_11.job_ref == job.pk
     assert (hour_11.gpu_type, hour_11.tier, hour_11.region) == ("cpu", "on_demand", "local")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_rounds_at_an_hours_start_count_every_second_once(world, catalog, caplog):
+    """Two workers run the first tick of an hour at once (threads, each with its own
+    connection): the rounds take turns step by step, the second finds each step done, and
+    the rollups still equal the ledger. On SQLite the writers are serialised anyway."""
+    import threading
+
+    jobs = [make_job(world, name=f"train-{n}", start=T0) for n in range(3)]
+    for job in jobs:
+        set_status(job, S.RUNNING, T0 + timedelta(minutes=40))
+    meter_tick(now=T0 + timedelta(minutes=59, seconds=30))
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def round_():
+        try:
+            barrier.wait(timeout=10)
+            meter_tick(now=T0 + timedelta(minutes=60, seconds=15))
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=round_) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    # Nothing was billed twice (not even caught by the unique key and repaired).
+    assert "existed already" not in caplog.text
+    for job in jobs:
+        records = UsageRecord.objects.filter(job_ref=job.pk)
+        assert sum(r.cpu_seconds for r in records) == Decimal(20 * 60 + 15)
+        hours = live_rollups(job_ref=job.pk, bucket="hour")
+        assert sorted(sums[1] for sums in hours.values()) == [Decimal(15), Decimal(20 * 60)]
+        [day] = live_rollups(job_ref=job.pk, bucket="day").values()
+        assert day[1] == Decimal(20 * 60 + 15)
+    assert HourlyRollupMark.objects.get().rolled_until == T0 + HOUR
+
+
+def test_a_late_tick_with_an_earlier_clock_changes_nothing(world, catalog, caplog):
+    """What a concurrent round's late step looks like: its clock is before the meters."""
+    job = make_job(world, start=T0)
+    set_status(job, S.RUNNING, T0)
+    meter_tick(now=T0 + timedelta(minutes=5))
+    before = _snapshot()
+    metering._tick(now=T0 + timedelta(minutes=4))
+    assert _snapshot() == before
+    meter_tick(now=T0 + timedelta(minutes=6))
+    assert "existed already" not in caplog.text
+    assert live_rollup(job_ref=job.pk, bucket="day").cpu_seconds == Decimal(360)
