@@ -34,7 +34,7 @@ from console.services import ServiceError
 from jobs.models import JobEvent
 from jobs.services import JobSpec, job_submit
 from marketplace.models import GpuType, PriceVersion
-from tests.billing.conftest import S, set_status
+from tests.billing.conftest import S, make_job, set_status
 from tests.conftest import signed_in_client
 
 HOUR = Decimal(3600)
@@ -252,6 +252,24 @@ def check_against_the_ledger(world, usage, filters: dict) -> None:
     assert split["all_savings"] == sum(
         (v["on_demand_amount"] - v["amount"] for v in by_tier.values()), Decimal(0)
     )
+
+
+def test_the_running_hour_held_by_meters_is_in_every_figure(usage, world):
+    """Usage of the hour still running is in the jobs' meters, not yet in rollup rows:
+    every figure by job, and every other, still equals the ledger."""
+    from billing.models import JobMeter
+
+    last_day = datetime.combine(usage["last_day"], datetime.min.time(), tzinfo=UTC)
+    job = make_job(world, name="live-run", cpus=4)
+    JobEvent.objects.filter(job=job).update(at=last_day + timedelta(hours=6, minutes=9))
+    set_status(job, S.RUNNING, last_day + timedelta(hours=6, minutes=10))
+    meter_tick(now=last_day + timedelta(hours=6, minutes=40))
+    assert JobMeter.objects.get(job=job).hour == last_day + timedelta(hours=6)
+    assert not UsageRollup.objects.filter(job_ref=job.pk).exists()
+    for filters in FILTERS:
+        check_against_the_ledger(world, usage, filters)
+    rows = selectors.usage_rows(tenant=world.tenant, query=replace(usage["query"], group_by="job"))
+    assert {r["key"]: r["cpu_seconds"] for r in rows}["live-run"] == 4 * 30 * 60
 
 
 def test_a_range_read_partly_from_monthly_rows_still_equals_the_ledger(usage, world):
