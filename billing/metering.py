@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+from abc import ABC, abstractmethod
 from bisect import bisect_right
 from collections import Counter, defaultdict, namedtuple
 from contextlib import contextmanager
@@ -710,18 +711,18 @@ def _plan_values(plan: _MeterPlan) -> tuple:
     return (held.hour, plan.day, held.currency, held.tier_1, held.tier_2, *plan.sums)
 
 
-class _Writer:
+class _Writer(ABC):
     """What every writer does with a tick; subclasses move the rows."""
 
+    @abstractmethod
     def meters(self, plans: list[_MeterPlan], new: list[tuple], moved: list[tuple]) -> None:
         """Insert the new meters and update the moved ones ((job, metered until, open,
         plan index) each): the cursor, the held hour, and the plan's sums added to the
         slots."""
-        raise NotImplementedError
 
+    @abstractmethod
     def insert_records(self, ledger: _TickLedger, *, created_at: datetime) -> int:
         """Insert the tick's records, skipping any that exist; returns how many were new."""
-        raise NotImplementedError
 
     def add_to_rollups(self, ledger: _TickLedger) -> None:
         """Add the tick's direct rollup pieces to their job rollup rows."""

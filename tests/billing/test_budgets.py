@@ -17,7 +17,6 @@ from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from billing import services
@@ -39,6 +38,7 @@ from jobs.models import Job, JobEvent
 from jobs.services import job_apply_observation, job_pause
 from marketplace.models import PriceVersion
 from tests.billing.conftest import S, make_job, set_status
+from tests.concurrency import run_at_once
 from tests.conftest import signed_in_client, token_client
 
 CPU_PRICE = Decimal("0.0125")  # demo price per vCPU-hour in region "local"
@@ -258,24 +258,7 @@ def test_concurrent_enforcement_pauses_each_job_once(world, catalog):
     jobs = [running_job(world, name=f"train-{n}", since=since) for n in range(3)]
     budget = budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
     meter_tick(now=now)
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def enforce():
-        try:
-            barrier.wait(timeout=10)
-            budget_enforce(tenant=world.tenant, now=now)
-        except BaseException as error:
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=enforce) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors, errors
+    run_at_once(lambda: budget_enforce(tenant=world.tenant, now=now))
     budget_enforce(tenant=world.tenant, now=now)  # and a third, afterwards
     for job in jobs:
         job.refresh_from_db()

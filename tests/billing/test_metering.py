@@ -18,6 +18,7 @@ from billing.models import (
 from jobs.models import Job, JobEvent
 from marketplace.models import PriceVersion
 from tests.billing.conftest import T0, S, live_rollup, live_rollups, make_job, set_status
+from tests.concurrency import run_at_once
 
 HOUR = timedelta(hours=1)
 CPU_PRICE = Decimal("0.0125")  # demo price per vCPU-hour in region "local"
@@ -402,30 +403,11 @@ def test_concurrent_rounds_at_an_hours_start_count_every_second_once(world, cata
     """Two workers run the first tick of an hour at once (threads, each with its own
     connection): the rounds take turns step by step, the second finds each step done, and
     the rollups still equal the ledger. On SQLite the writers are serialised anyway."""
-    import threading
-
     jobs = [make_job(world, name=f"train-{n}", start=T0) for n in range(3)]
     for job in jobs:
         set_status(job, S.RUNNING, T0 + timedelta(minutes=40))
     meter_tick(now=T0 + timedelta(minutes=59, seconds=30))
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def round_():
-        try:
-            barrier.wait(timeout=10)
-            meter_tick(now=T0 + timedelta(minutes=60, seconds=15))
-        except BaseException as error:
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=round_) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors, errors
+    run_at_once(lambda: meter_tick(now=T0 + timedelta(minutes=60, seconds=15)))
     # Nothing was billed twice (not even caught by the unique key and repaired).
     assert "existed already" not in caplog.text
     for job in jobs:

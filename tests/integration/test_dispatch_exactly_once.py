@@ -18,7 +18,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from django.db import connection
 
 from jobs import services
 from jobs.backends.kubernetes import KubernetesBackend
@@ -36,6 +34,7 @@ from jobs.services import JobSpec
 from marketplace.demo import seed_catalog
 from marketplace.models import NodePool
 from marketplace.services import capacity_sync
+from tests.concurrency import run_at_once
 from tests.servers import ROOT, child_env, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -338,24 +337,7 @@ def test_two_concurrent_dispatches_create_one_job_per_tier(cluster, world):
     job = launch_two_tier_job(world)
     # Hold both on-demand creates so the two dispatches are in flight at the same time.
     cluster.delay_next("POST", JOB_CREATE, 1.0, times=2)
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def dispatch() -> None:
-        try:
-            barrier.wait(timeout=10)
-            services.job_dispatch(job=Job.objects.get(pk=job.pk))
-        except BaseException as error:  # reported below
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=dispatch) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors, errors
+    run_at_once(lambda: services.job_dispatch(job=Job.objects.get(pk=job.pk)))
 
     job.refresh_from_db()
     assert job.status == S.PROVISIONING

@@ -11,7 +11,6 @@ import time
 from decimal import Decimal
 
 import pytest
-from django.db import connection
 
 from jobs import services, tasks
 from jobs.backends import BackendUnavailable, get_backend
@@ -23,6 +22,7 @@ from jobs.services import JobSpec
 from marketplace.demo import seed_catalog
 from marketplace.models import NodePool
 from marketplace.services import capacity_sync
+from tests.concurrency import run_at_once
 from tests.fakes import kube_api as fake
 from tests.fakes.kube_api import PodRun
 
@@ -274,24 +274,7 @@ def test_invalid_object_fails_the_job_with_the_api_message(world, cluster):
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_dispatch_creates_one_job(world, cluster):
     job = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def dispatch() -> None:
-        try:
-            barrier.wait(timeout=5)
-            services.job_dispatch(job=Job.objects.get(pk=job.pk))
-        except BaseException as error:  # reported below
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=dispatch) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert errors == []
+    run_at_once(lambda: services.job_dispatch(job=Job.objects.get(pk=job.pk)), timeout=30)
     job.refresh_from_db()
     assert job.status == S.PROVISIONING
     assert job.events.filter(to_status=S.PROVISIONING).count() == 1
