@@ -29,6 +29,9 @@ class JobStatus(models.TextChoices):
 
 
 FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+# Statuses that are billed: from `running` until compute is released (pausing still
+# holds it). Metering, cost to date and run rates all read this one set.
+BILLED_STATUSES = frozenset({JobStatus.RUNNING, JobStatus.PAUSING})
 # Statuses that hold compute (count against capacity and quota).
 HOLDING_COMPUTE = frozenset(
     {

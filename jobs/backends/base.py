@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import abc
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -89,41 +91,105 @@ class LogStream(Protocol):
         ...
 
 
-class ComputeBackend(Protocol):
-    name: str
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU's reading at one moment, from NVML or a DCGM exporter."""
 
+    node: str
+    gpu: int
+    utilization: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+
+
+class ComputeBackend(abc.ABC):
+    """Everything the console asks of a place where work runs.
+
+    Code outside `jobs/backends/` talks to a backend only through this class: it never
+    compares backend names or probes for methods. Operations that only some backends
+    need have documented no-op defaults; what differs in behaviour is said by the
+    capability attributes below. A new backend (a sandbox cluster, a cloud) implements
+    the abstract methods and overrides the defaults it needs.
+    """
+
+    name: str = ""
+    # submit() leaves the attempt running (a local process) rather than accepted and
+    # still to be scheduled (pods): the job goes straight to `running`.
+    starts_immediately: bool = False
+    # The console picks the attempt's GPU devices (assign_devices) before submit/resume.
+    assigns_devices: bool = False
+    # A finished job leaves objects behind (a Service, a Secret) that release() removes.
+    releases_after_finish: bool = False
+    # Jobs told to stop must be killed by the console when their grace period ends.
+    enforces_grace: bool = False
+
+    # --- capacity ---
+
+    @abc.abstractmethod
     def inventory(self) -> list[NodeInventory]:
         """Every node this backend can place work on, with capacity and current use."""
-        ...
 
+    # --- lifecycle ---
+
+    @abc.abstractmethod
     def submit(self, job: Job) -> None:
         """Start the job's current attempt. Idempotent: an existing attempt is success."""
-        ...
 
+    @abc.abstractmethod
     def suspend(self, job: Job) -> None:
         """Stop the attempt with notice (SIGTERM, grace period) and release its compute."""
-        ...
 
+    @abc.abstractmethod
     def resume(self, job: Job) -> None:
         """Start a suspended attempt again, with GPUGEEK_RESUMED=1."""
-        ...
 
+    @abc.abstractmethod
     def cancel(self, job: Job) -> None:
         """Stop the attempt for good and remove what it runs. Idempotent."""
-        ...
 
+    def release(self, job: Job) -> None:  # noqa: B027 - a documented no-op default
+        """Remove what a finished job left behind (`releases_after_finish`). Idempotent."""
+
+    def enforce_grace(self, job: Job, grace_seconds: int) -> bool:
+        """Kill a job told to stop whose grace period is over (`enforces_grace`).
+        Returns whether it killed something."""
+        return False
+
+    def assign_devices(self, job: Job, busy: set[int]) -> list[int]:
+        """The GPU device indexes the attempt gets, none of them in `busy`
+        (`assigns_devices`). Raises BackendRejected when too few are free."""
+        return []
+
+    # --- observation ---
+
+    @abc.abstractmethod
     def observe(self, job: Job) -> Observation:
         """The attempt's state as the backend sees it now."""
-        ...
 
-    def logs(self, job: Job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
-        """Log lines after `since_line` (1-based, global across ranks)."""
-        ...
+    def watch(self, stop: threading.Event, on_change: Callable[[int], None]) -> bool:
+        """Follow changes in a thread, calling `on_change(job_id)` for each job that may
+        have changed, until `stop` is set. Returns False when this backend has no watch
+        (the watcher then polls it)."""
+        return False
 
+    def gpu_readings(self, jobs: list[Job]) -> dict[int, list[GpuReading]]:
+        """Current per-GPU readings of running `jobs` (by job id); jobs without readings
+        are left out. Raises BackendUnavailable when the metrics source can't be read."""
+        return {}
+
+    def metrics_note(self, job: Job) -> str:
+        """Why `job` has no GPU readings on this backend ("" when it should have some)."""
+        return ""
+
+    # --- logs ---
+
+    @abc.abstractmethod
     def log_sources(self, job: Job) -> list[LogSource]:
         """The current attempt's rank logs that can be read now (started containers)."""
-        ...
 
+    @abc.abstractmethod
     def open_log(
         self,
         job: Job,
@@ -135,7 +201,15 @@ class ComputeBackend(Protocol):
     ) -> LogStream:
         """Read `source` after its first `skip` lines: what is there (`follow=False`), or
         also each line as it is written until the source ends or `close()`. One stream
-        per source serves every viewer (jobs.logstream numbers and publishes its lines);
+        per source serves every viewer (jobs.logs numbers and publishes its lines);
         `wake` is called from the reading thread when lines arrive, so a follower need
         not poll."""
-        ...
+
+    @abc.abstractmethod
+    def logs(self, job: Job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
+        """Log lines after `since_line` (1-based, global across ranks)."""
+
+    # --- credentials ---
+
+    def remove_pull_secret(self, tenant_id: int, registry: str) -> None:  # noqa: B027
+        """A tenant removed its login to `registry`: remove the backend's copy, if any."""
