@@ -31,6 +31,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(PY) -m pytest tests/bench -p no:cacheprovider -s

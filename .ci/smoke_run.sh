@@ -8,7 +8,8 @@ port=$(.venv/bin/python -c "from console.launcher import free_loopback_port as p
 jar=$(mktemp)
 log_file="$data_dir/run.log"
 url="http://127.0.0.1:$port"
-env -u DATABASE_URL -u REDIS_URL GPUGEEK_DATA_DIR="$data_dir" PORT="$port" \
+healthz_token=$(.venv/bin/python -c "import secrets; print(secrets.token_hex(16))")
+env -u DATABASE_URL -u REDIS_URL GPUGEEK_DATA_DIR="$data_dir" PORT="$port" HEALTHZ_TOKEN="$healthz_token" \
   setsid make run >"$log_file" 2>&1 &
 run_pid=$!
 cleanup() { kill -TERM -- "-$run_pid" 2>/dev/null || true; rm -f "$jar"; }
@@ -36,7 +37,7 @@ grep -q "Acme" <<<"$page" || { echo "dashboard does not show Acme"; exit 1; }
 echo "signed in: dashboard shows Acme"
 
 for _ in $(seq 1 60); do
-  health=$(curl -s "$url/healthz" || true)
+  health=$(curl -s -H "Authorization: Bearer $healthz_token" "$url/healthz" || true)
   if .venv/bin/python -c "import json,sys; c=json.loads(sys.argv[1])['components']; sys.exit(0 if all(c[k]['status']=='ok' for k in ('database','redis','worker','beat','watcher')) else 1)" "$health" 2>/dev/null; then
     break
   fi

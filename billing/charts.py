@@ -5,11 +5,17 @@ The figures are written as plain Plotly JSON (`{"data": [traces], "layout": {...
 schema plotly.js reads) rather than through `plotly.graph_objects`, whose validation of
 every property costs more than the database work of a page with hundreds of traces;
 `tests/billing/test_charts.py` validates them against plotly.py's schema instead.
+
+Plotly renders a subset of HTML in trace names, legend entries, tick labels and hover
+text (`<a href>` makes a clickable link), so every label that comes from a name a tenant
+chose (job, project, group keys) goes through `_label`, which HTML-escapes it; plotly.js
+shows the escaped entities as the literal characters.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
+from html import escape
 
 LAYOUT = {
     "margin": {"l": 50, "r": 10, "t": 30, "b": 40},
@@ -19,6 +25,10 @@ LAYOUT = {
     "plot_bgcolor": "rgba(0,0,0,0)",
     "font": {"size": 12},
 }
+
+
+def _label(text) -> str:
+    return escape(str(text), quote=False)
 
 
 def _floats(values) -> list[float]:
@@ -36,7 +46,7 @@ def _axis_title(text: str) -> dict:
 def daily_stacked(days: list[str], series: dict[str, list[Decimal]], currency: str) -> dict:
     return _figure(
         [
-            {"type": "bar", "name": key, "x": days, "y": _floats(values)}
+            {"type": "bar", "name": _label(key), "x": days, "y": _floats(values)}
             for key, values in series.items()
         ],
         barmode="stack",
@@ -88,12 +98,19 @@ def month_to_date(
 
 def tier_share(by_tier: dict[str, Decimal]) -> dict:
     return _figure(
-        [{"type": "pie", "labels": list(by_tier), "values": _floats(by_tier.values()), "hole": 0.5}]
+        [
+            {
+                "type": "pie",
+                "labels": [_label(tier) for tier in by_tier],
+                "values": _floats(by_tier.values()),
+                "hole": 0.5,
+            }
+        ]
     )
 
 
 def value_bars(rows: list[dict], currency: str) -> dict:
-    names = [r["gpu_type"] for r in rows]
+    names = [_label(r["gpu_type"]) for r in rows]
     return _figure(
         [
             {
@@ -119,7 +136,7 @@ def top_jobs_bar(rows: list[dict], currency: str) -> dict:
             {
                 "type": "bar",
                 "x": [float(r["amount"]) for r in rows][::-1],
-                "y": [f"{r['job_name']} #{r['job_ref']}" for r in rows][::-1],
+                "y": [_label(f"{r['job_name']} #{r['job_ref']}") for r in rows][::-1],
                 "orientation": "h",
             }
         ],

@@ -318,6 +318,11 @@ class Budget(TenantOwnedModel):
         max_length=100, blank=True, help_text="Only jobs of this project; empty: the whole tenant"
     )
     webhook_url = models.URLField(blank=True)
+    # The key this budget's webhooks are signed with (encrypted; shown once, rotatable).
+    webhook_secret_encrypted = models.TextField(blank=True)
+    # Not a field: set by the budget services on the instance they return when they made
+    # a new secret, so the page or API response can show it this one time.
+    new_webhook_secret: str | None = None
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

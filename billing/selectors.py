@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.db.models import (
     Case,
@@ -151,6 +152,8 @@ def _rollups(tenant, query: CostQuery, *, jobs: bool = True, by_day: bool = Fals
         raise ServiceError("The end is before the start.", field="end")
     if query.end - query.start > MAX_RANGE + timedelta(days=1):
         raise ServiceError("A range is at most two years.", field="end")
+    # Job-level rows (rollups and meters) or the per-day totals: the same columns.
+    rollups: QuerySet[Any]
     if jobs or query.group_by in ("job", "project") or query.job_contains or query.project:
         rollups = LiveUsageRollup.objects.for_tenant(tenant)
         if by_day:
@@ -175,8 +178,8 @@ def _rollups(tenant, query: CostQuery, *, jobs: bool = True, by_day: bool = Fals
         rollups = rollups.filter(tier=query.tier)
     if query.job_contains:
         rollups = rollups.filter(job_name__icontains=query.job_contains)
-    if query.project:
-        rollups = rollups.filter(project=query.project)
+    if query.project:  # only job-level rows are read when a project is asked for
+        rollups = rollups.filter(project=query.project)  # type: ignore[misc]
     return rollups
 
 

@@ -13,23 +13,29 @@ import hashlib
 import hmac
 import json
 import logging
+import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.metering import meter_tick
+from billing.job_costs import total_run_rate
+from billing.metering.tick import meter_tick
 from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
+from billing.realtime import publish_budget_alert
 from billing.webhooks import webhook_post, webhook_url_validate
+from console.crypto import decrypt_json, encrypt_json
 from console.models import Membership, Tenant, User
 from console.permissions import Role
+from console.queueing import enqueue_on_commit
 from console.services import ServiceError, audit_record, notify
-from jobs.models import Job, JobStatus, Priority
+from jobs.actors import BUDGET
+from jobs.models import BILLED_STATUSES, Job, JobStatus, Priority
+from jobs.services import JobSpec, job_pause_once, job_resume
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -106,10 +112,15 @@ def budget_create(
         project=project,
     )
     webhook_url = webhook_url_validate(webhook_url)
+    new_secret = _new_webhook_secret() if webhook_url else ""
     try:
         with transaction.atomic():
             budget = Budget.objects.create(
-                tenant=tenant, created_by=user, webhook_url=webhook_url, **values
+                tenant=tenant,
+                created_by=user,
+                webhook_url=webhook_url,
+                webhook_secret_encrypted=encrypt_json(new_secret) if new_secret else "",
+                **values,
             )
             audit_record(
                 action="budget.created",
@@ -123,6 +134,7 @@ def budget_create(
         raise ServiceError(
             f"A budget named “{values['name']}” exists already.", code="conflict", field="name"
         ) from None
+    budget.new_webhook_secret = new_secret or None
     budget_enforce(tenant=tenant)
     return budget
 
@@ -141,11 +153,19 @@ def budget_update(*, budget: Budget, user: User | None, request=None, **changes)
         raise ServiceError(f"Unknown fields: {', '.join(sorted(unknown))}.")
     values = _validate_budget(**{**current, **changes})
     webhook_url = webhook_url_validate(webhook_url)
+    # A webhook gets its secret when its URL is set; no URL, no secret to keep.
+    new_secret = (
+        _new_webhook_secret() if webhook_url and not budget.webhook_secret_encrypted else ""
+    )
     try:
         with transaction.atomic():
             for field, value in values.items():
                 setattr(budget, field, value)
             budget.webhook_url = webhook_url
+            if new_secret:
+                budget.webhook_secret_encrypted = encrypt_json(new_secret)
+            elif not webhook_url:
+                budget.webhook_secret_encrypted = ""
             budget.save()
             audit_record(
                 action="budget.changed",
@@ -159,9 +179,32 @@ def budget_update(*, budget: Budget, user: User | None, request=None, **changes)
         raise ServiceError(
             f"A budget named “{values['name']}” exists already.", code="conflict", field="name"
         ) from None
+    budget.new_webhook_secret = new_secret or None
     # A raised amount may resume paused jobs (or a lowered one pause them) at once.
     budget_enforce(tenant=budget.tenant)
     return budget
+
+
+def budget_webhook_secret_rotate(*, budget: Budget, user: User | None, request=None) -> str:
+    """Give the budget a new webhook signing secret and return it: the only time it is
+    readable. The old secret stops verifying at once (signatures use the stored one)."""
+    if not budget.webhook_url:
+        raise ServiceError("Set a webhook URL first.", field="webhook_url")
+    new_secret = _new_webhook_secret()
+    with transaction.atomic():
+        Budget.objects.filter(pk=budget.pk).update(
+            webhook_secret_encrypted=encrypt_json(new_secret)
+        )
+        audit_record(
+            action="budget.webhook_secret_rotated",
+            tenant=budget.tenant,
+            actor=user,
+            target=budget,
+            request=request,
+        )
+    budget.refresh_from_db(fields=["webhook_secret_encrypted"])
+    budget.new_webhook_secret = new_secret
+    return new_secret
 
 
 def budget_delete(*, budget: Budget, user: User | None, request=None) -> None:
@@ -203,9 +246,7 @@ def budget_spend(budget: Budget, now: datetime) -> Decimal:
 
 def run_rate(jobs) -> Decimal:
     """Hourly cost of the given jobs that are running now."""
-    from jobs.selectors import total_run_rate
-
-    return total_run_rate(jobs.filter(status__in=[S.RUNNING, S.PAUSING]))
+    return total_run_rate(jobs.filter(status__in=BILLED_STATUSES))
 
 
 def budget_forecast(budget: Budget, now: datetime, spend: Decimal | None = None) -> Decimal:
@@ -255,6 +296,19 @@ def budget_blocks_launch(*, tenant: Tenant, project: str, priority: str) -> Budg
         if status.blocking and (not status.budget.project or status.budget.project == project):
             return status.budget
     return None
+
+
+class BudgetLaunchPolicy:
+    """jobs.extensions.LaunchPolicy: a used-up budget refuses non-critical launches."""
+
+    def check_launch(self, *, tenant: Tenant, spec: JobSpec) -> None:
+        blocking = budget_blocks_launch(tenant=tenant, project=spec.project, priority=spec.priority)
+        if blocking is not None:
+            raise ServiceError(
+                f"Budget “{blocking.name}” is used up for this month: only critical jobs can "
+                "be launched until it is raised or the month ends.",
+                code="payment_required",
+            )
 
 
 # --- enforcement ----
@@ -313,8 +367,6 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
         target=budget,
         metadata={"threshold": threshold, "spend": str(figure)},
     )
-    from billing.realtime import publish_budget_alert
-
     publish_budget_alert(budget=budget, threshold=threshold, kind=kind, spend=figure)
     if budget.webhook_url:
         payload = {
@@ -326,34 +378,44 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
             "currency": budget.currency,
             "period_start": period_start(now).isoformat(),
         }
-        transaction.on_commit(lambda: _send_webhook(budget.pk, payload))
+        enqueue_on_commit("billing.tasks.budget_webhook_task", budget.pk, payload)
     return True
 
 
-def _send_webhook(budget_id: int, payload: dict) -> None:
-    from billing.tasks import budget_webhook_task
-
-    try:
-        budget_webhook_task.delay(budget_id, payload)
-    except Exception:
-        log.exception("could not queue the budget webhook of budget %s", budget_id)
+def _new_webhook_secret() -> str:
+    return "whsec_" + secrets.token_urlsafe(32)
 
 
-def webhook_signature(body: bytes) -> str:
-    """`sha256=<hex>` HMAC of the body with WEBHOOK_SIGNING_SECRET, for receivers to verify."""
-    key = (settings.WEBHOOK_SIGNING_SECRET or settings.SECRET_KEY).encode()
-    return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
+def webhook_signature(body: bytes, *, secret: str) -> str:
+    """`sha256=<hex>` HMAC of the body with the budget's own secret, for its receiver to
+    verify. Per budget, so one tenant's receiver can't forge another tenant's alerts."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def _budget_webhook_secret(budget: Budget) -> str:
+    """The stored secret; a budget from before per-budget secrets gets one now (its admin
+    then rotates it to learn it)."""
+    if budget.webhook_secret_encrypted:
+        return decrypt_json(budget.webhook_secret_encrypted)
+    new_secret = _new_webhook_secret()
+    # Only the first sender stores its secret; a concurrent one reads the winner's.
+    Budget.objects.filter(pk=budget.pk, webhook_secret_encrypted="").update(
+        webhook_secret_encrypted=encrypt_json(new_secret)
+    )
+    budget.refresh_from_db(fields=["webhook_secret_encrypted"])
+    return decrypt_json(budget.webhook_secret_encrypted)
 
 
 def budget_webhook_send(*, budget: Budget, payload: dict) -> int:
     """POST the signed payload; the URL is checked again (see billing.webhooks)."""
     body = json.dumps(payload, sort_keys=True).encode()
+    secret = _budget_webhook_secret(budget)
     return webhook_post(
         budget.webhook_url,
         body=body,
         headers={
             "Content-Type": "application/json",
-            "X-GpuGeek-Signature": webhook_signature(body),
+            "X-GpuGeek-Signature": webhook_signature(body, secret=secret),
         },
     )
 
@@ -361,8 +423,6 @@ def budget_webhook_send(*, budget: Budget, payload: dict) -> int:
 def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
     """Alert on crossed thresholds; pause or resume the jobs of exhausted budgets.
     Returns the jobs it paused."""
-    from jobs.services import job_pause, job_resume
-
     now = now or timezone.now()
     statuses = budget_statuses(tenant=tenant, now=now)
     for status in statuses:
@@ -386,13 +446,11 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
             .exclude(priority=Priority.CRITICAL)
         ):
             try:
-                paused.append(
-                    job_pause(
-                        job=job, actor="budget", reason=reason, by_budget=True, quiet_if_done=False
-                    )
-                )
+                if not job_pause_once(job=job, actor=BUDGET, reason=reason):
+                    continue  # paused already, by someone else
             except ServiceError:
                 continue  # it finished or changed meanwhile
+            paused.append(job)
             audit_record(
                 action="job.paused_by_budget",
                 tenant=tenant,
@@ -406,7 +464,7 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
         if any(not s.budget.project or s.budget.project == job.project for s in blocking):
             continue
         try:
-            job_resume(job=job, actor="budget", reason="budget no longer exhausted")
+            job_resume(job=job, actor=BUDGET, reason="budget no longer exhausted")
         except ServiceError:
             continue
         audit_record(

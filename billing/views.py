@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 from datetime import timedelta
 from decimal import Decimal
 
@@ -16,10 +15,24 @@ from django.views.decorators.http import require_http_methods
 from billing import charts, selectors, services
 from billing.forms import BudgetForm, CostFilterForm
 from billing.models import Budget, BudgetAlert
+from console.confirm import confirm_then_act
+from console.csv import csv_writer
 from console.permissions import Capability, capability_required, has_capability
 from console.services import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from jobs.models import Job
+
+# A new webhook secret travels to the next page in the server-side session (not in a
+# message cookie) and is popped when shown: it is readable exactly once.
+NEW_SECRET_SESSION_KEY = "billing.new_webhook_secret"
+
+
+def _show_secret_once(request: HttpRequest, budget: Budget) -> None:
+    if budget.new_webhook_secret:
+        request.session[NEW_SECRET_SESSION_KEY] = {
+            "budget": budget.name,
+            "secret": budget.new_webhook_secret,
+        }
 
 
 def _cost_query(request: HttpRequest) -> tuple[CostFilterForm, selectors.CostQuery | None]:
@@ -112,15 +125,18 @@ def costs_export(request: HttpRequest) -> HttpResponse:
     response["Content-Disposition"] = (
         f'attachment; filename="costs-{query.start:%Y%m%d}-{query.end:%Y%m%d}-{query.group_by}.csv"'
     )
-    writer = csv.writer(response)
+    # Names in `key` are the tenant's own text: csv_writer neutralises formulas. The
+    # figures go in as Decimals, so a negative amount (a credit) stays a number.
+    writer = csv_writer(response)
     writer.writerow([query.group_by, "gpu_hours", "vcpu_hours", "amount", "currency"])
+    micro = Decimal("0.000001")
     for row in selectors.usage_rows(tenant=request.tenant, query=query):
         writer.writerow(
             [
                 row["key"],
-                f"{row['gpu_seconds'] / 3600:.6f}",
-                f"{row['cpu_seconds'] / 3600:.6f}",
-                f"{row['amount']:.6f}",
+                (Decimal(row["gpu_seconds"]) / 3600).quantize(micro),
+                (Decimal(row["cpu_seconds"]) / 3600).quantize(micro),
+                Decimal(row["amount"]).quantize(micro),
                 row["currency"],
             ]
         )
@@ -144,6 +160,7 @@ def budgets(request: HttpRequest) -> HttpResponse:
                 form.add_error(error.field if error.field in form.fields else None, error.message)
             else:
                 messages.success(request, f"Budget “{budget.name}” created.")
+                _show_secret_once(request, budget)
                 return redirect("billing:budgets")
     alerts = BudgetAlert.objects.for_tenant(request.tenant).select_related("budget")[:20]
     return render(
@@ -154,6 +171,7 @@ def budgets(request: HttpRequest) -> HttpResponse:
             "can_manage": can_manage,
             "alerts": alerts,
             "statuses": services.budget_statuses(tenant=request.tenant),
+            "new_webhook_secret": request.session.pop(NEW_SECRET_SESSION_KEY, None),
         },
     )
 
@@ -180,25 +198,36 @@ def budget_edit(request: HttpRequest, budget_id: int) -> HttpResponse:
             form.add_error(error.field if error.field in form.fields else None, error.message)
         else:
             messages.success(request, f"Budget “{budget.name}” saved.")
+            _show_secret_once(request, budget)
             return redirect("billing:budgets")
     return render(request, "billing/budget_edit.html", {"form": form, "budget": budget})
+
+
+@capability_required(Capability.MANAGE_BUDGETS)
+@require_http_methods(["POST"])
+def budget_rotate_webhook_secret(request: HttpRequest, budget_id: int) -> HttpResponse:
+    budget = get_for_tenant_or_404(Budget, request.tenant, pk=budget_id)
+    try:
+        services.budget_webhook_secret_rotate(budget=budget, user=request.user, request=request)
+    except ServiceError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"Webhook secret of “{budget.name}” rotated.")
+        _show_secret_once(request, budget)
+    return redirect("billing:budgets")
 
 
 @capability_required(Capability.MANAGE_BUDGETS)
 @require_http_methods(["GET", "POST"])
 def budget_delete(request: HttpRequest, budget_id: int) -> HttpResponse:
     budget = get_for_tenant_or_404(Budget, request.tenant, pk=budget_id)
-    if request.method == "POST":
-        services.budget_delete(budget=budget, user=request.user, request=request)
-        messages.success(request, f"Budget “{budget.name}” deleted; jobs it paused resume.")
-        return redirect("billing:budgets")
-    return render(
+    return confirm_then_act(
         request,
-        "partials/confirm.html",
-        {
-            "title": "Delete budget",
-            "message": f"Delete “{budget.name}”? Jobs it paused will resume and its alerts stop.",
-            "confirm_label": "Delete",
-            "cancel_url": reverse("billing:budgets"),
-        },
+        title="Delete budget",
+        message=f"Delete “{budget.name}”? Jobs it paused will resume and its alerts stop.",
+        confirm_label="Delete",
+        act=lambda: services.budget_delete(budget=budget, user=request.user, request=request),
+        success_url=reverse("billing:budgets"),
+        success_message=f"Budget “{budget.name}” deleted; jobs it paused resume.",
+        cancel_url=reverse("billing:budgets"),
     )

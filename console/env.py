@@ -50,28 +50,61 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 def data_dir() -> Path:
-    """Everything the embedded default writes lives here (GPUGEEK_DATA_DIR, default ./var)."""
+    """Everything the embedded default writes lives here (GPUGEEK_DATA_DIR, default ./var).
+
+    Private to the console's user (0700): it holds the secret key, the SQLite database,
+    the embedded Redis's password and the jobs' run directories, none of which a local
+    job running as another user (LOCAL_JOB_USER) may open."""
     path = Path(os.environ.get("GPUGEEK_DATA_DIR", "var")).resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = path.stat()
+    if status.st_uid == os.geteuid() and status.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def embedded_redis_dir(base: Path) -> Path:
+    path = base / "redis"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 
 def embedded_redis_url_file(base: Path) -> Path:
-    """Where the launcher publishes the embedded Redis's URL while it runs."""
+    """Where the launcher publishes the embedded Redis's URL (with its password, 0600)
+    while it runs."""
     return base / "redis" / "redis.url"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only the console's user may read (0600 from its creation on)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def _stored_secret(path: Path, make) -> str:
+    if path.exists():
+        return path.read_text().strip()
+    value = make()
+    # O_EXCL: two processes starting at once must agree on one value.
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value)
+    return value
 
 
 def stored_secret_key(base: Path) -> str:
     """Generate the secret key once per data dir and reuse it on every later start."""
-    key_file = base / "secret_key"
-    if key_file.exists():
-        return key_file.read_text().strip()
-    key = secrets.token_urlsafe(64)
-    # O_EXCL: two processes starting at once must agree on one key.
-    try:
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return key_file.read_text().strip()
-    with os.fdopen(fd, "w") as handle:
-        handle.write(key)
-    return key
+    return _stored_secret(base / "secret_key", lambda: secrets.token_urlsafe(64))
+
+
+def stored_redis_password(base: Path) -> str:
+    """The embedded Redis's password: random, made at first start, kept (0600) in the
+    data dir, and given to redis-server on stdin, never in its argv."""
+    return _stored_secret(
+        embedded_redis_dir(base) / "redis-password", lambda: secrets.token_urlsafe(32)
+    )

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm, PasswordResetForm
+from django.core.exceptions import ValidationError
+from django.template.loader import render_to_string
 
+from console import registration, services
+from console.models import User
 from console.permissions import Role
 
 
@@ -15,7 +19,43 @@ class EmailAuthenticationForm(AuthenticationForm):
     error_messages = {
         **AuthenticationForm.error_messages,
         "invalid_login": "E-mail or password is wrong. Both are case-sensitive except the e-mail.",
+        "unverified": (
+            "Verify your e-mail address first: follow the link we e-mailed you. "
+            "We have just sent it again."
+        ),
     }
+    # The account behind a correct password that still awaits verification, if any.
+    user_awaiting_verification: User | None = None
+
+    def get_invalid_login_error(self):
+        # Django's backends refuse inactive accounts like a wrong password. Only when the
+        # password is right does the form say the address isn't verified yet.
+        user = registration.account_awaiting_verification(
+            email=self.cleaned_data.get("username") or "",
+            password=self.cleaned_data.get("password") or "",
+        )
+        if user is None:
+            return super().get_invalid_login_error()
+        self.user_awaiting_verification = user
+        return ValidationError(self.error_messages["unverified"], code="unverified")
+
+
+class WorkerPasswordResetForm(PasswordResetForm):
+    """Django's password-reset form; the e-mail goes out from the worker like every other,
+    so a known and an unknown address take the same time to answer."""
+
+    def send_mail(
+        self,
+        subject_template_name,
+        email_template_name,
+        context,
+        from_email,
+        to_email,
+        html_email_template_name=None,
+    ):
+        subject = "".join(render_to_string(subject_template_name, context).splitlines())
+        body = render_to_string(email_template_name, context)
+        services.email_send_later(subject=subject, body=body, recipients=[to_email])
 
 
 class SignupForm(forms.Form):

@@ -1,7 +1,13 @@
 """GET /healthz: can the web process reach its database and Redis, and are the
-background components alive? 503 names the failing part."""
+background components alive? 503 when the database or Redis fails.
+
+Anonymous callers (load balancers, uptime checks) get `{"status": ...}` and the HTTP code
+only: the details (hosts, pids, error texts, heartbeats) map the installation for an
+attacker. Staff sessions and `Authorization: Bearer <HEALTHZ_TOKEN>` get them."""
 
 from __future__ import annotations
+
+import hmac
 
 import redis
 from django.conf import settings
@@ -40,13 +46,28 @@ def _check_redis() -> dict:
     return {"status": "ok"}
 
 
+def _may_see_details(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.is_staff:
+        return True
+    token = settings.HEALTHZ_TOKEN
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    return bool(
+        token
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(presented.strip().encode(), token.encode())
+    )
+
+
 @never_cache
 def healthz(request: HttpRequest) -> JsonResponse:
     components: dict = {"database": _check_database(), "redis": _check_redis()}
     if components["database"]["status"] == "ok":
         components.update(heartbeat_status())
     failing = [name for name in ("database", "redis") if components[name]["status"] != "ok"]
-    body = {"status": "ok" if not failing else "error", "components": components}
-    if failing:
-        body["failing"] = failing
+    body: dict = {"status": "ok" if not failing else "error"}
+    if _may_see_details(request):
+        body["components"] = components
+        if failing:
+            body["failing"] = failing
     return JsonResponse(body, status=503 if failing else 200)

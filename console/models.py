@@ -65,6 +65,9 @@ class Tenant(models.Model):
     name = models.CharField(max_length=120)
     slug = models.SlugField(max_length=60, unique=True)
     is_active = models.BooleanField(default=True)
+    # Staff allow this organisation to run jobs on the console's own machine (the local
+    # backend's pools), which is not a security boundary. Off unless staff turn it on.
+    may_run_on_host = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.db import models
+from rest_framework.exceptions import NotFound
 from rest_framework.permissions import BasePermission
 
 
@@ -27,6 +28,8 @@ class Role(models.TextChoices):
 class Capability(enum.StrEnum):
     VIEW_TENANT = "view_tenant"  # dashboards, jobs, catalog: every member
     LAUNCH_JOBS = "launch_jobs"
+    # Priority `critical` skips budget pauses and outranks everyone's jobs.
+    LAUNCH_CRITICAL = "launch_critical"
     MANAGE_MEMBERS = "manage_members"
     MANAGE_TOKENS = "manage_tokens"  # every token of the tenant, not just one's own
     USE_API_TOKENS = "use_api_tokens"  # create and revoke one's own tokens
@@ -132,3 +135,22 @@ class IsTenantMember(BasePermission):
             view, "required_capability", Capability.VIEW_TENANT
         )
         return has_capability(membership, capability)
+
+
+class IsPlatformStaff(BasePermission):
+    """API views for platform staff only (the catalog, prices, organisations' settings)."""
+
+    message = "Only platform staff can change this."
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
+
+
+class IsPlatformStaffElseNotFound(IsPlatformStaff):
+    """Staff-only API about other organisations: like the staff pages, it is not
+    advertised, so a signed-in non-staff caller gets 404 (anonymous callers 401/403)."""
+
+    def has_permission(self, request, view) -> bool:
+        if request.user and request.user.is_authenticated and not request.user.is_staff:
+            raise NotFound()
+        return super().has_permission(request, view)

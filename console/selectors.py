@@ -9,15 +9,22 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from console.models import ApiToken, AuditEvent, Heartbeat, Invitation, Membership, Tenant, User
+from console.models import (
+    ApiToken,
+    AuditEvent,
+    Heartbeat,
+    Invitation,
+    Membership,
+    Notification,
+    Tenant,
+    User,
+)
 from console.permissions import Capability, has_capability
 
 HEARTBEAT_COMPONENTS = ("worker", "beat", "watcher")
 
 
 def notifications_for(*, user: User, tenant: Tenant):
-    from console.models import Notification
-
     return Notification.objects.for_tenant(tenant).filter(user=user)
 
 
@@ -90,3 +97,16 @@ def heartbeat_status(*, now=None) -> dict[str, dict[str, Any]]:
             "pid": heartbeat.pid,
         }
     return status
+
+
+def resolve_membership(user: Any, tenant_id: int | None) -> Membership | None:
+    """The user's membership in `tenant_id`, else their first one; None if they have none."""
+    if not user.is_authenticated:
+        return None
+    memberships = Membership.objects.select_related("tenant").filter(
+        user=user, tenant__is_active=True
+    )
+    membership = None
+    if tenant_id is not None:
+        membership = memberships.filter(tenant_id=tenant_id).first()
+    return membership or memberships.order_by("tenant__name").first()

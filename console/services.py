@@ -27,11 +27,14 @@ from console.models import (
     Heartbeat,
     Invitation,
     Membership,
+    Notification,
     Tenant,
     User,
     sha256_hex,
 )
-from console.permissions import Role, can_assign_role
+from console.permissions import Capability, Role, can_assign_role, has_capability
+from console.queueing import enqueue_now
+from console.realtime import publish_membership_changed
 
 logger = logging.getLogger(__name__)
 
@@ -94,14 +97,7 @@ def audit_record(
 def email_send_later(*, subject: str, body: str, recipients: list[str]) -> bool:
     """Queue an e-mail for the worker. A broker outage must not fail the page that
     triggered it (the invitation link is also shown on screen), so it is logged instead."""
-    from console.tasks import send_email_task
-
-    try:
-        send_email_task.delay(subject, body, recipients)
-    except Exception:
-        logger.exception("could not queue e-mail %r to %s", subject, recipients)
-        return False
-    return True
+    return enqueue_now("console.tasks.send_email_task", subject, body, recipients)
 
 
 # --- tenants and sign-up ----
@@ -133,6 +129,30 @@ def tenant_create(
     return tenant
 
 
+@transaction.atomic
+def tenant_set_may_run_on_host(
+    *, tenant: Tenant, allowed: bool, user: User, request: HttpRequest | None = None
+) -> Tenant:
+    """Staff allow (or stop) an organisation running jobs on the console's own machine,
+    which is no security boundary. Audited on the platform and the tenant's log; setting
+    the value it has already changes nothing."""
+    if not user.is_staff:
+        raise ServiceError("Only platform staff can change this.", code="forbidden")
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if tenant.may_run_on_host != allowed:
+        tenant.may_run_on_host = allowed
+        tenant.save(update_fields=["may_run_on_host"])
+        audit_record(
+            action="tenant.host_allowed" if allowed else "tenant.host_revoked",
+            tenant=tenant,
+            actor=user,
+            target=tenant,
+            request=request,
+            metadata={"may_run_on_host": allowed},
+        )
+    return tenant
+
+
 def _validate_new_user(email: str, password: str) -> str:
     email = User.objects.normalize_email(email).strip().lower()
     if User.objects.filter(email__iexact=email).exists():
@@ -146,28 +166,6 @@ def _validate_new_user(email: str, password: str) -> str:
     except ValidationError as error:
         raise ServiceError(" ".join(error.messages), field="password1") from None
     return email
-
-
-@transaction.atomic
-def user_signup(
-    *,
-    email: str,
-    password: str,
-    organisation_name: str,
-    full_name: str = "",
-    request: HttpRequest | None = None,
-) -> tuple[User, Tenant]:
-    """A new person and the organisation they own."""
-    email = _validate_new_user(email, password)
-    try:
-        user = User.objects.create_user(email=email, password=password, full_name=full_name)
-    except IntegrityError:  # a concurrent sign-up won the race for this e-mail
-        raise ServiceError(
-            "An account with this e-mail already exists.", code="conflict", field="email"
-        ) from None
-    tenant = tenant_create(name=organisation_name, owner=user, request=request)
-    audit_record(action="user.signed_up", tenant=tenant, actor=user, target=user, request=request)
-    return user, tenant
 
 
 # --- invitations ----
@@ -246,7 +244,29 @@ def invitation_for_token(raw_token: str) -> Invitation:
         raise ServiceError("This invitation was revoked. Ask for a new one.", code="conflict")
     if state == "expired":
         raise ServiceError("This invitation has expired. Ask for a new one.", code="conflict")
+    if not _inviter_may_grant(invitation):
+        raise ServiceError(
+            f"This invitation is no longer valid: the person who sent it can no longer add "
+            f"members to {invitation.tenant.name} as {invitation.get_role_display()}. Ask an "
+            "owner or admin there for a new one.",
+            code="forbidden",
+        )
     return invitation
+
+
+def _inviter_may_grant(invitation: Invitation) -> bool:
+    """Whether the invitation's sender may still grant its role in its tenant (checked when
+    it is used: a member removed or demoted since can't have let someone in meanwhile).
+    Platform staff, who may add anyone, are not members of the tenants they help."""
+    inviter = invitation.invited_by
+    if inviter is None or not inviter.is_active:
+        return False
+    if inviter.is_staff:
+        return True
+    membership = Membership.objects.for_tenant(invitation.tenant).filter(user=inviter).first()
+    return has_capability(membership, Capability.MANAGE_MEMBERS) and can_assign_role(
+        membership, invitation.role
+    )
 
 
 @transaction.atomic
@@ -284,7 +304,16 @@ def invitation_accept(
 def signup_with_invitation(
     *, raw_token: str, password: str, full_name: str = "", request: HttpRequest | None = None
 ) -> tuple[User, Membership]:
-    """A new person joining through an invitation (no organisation of their own)."""
+    """A new person joining through an invitation (no organisation of their own).
+
+    The invitation proves the address, so the account is active at once. Refused when
+    sign-up is `closed` (`console.registration`): then only staff create accounts."""
+    if settings.SIGNUP == "closed":
+        raise ServiceError(
+            "Sign-up is closed: ask the platform's staff to create your account, then "
+            "sign in and follow this link again.",
+            code="forbidden",
+        )
     invitation = invitation_for_token(raw_token)
     email = _validate_new_user(invitation.email, password)
     user = User.objects.create_user(email=email, password=password, full_name=full_name)
@@ -358,6 +387,8 @@ def membership_change_role(
         request=request,
         metadata={"from": previous, "to": role, "user": membership.user.email},
     )
+    # Their open sockets check again whether the new role still lets them watch.
+    publish_membership_changed(tenant_id=membership.tenant_id, user_id=membership.user_id)
     return membership
 
 
@@ -365,7 +396,8 @@ def membership_change_role(
 def membership_remove(
     *, membership: Membership, by_membership: Membership, request: HttpRequest | None = None
 ) -> None:
-    """Remove a member (or leave, when by_membership is the same). Their tokens stop working."""
+    """Remove a member (or leave, when by_membership is the same). Their tokens stop
+    working, their pending invitations are revoked, and their open sockets close."""
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     leaving = membership.pk == by_membership.pk
     if not leaving and not can_assign_role(by_membership, membership.role):
@@ -386,6 +418,19 @@ def membership_remove(
         request=request,
         metadata={"user": membership.user.email, "role": membership.role},
     )
+    invitations = Invitation.objects.for_tenant(membership.tenant).pending()
+    for invitation in invitations.filter(invited_by=membership.user).select_for_update():
+        invitation.revoked_at = now
+        invitation.save(update_fields=["revoked_at"])
+        audit_record(
+            action="invitation.revoked",
+            tenant=membership.tenant,
+            actor=by_membership.user,
+            target=invitation,
+            request=request,
+            metadata={"email": invitation.email, "reason": "inviter no longer a member"},
+        )
+    publish_membership_changed(tenant_id=membership.tenant_id, user_id=membership.user_id)
     membership.delete()
 
 
@@ -485,8 +530,6 @@ def notify(
     """In-app notification, plus an e-mail (queued after commit) when asked."""
     if user is None or not user.is_active:
         return
-    from console.models import Notification
-
     Notification.objects.create(
         tenant=tenant, user=user, title=title[:200], body=body, url=url[:300], level=level
     )
@@ -501,8 +544,6 @@ def notify(
 
 
 def notifications_mark_read(*, user: User, tenant: Tenant, notification_id: int | None = None):
-    from console.models import Notification
-
     unread = Notification.objects.for_tenant(tenant).filter(user=user).unread()
     if notification_id is not None:
         unread = unread.filter(pk=notification_id)

@@ -8,6 +8,8 @@ Two topologies share this file (see DESIGN.md):
 
 from __future__ import annotations
 
+import hashlib
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -84,12 +86,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Before anything reads a body: an oversized API request is refused with 413.
+    "console.middleware.ApiBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "console.tenancy.CurrentTenantMiddleware",
+    "console.middleware.CurrentTenantMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -164,20 +168,34 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 INVITATION_TTL = timedelta(days=env_int("INVITATION_TTL_DAYS", 7))
+# Who may create an account: `open` (anyone, after verifying the e-mail address),
+# `invite` (through an invitation, or staff), `closed` (staff only). Production defaults
+# to `invite`: an open console lets strangers in.
+SIGNUP = env_str("SIGNUP", "invite" if PRODUCTION else "open")
+if SIGNUP not in {"open", "invite", "closed"}:
+    raise ImproperlyConfigured(f"SIGNUP must be 'open', 'invite' or 'closed', got {SIGNUP!r}")
+# Lifetime of e-mailed password-reset and e-mail verification links (Django's tokens).
+PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT_HOURS", 24) * 3600
 DEMO_PASSWORD = env_str("DEMO_PASSWORD", "gpugeek-demo")
 
 # Sign-in throttling: per account *and* IP, so one person's typos never lock out
-# everyone behind the same address; a cool-off rather than a permanent lock.
+# everyone behind the same address; a cool-off rather than a permanent lock. One IP's
+# failures across all accounts are capped too (a higher limit, for offices behind NAT):
+# the callable switches axes to counting by IP alone once that cap is reached.
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
+AXES_IP_FAILURE_LIMIT = env_int("AXES_IP_FAILURE_LIMIT", 30)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_PARAMETERS = "console.account_views.axes_lockout_parameters"
 AXES_USERNAME_FORM_FIELD = "username"
 # Sign-in is case-insensitive, so the lock must be too.
 AXES_USERNAME_CALLABLE = "console.auth_backends.axes_username"
 AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_CALLABLE = "console.views.lockout_response"
+AXES_LOCKOUT_CALLABLE = "console.account_views.lockout_response"
 AXES_VERBOSE = False
 AXES_IPWARE_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0) or None
+# django-ipware isn't installed, so without this axes would count every client behind a
+# proxy as the proxy; the audit log's reading of X-Forwarded-For serves both.
+AXES_CLIENT_IP_CALLABLE = "console.services.client_ip"
 AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )
@@ -256,6 +274,15 @@ KUBERNETES_EGRESS_DENY_CIDRS = env_list(
     ],
 )
 KUBERNETES_IMAGE_PULL_SECRETS = env_list("KUBERNETES_IMAGE_PULL_SECRETS", [])
+# Scratch disk each job container requests and may use (requests = limits).
+KUBERNETES_EPHEMERAL_STORAGE = env_str("KUBERNETES_EPHEMERAL_STORAGE", "20Gi")
+# Label value on every Kubernetes object this console creates, so that two consoles can
+# share a cluster; by default a stable short hash of SECRET_KEY.
+GPUGEEK_INSTALLATION_ID = env_str("GPUGEEK_INSTALLATION_ID", "") or (
+    "gg-" + hashlib.sha256(b"gpugeek-installation:" + SECRET_KEY.encode()).hexdigest()[:12]
+)
+if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", GPUGEEK_INSTALLATION_ID):
+    raise ImproperlyConfigured("GPUGEEK_INSTALLATION_ID must be a Kubernetes label value")
 # Kueue: "off", "on", or "auto" (on when the cluster serves the kueue.x-k8s.io API).
 # When on, each tenant namespace gets a LocalQueue (KUEUE_QUEUE_NAME) pointing to the
 # ClusterQueue KUEUE_CLUSTER_QUEUE (set up by the cluster admin), and jobs are created
@@ -267,15 +294,35 @@ if KUEUE not in ("off", "on", "auto"):
 KUEUE_QUEUE_NAME = KUEUE_QUEUE_NAME or "gpugeek"
 KUEUE_CLUSTER_QUEUE = env_str("KUEUE_CLUSTER_QUEUE", "gpugeek")
 CAPACITY_SYNC_INTERVAL = env_int("CAPACITY_SYNC_INTERVAL", 60)
-# Local backend: vCPUs offered per host core (light scripts share cores), and the OS user
-# jobs run as (empty: the console's own user). It is not a security boundary.
+# Local backend: vCPUs offered per host core (light scripts share cores), the OS user jobs
+# run as (empty: the console's own user; another user needs the console to run as root)
+# and where their working directories live (default <data dir>/work). With a job user the
+# working directories must be outside the data dir, which is private to the console.
 LOCAL_CPU_OVERCOMMIT = env_int("LOCAL_CPU_OVERCOMMIT", 4)
 LOCAL_JOB_USER = env_str("LOCAL_JOB_USER", "")
+LOCAL_JOB_WORK_DIR = env_str("LOCAL_JOB_WORK_DIR", "")
+if LOCAL_JOB_USER and (
+    not LOCAL_JOB_WORK_DIR or Path(LOCAL_JOB_WORK_DIR).resolve().is_relative_to(DATA_DIR)
+):
+    raise ImproperlyConfigured(
+        "LOCAL_JOB_USER needs LOCAL_JOB_WORK_DIR, a directory outside the data dir "
+        "(which the job's user may not enter)."
+    )
 # Seconds between SIGTERM and SIGKILL when pausing, cancelling or preempting a job.
 JOB_TERMINATION_GRACE_SECONDS = env_int("JOB_TERMINATION_GRACE_SECONDS", 30)
 WATCHER_INTERVAL = env_int("WATCHER_INTERVAL", 2)
+# A dispatch failing with an unexpected error is retried this often, then the job fails.
+DISPATCH_MAX_ATTEMPTS = env_int("DISPATCH_MAX_ATTEMPTS", 5)
 PROMETHEUS_URL = env_str("PROMETHEUS_URL", "")  # DCGM exporter metrics of Kubernetes jobs
 LOG_ARCHIVE_DIR = env_str("LOG_ARCHIVE_DIR", "")  # default: <data dir>/log-archive
+# A job's log is stored and read up to this many bytes, then ends with a line saying so.
+JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1 << 30)
+# GPU samples are kept at full resolution this long (seconds), then downsampled.
+METRICS_RAW_RETENTION = env_int("METRICS_RAW_RETENTION", 3600)
+# Alert rules: GPUs under the idle threshold this long raise "GPU idle"; an alert of a
+# kind is not raised again for a job within the cool-down.
+GPU_IDLE_MINUTES = env_int("GPU_IDLE_MINUTES", 30)
+ALERT_COOLDOWN_MINUTES = env_int("ALERT_COOLDOWN_MINUTES", 15)
 JOB_NOTIFICATION_EMAILS = env_bool("JOB_NOTIFICATION_EMAILS", True)
 
 # --- Celery ----
@@ -301,7 +348,8 @@ HEARTBEAT_INTERVAL = env_int("HEARTBEAT_INTERVAL", 10)
 HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
 # Read at every start (not stored), so a demo or test can meter every few seconds.
 METERING_INTERVAL = env_int("METERING_INTERVAL", 30)
-WEBHOOK_SIGNING_SECRET = env_str("WEBHOOK_SIGNING_SECRET", "")
+# Bearer token that shows /healthz's component details to a monitor (staff see them too).
+HEALTHZ_TOKEN = env_str("HEALTHZ_TOKEN", "")
 # Budget webhooks may target loopback, private, link-local or reserved addresses only when
 # this is on (a lab or test receiver); otherwise a tenant could aim the server at its own
 # network (SSRF). Checked when a budget is saved and again before each send.
@@ -316,7 +364,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "metrics-downsample": {"task": "jobs.tasks.metrics_downsample_task", "schedule": 600.0},
     "logs-archive": {"task": "jobs.tasks.logs_archive_task", "schedule": 60.0},
     "capacity-sync": {
-        "task": "marketplace.tasks.capacity_sync_task",
+        "task": "jobs.tasks.capacity_sync_task",
         "schedule": float(CAPACITY_SYNC_INTERVAL),
     },
 }

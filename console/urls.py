@@ -2,15 +2,45 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import health, views
+from console import account_views, health, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("healthz", health.healthz, name="healthz"),
-    path("accounts/login/", views.LoginView.as_view(), name="login"),
+    path("accounts/login/", account_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("accounts/signup/", views.signup, name="signup"),
+    path("accounts/signup/", account_views.signup, name="signup"),
+    path("accounts/signup/sent/", account_views.signup_sent, name="signup_sent"),
+    path(
+        "accounts/verify/<str:uidb64>/<str:token>/",
+        account_views.signup_verify,
+        name="signup_verify",
+    ),
     path("accounts/password/", views.PasswordChangeView.as_view(), name="password_change"),
+    path(
+        "accounts/password/reset/",
+        account_views.PasswordResetView.as_view(),
+        name="password_reset",
+    ),
+    path(
+        "accounts/password/reset/sent/",
+        auth_views.PasswordResetDoneView.as_view(
+            template_name="registration/password_reset_done.html"
+        ),
+        name="password_reset_done",
+    ),
+    path(
+        "accounts/password/reset/complete/",
+        auth_views.PasswordResetCompleteView.as_view(
+            template_name="registration/password_reset_complete.html"
+        ),
+        name="password_reset_complete",
+    ),
+    path(
+        "accounts/password/reset/<str:uidb64>/<str:token>/",
+        account_views.PasswordResetConfirmView.as_view(),
+        name="password_reset_confirm",
+    ),
     path("tenants/new/", views.tenant_create, name="tenant_create"),
     path("tenants/switch/", views.tenant_switch, name="tenant_switch"),
     path("members/", views.members, name="members"),

@@ -7,20 +7,19 @@ from django.contrib.auth import get_user_model, login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from console import selectors, services
+from console.dashboard import dashboard_sections_context
 from console.forms import (
     ApiTokenForm,
-    EmailAuthenticationForm,
     InvitationForm,
     InvitationSignupForm,
     RoleForm,
-    SignupForm,
     TenantForm,
 )
 from console.models import Invitation, Membership, Tenant
@@ -37,53 +36,6 @@ def _use_tenant(request: HttpRequest, tenant: Tenant) -> None:
 def _service_error_to_form(form, error: services.ServiceError) -> None:
     field = error.field if error.field in form.fields else None
     form.add_error(field, error.message)
-
-
-# --- sign-in, sign-up ----
-
-
-class LoginView(auth_views.LoginView):
-    form_class = EmailAuthenticationForm
-    redirect_authenticated_user = True
-
-
-def lockout_response(request: HttpRequest, original_response=None, credentials=None):
-    """django-axes' response to too many failed sign-ins (per account and IP)."""
-    from django.conf import settings
-
-    minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
-    detail = (
-        f"Too many failed sign-in attempts for this account from your address. "
-        f"Try again in {minutes} minutes."
-    )
-    if request.path.startswith("/api/"):
-        return JsonResponse({"detail": detail}, status=429)
-    form = EmailAuthenticationForm(request)
-    return render(request, "registration/login.html", {"form": form, "lockout": detail}, status=429)
-
-
-@require_http_methods(["GET", "POST"])
-def signup(request: HttpRequest) -> HttpResponse:
-    if request.user.is_authenticated:
-        return redirect("dashboard")
-    form = SignupForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            user, tenant = services.user_signup(
-                email=form.cleaned_data["email"],
-                password=form.cleaned_data["password1"],
-                organisation_name=form.cleaned_data["organisation_name"],
-                full_name=form.cleaned_data["full_name"],
-                request=request,
-            )
-        except services.ServiceError as error:
-            _service_error_to_form(form, error)
-        else:
-            login(request, user, backend="console.auth_backends.EmailBackend")
-            _use_tenant(request, tenant)
-            messages.success(request, f"Welcome! {tenant.name} is ready.")
-            return redirect("dashboard")
-    return render(request, "registration/signup.html", {"form": form})
 
 
 # --- dashboard and tenants ----
@@ -108,27 +60,11 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             else None
         ),
     }
-    context.update(_dashboard_jobs(request))
+    context.update(dashboard_sections_context(request))
     if request.htmx and request.htmx.target == "dashboard-jobs":
         # The live job list (refetched on every state change the tenant socket reports).
         return render(request, "console/dashboard.html#dashboard-jobs", context)
     return render(request, "console/dashboard.html", context)
-
-
-DASHBOARD_JOBS = 8
-
-
-def _dashboard_jobs(request: HttpRequest) -> dict:
-    from jobs import selectors as job_selectors
-    from jobs.models import JobStatus
-
-    if not has_capability(request.membership, Capability.VIEW_TENANT):
-        return {"recent_jobs": [], "running_count": 0}
-    jobs = job_selectors.jobs_for_tenant(tenant=request.tenant)
-    return {
-        "recent_jobs": list(jobs[:DASHBOARD_JOBS]),
-        "running_count": jobs.filter(status=JobStatus.RUNNING).count(),
-    }
 
 
 @login_required
@@ -487,10 +423,21 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
 
 
 @staff_required
+@require_http_methods(["GET", "POST"])
 def staff_tenant_detail(request: HttpRequest, tenant_slug: str) -> HttpResponse:
     tenant = Tenant.objects.filter(slug=tenant_slug).first()
     if tenant is None:
         raise Http404("Not found.")
+    if request.method == "POST" and "may_run_on_host" in request.POST:
+        allowed = request.POST["may_run_on_host"] == "on"
+        services.tenant_set_may_run_on_host(
+            tenant=tenant, allowed=allowed, user=request.user, request=request
+        )
+        messages.success(
+            request,
+            f"{tenant.name} {'may now run' if allowed else 'may no longer run'} jobs on this host.",
+        )
+        return redirect("staff_tenant_detail", tenant_slug=tenant.slug)
     return render(
         request,
         "console/staff_tenant_detail.html",

@@ -27,7 +27,10 @@ from django.conf import settings
 from django.db import transaction
 
 from jobs import realtime
+from jobs.actors import ALERTS
 from jobs.models import AlertKind, Job, JobAlert, JobMetricSample, JobMonitor, JobStatus
+from jobs.services import ActionRefused, job_pause
+from jobs.state import job_note
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,7 @@ def gpu_idle(
 def _idle_minutes(monitor: JobMonitor | None) -> int:
     if monitor is not None and monitor.idle_minutes:
         return monitor.idle_minutes
-    return int(getattr(settings, "GPU_IDLE_MINUTES", 30))
+    return settings.GPU_IDLE_MINUTES
 
 
 def alert_raise(
@@ -165,9 +168,7 @@ def alert_raise(
 ) -> JobAlert | None:
     """Record and publish an alert unless the same kind was raised within the cool-down.
     The alert is also a timeline entry (actor "alerts")."""
-    from jobs.state import job_note
-
-    cooldown = timedelta(minutes=int(getattr(settings, "ALERT_COOLDOWN_MINUTES", 15)))
+    cooldown = timedelta(minutes=settings.ALERT_COOLDOWN_MINUTES)
     with transaction.atomic():
         if JobAlert.objects.filter(job=job, kind=kind, at__gt=now - cooldown).exists():
             return None
@@ -179,7 +180,7 @@ def alert_raise(
             at=now,
             attempt=job.attempt,
         )
-        job_note(job=job, actor="alerts", reason=message)
+        job_note(job=job, actor=ALERTS, reason=message)
         realtime.publish_job_alert(job, kind=kind, severity=severity, message=message, at=now)
     return alert
 
@@ -243,11 +244,9 @@ def alerts_evaluate(*, job: Job, now: datetime) -> list[JobAlert]:
             )
             raised.append(alert)
             if alert is not None and auto_stop and job.status == JobStatus.RUNNING:
-                from jobs.services import ActionRefused, job_pause
-
                 with contextlib.suppress(ActionRefused):  # paused or ended meanwhile
                     job_pause(
-                        job=job, actor="alerts", reason=f"auto-stop: GPUs idle for {minutes} min"
+                        job=job, actor=ALERTS, reason=f"auto-stop: GPUs idle for {minutes} min"
                     )
     raised.append(alerts_scan_logs(job=job, now=now))
     return [a for a in raised if a is not None]
@@ -255,10 +254,10 @@ def alerts_evaluate(*, job: Job, now: datetime) -> list[JobAlert]:
 
 def alerts_scan_logs(*, job: Job, now: datetime) -> JobAlert | None:
     """Read the job's new log lines for loss values; alert on the first explosion."""
-    from jobs import logstream
+    from jobs.logs.reading import read_lines
 
     monitor, _ = JobMonitor.objects.get_or_create(job=job)
-    page = logstream.read_lines(job, since_line=monitor.log_scanned_line, limit=LOG_SCAN_LINES)
+    page = read_lines(job, since_line=monitor.log_scanned_line, limit=LOG_SCAN_LINES)
     if not page["lines"]:
         return None
     stats = RunningStats(monitor.loss_count, monitor.loss_mean, monitor.loss_m2)

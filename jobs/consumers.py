@@ -5,6 +5,11 @@ delivers; log completeness rules live in `JobLogCursor`.
 Refusals happen before `accept()`, so the HTTP handshake is answered 403: 4403 for an
 anonymous socket or a job of a tenant the user is no member of, 4404 for a job that does
 not exist (foreign Origins are refused earlier by AllowedHostsOriginValidator).
+
+Access is checked again whenever the person's membership of the tenant changes: every
+socket joins `console.realtime.membership_group(tenant, user)` before its connect-time
+check (so no change can slip between the two), and closes with 4403 when a re-check
+fails (removed from the organisation, or a role without the socket's capability).
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.permissions import Capability, has_capability
-from console.tenancy import SESSION_TENANT_KEY, resolve_membership
-from jobs import logstream, realtime
+from console.realtime import MEMBERSHIP_CHANGED, membership_group
+from console.selectors import resolve_membership
+from console.tenancy import SESSION_TENANT_KEY
+from jobs import realtime
+from jobs.logs.follower import followers
+from jobs.logs.reading import BACKFILL_LINES, read_lines, tail_lines
 from jobs.models import Job
 
 log = logging.getLogger(__name__)
@@ -42,22 +51,79 @@ def _parallel_db(function):
     return database_sync_to_async(function, thread_sensitive=False)
 
 
+# What every socket of this module needs in its tenant, at connect and on each re-check.
+SOCKET_CAPABILITY = Capability.VIEW_TENANT
+# The close code of a socket whose access is gone (the handshake's refusal code).
+ACCESS_REVOKED = 4403
+
+
 @_parallel_db
-def _job_for_member(user, job_id: int) -> tuple[Job | None, int]:
-    job = Job.objects.filter(pk=job_id).first()
-    if job is None:
-        return None, 4404
-    membership = resolve_membership(user, job.tenant_id)
-    if membership is None or membership.tenant_id != job.tenant_id:
-        return None, 4403
-    if not has_capability(membership, Capability.VIEW_TENANT):
-        return None, 4403
-    return job, 0
+def _may_view(user, tenant_id: int) -> bool:
+    membership = resolve_membership(user, tenant_id)
+    return (
+        membership is not None
+        and membership.tenant_id == tenant_id
+        and has_capability(membership, SOCKET_CAPABILITY)
+    )
 
 
 @_parallel_db
 def _reload(job_id: int) -> Job | None:
     return Job.objects.filter(pk=job_id).first()
+
+
+class AccessWatch:
+    """A socket's subscription to its person's membership notices in one tenant: on each,
+    access is checked again and `revoke` (stop and close the socket) runs if it is gone.
+
+    `start` subscribes first and checks second, so a change committed at any time after
+    the check is seen."""
+
+    def __init__(self, user, tenant_id: int, revoke):
+        self.user = user
+        self.tenant_id = tenant_id
+        self.revoke = revoke  # async () -> None
+        self.group = membership_group(tenant_id, user.pk)
+        self.recheck: asyncio.Task | None = None
+        self.subscribed = False
+
+    async def start(self) -> bool:
+        """Subscribe, then check access now; False (and unsubscribed) when refused."""
+        await realtime.hub().subscribe(self.group, self._changed)
+        self.subscribed = True
+        if await _may_view(self.user, self.tenant_id):
+            return True
+        await self.stop()
+        return False
+
+    def _changed(self, message: dict) -> None:
+        # A resync means the hub may have missed a notice: check as if one came.
+        if message.get("type") not in (MEMBERSHIP_CHANGED, realtime.RESYNC):
+            return
+        if self.recheck is None or self.recheck.done():
+            # Not awaited by the hub: the check reads the database, and the hub's other
+            # subscribers must not wait for it.
+            self.recheck = asyncio.ensure_future(self._check_again())
+
+    async def _check_again(self) -> None:
+        try:
+            allowed = await _may_view(self.user, self.tenant_id)
+        except Exception:
+            log.warning("socket access re-check failed; closing", exc_info=True)
+            allowed = False
+        if not allowed:
+            await self.revoke()
+
+    async def stop(self) -> None:
+        if not self.subscribed:
+            return
+        self.subscribed = False
+        await realtime.hub().unsubscribe(self.group, self._changed)
+        recheck = self.recheck
+        if recheck is not None and recheck is not asyncio.current_task():
+            recheck.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await recheck
 
 
 def _status_message(job: Job) -> realtime.JobStatusMessage:
@@ -83,10 +149,8 @@ class JobLogCursor:
         self.last_sent = 0
         self.first_sent = 1  # lines before it were never sent on this socket
 
-    async def backfill(self, count: int = logstream.BACKFILL_LINES) -> None:
-        lines, last = await sync_to_async(logstream.tail_lines, thread_sensitive=False)(
-            self.job, count
-        )
+    async def backfill(self, count: int = BACKFILL_LINES) -> None:
+        lines, last = await sync_to_async(tail_lines, thread_sensitive=False)(self.job, count)
         if lines:
             await self.send_lines(lines)
         self.last_sent = last
@@ -112,7 +176,7 @@ class JobLogCursor:
         """Send every stored line after `last_sent` (up to `upto`, or all there are)."""
         while upto is None or self.last_sent < upto:
             limit = FILL_CHUNK if upto is None else min(FILL_CHUNK, upto - self.last_sent)
-            page = await sync_to_async(logstream.read_lines, thread_sensitive=False)(
+            page = await sync_to_async(read_lines, thread_sensitive=False)(
                 self.job, since_line=self.last_sent, limit=limit
             )
             lines = page["lines"]
@@ -161,9 +225,13 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)
             return
         job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        job, refusal = await _job_for_member(user, job_id)
+        job = await _reload(job_id)
         if job is None:
-            await self.close(code=refusal)
+            await self.close(code=4404)
+            return
+        self.access = AccessWatch(user, job.tenant_id, self._revoke)
+        if not await self.access.start():
+            await self.close(code=ACCESS_REVOKED)
             return
         self.job = job
         self.group = realtime.job_group(job.pk)
@@ -181,7 +249,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         # Subscribe before reading the backfill: a line written meanwhile is then either
         # in the backfill or in the queue (or both: the cursor drops the repeat).
         await realtime.hub().subscribe(self.group, self._enqueue)
-        logstream.followers.watch(job.pk)
+        followers.watch(job.pk)
         self.watching = True
         await self.accept()
         await self.send_json(_status_message(job))
@@ -267,7 +335,15 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         else:
             self.queue.put_nowait({"type": "_resume", "since_line": since_line})
 
+    async def _revoke(self) -> None:
+        """Access is gone: send nothing more, then close."""
+        await self.disconnect(ACCESS_REVOKED)
+        await self.close(code=ACCESS_REVOKED)
+
     async def disconnect(self, code):
+        access = getattr(self, "access", None)
+        if access is not None:
+            await access.stop()
         if not getattr(self, "watching", False):
             return
         self.watching = False
@@ -277,7 +353,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await pump
         await realtime.hub().unsubscribe(self.group, self._enqueue)
-        await logstream.followers.unwatch(self.job.pk)
+        await followers.unwatch(self.job.pk)
 
 
 @_parallel_db
@@ -297,8 +373,12 @@ class TenantConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)
             return
         membership = await _current_membership(user, self.scope.get("session"))
-        if membership is None or not has_capability(membership, Capability.VIEW_TENANT):
+        if membership is None:
             await self.close(code=4403)
+            return
+        self.access = AccessWatch(user, membership.tenant_id, self._revoke)
+        if not await self.access.start():
+            await self.close(code=ACCESS_REVOKED)
             return
         self.group = realtime.tenant_group(membership.tenant_id)
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -322,7 +402,15 @@ class TenantConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content, **kwargs):
         return  # nothing to ask for yet
 
+    async def _revoke(self) -> None:
+        """Access is gone: send nothing more, then close."""
+        await self.disconnect(ACCESS_REVOKED)
+        await self.close(code=ACCESS_REVOKED)
+
     async def disconnect(self, code):
+        access = getattr(self, "access", None)
+        if access is not None:
+            await access.stop()
         if not getattr(self, "subscribed", False):
             return
         self.subscribed = False

@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import shlex
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 
-from jobs.models import Priority
+from jobs.models import Priority, TenantSecret
+from jobs.services.spec import JobSpec
 from marketplace.models import GpuType, Image, Region
+from marketplace.selectors import default_region, regions_for_tenant
 
 
 def parse_pairs(text: str, field_label: str) -> dict[str, str]:
@@ -90,13 +93,44 @@ class LaunchForm(forms.Form):
 
     def __init__(self, *args, tenant=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["image"].queryset = Image.objects.for_tenant(tenant).filter(is_active=True)
-        from jobs.models import TenantSecret
-
+        # A private image whose slug a public one has (made before such clashes were
+        # refused) is left out: the slug names the public image, here and in the spec.
+        active = Image.objects.for_tenant(tenant).filter(is_active=True)
+        public_slugs = active.filter(tenant__isnull=True).values("slug")
+        self.fields["image"].queryset = active.exclude(
+            tenant__isnull=False, slug__in=public_slugs
+        )
+        # "This host" is offered only to tenants staff allow to run on it.
+        regions = regions_for_tenant(tenant)
+        self.fields["region"].queryset = regions
+        if not regions.filter(slug=self.initial.get("region") or "").exists():
+            region = default_region(tenant)
+            self.initial["region"] = region.slug if region else None
         self.fields["secrets"].choices = [
             (name, name)
             for name in TenantSecret.objects.for_tenant(tenant).values_list("name", flat=True)
         ]
+
+    @staticmethod
+    def initial_from_spec(spec: JobSpec) -> dict[str, Any]:
+        """The form's initial values for a spec (a template, or a job to launch again).
+        Secret values are never put back into a form."""
+        return {
+            "name": spec.name,
+            "project": spec.project,
+            "gpu_type": spec.gpu_type,
+            "gpus_per_node": spec.gpus_per_node,
+            "cpus": spec.cpus,
+            "nodes": spec.nodes,
+            "region": spec.region,
+            "spot_ratio": spec.spot_ratio,
+            "image": spec.image,
+            "command": shlex.join(spec.command),
+            "priority": spec.priority,
+            "env": "\n".join(f"{key}={value}" for key, value in spec.env.items()),
+            "max_runtime_minutes": spec.max_runtime_minutes,
+            "checkpoint_path": spec.checkpoint_path,
+        }
 
     def clean_command(self):
         try:
@@ -126,3 +160,20 @@ class TenantSecretForm(forms.Form):
         strip=False,
         help_text="Stored encrypted; never shown again. Saving an existing name replaces it.",
     )
+    projects = forms.CharField(
+        label="Only in projects",
+        required=False,
+        widget=forms.TextInput(
+            attrs={"placeholder": "llm-finetune, vision", "spellcheck": "false"}
+        ),
+        help_text="Comma-separated. Empty: jobs of any project may use it.",
+    )
+    members_may_use = forms.BooleanField(
+        label="Members' jobs may use it",
+        required=False,
+        help_text="Off: only owners' and admins' jobs may use it. A job that can use a "
+        "secret can read it.",
+    )
+
+    def clean_projects(self) -> list[str]:
+        return [p.strip() for p in self.cleaned_data["projects"].split(",") if p.strip()]

@@ -1,47 +1,31 @@
 """GPU metrics of running jobs: collected every METRICS_INTERVAL seconds by a periodic
 task, stored (raw for METRICS_RAW_RETENTION, then 1-minute means), published live.
 
-Sources:
-- local backend: NVML (nvidia-ml-py) for the GPU indices assigned to the job; a host
-  without a driver has no readings and the page says "no GPU";
-- kubernetes: the DCGM exporter's metrics through Prometheus's HTTP API (PROMETHEUS_URL),
-  one instant query per tick for every running job (series are matched to jobs by pod
-  name `gg-<job>-a<attempt>[-spot]-<index>-…`).
+Each job's backend reads its GPUs (`ComputeBackend.gpu_readings`: NVML on the local
+host, the DCGM exporter through Prometheus on Kubernetes; jobs.gpu_readings), once per
+tick for all its running jobs; this module stores, publishes, downsamples and charts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
-import socket
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from statistics import fmean
 
-import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import realtime
+from jobs import alerts, realtime
+from jobs.backends import BackendUnavailable, get_backend
+from jobs.backends.base import GpuReading
 from jobs.models import Job, JobMetricSample, JobStatus, MetricResolution
 
 log = logging.getLogger(__name__)
 
-DCGM_FIELDS = {
-    "DCGM_FI_DEV_GPU_UTIL": "utilization",
-    "DCGM_FI_DEV_FB_USED": "memory_used_mib",
-    "DCGM_FI_DEV_FB_FREE": "memory_free_mib",
-    "DCGM_FI_DEV_POWER_USAGE": "power_w",
-    "DCGM_FI_DEV_GPU_TEMP": "temperature_c",
-}
-# Our pods' names (jobs.backends.kubernetes_manifests.job_name + the Indexed Job suffix).
-POD_NAME = re.compile(r"^gg-(?P<job>\d+)-a(?P<attempt>\d+)(?P<spot>-spot)?-(?P<index>\d+)-")
 NOTE_NO_GPU = "no GPU"
-NOTE_NO_NVML = "no GPU readings: NVML is not available on this host"
-NOTE_NO_PROMETHEUS = "no GPU readings: PROMETHEUS_URL is not configured"
 SAMPLE_FIELDS = (
     "utilization",
     "memory_used_mib",
@@ -51,128 +35,6 @@ SAMPLE_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class GpuReading:
-    node: str
-    gpu: int
-    utilization: float | None = None
-    memory_used_mib: float | None = None
-    memory_total_mib: float | None = None
-    power_w: float | None = None
-    temperature_c: float | None = None
-
-
-def _setting(name: str, default):
-    return getattr(settings, name, default)
-
-
-# --- sources ------------------------------------------------------------------------------
-
-
-def nvml_readings(devices: list[int]) -> list[GpuReading] | None:
-    """Readings of this host's GPUs `devices` (NVML indices); None without NVML."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    host = socket.gethostname()
-    readings = []
-    try:
-        for index in devices:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-
-            def read(call, handle=handle):
-                try:
-                    return call(handle)
-                except pynvml.NVMLError:
-                    return None  # a field this GPU doesn't report (e.g. power on some)
-
-            utilization = read(pynvml.nvmlDeviceGetUtilizationRates)
-            memory = read(pynvml.nvmlDeviceGetMemoryInfo)
-            power_mw = read(pynvml.nvmlDeviceGetPowerUsage)
-            temperature = read(
-                lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
-            )
-            readings.append(
-                GpuReading(
-                    node=host,
-                    gpu=index,
-                    utilization=float(utilization.gpu) if utilization is not None else None,
-                    memory_used_mib=memory.used / 2**20 if memory is not None else None,
-                    memory_total_mib=memory.total / 2**20 if memory is not None else None,
-                    power_w=power_mw / 1000.0 if power_mw is not None else None,
-                    temperature_c=float(temperature) if temperature is not None else None,
-                )
-            )
-    finally:
-        pynvml.nvmlShutdown()
-    return readings
-
-
-def dcgm_query() -> str:
-    """One PromQL instant query for every DCGM field of every pod of ours. Exporters
-    scraped through a ServiceMonitor carry the workload's pod as `exported_pod`."""
-    names = "|".join(DCGM_FIELDS)
-    return (
-        f'{{__name__=~"{names}",pod=~"gg-[0-9]+-a.+"}} or '
-        f'{{__name__=~"{names}",exported_pod=~"gg-[0-9]+-a.+"}}'
-    )
-
-
-def prometheus_readings(
-    jobs: list[Job], *, url: str, timeout: float = 5.0
-) -> dict[int, list[GpuReading]]:
-    """Readings of the running Kubernetes `jobs`, from one Prometheus query.
-
-    Raises httpx.HTTPError when Prometheus can't be reached or answers an error."""
-    wanted = {job.pk: job for job in jobs}
-    response = httpx.get(
-        f"{url.rstrip('/')}/api/v1/query", params={"query": dcgm_query()}, timeout=timeout
-    )
-    response.raise_for_status()
-    body = response.json()
-    if body.get("status") != "success":
-        raise httpx.HTTPError(f"Prometheus query failed: {body.get('error', body)}")
-    values: dict[tuple[int, str, int], dict[str, float]] = defaultdict(dict)
-    for series in body["data"]["result"]:
-        labels = series["metric"]
-        pod = labels.get("exported_pod") or labels.get("pod") or ""
-        match = POD_NAME.match(pod)
-        if match is None:
-            continue
-        job = wanted.get(int(match["job"]))
-        if job is None or int(match["attempt"]) != job.attempt:
-            continue
-        rank = int(match["index"]) + (job.on_demand_nodes if match["spot"] else 0)
-        try:
-            gpu = int(labels.get("gpu", 0))
-            value = float(series["value"][1])
-        except (TypeError, ValueError):
-            continue
-        field = DCGM_FIELDS.get(labels.get("__name__", ""))
-        if field:
-            values[(job.pk, f"rank {rank}", gpu)][field] = value
-    readings: dict[int, list[GpuReading]] = defaultdict(list)
-    for (job_id, node, gpu), fields in sorted(values.items()):
-        used, free = fields.get("memory_used_mib"), fields.get("memory_free_mib")
-        readings[job_id].append(
-            GpuReading(
-                node=node,
-                gpu=gpu,
-                utilization=fields.get("utilization"),
-                memory_used_mib=used,
-                memory_total_mib=used + free if used is not None and free is not None else None,
-                power_w=fields.get("power_w"),
-                temperature_c=fields.get("temperature_c"),
-            )
-        )
-    return readings
-
-
 # --- collection -------------------------------------------------------------------------------
 
 
@@ -180,11 +42,7 @@ def metrics_note(job: Job) -> str:
     """Why a job has no GPU readings ("" when it should have some)."""
     if not job.gpus_per_node:
         return NOTE_NO_GPU
-    if job.backend == "local":
-        return "" if nvml_readings([]) is not None else NOTE_NO_NVML
-    if not _setting("PROMETHEUS_URL", ""):
-        return NOTE_NO_PROMETHEUS
-    return ""
+    return get_backend(job.backend).metrics_note(job)
 
 
 def sample_payload(sample: JobMetricSample) -> realtime.MetricSamplePayload:
@@ -225,23 +83,18 @@ def metrics_record(*, job: Job, readings: list[GpuReading], at: datetime) -> lis
 def metrics_collect(*, now: datetime | None = None) -> int:
     """One collection tick over every running GPU job; returns how many samples were
     stored. Then the alert rules look at each job (jobs.alerts)."""
-    from jobs import alerts
-
     now = now or timezone.now()
     running = list(Job.objects.filter(status=JobStatus.RUNNING).select_related("tenant"))
+    by_backend: dict[str, list[Job]] = defaultdict(list)
+    for job in running:
+        if job.gpus_per_node:
+            by_backend[job.backend].append(job)
     by_job: dict[int, list[GpuReading]] = {}
-    local = [j for j in running if j.backend == "local" and j.gpus_per_node and j.assigned_devices]
-    for job in local:
-        readings = nvml_readings([int(i) for i in job.assigned_devices])
-        if readings:
-            by_job[job.pk] = readings
-    remote = [j for j in running if j.backend != "local" and j.gpus_per_node]
-    url = _setting("PROMETHEUS_URL", "")
-    if remote and url:
+    for backend_name, jobs in by_backend.items():
         try:
-            by_job.update(prometheus_readings(remote, url=url))
-        except (httpx.HTTPError, ValueError, KeyError) as error:
-            log.warning("reading GPU metrics from Prometheus failed: %s", error)
+            by_job.update(get_backend(backend_name).gpu_readings(jobs))
+        except BackendUnavailable as error:
+            log.warning("reading GPU metrics of %s jobs failed: %s", backend_name, error)
     stored = 0
     for job in running:
         readings = by_job.get(job.pk)
@@ -254,14 +107,11 @@ def metrics_collect(*, now: datetime | None = None) -> int:
     return stored
 
 
-# --- retention ----------------------------------------------------------------------------------
-
-
 def metrics_downsample(*, now: datetime | None = None, batch: int = 20000) -> int:
     """Replace raw samples older than the raw retention by their 1-minute means (per job,
     node and GPU). Safe to run twice: a minute already averaged is merged, not doubled."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=_setting("METRICS_RAW_RETENTION", 3600))
+    cutoff = now - timedelta(seconds=settings.METRICS_RAW_RETENTION)
     cutoff = cutoff.replace(second=0, microsecond=0)  # whole minutes only
     raw = list(
         JobMetricSample.objects.filter(resolution=MetricResolution.RAW, at__lt=cutoff).order_by(

@@ -44,6 +44,25 @@ HOLDING_COMPUTE = frozenset(
 )
 
 
+class WaitKind(models.TextChoices):
+    """What a job not yet running waits for. Admission decides on this field; the
+    human-readable `status_reason` beside it is built from it, never parsed."""
+
+    NONE = "", "Not waiting"
+    ADMISSION = "admission", "Waiting for admission"
+    CAPACITY = "capacity", "Waiting for free GPUs or vCPUs"
+    POOL_QUEUE = "pool_queue", "Behind earlier jobs for the same pool"
+    QUOTA = "quota", "Held by the organisation's quota"
+    QUOTA_QUEUE = "quota_queue", "Behind the organisation's earlier jobs (quota)"
+    BACKEND = "backend", "Waiting on the backend (scheduling, Kueue admission)"
+    RETRY = "retry", "Retrying a backend call"
+
+
+# Waits caused by the tenant's own quota: such a job holds back only its own tenant's
+# later jobs for its pools, never another tenant's.
+QUOTA_WAITS = frozenset({WaitKind.QUOTA, WaitKind.QUOTA_QUEUE})
+
+
 class Priority(models.TextChoices):
     CRITICAL = "critical", "Critical"
     NORMAL = "normal", "Normal"
@@ -115,11 +134,21 @@ class Job(TenantOwnedModel):
         max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
     )
     status_reason = models.CharField(max_length=500, blank=True)
+    wait_kind = models.CharField(
+        max_length=16, choices=WaitKind.choices, default=WaitKind.NONE, blank=True, db_index=True
+    )
     status_changed_at = models.DateTimeField(default=timezone.now)
     attempt = models.PositiveIntegerField(default=1)
     exit_code = models.IntegerField(null=True, blank=True)
     # Set when the budget paused it, so raising the budget resumes only those.
     paused_by_budget = models.BooleanField(default=False)
+    # Dispatches of this attempt that failed with an unexpected error (not a retryable
+    # outage); at DISPATCH_MAX_ATTEMPTS the job fails instead of holding capacity.
+    dispatch_failures = models.PositiveIntegerField(default=0)
+    # Running time of earlier running spans, and when the current one began: max runtime
+    # counts running time only (pauses and preemptions don't consume it).
+    run_seconds = models.FloatField(default=0)
+    running_since = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -188,6 +217,10 @@ class TenantSecret(TenantOwnedModel):
     tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="secrets")
     name = models.CharField(max_length=100)
     value_encrypted = models.TextField()
+    # Where it may be used: jobs of these projects only (empty: any project), and by
+    # whom: members' jobs too, or only admins' and owners' (the default).
+    projects = models.JSONField(default=list, blank=True)
+    members_may_use = models.BooleanField(default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -226,12 +259,12 @@ class LaunchTemplate(TenantOwnedModel):
         return self.name
 
 
-# --- live monitoring: logs archive, GPU metrics, alerts (jobs.logstream/metrics/alerts) ---
+# --- live monitoring: logs archive, GPU metrics, alerts (jobs/logs, metrics, alerts) ---
 
 
 class JobLogArchive(models.Model):
     """Where a finished job's full log was archived (gzip), so it stays readable after its
-    pods or run directory are gone. One per job; written by `logstream.job_log_archive`."""
+    pods or run directory are gone. One per job; written by `jobs.logs.archive.job_log_archive`."""
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="log_archive")
     path = models.CharField(max_length=500)

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from console.services import notify
+from jobs.actors import Actor
 from jobs.models import JobStatus
 
 S = JobStatus
@@ -21,10 +22,10 @@ NOTIFY = {
 QUIET_ACTORS_FOR = {S.CANCELLED, S.PAUSED}
 
 
-def job_status_notify(job, to: str, actor: str, reason: str) -> None:
+def job_status_notify(job, to: str, actor: Actor, reason: str) -> None:
     if to not in NOTIFY or job.created_by is None:
         return
-    if to in QUIET_ACTORS_FOR and actor == job.created_by.email:
+    if to in QUIET_ACTORS_FOR and actor.user_id == job.created_by_id:
         return
     if to == S.PAUSED and not job.paused_by_budget:
         return

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from decimal import Decimal
-from operator import attrgetter
+from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 
-from django.db.models import Count, Min, QuerySet
-from django.utils import timezone
-
-from jobs.models import Job, JobEvent, JobStatus
-from marketplace.pricing import PricingError, estimate_cost
+from console.permissions import Capability, has_capability
+from jobs.models import Job, JobEvent, JobStatus, Priority
 
 S = JobStatus
-# Billing runs from `running` until compute is released (pausing still holds it).
-BILLED_STATUSES = frozenset({S.RUNNING, S.PAUSING})
-COST_QUANTUM = Decimal("0.000001")
 
 
 def jobs_for_tenant(*, tenant, status: str | None = None, query: str = "") -> QuerySet[Job]:
@@ -33,118 +25,54 @@ def job_events(*, job: Job) -> QuerySet[JobEvent]:
     return JobEvent.objects.filter(job=job).order_by("at", "pk")
 
 
-def billed_seconds(
-    job: Job,
-    events: list[JobEvent] | None = None,
-    now: datetime | None = None,
-    since: datetime | None = None,
-) -> float:
-    """Seconds spent holding paid compute (after `since`), from the job's own timeline."""
-    from billing.metering import billed_spans
-
-    now = now or timezone.now()
-    events = events if events is not None else list(job_events(job=job))
-    changes = [e for e in events if e.to_status != e.from_status]
-    start = since or (changes[0].at if changes else now)
-    return sum((s.end - s.start).total_seconds() for s in billed_spans(changes, start, now))
+PRIORITY_ORDER = (Priority.CRITICAL, Priority.NORMAL, Priority.LOW)
 
 
-def job_run_rate(job: Job) -> Decimal | None:
-    """The job's hourly price (its actual spot/on-demand split), or None without a price."""
-    try:
-        estimate = estimate_cost(
-            gpu_type=job.gpu_type,
-            region=job.region,
-            nodes=job.nodes,
-            gpus_per_node=job.gpus_per_node,
-            cpus=job.cpus,
-            spot_ratio=Decimal(job.spot_nodes) / Decimal(job.nodes),
-            hours=Decimal(1),
-            tenant=job.tenant,
-        )
-    except PricingError:
-        return None
-    per_node = Decimal(estimate.units) / Decimal(job.nodes)
-    return per_node * (
-        estimate.unit_price_spot * job.spot_nodes + estimate.unit_price_base * job.on_demand_nodes
+def queued_in_order() -> QuerySet[Job]:
+    """Every queued job in admission order: priority, then first come, first served."""
+    rank = Case(
+        *[When(priority=p, then=Value(r)) for r, p in enumerate(PRIORITY_ORDER)],
+        output_field=IntegerField(),
+    )
+    return (
+        Job.objects.filter(status=S.QUEUED)
+        .annotate(priority_rank=rank)
+        .order_by("priority_rank", "created_at", "pk")
     )
 
 
-# What a job's hourly price depends on: jobs alike in these are priced once (a tenant's
-# hundreds of running jobs share a handful of configurations; each pricing reads the
-# price book).
-PRICED_BY = ("gpu_type_id", "region_id", "tenant_id", "gpus_per_node", "cpus", "nodes",
-             "spot_nodes")  # fmt: skip
-_priced_by = attrgetter(*PRICED_BY)
-
-
-def jobs_run_rates(jobs) -> dict[int, Decimal | None]:
-    """Each job's hourly price (`job_run_rate`), each configuration priced once."""
-    by_configuration: dict[tuple, Decimal | None] = {}
-    rates = {}
-    for job in jobs:
-        key = _priced_by(job)
-        if key not in by_configuration:
-            by_configuration[key] = job_run_rate(job)
-        rates[job.pk] = by_configuration[key]
-    return rates
-
-
-def total_run_rate(jobs: QuerySet[Job]) -> Decimal:
-    """The summed hourly price of the given jobs, in two queries whatever their number:
-    how many jobs share each configuration, and one job of each to price."""
-    groups = list(jobs.order_by().values(*PRICED_BY).annotate(count=Count("pk"), one=Min("pk")))
-    examples = Job.objects.select_related("gpu_type", "region", "tenant").in_bulk(
-        [group["one"] for group in groups]
+def queued_in_pools(pool_ids: list[int]) -> QuerySet[Job]:
+    return Job.objects.filter(status=S.QUEUED).filter(
+        Q(pool_id__in=pool_ids) | Q(spot_pool_id__in=pool_ids)
     )
-    total = Decimal(0)
-    for group in groups:
-        total += (job_run_rate(examples[group["one"]]) or Decimal(0)) * group["count"]
-    return total
 
 
-def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int, Decimal]:
-    """Cost to date of many jobs with a constant number of queries: the ledger, plus
-    the running time not metered yet priced at each job's current rate (so the figure
-    moves live between metering ticks)."""
-    from billing.models import JobMeter
-    from billing.selectors import job_costs
-
-    if not jobs:
-        return {}
-    now = now or timezone.now()
-    ledger = job_costs(jobs)
-    meters = dict(JobMeter.objects.filter(job__in=jobs).values_list("job_id", "metered_until"))
-    live = [
-        j
-        for j in jobs
-        if j.started_at is not None and (j.status in BILLED_STATUSES or j.pk not in meters)
-    ]
-    events: dict[int, list[JobEvent]] = {j.pk: [] for j in live}
-    for event in JobEvent.objects.filter(job__in=live).order_by("job_id", "at", "pk"):
-        events[event.job_id].append(event)
-    rates = jobs_run_rates(live)
-    costs = {}
-    for job in jobs:
-        total = ledger[job.pk]
-        if job.pk in events:
-            seconds = billed_seconds(
-                job, events[job.pk], now=now, since=meters.get(job.pk) or job.started_at
-            )
-            total += (rates[job.pk] or Decimal(0)) * Decimal(str(round(seconds, 3))) / 3600
-        costs[job.pk] = total.quantize(COST_QUANTUM)
-    return costs
+def queued_ahead_of(job: Job) -> QuerySet[Job]:
+    """Queued jobs before `job` in admission order (priority, then FIFO) that want one of
+    its pools; an indexed filter, so its cost doesn't grow with the rest of the queue."""
+    pools = [pid for pid in (job.pool_id, job.spot_pool_id) if pid]
+    rank = PRIORITY_ORDER.index(job.priority)
+    earlier = Q(priority__in=PRIORITY_ORDER[:rank]) | Q(
+        Q(created_at__lt=job.created_at) | Q(created_at=job.created_at, pk__lt=job.pk),
+        priority=job.priority,
+    )
+    return queued_in_pools(pools).filter(earlier).exclude(pk=job.pk)
 
 
-def job_cost_to_date(job: Job, events: list[JobEvent] | None = None) -> Decimal:
-    return jobs_costs_to_date([job])[job.pk]
+def queued_behind(job: Job) -> QuerySet[Job]:
+    """Queued jobs after `job` in admission order that want one of its pools."""
+    pools = [pid for pid in (job.pool_id, job.spot_pool_id) if pid]
+    rank = PRIORITY_ORDER.index(job.priority)
+    later = Q(priority__in=PRIORITY_ORDER[rank + 1 :]) | Q(
+        Q(created_at__gt=job.created_at) | Q(created_at=job.created_at, pk__gt=job.pk),
+        priority=job.priority,
+    )
+    return queued_in_pools(pools).filter(later).exclude(pk=job.pk)
 
 
 def queue_positions(jobs: list[Job]) -> dict[int, int]:
     """1-based queue position of each queued job among the jobs waiting for its pools
     (its own pools, not the whole platform's queue)."""
-    from jobs.services import queued_ahead_of, queued_in_order
-
     wanted = [j for j in jobs if j.status == S.QUEUED]
     if not wanted:
         return {}
@@ -161,3 +89,22 @@ def queue_positions(jobs: list[Job]) -> dict[int, int]:
         if pk in wanted_ids:
             positions[pk] = 1 + sum(1 for _, other in order[:index] if other & pools)
     return positions
+
+
+def queue_position(job: Job) -> int | None:
+    return queue_positions([job]).get(job.pk)
+
+
+DASHBOARD_JOBS = 8
+
+
+def dashboard_jobs_context(request) -> dict:
+    """The dashboard's job section: the latest jobs and how many run (registered with
+    console.dashboard by JobsConfig)."""
+    if not has_capability(request.membership, Capability.VIEW_TENANT):
+        return {"recent_jobs": [], "running_count": 0}
+    jobs = jobs_for_tenant(tenant=request.tenant)
+    return {
+        "recent_jobs": list(jobs[:DASHBOARD_JOBS]),
+        "running_count": jobs.filter(status=JobStatus.RUNNING).count(),
+    }

@@ -6,12 +6,15 @@ and published to the job's and tenant's live channels after commit.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import transaction
 from django.utils import timezone
 
 from console.services import ServiceError
 from jobs import realtime
-from jobs.models import FINISHED, Job, JobEvent, JobStatus
+from jobs.actors import Actor
+from jobs.models import FINISHED, Job, JobEvent, JobStatus, WaitKind
 from jobs.notifications import job_status_notify
 
 S = JobStatus
@@ -55,7 +58,7 @@ def job_transition(
     *,
     job: Job,
     to: str,
-    actor: str,
+    actor: Actor,
     reason: str = "",
     expected_from: frozenset[str] | None = None,
     **changes,
@@ -71,9 +74,17 @@ def job_transition(
     previous = locked.status
     locked.status = to
     locked.status_reason = reason[:500]
+    # A new status starts without a wait unless the caller names one (e.g. requeued).
+    locked.wait_kind = changes.pop("wait_kind", WaitKind.NONE)
     locked.status_changed_at = now
     if to == S.RUNNING and locked.started_at is None:
         locked.started_at = now
+    # Running time is what max runtime counts: spans in `running` only.
+    if previous == S.RUNNING and locked.running_since is not None:
+        locked.run_seconds += max(0.0, (now - locked.running_since).total_seconds())
+        locked.running_since = None
+    if to == S.RUNNING:
+        locked.running_since = now
     if to in FINISHED:
         locked.finished_at = now
     for field, value in changes.items():
@@ -84,7 +95,7 @@ def job_transition(
         at=now,
         from_status=previous,
         to_status=to,
-        actor=actor,
+        actor=actor.label,
         reason=reason[:1000],
         attempt=locked.attempt,
     )
@@ -97,30 +108,58 @@ def job_transition(
         "status_changed_at",
         "started_at",
         "finished_at",
+        "wait_kind",
+        "run_seconds",
+        "running_since",
         *changes,
     ):
         setattr(job, field, getattr(locked, field))
     return locked
 
 
-def job_note(*, job: Job, actor: str, reason: str) -> None:
+def job_run_seconds(job: Job, now: datetime) -> float:
+    """Seconds `job` has spent running, over all its attempts, as of `now`."""
+    since = job.running_since
+    if since is None and job.status == S.RUNNING:
+        since = job.status_changed_at  # running since before running_since was kept
+    current = (now - since).total_seconds() if since else 0.0
+    return job.run_seconds + max(0.0, current)
+
+
+def job_note(*, job: Job, actor: Actor, reason: str) -> None:
     """A timeline entry without a status change (e.g. a backend event, a retry)."""
     JobEvent.objects.create(
         job=job,
         from_status=job.status,
         to_status=job.status,
-        actor=actor,
+        actor=actor.label,
         reason=reason[:1000],
         attempt=job.attempt,
     )
 
 
-def job_reason_update(*, job: Job, reason: str) -> Job:
-    """Say why a job is still where it is (e.g. what it waits for) without a status
-    change: no timeline entry, but the live page and list see it."""
+def job_wait_update(*, job: Job, kind: str, reason: str) -> Job:
+    """Say what a job that isn't running yet waits for, and why in words, without a
+    status change: no timeline entry, but the live page and list see it. Only applies
+    while the job still has the status the caller read."""
     reason = reason[:500]
-    if job.status_reason != reason:
-        Job.objects.filter(pk=job.pk, status=job.status).update(status_reason=reason)
-        job.status_reason = reason
+    if job.status_reason != reason or job.wait_kind != kind:
+        Job.objects.filter(pk=job.pk, status=job.status).update(
+            status_reason=reason, wait_kind=kind
+        )
+        job.status_reason, job.wait_kind = reason, kind
         realtime.publish_job_status(job)
+    return job
+
+
+def job_retry_note(*, job: Job, reason: str) -> Job:
+    """A backend call failed and is being retried: the reason says so, and touching
+    status_changed_at tells the reconciler a retry is under way (not a lost task)."""
+    now = timezone.now()
+    reason = reason[:500]
+    Job.objects.filter(pk=job.pk, status=job.status).update(
+        status_reason=reason, wait_kind=WaitKind.RETRY, status_changed_at=now
+    )
+    job.status_reason, job.wait_kind, job.status_changed_at = reason, WaitKind.RETRY, now
+    realtime.publish_job_status(job)
     return job

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 from django.conf import settings
 
 from jobs import services
-from jobs.backends import BackendUnavailable, get_backend
+from jobs.backends import BackendUnavailable, configured_backends, get_backend
 from jobs.models import Job
+from jobs.services.dispatch import DispatchRetry
+from marketplace.services import capacity_sync
+
+log = logging.getLogger(__name__)
 
 RETRY = {
     "autoretry_for": (BackendUnavailable,),
@@ -19,7 +25,9 @@ RETRY = {
 }
 
 
-@shared_task(**RETRY)
+# An unexpected dispatch error is counted by the service, which raises DispatchRetry
+# until DISPATCH_MAX_ATTEMPTS and then fails the job.
+@shared_task(**{**RETRY, "autoretry_for": (BackendUnavailable, DispatchRetry)})
 def job_dispatch_task(job_id: int) -> None:
     job = Job.objects.filter(pk=job_id).first()
     if job is None:  # deleted meanwhile: nothing to do
@@ -53,15 +61,26 @@ def job_release_task(job_id: int) -> None:
     """Remove what a finished job left on its backend (e.g. its Service and Secret)."""
     job = Job.objects.filter(pk=job_id).first()
     if job is not None:
-        backend = get_backend(job.backend)
-        if hasattr(backend, "release"):
-            backend.release(job)
+        get_backend(job.backend).release(job)
 
 
 @shared_task(**RETRY)
 def registry_pull_secret_remove_task(tenant_id: int, registry: str) -> None:
-    """A tenant removed its login to `registry`: remove its copy from the cluster."""
-    get_backend("kubernetes").remove_pull_secret(tenant_id, registry)
+    """A tenant removed its login to `registry`: remove its copies from the backends."""
+    for backend in configured_backends():
+        if backend.copies_pull_secrets:
+            backend.remove_pull_secret(tenant_id, registry)
+
+
+@shared_task(acks_late=True)
+def capacity_sync_task() -> None:
+    """Refresh every configured backend's pools; one unreachable backend doesn't stop the
+    others, and its pools keep their last known capacity until it answers again."""
+    for backend in configured_backends():
+        try:
+            capacity_sync(backend=backend)
+        except BackendUnavailable as error:
+            log.warning("capacity sync of %s failed: %s", backend.name, error)
 
 
 @shared_task(acks_late=True)
@@ -97,6 +116,6 @@ def metrics_downsample_task() -> None:
 @shared_task(acks_late=True)
 def logs_archive_task() -> None:
     """Compress the full log of finished jobs so it outlives their pods."""
-    from jobs.logstream import logs_archive_finished
+    from jobs.logs.archive import logs_archive_finished
 
     logs_archive_finished()

@@ -10,13 +10,17 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from console.confirm import confirm_then_act
 from console.permissions import Capability, capability_required, has_capability
 from console.services import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from jobs import selectors, services
+from jobs.actors import Actor
+from jobs.extensions import job_costs
 from jobs.forms import LaunchForm
-from jobs.models import Job, JobStatus
+from jobs.models import Job, JobStatus, LaunchTemplate
 from marketplace.models import GpuType, Image
+from marketplace.selectors import default_region
 
 PAGE_SIZE = 50
 
@@ -24,53 +28,25 @@ PAGE_SIZE = 50
 @capability_required(Capability.LAUNCH_JOBS)
 @require_http_methods(["GET", "POST"])
 def launch(request: HttpRequest) -> HttpResponse:
-    initial = {"region": "local", "image": "python-3.11", "cpus": 1, "gpus_per_node": 0}
+    region = default_region()
+    initial = {
+        "region": region.slug if region else None,
+        "image": "python-3.11",
+        "cpus": 1,
+        "gpus_per_node": 0,
+    }
     template_id = request.GET.get("template")
     if template_id and template_id.isdigit():
-        from jobs.models import LaunchTemplate
-
         template = LaunchTemplate.objects.for_tenant(request.tenant).filter(pk=template_id).first()
         if template is not None:
-            import shlex
-
-            spec = services.spec_from_template(template)
-            initial.update(
-                name=spec.name,
-                project=spec.project,
-                gpu_type=spec.gpu_type,
-                gpus_per_node=spec.gpus_per_node,
-                cpus=spec.cpus,
-                nodes=spec.nodes,
-                region=spec.region,
-                spot_ratio=spec.spot_ratio,
-                image=spec.image,
-                command=shlex.join(spec.command),
-                priority=spec.priority,
-                env="\n".join(f"{k}={v}" for k, v in spec.env.items()),
-                max_runtime_minutes=spec.max_runtime_minutes,
-                checkpoint_path=spec.checkpoint_path,
-            )
+            initial.update(LaunchForm.initial_from_spec(services.spec_from_template(template)))
     clone_of = request.GET.get("from")
     if clone_of and clone_of.isdigit():
         source = Job.objects.for_tenant(request.tenant).filter(pk=clone_of).first()
         if source is not None:
-            import shlex
-
             initial.update(
+                LaunchForm.initial_from_spec(services.spec_from_job(source)),
                 name=f"{source.name} (clone)"[:100],
-                project=source.project,
-                gpu_type=source.gpu_type.slug if source.gpu_type else None,
-                gpus_per_node=source.gpus_per_node,
-                cpus=source.cpus,
-                nodes=source.nodes,
-                region=source.region.slug,
-                spot_ratio=source.spot_ratio,
-                image=source.image.slug,
-                command=shlex.join(source.command),
-                env="\n".join(f"{k}={v}" for k, v in source.env.items()),
-                priority=source.priority,
-                max_runtime_minutes=source.max_runtime_minutes,
-                checkpoint_path=source.checkpoint_path,
             )
     form = LaunchForm(request.POST or None, tenant=request.tenant, initial=initial)
     if request.method == "POST" and form.is_valid():
@@ -107,8 +83,6 @@ def launch(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"“{job.name}” launched.")
             return redirect("jobs:detail", job_id=job.pk)
-    from jobs.models import LaunchTemplate
-
     return render(
         request,
         "jobs/launch.html",
@@ -141,7 +115,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "").strip()
     jobs = selectors.jobs_for_tenant(tenant=request.tenant, status=status or None, query=query)
     page = Paginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
-    costs = selectors.jobs_costs_to_date(list(page))
+    costs = job_costs().costs_to_date(list(page))
     rows = [{"job": job, "cost": costs[job.pk]} for job in page]
     context = {
         "page": page,
@@ -166,9 +140,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context = {
         "job": job,
         "events": events,
-        "cost": selectors.job_cost_to_date(job, events),
-        "run_rate": selectors.job_run_rate(job),
-        "queue_position": services.queue_position(job),
+        "cost": job_costs().costs_to_date([job])[job.pk],
+        "run_rate": job_costs().run_rate(job),
+        "queue_position": selectors.queue_position(job),
         "can_act": has_capability(request.membership, Capability.LAUNCH_JOBS),
         "logs_url": reverse("api-job-logs", args=[job.pk]),
         "metrics_url": reverse("api-job-metrics", args=[job.pk]),
@@ -197,7 +171,7 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
             messages.success(request, f"Cloned as “{clone.name}”.")
             target = reverse("jobs:detail", args=[clone.pk])
         elif action in ACTIONS:
-            ACTIONS[action](job=job, actor=request.user.email)
+            ACTIONS[action](job=job, actor=Actor.of_user(request.user))
             messages.success(request, f"{action.title()} requested for “{job.name}”.")
             target = reverse("jobs:detail", args=[job.pk])
         else:
@@ -230,22 +204,18 @@ def template_save(request: HttpRequest, job_id: int) -> HttpResponse:
 @capability_required(Capability.LAUNCH_JOBS)
 @require_http_methods(["GET", "POST"])
 def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
-    from jobs.models import LaunchTemplate
-
     template = get_for_tenant_or_404(LaunchTemplate, request.tenant, pk=template_id)
-    if request.method == "POST":
-        template.delete()
-        messages.success(request, f"Template “{template.name}” deleted.")
-        return redirect("jobs:launch")
-    return render(
+    return confirm_then_act(
         request,
-        "partials/confirm.html",
-        {
-            "title": "Delete template",
-            "message": f"Delete the launch template “{template.name}”?",
-            "confirm_label": "Delete",
-            "cancel_url": reverse("jobs:launch"),
-        },
+        title="Delete template",
+        message=f"Delete the launch template “{template.name}”?",
+        confirm_label="Delete",
+        act=lambda: services.launch_template_delete(
+            template=template, user=request.user, request=request
+        ),
+        success_url=reverse("jobs:launch"),
+        success_message=f"Template “{template.name}” deleted.",
+        cancel_url=reverse("jobs:launch"),
     )
 
 
@@ -292,20 +262,18 @@ def secret_delete(request: HttpRequest, secret_id: int) -> HttpResponse:
     from jobs.models import TenantSecret
 
     secret = get_for_tenant_or_404(TenantSecret, request.tenant, pk=secret_id)
-    if request.method == "POST":
-        services.tenant_secret_delete(secret=secret, user=request.user, request=request)
-        messages.success(request, f"Secret {secret.name} deleted.")
-        return redirect("jobs:secrets")
-    return render(
+    return confirm_then_act(
         request,
-        "partials/confirm.html",
-        {
-            "title": "Delete secret",
-            "message": f"Delete {secret.name}? New launches that name it will be refused; running "
-            "jobs keep the copy they started with.",
-            "confirm_label": "Delete",
-            "cancel_url": reverse("jobs:secrets"),
-        },
+        title="Delete secret",
+        message=f"Delete {secret.name}? New launches that name it will be refused; running "
+        "jobs keep the copy they started with.",
+        confirm_label="Delete",
+        act=lambda: services.tenant_secret_delete(
+            secret=secret, user=request.user, request=request
+        ),
+        success_url=reverse("jobs:secrets"),
+        success_message=f"Secret {secret.name} deleted.",
+        cancel_url=reverse("jobs:secrets"),
     )
 
 
@@ -313,21 +281,14 @@ def secret_delete(request: HttpRequest, secret_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def job_delete(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
-    if request.method == "POST":
-        try:
-            services.job_delete(job=job, user=request.user, request=request)
-        except ServiceError as error:
-            messages.error(request, error.message)
-            return redirect("jobs:detail", job_id=job.pk)
-        messages.success(request, f"“{job.name}” deleted.")
-        return redirect("jobs:list")
-    return render(
+    return confirm_then_act(
         request,
-        "partials/confirm.html",
-        {
-            "title": "Delete job",
-            "message": f"Delete “{job.name}” and its timeline? Its usage stays on your bill.",
-            "confirm_label": "Delete",
-            "cancel_url": reverse("jobs:detail", args=[job.pk]),
-        },
+        title="Delete job",
+        message=f"Delete “{job.name}” and its timeline? Its usage stays on your bill.",
+        confirm_label="Delete",
+        act=lambda: services.job_delete(job=job, user=request.user, request=request),
+        success_url=reverse("jobs:list"),
+        success_message=f"“{job.name}” deleted.",
+        # A refused delete (the job isn't finished) goes back to the job, with the reason.
+        cancel_url=reverse("jobs:detail", args=[job.pk]),
     )

@@ -14,6 +14,7 @@ from marketplace.models import (
     Tier,
     Vendor,
 )
+from marketplace.services.catalog import GPU_TYPE_EDITABLE_FIELDS, NODE_POOL_EDITABLE_FIELDS
 
 SORT_CHOICES = [
     ("price", "Price per GPU-hour"),
@@ -156,25 +157,13 @@ class TenantQuotaForm(forms.Form):
 class GpuTypeForm(forms.ModelForm):
     class Meta:
         model = GpuType
-        fields = [
-            "model",
-            "vendor",
-            "memory_gib",
-            "architecture",
-            "interconnect",
-            "peak_tflops",
-            "node_label_key",
-            "node_label_value",
-            "resource_name",
-            "nvml_names",
-            "is_active",
-        ]
+        fields = list(GPU_TYPE_EDITABLE_FIELDS)
 
 
 class NodePoolForm(forms.ModelForm):
     class Meta:
         model = NodePool
-        fields = ["name", "tier", "node_selector", "is_active"]
+        fields = list(NODE_POOL_EDITABLE_FIELDS)
 
 
 class AllowedRegistryForm(forms.Form):

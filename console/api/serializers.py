@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from console.models import ApiToken, AuditEvent, Invitation, Membership
+from console.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
 from console.permissions import Role
 
 
@@ -34,6 +34,15 @@ class TenantMembershipSerializer(serializers.ModelSerializer):
     class Meta:
         model = Membership
         fields = ["slug", "name", "role"]
+
+
+class StaffTenantSerializer(serializers.ModelSerializer):
+    """An organisation as platform staff see and set it."""
+
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "is_active", "may_run_on_host", "created_at"]
+        read_only_fields = ["slug", "name", "is_active", "created_at"]
 
 
 class MeSerializer(serializers.Serializer):

@@ -10,6 +10,7 @@ router.register("members", views.MemberViewSet, basename="api-member")
 router.register("invitations", views.InvitationViewSet, basename="api-invitation")
 router.register("tokens", views.ApiTokenViewSet, basename="api-token")
 router.register("audit", views.AuditEventViewSet, basename="api-audit")
+router.register("staff/tenants", views.StaffTenantViewSet, basename="api-staff-tenant")
 
 urlpatterns = [
     path("auth/token", views.TokenLoginView.as_view(), name="api-auth-token"),

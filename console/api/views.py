@@ -9,12 +9,13 @@ from rest_framework import mixins, status
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
+from rest_framework.viewsets import GenericViewSet
 
 from console import selectors, services
 from console.api import serializers as s
 from console.api.base import TenantScopedViewSet
-from console.models import ApiToken, AuditEvent, Invitation, Membership
-from console.permissions import Capability
+from console.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
+from console.permissions import Capability, IsPlatformStaffElseNotFound
 
 
 class TokenLoginView(APIView):
@@ -202,3 +203,26 @@ class AuditEventViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     def scope_queryset(self, queryset):
         prefix = self.request.query_params.get("action")
         return queryset.filter(action__startswith=prefix) if prefix else queryset
+
+
+class StaffTenantViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, GenericViewSet
+):
+    """Every organisation, for platform staff: whether it may run jobs on this host."""
+
+    queryset = Tenant.objects.order_by("name")
+    serializer_class = s.StaffTenantSerializer
+    permission_classes = [IsPlatformStaffElseNotFound]
+    lookup_field = "slug"
+
+    def perform_update(self, serializer):
+        allowed = serializer.validated_data.get("may_run_on_host")
+        tenant = serializer.instance
+        if allowed is not None:
+            tenant = services.tenant_set_may_run_on_host(
+                tenant=tenant,
+                allowed=allowed,
+                user=self.request.user,
+                request=self.request._request,
+            )
+        serializer.instance = tenant

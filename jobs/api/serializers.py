@@ -5,7 +5,9 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from jobs import selectors, services
-from jobs.models import Job, JobEvent, Priority
+from jobs.extensions import job_costs
+from jobs.models import Job, JobEvent, Priority, TenantSecret
+from jobs.services.spec import MAX_COMMAND_ARGS
 
 
 class ArgumentField(serializers.CharField):
@@ -27,7 +29,7 @@ class JobCreateSerializer(serializers.Serializer):
     command = serializers.ListField(
         child=ArgumentField(allow_blank=True, trim_whitespace=False),
         allow_empty=False,
-        max_length=services.MAX_COMMAND_ARGS,
+        max_length=MAX_COMMAND_ARGS,
     )
     env = serializers.DictField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False),
@@ -129,20 +131,18 @@ class JobSerializer(serializers.ModelSerializer):
         """Costs and queue positions of every job being serialized, computed once."""
         if "_job_batch" not in self.context:
             instances = self.parent.instance if self.parent is not None else self.instance
-            jobs = (
-                list(instances)
-                if isinstance(instances, (list, tuple)) or hasattr(instances, "__iter__")
-                else [instances]
-            )
+            jobs = [instances] if isinstance(instances, Job) else list(instances)
             self.context["_job_batch"] = {
-                "costs": selectors.jobs_costs_to_date(jobs),
+                "costs": job_costs().costs_to_date(jobs),
                 "positions": selectors.queue_positions(jobs),
             }
         return self.context["_job_batch"]
 
     def get_cost_to_date(self, job) -> str:
         cost = self._batch()["costs"].get(job.pk)
-        return str(cost if cost is not None else selectors.job_cost_to_date(job))
+        if cost is None:
+            cost = job_costs().costs_to_date([job])[job.pk]
+        return str(cost)
 
     def get_queue_position(self, job) -> int | None:
         return self._batch()["positions"].get(job.pk) if job.status == "queued" else None
@@ -158,3 +158,33 @@ class LogLineSerializer(serializers.Serializer):
     line_no = serializers.IntegerField()
     rank = serializers.IntegerField()
     text = serializers.CharField()
+
+
+class TenantSecretSerializer(serializers.ModelSerializer):
+    """A secret as listed: where it may be used, never its value."""
+
+    created_by = serializers.EmailField(
+        source="created_by.email", allow_null=True, default=None, read_only=True
+    )
+
+    class Meta:
+        model = TenantSecret
+        fields = ["id", "name", "projects", "members_may_use", "created_by", "updated_at"]
+        read_only_fields = fields
+
+
+class TenantSecretSetSerializer(serializers.Serializer):
+    """Create or replace a secret (the value is write-only: it is never read back)."""
+
+    name = serializers.CharField(max_length=100)
+    value = serializers.CharField(write_only=True, trim_whitespace=False, max_length=32 * 1024)
+    projects = serializers.ListField(
+        child=serializers.CharField(max_length=100),
+        required=False,
+        default=list,
+        max_length=50,
+        help_text="Projects whose jobs may use it; empty: any project",
+    )
+    members_may_use = serializers.BooleanField(
+        default=False, help_text="Members' jobs may use it too (else owners' and admins' only)"
+    )

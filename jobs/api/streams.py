@@ -1,5 +1,5 @@
 """Job log download, GPU metrics and monitoring settings over the API (and for the job
-page's scripts). Thin over jobs.logstream / jobs.metrics / jobs.alerts; every job is
+page's scripts). Thin over jobs.logs / jobs.metrics / jobs.alerts; every job is
 reached through the tenant scope, so another tenant's job is a 404."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from rest_framework.views import APIView
 
 from console.permissions import Capability
 from console.tenancy import get_for_tenant_or_404
-from jobs import alerts, logstream, metrics
+from jobs import alerts, metrics
+from jobs.logs.reading import download_chunks
 from jobs.models import Job, JobAlert, JobMonitor
 
 
@@ -39,7 +40,7 @@ class JobLogDownloadView(_JobView):
     def get(self, request, pk: int):
         job = self.job(pk)
         response = StreamingHttpResponse(
-            logstream.download_chunks(job), content_type="text/plain; charset=utf-8"
+            download_chunks(job), content_type="text/plain; charset=utf-8"
         )
         response["Content-Disposition"] = f'attachment; filename="job-{job.pk}.log"'
         return response

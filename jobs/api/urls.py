@@ -5,6 +5,7 @@ from jobs.api import streams, views
 
 router = OptionalSlashRouter()
 router.register("jobs", views.JobViewSet, basename="api-job")
+router.register("secrets", views.TenantSecretViewSet, basename="api-secret")
 
 urlpatterns = [
     path("jobs/<int:pk>/metrics", streams.JobMetricsView.as_view(), name="api-job-metrics"),

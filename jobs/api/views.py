@@ -9,9 +9,11 @@ from rest_framework.response import Response
 
 from console.api.base import TenantScopedViewSet
 from console.permissions import Capability
-from jobs import logstream, selectors, services
+from jobs import selectors, services
+from jobs.actors import Actor
 from jobs.api import serializers as s
-from jobs.models import Job, JobStatus
+from jobs.logs.reading import read_lines
+from jobs.models import Job, JobStatus, TenantSecret
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -51,7 +53,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     def _act(self, service, **kwargs):
-        job = service(job=self.get_object(), actor=self.request.user.email, **kwargs)
+        job = service(job=self.get_object(), actor=Actor.of_user(self.request.user), **kwargs)
         return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)
@@ -96,4 +98,33 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         except ValueError:
             return Response({"detail": "since_line and limit are integers."}, status=400)
         # Masked secret values, a read time per line, archived logs after the job ends.
-        return Response(logstream.read_lines(job, since_line=since, limit=limit))
+        return Response(read_lines(job, since_line=since, limit=limit))
+
+
+class TenantSecretViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet
+):
+    """Organisation secrets: every member sees names and where each may be used; those
+    who manage secrets set and delete them. Values are write-only."""
+
+    queryset = TenantSecret.objects.select_related("created_by")
+    serializer_class = s.TenantSecretSerializer
+    required_capabilities = {a: Capability.MANAGE_SECRETS for a in ("create", "destroy")}
+
+    @extend_schema(request=s.TenantSecretSetSerializer, responses={201: s.TenantSecretSerializer})
+    def create(self, request, *args, **kwargs):
+        data = s.TenantSecretSetSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        secret = services.tenant_secret_set(
+            tenant=request.tenant,
+            user=request.user,
+            request=request._request,
+            **data.validated_data,
+        )
+        return Response(s.TenantSecretSerializer(secret).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, *args, **kwargs):
+        services.tenant_secret_delete(
+            secret=self.get_object(), user=request.user, request=request._request
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)

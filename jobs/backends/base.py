@@ -5,8 +5,11 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+from marketplace.inventory import NodeInventory  # what inventory() reports
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -18,24 +21,6 @@ class BackendUnavailable(Exception):
 
 class BackendRejected(Exception):
     """The backend refused the job for good (e.g. a Kubernetes 422): don't retry."""
-
-
-@dataclass(frozen=True)
-class NodeInventory:
-    """One node as the backend reports it, in backend-neutral terms."""
-
-    name: str
-    region: str
-    tier: str  # on_demand | spot | reserved
-    labels: dict[str, str] = field(default_factory=dict)
-    gpu_resource: str | None = None  # e.g. "nvidia.com/gpu"
-    gpu_product: str | None = None  # e.g. "NVIDIA-H100-80GB-HBM3" or an NVML name
-    gpus_allocatable: int = 0
-    gpus_in_use: int = 0
-    vcpus_allocatable: int = 0
-    vcpus_in_use: int = 0
-    memory_gib: int = 0
-    schedulable: bool = True
 
 
 @dataclass(frozen=True)
@@ -92,6 +77,15 @@ class LogStream(Protocol):
 
 
 @dataclass(frozen=True)
+class LogFile:
+    """A job's log kept by the backend as one numbered file: its only source (rank 0),
+    line n being the file's n-th line."""
+
+    path: Path
+    complete: bool  # the writer has ended: a last line without its newline counts
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One GPU's reading at one moment, from NVML or a DCGM exporter."""
 
@@ -124,6 +118,18 @@ class ComputeBackend(abc.ABC):
     releases_after_finish: bool = False
     # Jobs told to stop must be killed by the console when their grace period ends.
     enforces_grace: bool = False
+    # Its work runs on the console's own machine, which is no security boundary: its
+    # pools are offered only to tenants staff allow to run on the host.
+    runs_on_console_host: bool = False
+    # The backend keeps its own copy of tenants' registry logins (remove_pull_secret
+    # removes it when the tenant deletes the login).
+    copies_pull_secrets: bool = False
+
+    @classmethod
+    def from_settings(cls) -> ComputeBackend:
+        """The backend as settings configure it (what the registry builds). Building it
+        never calls out: a backend that can't be reached fails on its first call."""
+        return cls()
 
     # --- capacity ---
 
@@ -204,6 +210,13 @@ class ComputeBackend(abc.ABC):
         per source serves every viewer (jobs.logs numbers and publishes its lines);
         `wake` is called from the reading thread when lines arrive, so a follower need
         not poll."""
+
+    def log_file(self, job: Job) -> LogFile | None:
+        """The job's log as one file this backend numbers itself, read in place by
+        jobs.logs (it may not exist yet); reading it creates nothing. None (the default)
+        when jobs.logs numbers the lines of `log_sources` in a spool of its own (several
+        ranks, pods that come and go)."""
+        return None
 
     @abc.abstractmethod
     def logs(self, job: Job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:

@@ -2,15 +2,20 @@
 
 Each job runs under its own detached supervisor (jobs.backends.local_supervisor) that
 records pid, exit code and output in the job's run directory, so jobs survive a console
-restart and exit codes are never lost. This runs commands directly on the host, without a
-container: it is meant for one trusted team and is not a security boundary.
+restart and exit codes are never lost. Running on the host is a privilege staff grant per
+tenant: the job gets its own working directory and an environment built from scratch,
+runs as LOCAL_JOB_USER where set (then it can't open the console's 0700 data dir), and
+nothing it can write is read back as control data (see the supervisor's docstring).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,16 +25,28 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from jobs import gpu_readings
+from jobs.backends import local_supervisor
 from jobs.backends.base import (
     BackendRejected,
+    BackendUnavailable,
+    ComputeBackend,
+    GpuReading,
+    LogFile,
     LogLine,
     LogSource,
     NodeInventory,
     Observation,
 )
+from jobs.backends.local_logs import LocalLogStream, run_ended
+from jobs.logs.stores import FileLog
+
+if TYPE_CHECKING:
+    from jobs.models import Job
 
 log = logging.getLogger(__name__)
 LOCAL_REGION = "local"
@@ -88,8 +105,30 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-class LocalBackend:
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+SUPERVISOR = local_supervisor.__file__
+# What the supervisor writes once it has dealt with a start: the command runs (or ran), or
+# could not start, or was not started because the job was stopped first.
+_STARTED = ("child.pid", "exit_code", "not_started")
+
+
+NOTE_NO_NVML = "no GPU readings: NVML is not available on this host"
+
+
+class LocalBackend(ComputeBackend):
+    """Jobs as supervised processes on this host, on the GPU devices the console assigns."""
+
     name = "local"
+    starts_immediately = True
+    assigns_devices = True
+    enforces_grace = True
+    runs_on_console_host = True
 
     def __init__(self, data_dir: Path | None = None):
         self.data_dir = Path(data_dir or settings.DATA_DIR)
@@ -126,37 +165,92 @@ class LocalBackend:
         return nodes
 
     # --- files ------------------------------------------------------------------------------
+    # The run directory (console only, 0700) holds what the console reads back: pid and
+    # exit files written by the supervisor, the intent and lock written by the console,
+    # and the output log. The job's working directory (its cwd, HOME and TMPDIR) is
+    # elsewhere; nothing in it is ever read as control data.
+    CONTROL_FILES = (
+        "run",
+        "exit_code",
+        "not_started",
+        "child.pid",
+        "supervisor.pid",
+        "intent",
+        "term_sent",
+    )
+
     def run_dir(self, job) -> Path:
         path = self.data_dir / "jobs" / str(job.pk)
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
         return path
+
+    def work_root(self) -> Path:
+        return Path(settings.LOCAL_JOB_WORK_DIR or self.data_dir / "work")
+
+    def workdir(self, job) -> Path:
+        return self.work_root() / str(job.pk)
 
     def log_path(self, job) -> Path:
         return self.run_dir(job) / "output.log"
 
+    @staticmethod
+    def _identity(job) -> str:
+        """Which job a run directory belongs to: ids alone repeat across databases."""
+        return f"{job.pk} {job.created_at.timestamp():.6f}"
+
     @contextmanager
     def _locked(self, job):
-        with open(self.run_dir(job) / "lock", "w") as lock:
+        """The run directory's lock (the supervisor takes it too), claimed for this job:
+        a directory left by another job of the same id (another database) is emptied."""
+        run_dir = self.run_dir(job)
+        with open(run_dir / "lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+            identity = self._identity(job)
+            owner = run_dir / "job"
+            if not owner.exists() or owner.read_text() != identity:
+                for path in run_dir.iterdir():
+                    if path.name != "lock":
+                        path.unlink()
+                shutil.rmtree(self.workdir(job), ignore_errors=True)
+                owner.write_text(identity)
+            yield run_dir
 
     def _child_pid(self, job) -> int | None:
         return _read_int(self.run_dir(job) / "child.pid")
 
+    def _make_workdir(self, job, user: str | None) -> Path:
+        """The job's own directory, owned by the user it runs as; only it may list it."""
+        root = self.work_root()
+        root.mkdir(parents=True, exist_ok=True)
+        # Each job may pass through to its own directory, not list the others.
+        os.chmod(root, 0o711)  # noqa: S103
+        workdir = self.workdir(job)
+        if workdir.is_dir():
+            return workdir
+        workdir.mkdir(mode=0o700)
+        (workdir / "tmp").mkdir(mode=0o700)
+        if user:
+            entry = pwd.getpwnam(user)
+            if entry.pw_uid != os.geteuid():
+                for path in (workdir, workdir / "tmp"):
+                    os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+        return workdir
+
     # --- lifecycle ----------------------------------------------------------------------------
     def _environment(self, job, resumed: bool) -> dict[str, str]:
+        """The job's environment, built from scratch: nothing of the console's (its
+        database, Redis, secret key, settings module, PYTHONPATH) reaches the job."""
         from console.crypto import decrypt_json
 
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if key in ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
-        }
-        # The console's virtualenv first, so `python` is its interpreter.
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin')}"
+        workdir = self.workdir(job)
+        env = {key: os.environ[key] for key in ("LANG", "LC_ALL", "TZ") if key in os.environ}
+        # The console's virtualenv first, so `python` is its interpreter (its libraries,
+        # not the console's code: that is never on the job's path).
+        system_path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{system_path}"
+        env.update({"HOME": str(workdir), "TMPDIR": str(workdir / "tmp")})
         env.update({str(k): str(v) for k, v in (job.env or {}).items()})
         env.update({str(k): str(v) for k, v in decrypt_json(job.secret_env_encrypted).items()})
-        workdir = self.run_dir(job) / "work"
         env.update(
             {
                 "GPUGEEK_JOB_ID": str(job.pk),
@@ -190,43 +284,66 @@ class LocalBackend:
             )
         return matching[: job.gpus_per_node]
 
+    def _run_token(self, job, resumed: bool) -> str:
+        """Names one start of the job: the same for a duplicate or redelivered dispatch
+        (which must not run the command again), new for each attempt and each resume."""
+        if not resumed:
+            return f"attempt {job.attempt} start"
+        resumes = job.events.filter(to_status="resuming").count()
+        return f"attempt {job.attempt} resume {resumes}"
+
     def _start(self, job, resumed: bool) -> None:
-        run_dir = self.run_dir(job)
-        with self._locked(job):
-            child = self._child_pid(job)
-            if _alive(child) and not (run_dir / "exit_code").exists():
-                return  # already running: submit twice is one run
-            for name in ("exit_code", "child.pid", "supervisor.pid", "intent", "term_sent"):
-                (run_dir / name).unlink(missing_ok=True)
-            workdir = run_dir / "work"
-            workdir.mkdir(exist_ok=True)
-            user = settings.LOCAL_JOB_USER or None
+        token = self._run_token(job, resumed)
+        user = settings.LOCAL_JOB_USER or None
+        with self._locked(job) as run_dir:
+            if _read_text(run_dir / "run") == token:
+                if any((run_dir / name).exists() for name in _STARTED) or _alive(
+                    _read_int(run_dir / "supervisor.pid")
+                ):
+                    return  # this start happened already (running or even ended): once only
+                # Else its supervisor never came up: start one (supervisors of one run
+                # agree under the lock on which of them runs the command).
+            else:
+                if _read_text(run_dir / "intent") == "cancel":
+                    return  # cancelled: a job the console cancelled never starts again
+                if _alive(self._child_pid(job)) and not (run_dir / "exit_code").exists():
+                    raise BackendUnavailable("the job's previous process is still stopping")
+                for name in self.CONTROL_FILES:
+                    (run_dir / name).unlink(missing_ok=True)
+                (run_dir / "run").write_text(token)
+            workdir = self._make_workdir(job, user)
+            spec = {
+                "command": list(job.command),
+                "env": self._environment(job, resumed),
+                # The supervisor has no settings: it stops storing output at the cap.
+                "log_max_bytes": settings.JOB_LOG_MAX_BYTES,
+            }
             starter = subprocess.Popen(  # noqa: S603  (argv only, no shell)
                 [
                     sys.executable,
-                    "-m",
-                    "jobs.backends.local_supervisor",
+                    "-I",  # no PYTHONPATH, user site or current directory on its path
+                    SUPERVISOR,
                     str(run_dir),
                     str(workdir),
-                    "--",
-                    *job.command,
+                    *(["--user", user] if user else []),
                 ],
-                cwd=settings.BASE_DIR,
-                env={**self._environment(job, resumed), "PYTHONPATH": str(settings.BASE_DIR)},
-                stdin=subprocess.DEVNULL,
+                cwd=run_dir,
+                env={key: os.environ[key] for key in ("PATH", "LANG") if key in os.environ},
+                stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
-                user=user,
             )
-            starter.wait(timeout=30)  # exits at once after detaching the supervisor
-            # The supervisor writes child.pid (or exit_code 127) right after starting.
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                if (run_dir / "child.pid").exists() or (run_dir / "exit_code").exists():
-                    return
-                time.sleep(0.02)
-            raise BackendRejected("the local job supervisor did not start")
+            # The starter reads the spec, detaches the supervisor and exits at once.
+            starter.communicate(json.dumps(spec).encode(), timeout=30)
+        # The supervisor takes the lock, then writes child.pid (or exit_code 127, or
+        # not_started when the job was stopped first).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if any((run_dir / name).exists() for name in _STARTED):
+                return
+            time.sleep(0.02)
+        raise BackendRejected("the local job supervisor did not start")
 
     def submit(self, job) -> None:
         self._start(job, resumed=False)
@@ -235,18 +352,22 @@ class LocalBackend:
         self._start(job, resumed=True)
 
     def _signal(self, job, intent: str) -> None:
-        run_dir = self.run_dir(job)
-        (run_dir / "intent").write_text(intent)
-        child = self._child_pid(job)
-        if not _alive(child):
-            return
-        for signum in (signal.SIGTERM, signal.SIGCONT):  # a stopped process needs SIGCONT
-            try:
-                os.killpg(child, signum)
-            except ProcessLookupError:
+        # Under the lock: a supervisor about to start the command either sees the intent
+        # (and doesn't start it) or has written child.pid, which is signalled here.
+        with self._locked(job) as run_dir:
+            if _read_text(run_dir / "intent") == "cancel":
+                intent = "cancel"  # a cancel is final: a later pause doesn't undo it
+            (run_dir / "intent").write_text(intent)
+            child = self._child_pid(job)
+            if not _alive(child) or (run_dir / "exit_code").exists():
                 return
-        if not (run_dir / "term_sent").exists():
-            (run_dir / "term_sent").write_text(str(time.time()))
+            for signum in (signal.SIGTERM, signal.SIGCONT):  # a stopped process needs SIGCONT
+                try:
+                    os.killpg(child, signum)
+                except ProcessLookupError:
+                    return
+            if not (run_dir / "term_sent").exists():
+                (run_dir / "term_sent").write_text(str(time.time()))
 
     def suspend(self, job) -> None:
         self._signal(job, "pause")
@@ -264,6 +385,8 @@ class LocalBackend:
         child = self._child_pid(job)
         if time.time() - sent < grace_seconds or not _alive(child):
             return False
+        if (run_dir / "exit_code").exists():
+            return False  # ended (and reaped): its pid may belong to another process now
         try:
             os.killpg(child, signal.SIGKILL)
         except ProcessLookupError:
@@ -273,7 +396,10 @@ class LocalBackend:
     def observe(self, job) -> Observation:
         run_dir = self.run_dir(job)
         code = _read_int(run_dir / "exit_code")
-        intent = (run_dir / "intent").read_text().strip() if (run_dir / "intent").exists() else ""
+        intent = _read_text(run_dir / "intent")
+        if (run_dir / "not_started").exists():
+            # Stopped before its command started (the supervisor saw the intent first).
+            return Observation(phase="suspended" if intent == "pause" else "cancelled")
         if code is not None:
             if intent == "pause":
                 return Observation(phase="suspended", exit_code=code)
@@ -282,7 +408,10 @@ class LocalBackend:
             if code == 0:
                 return Observation(phase="succeeded", exit_code=0)
             if code < 0:
-                reason = f"killed by {signal.Signals(-code).name}"
+                try:
+                    reason = f"killed by {signal.Signals(-code).name}"
+                except ValueError:  # a real-time signal has no name
+                    reason = f"killed by signal {-code}"
             elif code == 127:
                 reason = "command not found (exit code 127)"
             else:
@@ -301,7 +430,7 @@ class LocalBackend:
     def log_sources(self, job) -> list[LogSource]:
         """One log per job: its output file (every line is rank 0)."""
         run_dir = self.data_dir / "jobs" / str(job.pk)  # no run_dir(): reading makes nothing
-        return [LogSource(rank=0, key="output.log", live=not (run_dir / "exit_code").exists())]
+        return [LogSource(rank=0, key="output.log", live=not run_ended(run_dir))]
 
     def open_log(
         self,
@@ -317,112 +446,33 @@ class LocalBackend:
         run_dir = self.data_dir / "jobs" / str(job.pk)
         return LocalLogStream(run_dir, source, skip=skip, follow=follow)
 
+    def log_file(self, job: Job) -> LogFile:
+        """The output file, numbered as written; complete once the exit code is recorded."""
+        run_dir = self.data_dir / "jobs" / str(job.pk)  # no run_dir(): reading makes nothing
+        return LogFile(path=run_dir / "output.log", complete=run_ended(run_dir))
+
+    # --- metrics ------------------------------------------------------------------------------
+    def gpu_readings(self, jobs: list[Job]) -> dict[int, list[GpuReading]]:
+        """NVML readings of each job's assigned devices (none without NVML)."""
+        by_job = {}
+        for job in jobs:
+            if not (job.gpus_per_node and job.assigned_devices):
+                continue
+            readings = gpu_readings.nvml_readings([int(i) for i in job.assigned_devices])
+            if readings:
+                by_job[job.pk] = readings
+        return by_job
+
+    def metrics_note(self, job: Job) -> str:
+        return "" if gpu_readings.nvml_readings([]) is not None else NOTE_NO_NVML
+
     def logs(self, job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
+        """Numbered as the console's log store numbers this file (64 KiB pieces, the cap)."""
         path = self.log_path(job)
         if not path.exists():
             return []
-        lines = []
-        with open(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                if number <= since_line:
-                    continue
-                lines.append(
-                    LogLine(line_no=number, rank=0, text=raw.decode(errors="replace").rstrip("\n"))
-                )
-                if len(lines) >= limit:
-                    break
-        return lines
-
-
-class LocalLogStream:
-    """A local job's output file after its first `skip` lines (`jobs.backends.base.LogStream`).
-
-    Each poll reads the bytes written since the last one on an open handle and returns
-    the complete lines; a last line without its newline counts once the job has ended
-    (the supervisor wrote `exit_code`), as in the console's numbering of the file. A
-    followed stream never ends by itself: a resumed job writes to the same file."""
-
-    CHUNK = 4 << 20
-
-    def __init__(self, run_dir: Path, source: LogSource, *, skip: int = 0, follow: bool = True):
-        self.path = run_dir / source.key
-        self.exit_path = run_dir / "exit_code"
-        self.source = source
-        self.skip = skip
-        self.follow = follow
-        self.handle = None
-        self.partial = b""
-        self._ended = False
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    def _open(self) -> bool:
-        try:
-            self.handle = open(self.path, "rb")  # noqa: SIM115 (kept open while followed)
-        except FileNotFoundError:
-            return False
-        # Move past the first `skip` complete lines. With fewer so far, stop after the
-        # last complete one and skip the rest from the lines still to come.
-        skipped = start = position = 0
-        while skipped < self.skip:
-            data = self.handle.read(1 << 20)
-            if not data:
-                break
-            newlines = data.count(b"\n")
-            if skipped + newlines < self.skip:
-                skipped += newlines
-                if newlines:
-                    start = position + data.rfind(b"\n") + 1
-            else:
-                at = -1
-                for _ in range(self.skip - skipped):
-                    at = data.index(b"\n", at + 1)
-                start = position + at + 1
-                skipped = self.skip
-            position += len(data)
-        self.handle.seek(start)
-        self.skip -= skipped
-        return True
-
-    def poll(self) -> list[str]:
-        if self._ended:
-            return []
-        if self.handle is None and not self._open():
-            self._ended = not self.follow
-            return []
-        raws = self._read()
-        if not raws or not self.follow:
-            # Nothing new (or a snapshot): once the job has ended, a partial line is final.
-            # `exit_code` is written after the job's last output, so checking it first and
-            # then reading again misses nothing.
-            if self.exit_path.exists():
-                raws += self._read()
-                if self.partial:
-                    raws.append(self.partial)
-                    self.partial = b""
-            self._ended = not self.follow
-        if self.skip:
-            dropped = min(self.skip, len(raws))
-            self.skip -= dropped
-            raws = raws[dropped:]
-        return [raw.decode(errors="replace").rstrip("\r") for raw in raws]
-
-    def _read(self) -> list[bytes]:
-        raws: list[bytes] = []
-        while True:
-            data = self.handle.read(self.CHUNK)
-            if not data:
-                return raws
-            complete, newline, self.partial = (self.partial + data).rpartition(b"\n")
-            if newline:
-                raws.extend(complete.split(b"\n"))
-            if len(data) < self.CHUNK:
-                return raws
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
-        self._ended = True
+        final = (path.parent / "exit_code").exists()
+        return [
+            LogLine(line_no=line.line_no, rank=line.rank, text=line.text)
+            for line in FileLog(path).read(since_line, limit, final=final)
+        ]

@@ -5,12 +5,11 @@ from __future__ import annotations
 from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.base import TenantScopedViewSet
-from console.permissions import Capability, IsTenantMember
+from console.permissions import Capability, IsPlatformStaff, IsTenantMember
 from console.services import ServiceError
 from marketplace import selectors, services
 from marketplace.api import serializers as s
@@ -24,13 +23,6 @@ from marketplace.models import (
     RegistryCredential,
 )
 from marketplace.pricing import PricingError, estimate_cost
-
-
-class IsPlatformStaff(BasePermission):
-    message = "Only platform staff can change this."
-
-    def has_permission(self, request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
 
 
 class GpuTypeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -88,6 +80,8 @@ class EstimateView(APIView):
         data = s.EstimateRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
+        if not selectors.regions_for_tenant(request.tenant).filter(pk=values["region"].pk).exists():
+            raise ServiceError(selectors.HOST_NOT_AVAILABLE, field="region")
         try:
             result = estimate_cost(
                 gpu_type=values.get("gpu_type"),
@@ -193,8 +187,15 @@ class RegistryCredentialViewSet(
 
 
 class NodePoolViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    queryset = NodePool.objects.select_related("region", "gpu_type").filter(is_active=True)
+    """Active pools the caller's organisation may use (pools on the console's own host
+    only for organisations staff allow to run there)."""
+
     serializer_class = s.NodePoolSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no request tenant
+            return NodePool.objects.none()
+        return selectors.pools_for_tenant(self.request.tenant).select_related("region", "gpu_type")
 
 
 class StaffNodePoolViewSet(mixins.UpdateModelMixin, viewsets.GenericViewSet):

@@ -2,62 +2,28 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from types import SimpleNamespace
 
-import pytest
-
 from billing.models import LiveUsageRollup
-from jobs.models import Job, JobEvent, JobStatus
-from jobs.services import JobSpec, job_submit
+from jobs.actors import SYSTEM
+from jobs.models import Job, JobStatus
+from tests.jobs_helpers import advance_to, submit
 
 S = JobStatus
 
 
-@pytest.fixture
-def catalog(db):
-    from jobs.backends.local import LocalBackend
-    from marketplace.demo import seed_catalog
-    from marketplace.services import capacity_sync
-
-    seed_catalog()
-    capacity_sync(backend=LocalBackend())
-
-
 def make_job(world, *, name="train", cpus=1, priority="normal", project="", start=None):
-    """A local CPU job whose timeline we write by hand (no process is started)."""
-    job = job_submit(
-        tenant=world.tenant,
-        user=world.member,
-        spec=JobSpec(
-            name=name,
-            image="python-3.11",
-            command=["true"],
-            cpus=cpus,
-            priority=priority,
-            project=project,
-        ),
-    )
+    """A local CPU job, submitted for real; tests drive its timeline with set_status (no
+    process is started)."""
+    job = submit(world, name, command=["true"], cpus=cpus, priority=priority, project=project)
     if start is not None:
         Job.objects.filter(pk=job.pk).update(created_at=start - timedelta(seconds=5))
     return job
 
 
 def set_status(job, to, at, attempt=None):
-    """Write a status change at a given time (bypassing the process world)."""
-    JobEvent.objects.create(
-        job=job,
-        at=at,
-        from_status=job.status,
-        to_status=to,
-        actor="test",
-        attempt=attempt or job.attempt,
-    )
-    updates = {"status": to, "status_changed_at": at}
-    if to == S.RUNNING and job.started_at is None:
-        updates["started_at"] = at
-    if attempt:
-        updates["attempt"] = attempt
-    Job.objects.filter(pk=job.pk).update(**updates)
-    job.refresh_from_db()
-    return job
+    """Move `job` to `to` at time `at` through the state machine (by its shortest legal
+    path, every step at `at`); `attempt` starts a new attempt (a requeue)."""
+    changes = {"attempt": attempt} if attempt else {}
+    return advance_to(job, to, actor=SYSTEM, at=at, **changes)
 
 
 T0 = datetime(2026, 11, 2, 10, 0, 0, tzinfo=UTC)

@@ -320,9 +320,9 @@ def test_cost_summary(apis, world, catalog):
 def test_run_rate_prices_each_configuration_once(world, catalog, django_assert_max_num_queries):
     """The forecast's run rate sums every running job's rate, in the same few queries
     however many jobs share a configuration."""
+    from billing.job_costs import job_run_rate
     from billing.services import run_rate
     from jobs.models import Job
-    from jobs.selectors import job_run_rate
 
     def running(n: int, cpus: int) -> None:
         for i in range(n):

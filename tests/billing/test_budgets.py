@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
+import billing.services
 from billing import services
 from billing.metering import meter_tick
 from billing.models import Budget, BudgetAlert, UsageRecord
@@ -33,6 +34,7 @@ from billing.services import (
 )
 from console.models import AuditEvent, Notification
 from console.services import ServiceError
+from jobs.actors import Actor
 from jobs.backends import Observation
 from jobs.models import Job, JobEvent
 from jobs.services import job_apply_observation, job_pause
@@ -175,7 +177,8 @@ def test_new_non_critical_launches_are_refused(world, exhausted):
     response = api.post("/api/v1/jobs", job, format="json")
     assert response.status_code == 402, response.content
     assert "Team cap" in response.json()["detail"]
-    response = api.post("/api/v1/jobs", {**job, "priority": "critical"}, format="json")
+    admin_api = token_client(world.admin, world.tenant)  # critical: owners and admins only
+    response = admin_api.post("/api/v1/jobs", {**job, "priority": "critical"}, format="json")
     assert response.status_code == 201, response.content
 
 
@@ -184,7 +187,7 @@ def test_raising_the_budget_resumes_only_what_it_paused(world, catalog):
     since = ten_minutes_ago(now)
     train = running_job(world, name="train", since=since)
     mine = running_job(world, name="mine", since=since)
-    job_pause(job=mine, actor=world.member.email)  # the user's own pause
+    job_pause(job=mine, actor=Actor.of_user(world.member))  # the user's own pause
     mine = suspended(mine)
     budget = budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
     meter_and_enforce(now=now)
@@ -272,23 +275,21 @@ def test_concurrent_enforcement_pauses_each_job_once(world, catalog):
 def test_a_racing_enforcement_does_not_audit_the_pause_twice(world, catalog, monkeypatch):
     """The interleaving of two ticks made deterministic: the second tick's list of running
     jobs is read before the first tick's pause commits."""
-    import jobs.services
-
     now = timezone.now()
     train = running_job(world, name="train", since=ten_minutes_ago(now))
     budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
     meter_tick(now=now)
-    real_pause = jobs.services.job_pause
+    real_pause = billing.services.job_pause_once
     raced = []
 
     def pause_after_the_other_tick(**kwargs):
         if not raced:
             raced.append(True)
-            monkeypatch.setattr(jobs.services, "job_pause", real_pause)
+            monkeypatch.setattr(billing.services, "job_pause_once", real_pause)
             budget_enforce(tenant=world.tenant, now=now)  # the other tick wins the race
         return real_pause(**kwargs)
 
-    monkeypatch.setattr(jobs.services, "job_pause", pause_after_the_other_tick)
+    monkeypatch.setattr(billing.services, "job_pause_once", pause_after_the_other_tick)
     paused = budget_enforce(tenant=world.tenant, now=now)
     assert JobEvent.objects.filter(job=train, to_status=S.PAUSING).count() == 1
     audits = AuditEvent.objects.filter(action="job.paused_by_budget", target_id=str(train.pk))
@@ -403,8 +404,7 @@ def receiver(settings):
         server.server_close()
 
 
-def test_webhook_is_a_signed_post(world, catalog, receiver, settings):
-    settings.WEBHOOK_SIGNING_SECRET = "whsec-test"
+def test_webhook_is_a_signed_post(world, catalog, receiver):
     url, received = receiver
     budget = budget_create(
         tenant=world.tenant, user=world.owner, name="Cap", amount="10", webhook_url=url
@@ -414,24 +414,23 @@ def test_webhook_is_a_signed_post(world, catalog, receiver, settings):
     [(headers, body)] = received
     assert headers["Content-Type"] == "application/json"
     assert json.loads(body) == payload
-    expected = "sha256=" + hmac.new(b"whsec-test", body, hashlib.sha256).hexdigest()
-    assert headers["X-GpuGeek-Signature"] == expected == services.webhook_signature(body)
+    secret = budget.new_webhook_secret  # shown once, when the URL was set
+    assert secret
+    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    assert headers["X-GpuGeek-Signature"] == expected
+    assert expected == services.webhook_signature(body, secret=secret)
     budget.webhook_url = "file:///etc/passwd"
     with pytest.raises(ServiceError):
         services.budget_webhook_send(budget=budget, payload=payload)
 
 
 def test_a_threshold_crossing_sends_the_webhook_after_commit(
-    world, catalog, receiver, monkeypatch, django_capture_on_commit_callbacks
+    world, catalog, receiver, tasks_in_process, django_capture_on_commit_callbacks
 ):
-    from billing.tasks import budget_webhook_task
-
-    # The worker's part, run in-process: the task calls budget_webhook_send.
-    monkeypatch.setattr(budget_webhook_task, "delay", lambda *a: budget_webhook_task.apply(a))
     url, received = receiver
     now = timezone.now()
     running_job(world, name="train", since=ten_minutes_ago(now))
-    budget_create(
+    budget = budget_create(
         tenant=world.tenant,
         user=world.owner,
         name="Cap",
@@ -448,4 +447,6 @@ def test_a_threshold_crossing_sends_the_webhook_after_commit(
     assert Decimal(sent[0]["spend"]) > Decimal(sent[0]["amount"]) == Decimal(TINY)
     headers = next(h for h, b in received if json.loads(b)["kind"] == "actual")
     body = next(b for h, b in received if json.loads(b)["kind"] == "actual")
-    assert headers["X-GpuGeek-Signature"] == services.webhook_signature(body)
+    assert headers["X-GpuGeek-Signature"] == services.webhook_signature(
+        body, secret=budget.new_webhook_secret
+    )

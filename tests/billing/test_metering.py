@@ -4,8 +4,7 @@ from decimal import Decimal
 import pytest
 from django.db import connection, transaction
 
-from billing import metering
-from billing.metering import meter_tick
+from billing.metering import meter_tick, rollups_rebuild, tick, writers
 from billing.models import (
     HourlyRollupMark,
     JobMeter,
@@ -139,7 +138,7 @@ def test_meters_hold_the_open_hour_the_next_hour_writes_it_and_late_records_join
     assert UsageRollup.objects.get(bucket="hour", job_ref=job.pk).cpu_seconds == Decimal(120)
     # Rebuilding from the ledger gives the same sums, the meters' hours then written.
     before = live_rollups()
-    metering.rollups_rebuild()
+    rollups_rebuild()
     assert live_rollups() == before
     assert not JobMeter.objects.exclude(hour=None).exists()
     assert UsageRollup.objects.get(bucket="hour", bucket_start=T0 + HOUR).cpu_seconds == 120
@@ -196,7 +195,7 @@ def test_monthly_rollups_sum_closed_days_and_late_records_join_them(world, catal
     assert november.cpu_seconds == Decimal(86_400)
     # Rebuilding from the ledger gives the same sums.
     before = live_rollups()
-    metering.rollups_rebuild()
+    rollups_rebuild()
     assert live_rollups() == before
 
 
@@ -314,7 +313,7 @@ def test_the_postgres_fast_path_writes_what_the_portable_path_writes(world, cata
     ticks = _lifecycles(world)
     snapshots = {}
     for fast in (True, False):
-        monkeypatch.setattr(metering, "use_postgres_bulk_sql", lambda fast=fast: fast)
+        monkeypatch.setattr(writers, "use_postgres_bulk_sql", lambda fast=fast: fast)
         with transaction.atomic():
             for at in ticks:
                 meter_tick(now=at)
@@ -330,7 +329,7 @@ def test_the_postgres_fast_path_writes_what_the_portable_path_writes(world, cata
 def writer(request, monkeypatch):
     """Each test runs with this database's own writer and with the portable one."""
     if request.param == "portable":
-        monkeypatch.setattr(metering, "use_postgres_bulk_sql", lambda: False)
+        monkeypatch.setattr(writers, "use_postgres_bulk_sql", lambda: False)
     return request.param
 
 
@@ -385,7 +384,7 @@ def test_upgrading_writes_the_hours_not_rolled_up_before_from_the_ledger(world, 
     set_status(job, S.RUNNING, T0 + timedelta(minutes=50))
     meter_tick(now=T0 + timedelta(minutes=70))
     # The state the old code left: hour 10 rolled up, hour 11 not, nothing held.
-    metering.rollups_rebuild()
+    rollups_rebuild()
     UsageRollup.objects.filter(bucket="hour", bucket_start=T0 + HOUR).delete()
     hour_10 = UsageRollup.objects.get(bucket="hour", bucket_start=T0)
     HourlyRollupMark.objects.update(rolled_until=T0 + HOUR)
@@ -426,7 +425,7 @@ def test_a_late_tick_with_an_earlier_clock_changes_nothing(world, catalog, caplo
     set_status(job, S.RUNNING, T0)
     meter_tick(now=T0 + timedelta(minutes=5))
     before = _snapshot()
-    metering._tick(now=T0 + timedelta(minutes=4))
+    tick._tick(now=T0 + timedelta(minutes=4))
     assert _snapshot() == before
     meter_tick(now=T0 + timedelta(minutes=6))
     assert "existed already" not in caplog.text

@@ -20,6 +20,12 @@ PUBLIC = {
     "login",
     "logout",
     "signup",
+    "signup_sent",
+    "signup_verify",
+    "password_reset",
+    "password_reset_done",
+    "password_reset_confirm",
+    "password_reset_complete",
     "healthz",
     "invitation_accept",
     "api-auth-token",
@@ -141,6 +147,7 @@ def foreign(other_world, world):
         "api-job": foreign_job.pk,
         "api-budget": foreign_budget.pk,
         "api-price-version": version.pk,
+        "api-secret": foreign_secret.pk,
     }
     return {
         "kwargs": {

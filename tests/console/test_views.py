@@ -126,7 +126,9 @@ def test_lockout_counts_case_variants_of_one_email_together(world, client, passw
 # --- sign-up and dashboard ----
 
 
-def test_signup_creates_account_and_lands_on_dashboard(client, db):
+def test_signup_verifies_the_address_then_lands_on_dashboard(
+    client, db, worker_outbox, django_capture_on_commit_callbacks
+):
     form = {
         "full_name": "Grace H.",
         "email": "Grace@Example.test",
@@ -135,14 +137,25 @@ def test_signup_creates_account_and_lands_on_dashboard(client, db):
         "password2": STRONG_PASSWORD,
     }
 
-    response = client.post(reverse("signup"), form, REMOTE_ADDR="198.51.100.30", follow=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("signup"), form, REMOTE_ADDR="198.51.100.30", follow=True)
 
-    assert response.redirect_chain == [(reverse("dashboard"), 302)]
-    assert "Compilers Inc" in page(response)
+    assert response.redirect_chain == [(reverse("signup_sent"), 302)]
+    assert "Check your e-mail" in page(response)
+    assert not response.wsgi_request.user.is_authenticated
     user = User.objects.get(email="grace@example.test")
-    assert response.wsgi_request.user == user
-    assert response.wsgi_request.tenant.name == "Compilers Inc"
+    assert not user.is_active  # until the address is verified
     assert AuditEvent.objects.get(action="user.signed_up").ip_address == "198.51.100.30"
+
+    # The link in the e-mail the worker sends activates the account and signs in.
+    (message,) = worker_outbox
+    link = re.search(r"http://testserver(/accounts/verify/[\w-]+/[\w-]+/)", message.body)
+    verified = client.post(link.group(1), follow=True)
+
+    assert verified.redirect_chain == [(reverse("dashboard"), 302)]
+    assert "Compilers Inc" in page(verified)
+    assert verified.wsgi_request.user == user
+    assert verified.wsgi_request.tenant.name == "Compilers Inc"
 
 
 def test_signup_form_errors_are_shown_not_raised(client, db):
@@ -158,8 +171,11 @@ def test_signup_form_errors_are_shown_not_raised(client, db):
         reverse("signup"), {**base, "email": "mm@example.test", "password2": "different-one-99"}
     )
 
-    assert taken.status_code == weak.status_code == mismatch.status_code == 200
-    assert "already exists" in page(taken)
+    # A known address is not an error: it gets the "check your e-mail" answer of any other
+    # (its owner is e-mailed), so the page never tells who has an account.
+    assert taken.status_code == 302
+    assert taken["Location"] == reverse("signup_sent")
+    assert weak.status_code == mismatch.status_code == 200
     assert "too short" in page(weak)
     assert "The two passwords differ" in page(mismatch)
     assert not User.objects.filter(email__in=["weak@example.test", "mm@example.test"]).exists()
@@ -634,10 +650,19 @@ def test_staff_pages_are_404_for_others(world, who):
 # --- health, seed, API 404 ----
 
 
-def test_healthz_shape(client, db):
+HEALTHZ_TOKEN = "healthz-test-token"
+
+
+def detailed_healthz(client, settings):
+    """/healthz as a monitoring system with the token sees it (anonymous: status only)."""
+    settings.HEALTHZ_TOKEN = HEALTHZ_TOKEN
+    return client.get("/healthz", HTTP_AUTHORIZATION=f"Bearer {HEALTHZ_TOKEN}")
+
+
+def test_healthz_shape(client, db, settings):
     services.heartbeat_record(component="worker")
 
-    response = client.get("/healthz")
+    response = detailed_healthz(client, settings)
 
     assert response.status_code == 200
     body = response.json()
@@ -651,13 +676,13 @@ def test_healthz_shape(client, db):
     assert "no-cache" in response["Cache-Control"]
 
 
-def test_healthz_reports_a_stale_component_without_failing(client, db):
+def test_healthz_reports_a_stale_component_without_failing(client, db, settings):
     services.heartbeat_record(component="beat")
     Heartbeat.objects.filter(component="beat").update(
         last_seen=timezone.now() - timedelta(seconds=settings.HEARTBEAT_STALE_AFTER + 30)
     )
 
-    body = client.get("/healthz").json()
+    body = detailed_healthz(client, settings).json()
 
     assert body["components"]["beat"]["status"] == "stale"
     assert body["status"] == "ok"  # only database and Redis make it 503

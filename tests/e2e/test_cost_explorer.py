@@ -31,7 +31,7 @@ def seed_usage(world, monkeypatch) -> None:
     """Three jobs of this month, metered up to now; nothing is dispatched."""
     seed_catalog()
     capacity_sync(backend=LocalBackend())
-    monkeypatch.setattr("jobs.services._enqueue", lambda *args: None)
+    monkeypatch.setattr("console.queueing.enqueue_now", lambda *args: True)
     now = timezone.now()
     since = max(now - timedelta(hours=3), period_start(now))
     for name, (gpu_type, gpus, spot_ratio) in JOBS.items():

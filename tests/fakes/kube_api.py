@@ -7,11 +7,8 @@ watch streams (newline-delimited JSON, 410 on expired resourceVersions) and pod 
 streams, plus a fake controller (Job controller + scheduler + kubelet) and fault
 injection.
 
-Typical use (import the fixture once in a conftest.py; in a test module, a plain import
-makes ruff report F811 at each test parameter, so bind it by assignment there:
-``from tests.fakes import kube_api as fake`` then ``kube_api = fake.kube_api``)::
-
-    from tests.fakes.kube_api import kube_api  # noqa: F401  (the pytest fixture)
+Typical use (the ``kube_api`` fixture is registered for every test by
+``pytest_plugins = ["tests.fakes.fixtures"]`` in tests/conftest.py; request it by name)::
 
     def test_something(kube_api, tmp_path):
         kube_api.add_node("gpu-1", labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
@@ -62,7 +59,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import pytest
 import yaml
 from kubernetes import client as k8s_client
 
@@ -72,7 +68,6 @@ __all__ = [
     "KubeAPIServer",
     "PodRun",
     "ResourceType",
-    "kube_api",
 ]
 
 LIMITATIONS = """
@@ -3412,14 +3407,12 @@ class KubeAPIServer:
 # --------------------------------------------------------------------------- fixture
 
 
-@pytest.fixture
-def kube_api() -> Iterator[KubeAPIServer]:
-    """A started :class:`KubeAPIServer` (auto-ticking controller every 50 ms)."""
-    server = KubeAPIServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    if server.errors:
-        pytest.fail("fake kube-apiserver errors:\n" + "\n".join(server.errors), pytrace=False)
+def __getattr__(name: str):
+    """`kube_api`, the fixture, now lives in tests.fakes.fixtures (registered once by
+    `pytest_plugins` in tests/conftest.py); this alias keeps tests/marketplace's
+    module-level assignment working until that module drops it."""
+    if name == "kube_api":
+        from tests.fakes.fixtures import kube_api
+
+        return kube_api
+    raise AttributeError(name)

@@ -11,12 +11,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakes import kube_api as fake
 from tests.fakes.kube_api import KubeAPIServer, PodRun
-
-# Re-export the fixture by assignment (a plain `from ... import kube_api` makes ruff report
-# F811 at every test that takes the fixture as a parameter).
-kube_api = fake.kube_api
 
 NS = "gg-t-42"
 H100 = "NVIDIA-H100-80GB-HBM3"

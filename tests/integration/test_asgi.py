@@ -19,10 +19,7 @@ def test_http_health_sign_in_and_api_token(asgi_server, world):
     with httpx.Client(base_url=asgi_server.url, timeout=10) as client:
         health = client.get("/healthz")
         assert health.status_code == 200, asgi_server.log()
-        body = health.json()
-        assert body["status"] == "ok"
-        assert body["components"]["database"]["status"] == "ok"
-        assert body["components"]["redis"]["status"] == "ok"
+        assert health.json() == {"status": "ok"}  # anonymous callers get the status only
 
         # A POST without the CSRF token is refused and signs nobody in.
         client.get("/accounts/login/")

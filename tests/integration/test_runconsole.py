@@ -20,6 +20,8 @@ from console.launcher import free_loopback_port
 from tests.integration.helpers import sign_in
 from tests.servers import ROOT, wait_until
 
+HEALTHZ_TOKEN = "runconsole-test-token"  # details of /healthz need it
+
 pytestmark = pytest.mark.integration
 
 BACKGROUND_COMPONENTS = ("worker", "beat", "watcher")
@@ -86,7 +88,9 @@ def _healthy(base_url: str, launcher: subprocess.Popen, log_path: Path) -> dict 
         log = log_path.read_text()
         raise AssertionError(f"runconsole exited with {launcher.returncode}:\n{log}")
     try:
-        response = httpx.get(f"{base_url}/healthz", timeout=5)
+        response = httpx.get(
+            f"{base_url}/healthz", headers={"Authorization": f"Bearer {HEALTHZ_TOKEN}"}, timeout=5
+        )
     except httpx.HTTPError:
         return None
     if response.status_code != 200:
@@ -102,7 +106,12 @@ def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path)
     port = free_loopback_port()
     base_url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in SESSION_VARIABLES}
-    env.update(GPUGEEK_DATA_DIR=str(data_dir), PORT=str(port), PYTHONUNBUFFERED="1")
+    env.update(
+        GPUGEEK_DATA_DIR=str(data_dir),
+        PORT=str(port),
+        PYTHONUNBUFFERED="1",
+        HEALTHZ_TOKEN=HEALTHZ_TOKEN,
+    )
     log_path = tmp_path / "runconsole.log"
     known: list[psutil.Process] = []
     redis_address: str | None = None
@@ -131,7 +140,7 @@ def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path)
         redis_url = urlsplit(redis_url_file.read_text().strip())
         assert redis_url.hostname == "127.0.0.1"
         assert redis_url.port != 6379  # never the system Redis's port
-        redis_address = redis_url.netloc
+        redis_address = f"{redis_url.hostname}:{redis_url.port}"  # its process title
 
         # Demo data was seeded on first start: alice signs in and sees her organisation.
         with httpx.Client(base_url=base_url, timeout=10) as client:

@@ -1,18 +1,6 @@
 import pytest
 from django.conf import settings
 
-from marketplace.demo import seed_catalog
-from marketplace.services import capacity_sync
-
-
-@pytest.fixture
-def catalog(db):
-    """The demo catalog plus this host's real local pools."""
-    from jobs.backends.local import LocalBackend
-
-    seed_catalog()
-    capacity_sync(backend=LocalBackend())
-
 
 @pytest.fixture(autouse=True)
 def _no_log_follower_state_left():
@@ -22,11 +10,11 @@ def _no_log_follower_state_left():
     yield
     import redis
 
-    from jobs.logstream import _redis_prefix
+    from jobs.logs.leases import redis_prefix
 
     client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
     try:
-        keys = list(client.scan_iter(f"{_redis_prefix()}:logfollow:*", count=1000))
+        keys = list(client.scan_iter(f"{redis_prefix()}:logfollow:*", count=1000))
         if keys:
             client.delete(*keys)
     except redis.RedisError:

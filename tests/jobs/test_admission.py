@@ -22,12 +22,17 @@ from hypothesis import strategies as st
 
 from console.services import ServiceError
 from jobs import services
+from jobs.actors import BACKEND, SYSTEM
 from jobs.backends import Observation
-from jobs.models import HOLDING_COMPUTE, Job, JobEvent, JobStatus
-from jobs.services import JobSpec
+from jobs.models import HOLDING_COMPUTE, Job, JobEvent, JobStatus, WaitKind
+from jobs.selectors import queue_position
+from jobs.services.admission import BEHIND_IN_POOL, BEHIND_OWN_QUOTA
 from jobs.state import TRANSITIONS, IllegalTransition, job_transition
 from marketplace.demo import seed_catalog
 from marketplace.models import GpuType, NodePool, Region, TenantQuota, Tier
+from tests import jobs_helpers
+from tests.factories import JobFactory
+from tests.jobs_helpers import advance_to
 
 S = JobStatus
 PRIORITY_NAMES = ["critical", "normal", "low"]
@@ -89,13 +94,7 @@ def pools(db, settings) -> Pools:
 
 
 def submit(world, name: str = "job", *, cpus: int = 1, **spec) -> Job:
-    values = {"image": "python-3.11", "command": ["python", "-c", "pass"], "cpus": cpus}
-    if spec.get("gpu_type"):
-        values["image"] = "cuda-12-4-runtime"
-    values.update(spec)
-    return services.job_submit(
-        tenant=world.tenant, user=world.member, spec=JobSpec(name=name, **values)
-    )
+    return jobs_helpers.submit(world, name, cpus=cpus, **spec)
 
 
 def gpu_job(world, name: str = "gpu", *, gpus: int, gpu_type: str = "h100-80gb", **spec) -> Job:
@@ -106,8 +105,8 @@ def finish(job: Job, to: str = S.SUCCEEDED) -> Job:
     """What the watcher records when a job ends (without admitting anything itself)."""
     job.refresh_from_db()
     if job.status == S.DISPATCHING:
-        job_transition(job=job, to=S.RUNNING, actor="backend", reason="running")
-    return job_transition(job=job, to=to, actor="backend", reason="done")
+        job_transition(job=job, to=S.RUNNING, actor=BACKEND, reason="running")
+    return job_transition(job=job, to=to, actor=BACKEND, reason="done")
 
 
 def statuses(*jobs: Job) -> list[str]:
@@ -133,11 +132,11 @@ def test_job_over_free_capacity_queues_with_reason_and_is_admitted_only_when_ano
     second = submit(world, "second", cpus=2)
     assert second.status == S.QUEUED
     assert second.status_reason == f"waiting for 2 vCPUs in {pools.cpu.name} (1 free)"
-    assert services.queue_position(second) == 1
-    assert services.queue_position(first) is None
+    assert queue_position(second) == 1
+    assert queue_position(first) is None
 
     # Still held while it runs: another admission pass changes nothing.
-    job_transition(job=first, to=S.RUNNING, actor="backend", reason="running")
+    job_transition(job=first, to=S.RUNNING, actor=BACKEND, reason="running")
     assert services.jobs_admit() == []
     assert statuses(second) == [S.QUEUED]
 
@@ -146,14 +145,14 @@ def test_job_over_free_capacity_queues_with_reason_and_is_admitted_only_when_ano
     assert [job.pk for job in services.jobs_admit()] == [second.pk]
     assert statuses(second) == [S.DISPATCHING]
     assert reason(second) == "admitted"
-    assert services.queue_position(second) is None
+    assert queue_position(second) is None
     assert [e.to_status for e in second.events.all()] == [S.QUEUED, S.DISPATCHING]
 
 
 def test_watcher_seeing_a_job_end_admits_the_next(world, pools):
     running = submit(world, "running", cpus=CPU_POOL_VCPUS)
     waiting = submit(world, "waiting", cpus=CPU_POOL_VCPUS)
-    job_transition(job=running, to=S.RUNNING, actor="backend", reason="running")
+    job_transition(job=running, to=S.RUNNING, actor=BACKEND, reason="running")
 
     services.job_apply_observation(job=running, observation=Observation(phase="running"))
     assert statuses(waiting) == [S.QUEUED]
@@ -169,11 +168,11 @@ def test_cancelling_and_pausing_release_compute_for_queued_jobs(world, pools):
     second = submit(world, "second", cpus=CPU_POOL_VCPUS)
     third = submit(world, "third", cpus=CPU_POOL_VCPUS)
 
-    services.job_cancel(job=holder, actor="tester")
+    services.job_cancel(job=holder, actor=SYSTEM)
     assert statuses(second, third) == [S.DISPATCHING, S.QUEUED]
 
-    job_transition(job=second, to=S.RUNNING, actor="backend", reason="running")
-    services.job_pause(job=second, actor="tester")
+    job_transition(job=second, to=S.RUNNING, actor=BACKEND, reason="running")
+    services.job_pause(job=second, actor=SYSTEM)
     assert statuses(third) == [S.QUEUED]  # pausing still holds the compute
     services.job_apply_observation(job=second, observation=Observation(phase="suspended"))
     assert statuses(second, third) == [S.PAUSED, S.DISPATCHING]
@@ -181,15 +180,15 @@ def test_cancelling_and_pausing_release_compute_for_queued_jobs(world, pools):
 
 def test_resuming_a_paused_job_never_overcommits_its_pool(world, pools):
     paused = submit(world, "paused", cpus=CPU_POOL_VCPUS)
-    job_transition(job=paused, to=S.RUNNING, actor="backend", reason="running")
-    services.job_pause(job=paused, actor="tester")
+    job_transition(job=paused, to=S.RUNNING, actor=BACKEND, reason="running")
+    services.job_pause(job=paused, actor=SYSTEM)
     services.job_apply_observation(job=paused, observation=Observation(phase="suspended"))
     taker = submit(world, "taker", cpus=CPU_POOL_VCPUS)
     assert statuses(paused, taker) == [S.PAUSED, S.DISPATCHING]
 
     # Refusing is one acceptable answer; waiting for admission is another.
     with contextlib.suppress(services.ActionRefused):
-        services.job_resume(job=paused, actor="tester")
+        services.job_resume(job=paused, actor=SYSTEM)
     held = sum(job.cpus * job.nodes for job in Job.objects.filter(pool=pools.cpu).holding_compute())
     assert held <= CPU_POOL_VCPUS
 
@@ -206,7 +205,7 @@ def test_priority_then_fifo_when_capacity_frees(world, pools):
     }
     assert {job.status for job in queued.values()} == {S.QUEUED}
     expected = ["critical-1", "critical-2", "normal-1", "normal-2", "low-1", "low-2"]
-    assert [services.queue_position(queued[name]) for name in expected] == [1, 2, 3, 4, 5, 6]
+    assert [queue_position(queued[name]) for name in expected] == [1, 2, 3, 4, 5, 6]
 
     admitted = []
     running = blocker
@@ -233,7 +232,7 @@ def test_blocked_big_job_is_not_overtaken_by_a_later_small_one(world, other_worl
     small = submit(other_world, "small", cpus=1)  # would fit in the 2 free vCPUs
     assert statuses(big, small) == [S.QUEUED, S.QUEUED]
     assert reason(small) == "waiting behind earlier jobs for the same pool"
-    assert services.queue_position(small) == 2
+    assert queue_position(small) == 2
     # Other pools are not held up by this one's queue.
     assert gpu_job(world, gpus=1).status == S.DISPATCHING
 
@@ -337,7 +336,7 @@ def test_submit_costs_the_same_number_of_queries_whatever_the_queue_length(world
         queries.append(len(captured.captured_queries))
         last = Job.objects.filter(status=S.QUEUED).order_by("pk").last()
         with CaptureQueriesContext(connection) as captured:
-            assert services.queue_position(last) == length
+            assert queue_position(last) == length
         assert len(captured.captured_queries) == 1
     assert queries[0] == queries[1]
     # Nothing the submit path decided differs from what a full pass would.
@@ -350,11 +349,12 @@ def test_a_new_critical_job_is_admitted_before_queued_normal_ones_when_it_fits(w
     assert normal.status == S.QUEUED
     critical = submit(world, "critical", cpus=2, priority="critical")
     assert critical.status == S.DISPATCHING
-    assert services.queue_position(normal) == 1
+    assert queue_position(normal) == 1
     # A new normal job still queues behind the earlier normal one; a low one too.
     later = submit(world, "later", cpus=1)
-    assert (later.status, later.status_reason) == (S.QUEUED, services.BEHIND_IN_POOL)
-    assert services.queue_position(later) == 2
+    assert (later.status, later.status_reason) == (S.QUEUED, BEHIND_IN_POOL.message)
+    assert later.wait_kind == WaitKind.POOL_QUEUE
+    assert queue_position(later) == 2
 
 
 def test_another_tenants_quota_wait_does_not_block_a_new_job_but_its_own_does(
@@ -366,9 +366,10 @@ def test_another_tenants_quota_wait_does_not_block_a_new_job_but_its_own_does(
     assert theirs.status_reason == "quota: at most 1 jobs at once"
     assert submit(world, "mine", cpus=1).status == S.DISPATCHING
     again = submit(other_world, "theirs-again", cpus=1)
-    assert (again.status, again.status_reason) == (S.QUEUED, services.BEHIND_OWN_QUOTA)
+    assert (again.status, again.status_reason) == (S.QUEUED, BEHIND_OWN_QUOTA.message)
+    assert (theirs.wait_kind, again.wait_kind) == (WaitKind.QUOTA, WaitKind.QUOTA_QUEUE)
     assert services.jobs_admit() == []
-    assert reason(again) == services.BEHIND_OWN_QUOTA
+    assert reason(again) == BEHIND_OWN_QUOTA.message
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -378,7 +379,7 @@ def test_submit_decides_as_a_full_admission_pass_would(world, other_world, pools
     agrees on which jobs wait behind others."""
     rng = random.Random(seed)
     TenantQuota.objects.create(tenant=other_world.tenant, max_concurrent_jobs=2)
-    waits_behind = {services.BEHIND_IN_POOL, services.BEHIND_OWN_QUOTA}
+    waits_behind = {WaitKind.POOL_QUEUE, WaitKind.QUOTA_QUEUE}
     for number in range(14):
         owner = rng.choice([world, other_world])
         spec = {"cpus": rng.choice([1, 2, 3]), "priority": rng.choice(PRIORITY_NAMES)}
@@ -388,11 +389,11 @@ def test_submit_decides_as_a_full_admission_pass_would(world, other_world, pools
             spec |= {"gpu_type": "h100-80gb", "gpus_per_node": rng.choice([2, 4, 8])}
             spec["cpus"] = None
         new = submit(owner, f"job-{number}", **spec)
-        position = services.queue_position(new)
-        behind = set(Job.objects.filter(status_reason__in=waits_behind).values_list("pk"))
+        position = queue_position(new)
+        behind = set(Job.objects.filter(wait_kind__in=waits_behind).values_list("pk"))
         assert services.jobs_admit() == []
-        assert (reason(new), services.queue_position(new)) == (new.status_reason, position)
-        assert set(Job.objects.filter(status_reason__in=waits_behind).values_list("pk")) == behind
+        assert (reason(new), queue_position(new)) == (new.status_reason, position)
+        assert set(Job.objects.filter(wait_kind__in=waits_behind).values_list("pk")) == behind
 
 
 # --- refused at submit -------------------------------------------------------------------------
@@ -437,40 +438,38 @@ def test_request_larger_than_the_quota_is_refused_at_submit(world, pools, scoped
 # --- state machine -------------------------------------------------------------------------
 
 
-def _job_in(job: Job, status: str) -> Job:
-    Job.objects.filter(pk=job.pk).update(status=status, status_reason="")
-    job.refresh_from_db()
-    return job
+def _job_in(world, status: str) -> Job:
+    """A fresh job of `world` brought to `status` by the shortest legal path."""
+    job = JobFactory(tenant=world.tenant)
+    return job if status == S.QUEUED else advance_to(job, status, actor=SYSTEM)
 
 
 ALL_PAIRS = list(product(S.values, S.values))
 
 
 def test_every_pair_outside_the_table_is_refused_and_writes_nothing(world, pools):
-    job = submit(world)
     illegal = [(a, b) for a, b in ALL_PAIRS if b not in TRANSITIONS[a]]
     assert len(illegal) > len(ALL_PAIRS) / 2
     for current, to in illegal:
-        job = _job_in(job, current)
+        job = _job_in(world, current)
         events = JobEvent.objects.count()
         with pytest.raises(IllegalTransition) as refused:
-            job_transition(job=job, to=to, actor="tester", reason="try")
+            job_transition(job=job, to=to, actor=SYSTEM, reason="try")
         assert refused.value.code == "conflict"
         job.refresh_from_db()
         assert (job.status, JobEvent.objects.count()) == (current, events), (current, to)
 
 
 def test_every_pair_in_the_table_writes_exactly_one_event(world, pools):
-    job = submit(world)
     legal = [(a, b) for a, b in ALL_PAIRS if b in TRANSITIONS[a]]
     assert set(TRANSITIONS) == set(S.values)
     for current, to in legal:
-        job = _job_in(job, current)
+        job = _job_in(world, current)
         before = set(JobEvent.objects.filter(job=job).values_list("pk", flat=True))
-        job_transition(job=job, to=to, actor="tester", reason=f"{current}->{to}")
+        job_transition(job=job, to=to, actor=SYSTEM, reason=f"{current}->{to}")
         new = JobEvent.objects.filter(job=job).exclude(pk__in=before)
         assert [(e.from_status, e.to_status, e.actor, e.reason) for e in new] == [
-            (current, to, "tester", f"{current}->{to}")
+            (current, to, "system", f"{current}->{to}")
         ]
         job.refresh_from_db()
         assert (job.status, job.status_reason) == (to, f"{current}->{to}")
@@ -482,8 +481,10 @@ def test_finished_states_are_final_and_expected_from_is_checked(world, pools):
         assert TRANSITIONS[final] == frozenset()
     assert job.status == S.DISPATCHING
     with pytest.raises(IllegalTransition):
-        job_transition(job=job, to=S.RUNNING, actor="t", expected_from=frozenset({S.PROVISIONING}))
-    job_transition(job=job, to=S.RUNNING, actor="t", expected_from=frozenset({S.DISPATCHING}))
+        job_transition(
+            job=job, to=S.RUNNING, actor=SYSTEM, expected_from=frozenset({S.PROVISIONING})
+        )
+    job_transition(job=job, to=S.RUNNING, actor=SYSTEM, expected_from=frozenset({S.DISPATCHING}))
     job.refresh_from_db()
     assert job.status == S.RUNNING and job.started_at is not None
     assert S.RUNNING in HOLDING_COMPUTE

@@ -19,12 +19,16 @@ from django.conf import settings
 
 from console.asgi import application
 from console.crypto import encrypt_json
-from jobs import logstream, realtime
+from jobs import realtime
+from jobs.actors import BACKEND
+from jobs.logs.archive import archive_index_path, archive_path
+from jobs.logs.follower import close_for_loop, followers
+from jobs.logs.stores import FileLog, spool_dir
 from jobs.models import Job, JobStatus
 from jobs.state import job_transition
-from marketplace.models import Image, Region
 from tests.conftest import signed_in_client
-from tests.factories import UserFactory
+from tests.factories import JobFactory, UserFactory
+from tests.jobs_helpers import advance_to
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,30 +37,22 @@ TIMEOUT = 5
 
 
 def make_job(tenant, *, status=JobStatus.RUNNING, **fields) -> Job:
-    values = {
-        "name": "socket test",
-        "image": Image.objects.get(slug="python-3.11"),
-        "image_reference": "python:3.11",
-        "command": ["python", "-c", "print(1)"],
-        "region": Region.objects.get(slug="local"),
-        "backend": "local",
-        "status": status,
-    }
-    job = Job.objects.create(tenant=tenant, **{**values, **fields})
+    """A local CPU job of `tenant`, brought to `status` through the state machine."""
+    job = JobFactory(tenant=tenant, **{"name": "socket test", **fields})
     forget_files(job)
-    return job
+    return job if status == JobStatus.QUEUED else advance_to(job, status)
 
 
 def forget_files(job: Job) -> None:
     """Rolled-back tests reuse ids: start from no files of an earlier job with this id."""
     for leftover in (
         Path(settings.DATA_DIR) / "jobs" / str(job.pk),
-        logstream.spool_dir(job),
+        spool_dir(job),
     ):
         shutil.rmtree(leftover, ignore_errors=True)
-    logstream.archive_path(job).unlink(missing_ok=True)
-    logstream.archive_index_path(logstream.archive_path(job)).unlink(missing_ok=True)
-    logstream.FileLog.forget(Path(settings.DATA_DIR) / "jobs" / str(job.pk) / "output.log")
+    archive_path(job).unlink(missing_ok=True)
+    archive_index_path(archive_path(job)).unlink(missing_ok=True)
+    FileLog.forget(Path(settings.DATA_DIR) / "jobs" / str(job.pk) / "output.log")
 
 
 def write_log(job: Job, lines: list[str], mode: str = "a") -> Path:
@@ -91,7 +87,7 @@ def run(coroutine_function):
         try:
             return await coroutine_function()
         finally:
-            await logstream.close_for_loop()
+            await close_for_loop()
             await realtime.close_hub()
 
     return async_to_sync(body)()
@@ -165,7 +161,7 @@ def test_job_socket_sends_status_now_and_on_every_change(world, catalog):
         from channels.db import database_sync_to_async
 
         await database_sync_to_async(job_transition)(
-            job=job, to=JobStatus.SUCCEEDED, actor="backend", reason="completed"
+            job=job, to=JobStatus.SUCCEEDED, actor=BACKEND, reason="completed"
         )
         while True:
             message = await socket.receive_json_from(timeout=TIMEOUT)
@@ -191,10 +187,10 @@ def test_tenant_socket_gets_its_tenants_job_changes_only(world, other_world, cat
         assert connected
         await asyncio.sleep(0.3)
         await database_sync_to_async(job_transition)(
-            job=theirs, to=JobStatus.FAILED, actor="backend", reason="boom"
+            job=theirs, to=JobStatus.FAILED, actor=BACKEND, reason="boom"
         )
         await database_sync_to_async(job_transition)(
-            job=mine, to=JobStatus.SUCCEEDED, actor="backend", reason="completed"
+            job=mine, to=JobStatus.SUCCEEDED, actor=BACKEND, reason="completed"
         )
         message = await socket.receive_json_from(timeout=TIMEOUT)
         assert message["type"] == "status"
@@ -217,7 +213,7 @@ def test_dashboard_job_list_is_a_live_section_refreshed_on_state_changes(world, 
     assert "gg:tenant-job-changed from:body" in page
     assert f'data-job="{job.pk}"' in page and "No jobs yet" not in page
 
-    job_transition(job=job, to=JobStatus.SUCCEEDED, actor="backend", reason="completed")
+    job_transition(job=job, to=JobStatus.SUCCEEDED, actor=BACKEND, reason="completed")
     partial = client.get("/", HTTP_HX_REQUEST="true", HTTP_HX_TARGET="dashboard-jobs")
     body = partial.content.decode()
     assert body.lstrip().startswith('<section id="dashboard-jobs"')  # the section only
@@ -298,14 +294,14 @@ def test_several_viewers_share_one_follower_and_each_get_every_line(world, catal
         for socket in sockets:
             assert_contiguous(await receive_lines(socket, 1), 1, 1)
         loop_id = id(asyncio.get_running_loop())
-        assert [k for k in logstream.followers.followers if k == (loop_id, job.pk)]
-        assert logstream.followers.viewers[(loop_id, job.pk)] == 3
+        assert [k for k in followers.followers if k == (loop_id, job.pk)]
+        assert followers.viewers[(loop_id, job.pk)] == 3
         write_log(job, [f"more {n}" for n in range(2, 52)])
         for socket in sockets:
             assert_contiguous(await receive_lines(socket, 51), 2, 51)
         for socket in sockets:
             await socket.disconnect()
-        assert (loop_id, job.pk) not in logstream.followers.followers
+        assert (loop_id, job.pk) not in followers.followers
 
     run(body)
 

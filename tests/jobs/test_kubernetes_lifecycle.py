@@ -13,20 +13,17 @@ from decimal import Decimal
 import pytest
 
 from jobs import services, tasks
+from jobs.actors import SYSTEM
 from jobs.backends import BackendUnavailable, get_backend
-from jobs.backends import kubernetes_manifests as manifests
-from jobs.backends.kubernetes import KubernetesBackend
-from jobs.kube_watch import watch_jobs
+from jobs.backends.kubernetes import KubernetesBackend, manifests
+from jobs.backends.kubernetes.watch import watch_jobs
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
 from marketplace.demo import seed_catalog
 from marketplace.models import NodePool
 from marketplace.services import capacity_sync
 from tests.concurrency import run_at_once
-from tests.fakes import kube_api as fake
 from tests.fakes.kube_api import PodRun
-
-kube_api = fake.kube_api  # the fixture, bound by assignment (see tests/fakes/kube_api.py)
 
 S = JobStatus
 H100 = {
@@ -149,14 +146,14 @@ def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
     job = settle(cluster, launch(world, gpu_spec()), S.RUNNING)
     first_pod = live_pods(cluster, job)[0]["metadata"]["name"]
 
-    job = services.job_pause(job=job, actor="member@acme.test")
+    job = services.job_pause(job=job, actor=SYSTEM)
     assert job.status == S.PAUSING
     tasks.job_suspend_task(job.pk)
     job = settle(cluster, job, S.PAUSED)
     assert live_pods(cluster, job) == []
     assert "compute released" in job.status_reason
 
-    job = services.job_resume(job=job, actor="member@acme.test")
+    job = services.job_resume(job=job, actor=SYSTEM)
     tasks.job_resume_task(job.pk)
     job = settle(cluster, job, S.RUNNING)
     (pod,) = live_pods(cluster, job)
@@ -172,7 +169,7 @@ def test_cancel_leaves_nothing_behind(world, cluster):
     assert set(secret["data"]) == {"HF_TOKEN"}
     job = settle(cluster, job, S.RUNNING)
 
-    job = services.job_cancel(job=job, actor="member@acme.test")
+    job = services.job_cancel(job=job, actor=SYSTEM)
     assert job.status == S.CANCELLED
     tasks.job_cancel_task(job.pk)
     tasks.job_cancel_task(job.pk)  # twice is fine
@@ -298,7 +295,7 @@ def test_watch_delivers_events_and_survives_410(kube_api):
     kube_api.add_node("n1", labels=H100)
 
     def managed_job(job_id: int) -> dict:
-        labels = {"app.kubernetes.io/managed-by": "gpugeek", "gpugeek.io/job": str(job_id)}
+        labels = {**manifests.managed_labels(), "gpugeek.io/job": str(job_id)}
         return {
             "metadata": {"name": f"gg-{job_id}-a1", "labels": labels},
             "spec": {
@@ -347,7 +344,9 @@ def test_watch_delivers_events_and_survives_410(kube_api):
 
 def test_pending_reasons_and_unpullable_image(world, cluster):
     namespace = f"gg-t-{world.tenant.pk}"
-    cluster.create("namespaces", {"metadata": {"name": namespace}})
+    # The console's namespace (made by this installation earlier), with a quota added.
+    labels = manifests.managed_labels()
+    cluster.create("namespaces", {"metadata": {"name": namespace, "labels": labels}})
     cluster.create(
         "resourcequotas",
         {"metadata": {"name": "blocker"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}},
@@ -449,7 +448,7 @@ def test_private_image_pulls_with_the_tenants_registry_login(
     public = launch(world, gpu_spec(name="public", image="python-3.11", **cpu))
     public_job = cluster.get("jobs", ns(public), f"gg-{public.pk}-a1")
     assert "imagePullSecrets" not in public_job["spec"]["template"]["spec"]
-    services.job_cancel(job=job, actor="tester")
+    services.job_cancel(job=job, actor=SYSTEM)
     tasks.job_cancel_task.apply(args=[job.pk])
     assert cluster.get("secrets", ns(job), name) is not None
 
@@ -472,7 +471,7 @@ def test_private_image_pulls_with_the_tenants_registry_login(
 @pytest.fixture
 def kueue(cluster, settings):
     """Kueue and JobSet installed, with the platform's ClusterQueue; KUEUE=on."""
-    from jobs.backends import kubernetes as kubernetes_backend
+    from jobs.backends.kubernetes import client as kubernetes_client
 
     cluster.install_kueue()
     cluster.install_jobset()
@@ -482,9 +481,9 @@ def kueue(cluster, settings):
     settings.KUEUE = "on"
     settings.KUEUE_QUEUE_NAME = "gpugeek"
     settings.KUEUE_CLUSTER_QUEUE = "gpu-cluster-queue"
-    kubernetes_backend._API_GROUPS.clear()
+    kubernetes_client.API_GROUPS_CACHE.clear()
     yield cluster
-    kubernetes_backend._API_GROUPS.clear()
+    kubernetes_client.API_GROUPS_CACHE.clear()
 
 
 def workloads(cluster, job: Job) -> list[dict]:
@@ -518,14 +517,14 @@ def test_kueue_admits_a_job_it_queued_and_pause_goes_through_its_workload(world,
     assert workload["spec"]["queueName"] == "gpugeek"
 
     # Kueue owns `suspend`: a pause deactivates the Workload, and Kueue suspends the Job.
-    job = services.job_pause(job=job, actor="member@acme.test")
+    job = services.job_pause(job=job, actor=SYSTEM)
     tasks.job_suspend_task(job.pk)
     (workload,) = workloads(kueue, job)
     assert workload["spec"]["active"] is False
     job = settle(kueue, job, S.PAUSED)
     assert live_pods(kueue, job) == []
 
-    job = services.job_resume(job=job, actor="member@acme.test")
+    job = services.job_resume(job=job, actor=SYSTEM)
     tasks.job_resume_task(job.pk)
     job = settle(kueue, job, S.RUNNING)
     (pod,) = live_pods(kueue, job)
@@ -574,7 +573,7 @@ def test_kueue_admits_both_tiers_of_a_split_job_together_as_one_jobset(world, ku
 
 def test_cancelling_a_kueue_jobset_removes_it_and_its_jobs(world, kueue):
     job = settle(kueue, launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))), S.RUNNING)
-    job = services.job_cancel(job=job, actor="member@acme.test")
+    job = services.job_cancel(job=job, actor=SYSTEM)
     tasks.job_cancel_task(job.pk)
     kueue.tick()
     assert kueue.list("jobsets", ns(job)) == []
@@ -597,10 +596,10 @@ def test_our_admission_still_holds_the_tenant_quota_before_kueue(world, kueue):
 
 
 def test_kueue_auto_follows_api_discovery(world, cluster, settings):
-    from jobs.backends import kubernetes as kubernetes_backend
+    from jobs.backends.kubernetes import client as kubernetes_client
 
     settings.KUEUE = "auto"
-    kubernetes_backend._API_GROUPS.clear()
+    kubernetes_client.API_GROUPS_CACHE.clear()
     backend = get_backend("kubernetes")
     assert backend.kueue_queue() is None
     job = launch(world, gpu_spec())
@@ -608,6 +607,6 @@ def test_kueue_auto_follows_api_discovery(world, cluster, settings):
     assert "kueue.x-k8s.io/queue-name" not in labels
 
     cluster.install_kueue()
-    kubernetes_backend._API_GROUPS.clear()  # the cache's lifetime, passed
+    kubernetes_client.API_GROUPS_CACHE.clear()  # the cache's lifetime, passed
     assert get_backend("kubernetes").kueue_queue() == settings.KUEUE_QUEUE_NAME
-    kubernetes_backend._API_GROUPS.clear()
+    kubernetes_client.API_GROUPS_CACHE.clear()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from jobs.backends import kubernetes_manifests as manifests
+from jobs.backends.kubernetes import manifests
 from jobs.models import Job
 from marketplace.models import GpuType, NodePool, Region, TenantQuota
 
@@ -29,6 +29,8 @@ def pinned_settings(settings):
     settings.KUBERNETES_TTL_SECONDS_AFTER_FINISHED = 3600
     settings.KUBERNETES_EGRESS_DENY_CIDRS = list(manifests.DEFAULT_EGRESS_DENY_CIDRS)
     settings.KUBERNETES_IMAGE_PULL_SECRETS = []
+    settings.KUBERNETES_EPHEMERAL_STORAGE = "20Gi"
+    settings.GPUGEEK_INSTALLATION_ID = "gg-golden"
     return settings
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jobs import services
+from jobs.actors import SYSTEM
 from jobs.backends import local
 from jobs.backends.local import LocalBackend
 from jobs.models import JobStatus
@@ -67,17 +68,17 @@ def test_jobs_get_disjoint_gpus_and_a_waiting_job_gets_the_freed_ones(world, fou
         third = gpu_job(world, 1)
         assert third.status == S.QUEUED and third.status_reason
 
-        services.job_cancel(job=first, actor="user")
+        services.job_cancel(job=first, actor=SYSTEM)
         wait_for_status(first, {S.CANCELLED})
         third.refresh_from_db()
         if third.status == S.DISPATCHING:
             services.job_dispatch(job=third)
         third = wait_for_status(third, {S.RUNNING})
         assert printed_devices(third) <= first_devices
-        services.job_cancel(job=third, actor="user")
+        services.job_cancel(job=third, actor=SYSTEM)
         wait_for_status(third, {S.CANCELLED})
     finally:
-        services.job_cancel(job=second, actor="user")
+        services.job_cancel(job=second, actor=SYSTEM)
         wait_for_status(second, {S.CANCELLED})
 
 

@@ -18,11 +18,15 @@ from asgiref.sync import async_to_sync
 from django.urls import include, path, re_path
 
 from console.crypto import encrypt_json
-from jobs import logstream, services
+from jobs import services
 from jobs.api import streams
 from jobs.backends.base import LogSource
-from jobs.backends.local import LocalBackend, LocalLogStream
-from jobs.logstream import FileLog, KubernetesSpool
+from jobs.backends.local import LocalBackend
+from jobs.backends.local_logs import LocalLogStream
+from jobs.logs import archive as log_archive
+from jobs.logs import follower as log_follower
+from jobs.logs import leases, reading
+from jobs.logs.stores import FileLog, LogSpool, spool_dir
 from jobs.models import Job, JobLogArchive, JobStatus
 from tests.conftest import signed_in_client
 from tests.jobs.test_consumers import forget_files, make_job, write_log
@@ -74,13 +78,16 @@ def test_a_line_being_written_gets_its_number_once_complete(tmp_path):
     assert texts(store.read(2, 10)) == ["three"]
 
 
-def test_a_very_long_line_is_one_line(tmp_path):
+def test_a_very_long_line_is_cut_into_64k_pieces(tmp_path):
     path = tmp_path / "output.log"
     long_line = "y" * (3 * 2**20)
     path.write_text(f"a\n{long_line}\nb\n")
     store = FileLog(path)
-    assert store.count() == 3
-    assert [len(t) for t in texts(store.read(0, 10))] == [1, len(long_line), 1]
+    assert store.count() == 50  # 3 MiB = 48 pieces of 64 KiB, between two short lines
+    lengths: list[int] = []
+    while page := texts(store.read(len(lengths), 100)):  # pages hold about 1 MiB
+        lengths += [len(t) for t in page]
+    assert lengths == [1] + [65536] * 48 + [1]
 
 
 def test_a_million_lines_range_read_is_fast(tmp_path):
@@ -110,16 +117,16 @@ def test_read_lines_masks_secrets_and_pages_by_number(world, catalog):
         secret_env_names=["WANDB_API_KEY"],
     )
     write_log(job, ["start", "key=wandb-s3cret-value", *[f"l{n}" for n in range(3, 11)]])
-    page = logstream.read_lines(job, since_line=1, limit=3)
+    page = reading.read_lines(job, since_line=1, limit=3)
     assert [(ln["line_no"], ln["text"]) for ln in page["lines"]] == [
         (2, "key=••••••"),
         (3, "l3"),
         (4, "l4"),
     ]
     assert page["next_line"] == 4 and page["lines"][0]["ts"] and page["lines"][0]["rank"] == 0
-    assert logstream.read_lines(job, since_line=10)["lines"] == []
-    assert logstream.read_lines(job, since_line=10)["next_line"] == 10
-    lines, last = logstream.tail_lines(job, 3)
+    assert reading.read_lines(job, since_line=10)["lines"] == []
+    assert reading.read_lines(job, since_line=10)["next_line"] == 10
+    lines, last = reading.tail_lines(job, 3)
     assert [ln["line_no"] for ln in lines] == [8, 9, 10] and last == 10
 
 
@@ -147,11 +154,11 @@ def test_download_is_the_whole_masked_log_and_tenant_scoped(world, other_world, 
 @pytest.mark.django_db
 def test_multi_node_download_prefixes_ranks(world, catalog, monkeypatch):
     job = make_job(world.tenant, backend="kubernetes", nodes=2, status=JobStatus.SUCCEEDED)
-    spool = KubernetesSpool(logstream.spool_dir(job))
+    spool = LogSpool(spool_dir(job))
     spool.append(1, [(pod("p0", 0), 0, ["a0"]), (pod("p1", 1), 0, ["b0", "b1"])])
     # The job's pods are gone (no cluster here): the spool is what was read.
-    monkeypatch.setattr(logstream, "kubernetes_sync", lambda job: 0)
-    body = b"".join(logstream.download_chunks(job)).decode()
+    monkeypatch.setattr(reading, "spool_sync", lambda job, backend: 0)
+    body = b"".join(reading.download_chunks(job)).decode()
     assert body == "[0] a0\n[1] b0\n[1] b1\n"
 
 
@@ -163,7 +170,7 @@ def pod(key: str, rank: int, live: bool = True) -> LogSource:
 
 
 def test_spool_appends_only_what_each_pod_printed_since_the_last_read(tmp_path):
-    spool = KubernetesSpool(tmp_path / "spool")
+    spool = LogSpool(tmp_path / "spool")
     r0, r1 = pod("job-0-a/uid0", 0), pod("job-1-b/uid1", 1)
     assert spool.append(1, [(r0, 0, ["r0 a"]), (r1, 0, ["r1 a", "r1 b"])]) == 3
     # A whole log read again, and a follow stream's suffix: only the new lines count.
@@ -201,16 +208,16 @@ def test_finished_jobs_logs_are_archived_once_and_stay_readable(world, catalog):
     path = write_log(job, [f"line {n}" for n in range(1, 2001)] + ["TOKEN tok-123456"])
     with path.open("a") as handle:
         handle.write("no newline at the end")
-    assert logstream.logs_archive_finished() == 1
-    assert logstream.logs_archive_finished() == 0  # idempotent; running jobs untouched
+    assert log_archive.logs_archive_finished() == 1
+    assert log_archive.logs_archive_finished() == 0  # idempotent; running jobs untouched
     archive = JobLogArchive.objects.get(job=job)
     assert archive.lines == 2002 and Path(archive.path).exists()
     with gzip.open(archive.path, "rt") as handle:
         stored = [json.loads(row) for row in handle]
     assert stored[-2] == [0, "TOKEN ••••••"] and stored[-1] == [0, "no newline at the end"]
-    before = logstream.read_lines(job, since_line=1990, limit=20)["lines"]
+    before = reading.read_lines(job, since_line=1990, limit=20)["lines"]
     path.unlink()  # the run directory is gone (pods deleted, host cleaned)
-    after = logstream.read_lines(job, since_line=1990, limit=20)["lines"]
+    after = reading.read_lines(job, since_line=1990, limit=20)["lines"]
     assert [(ln["line_no"], ln["text"]) for ln in after] == [
         (ln["line_no"], ln["text"]) for ln in before
     ]
@@ -218,12 +225,12 @@ def test_finished_jobs_logs_are_archived_once_and_stay_readable(world, catalog):
 
 
 def test_archive_range_reads_cross_member_boundaries(tmp_path):
-    per = logstream.ARCHIVE_MEMBER_LINES
+    per = log_archive.ARCHIVE_MEMBER_LINES
     total = 3 * per + 5
     rows = [(n % 3, f"line {n} ünï") for n in range(1, total + 1)]
     target = tmp_path / "job-1.jsonl.gz"
-    assert logstream.write_archive(target, iter(rows)) == total
-    store = logstream.ArchiveLog(target)
+    assert log_archive.write_archive(target, iter(rows)) == total
+    store = log_archive.ArchiveLog(target)
     assert store.count() == total
     for since, limit in [
         (0, 10),
@@ -251,18 +258,19 @@ def test_archives_without_a_matching_index_are_read_whole(tmp_path):
     legacy = tmp_path / "job-2.jsonl.gz"  # the format before the index: one gzip stream
     with gzip.open(legacy, "wt", encoding="utf-8") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
-    store = logstream.ArchiveLog(legacy)
+    store = log_archive.ArchiveLog(legacy)
     assert store.count() == 2500
     assert [ln.text for ln in store.read(2047, 3)] == ["old 2048", "old 2049", "old 2050"]
     # An index left from another write of the archive (torn replace) is not trusted.
     indexed = tmp_path / "job-3.jsonl.gz"
-    logstream.write_archive(indexed, [(0, "stale")] * 5000)
+    log_archive.write_archive(indexed, [(0, "stale")] * 5000)
     shutil.copy(legacy, indexed)
-    store = logstream.ArchiveLog(indexed)
+    store = log_archive.ArchiveLog(indexed)
     assert store.count() == 2500 and store.read(2499, 5)[0].text == "old 2500"
     empty = tmp_path / "job-4.jsonl.gz"
-    assert logstream.write_archive(empty, []) == 0
-    assert logstream.ArchiveLog(empty).count() == 0 and logstream.ArchiveLog(empty).read(0, 5) == []
+    assert log_archive.write_archive(empty, []) == 0
+    empty_store = log_archive.ArchiveLog(empty)
+    assert empty_store.count() == 0 and empty_store.read(0, 5) == []
 
 
 # --- the follower's lease ------------------------------------------------------------------------
@@ -270,8 +278,8 @@ def test_archives_without_a_matching_index_are_read_whole(tmp_path):
 
 def test_one_follower_holds_the_lease_and_another_takes_over():
     async def body():
-        first, second = logstream.LogFollower(424242), logstream.LogFollower(424242)
-        client = logstream._redis.get()
+        first, second = log_follower.LogFollower(424242), log_follower.LogFollower(424242)
+        client = leases.redis_clients.get()
         await client.delete(first.lease_key)
         try:
             assert await first._hold_lease(client)
@@ -285,7 +293,7 @@ def test_one_follower_holds_the_lease_and_another_takes_over():
             assert await client.get(first.lease_key) == second.token.encode()
         finally:
             await second.release()
-            await logstream.close_for_loop()
+            await log_follower.close_for_loop()
 
     async_to_sync(body)()
 
@@ -311,7 +319,7 @@ def test_real_local_job_output_is_numbered_masked_and_archived(world, catalog):
     job = services.job_dispatch(job=job)
     job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
     assert job.status == JobStatus.SUCCEEDED
-    lines = logstream.read_lines(job, since_line=295, limit=100)["lines"]
+    lines = reading.read_lines(job, since_line=295, limit=100)["lines"]
     assert [(ln["line_no"], ln["text"]) for ln in lines] == [
         (296, "step 296 loss=0.0034"),
         (297, "step 297 loss=0.0034"),
@@ -323,7 +331,7 @@ def test_real_local_job_output_is_numbered_masked_and_archived(world, catalog):
     ]
     # The backend's own numbering agrees (the API's range reads and the stream match).
     assert [ln.line_no for ln in LocalBackend().logs(job, since_line=295)] == list(range(296, 303))
-    assert logstream.job_log_archive(job=Job.objects.get(pk=job.pk)) is not None
+    assert log_archive.job_log_archive(job=Job.objects.get(pk=job.pk)) is not None
     assert JobLogArchive.objects.get(job=job).lines == 302
 
 
@@ -345,20 +353,20 @@ def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, clus
     job = launch_on_cluster(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5")))
     forget_files(job)
     job = settle(cluster, job, S.RUNNING)
-    first = logstream.read_lines(job)["lines"]
+    first = reading.read_lines(job)["lines"]
     assert [(ln["line_no"], ln["rank"], ln["text"]) for ln in first] == [
         (1, 0, "rank 0 a"),
         (2, 0, "rank 0 b"),
         (3, 1, "rank 1 a"),
         (4, 1, "rank 1 b"),
     ]
-    assert logstream.read_lines(job, since_line=4)["lines"] == []  # read again: no repeats
+    assert reading.read_lines(job, since_line=4)["lines"] == []  # read again: no repeats
     job = settle(cluster, job, S.SUCCEEDED)
-    assert logstream.job_log_archive(job=job) is not None
+    assert log_archive.job_log_archive(job=job) is not None
     for pod in cluster.list("pods", ns(job)):
         cluster.delete("pods", ns(job), pod["metadata"]["name"])
-    shutil.rmtree(logstream.spool_dir(job))
-    again = logstream.read_lines(job)["lines"]
+    shutil.rmtree(spool_dir(job))
+    again = reading.read_lines(job)["lines"]
     assert [(ln["line_no"], ln["rank"], ln["text"]) for ln in again] == [
         (ln["line_no"], ln["rank"], ln["text"]) for ln in first
     ]
@@ -439,12 +447,12 @@ def test_kubernetes_follower_streams_each_pod_once_for_all_viewers(world, cluste
         group = realtime.job_group(job.pk)
         received: list[dict] = []
         await realtime.hub().subscribe(group, received.append)
-        client = logstream._redis.get()
-        follower = logstream.LogFollower(job.pk)
+        client = leases.redis_clients.get()
+        follower = log_follower.LogFollower(job.pk)
         await client.delete(follower.viewers_key, follower.lease_key, follower.cursor_key)
         try:
-            logstream.followers.watch(job.pk)  # two viewers, one upstream follower
-            logstream.followers.watch(job.pk)
+            log_follower.followers.watch(job.pk)  # two viewers, one upstream follower
+            log_follower.followers.watch(job.pk)
 
             def lines() -> list[tuple[int, int, str]]:
                 return [
@@ -466,16 +474,16 @@ def test_kubernetes_follower_streams_each_pod_once_for_all_viewers(world, cluste
                 assert [t for _, r, t in got if r == rank] == ["started"] + [
                     f"rank {rank} step {n}" for n in (1, 2, 3)
                 ]
-            stored = await asyncio.to_thread(logstream.read_lines, job, limit=100)
+            stored = await asyncio.to_thread(reading.read_lines, job, limit=100)
             assert [(ln["line_no"], ln["rank"], ln["text"]) for ln in stored["lines"]] == got
             assert len(log_requests(follow=True)) == 2  # one follow per pod
             assert log_requests(follow=False) == []  # no re-reads while followed
-            await logstream.followers.unwatch(job.pk)
+            await log_follower.followers.unwatch(job.pk)
             assert readers_alive()  # one viewer left: still following
-            await logstream.followers.unwatch(job.pk)
+            await log_follower.followers.unwatch(job.pk)
             await until(lambda: not readers_alive(), "streams closed with the last viewer")
         finally:
-            await logstream.close_for_loop()
+            await log_follower.close_for_loop()
             await realtime.close_hub()
 
     async_to_sync(body)()
@@ -541,8 +549,8 @@ def test_follower_uses_redis_only_while_another_process_has_viewers(world, catal
         await layer.group_add(group, probe)
         local: list[dict] = []
         await realtime.hub().subscribe(group, local.append)
-        follower = logstream.LogFollower(job.pk, process_id="this-process")
-        client = logstream._redis.get()
+        follower = log_follower.LogFollower(job.pk, process_id="this-process")
+        client = leases.redis_clients.get()
         await client.delete(follower.viewers_key, follower.lease_key, follower.cursor_key)
         follower.task = asyncio.ensure_future(follower.run())
         try:
@@ -567,7 +575,7 @@ def test_follower_uses_redis_only_while_another_process_has_viewers(world, catal
             with contextlib.suppress(asyncio.CancelledError):
                 await follower.task
             await follower.release()
-            await logstream.close_for_loop()
+            await log_follower.close_for_loop()
             await realtime.close_hub()
 
     async_to_sync(body)()

@@ -20,8 +20,10 @@ from django.urls import include, path, re_path
 from django.utils import timezone
 
 from console.launcher import free_loopback_port
-from jobs import metrics
+from jobs import gpu_readings, metrics
 from jobs.api import streams
+from jobs.backends.base import GpuReading
+from jobs.backends.local import NOTE_NO_NVML
 from jobs.models import JobMetricSample, JobStatus, MetricResolution
 from tests.conftest import signed_in_client
 from tests.jobs.test_consumers import (
@@ -41,9 +43,9 @@ urlpatterns = [
 PROMETHEUS = shutil.which("prometheus")
 
 
-def reading(**values) -> metrics.GpuReading:
+def reading(**values) -> GpuReading:
     base = {"node": "rank 0", "gpu": 0, "utilization": 50.0, "memory_used_mib": 1000.0}
-    return metrics.GpuReading(**{**base, **values})
+    return GpuReading(**{**base, **values})
 
 
 # --- notes, API, figures --------------------------------------------------------------------------
@@ -100,8 +102,8 @@ def test_auto_stop_setting_needs_the_launch_capability(world, catalog):
 @pytest.mark.django_db
 def test_local_gpu_job_without_nvml_says_so(world, catalog, monkeypatch):
     job = make_job(world.tenant, gpus_per_node=1, assigned_devices=[0])
-    monkeypatch.setattr(metrics, "nvml_readings", lambda devices: None)
-    assert metrics.metrics_note(job) == metrics.NOTE_NO_NVML
+    monkeypatch.setattr(gpu_readings, "nvml_readings", lambda devices: None)
+    assert metrics.metrics_note(job) == NOTE_NO_NVML
     assert metrics.metrics_collect() == 0
 
 
@@ -324,18 +326,19 @@ def test_kubernetes_jobs_metrics_come_from_one_prometheus_query_per_tick(
     prometheus.gpu("someone-elses-pod-0", 0, util=99, **values)
     settings.PROMETHEUS_URL = prometheus.url
     # No cluster here: the loss scan of these Kubernetes jobs finds no pods, quietly.
-    monkeypatch.setattr("jobs.logstream.kubernetes_sync", lambda job: 0)
+    monkeypatch.setattr("jobs.logs.reading.spool_sync", lambda job, backend: 0)
 
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # until Prometheus has scraped the exporter
-        answer = httpx.get(f"{prometheus.url}/api/v1/query", params={"query": metrics.dcgm_query()})
+        query = {"query": gpu_readings.dcgm_query()}
+        answer = httpx.get(f"{prometheus.url}/api/v1/query", params=query)
         if len(answer.json()["data"]["result"]) >= 35:
             break
         time.sleep(0.3)
     queries = []
     real_get = httpx.get
     monkeypatch.setattr(
-        metrics.httpx, "get", lambda *a, **k: queries.append(k["params"]) or real_get(*a, **k)
+        gpu_readings.httpx, "get", lambda *a, **k: queries.append(k["params"]) or real_get(*a, **k)
     )
     assert metrics.metrics_collect() == 5
     assert len(queries) == 1

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jobs.backends import kubernetes_manifests as manifests
+from jobs.backends.kubernetes import manifests
 from jobs.services import JobSpec, job_submit
 from tests.conftest import token_client
 

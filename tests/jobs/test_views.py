@@ -12,8 +12,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from console.models import AuditEvent
 from jobs import services
-from jobs.models import Job, JobStatus
+from jobs.actors import BACKEND
+from jobs.models import Job, JobStatus, LaunchTemplate
 from jobs.services import JobSpec
 from jobs.state import job_transition
 from marketplace.models import NodePool
@@ -67,7 +69,7 @@ def make_job(world, name: str = "job", *path: str, tenant_world=None, **spec) ->
         tenant=owner.tenant, user=owner.member, spec=JobSpec(name=name, **values)
     )
     for to in path:
-        job = job_transition(job=job, to=to, actor="backend", reason=f"now {to}")
+        job = job_transition(job=job, to=to, actor=BACKEND, reason=f"now {to}")
     return job
 
 
@@ -329,7 +331,7 @@ def test_actions_by_post(member, world):
     job.refresh_from_db()
     assert job.status == S.PAUSING
 
-    job_transition(job=job, to=S.PAUSED, actor="backend", reason="stopped")
+    job_transition(job=job, to=S.PAUSED, actor=BACKEND, reason="stopped")
     member.post(action_url(job, "resume"))
     job.refresh_from_db()
     assert job.status == S.RESUMING
@@ -406,3 +408,40 @@ def test_another_tenants_job_is_404(member, world, other_world):
     assert Job.objects.count() == 1
     prefilled = member.get(LAUNCH, {"from": theirs.pk}).context["form"]
     assert prefilled.initial.get("name") is None
+
+
+# --- launch defaults and templates --------------------------------------------------------
+
+
+def test_launch_form_starts_in_the_default_region(member):
+    form = member.get(LAUNCH).context["form"]
+    assert form.initial["region"] == "local"  # the region of the configured CPU pool
+
+
+def test_launch_from_a_template_prefills_the_form(member, world):
+    source = make_job(world, "source", command=["python", "train.py"], env={"A": "1"})
+    template = services.launch_template_save(job=source, name="nightly", user=world.member)
+
+    form = member.get(LAUNCH, {"template": template.pk}).context["form"]
+
+    assert (form.initial["name"], form.initial["command"]) == ("nightly", "python train.py")
+    assert (form.initial["env"], form.initial["region"]) == ("A=1", "local")
+
+
+def test_template_delete_asks_first_then_deletes_with_an_audit_record(member, world):
+    source = make_job(world, "source")
+    template = services.launch_template_save(job=source, name="nightly", user=world.member)
+    url = reverse("jobs:template_delete", args=[template.pk])
+
+    confirm = member.get(url)
+    assert confirm.status_code == 200
+    assert "Delete the launch template “nightly”?" in text(confirm)
+    assert LaunchTemplate.objects.filter(pk=template.pk).exists()
+
+    response = member.post(url, follow=True)
+    assert response.redirect_chain == [(LAUNCH, 302)]
+    assert "Template “nightly” deleted." in text(response)
+    assert not LaunchTemplate.objects.filter(pk=template.pk).exists()
+    event = AuditEvent.objects.get(action="launch_template.deleted")
+    assert (event.tenant, event.actor) == (world.tenant, world.member)
+    assert (event.target_id, event.metadata) == (str(template.pk), {"name": "nightly"})

@@ -11,7 +11,7 @@ from django.conf import settings
 from kubernetes import client
 
 from jobs.backends import local
-from jobs.backends.base import BackendUnavailable, NodeInventory
+from jobs.backends.base import BackendUnavailable, ComputeBackend, NodeInventory
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.backends.local import LocalBackend
 from marketplace.models import NodePool
@@ -25,8 +25,9 @@ H100_LABEL = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 
 @dataclass
-class FakeBackend:
-    """A backend double: `inventory()` returns whatever the test put in `nodes`."""
+class FakeBackend(ComputeBackend):
+    """A backend double: `inventory()` returns whatever the test put in `nodes`; it runs
+    nothing (capacity sync asks only for the inventory)."""
 
     nodes: list[NodeInventory] = field(default_factory=list)
     name: str = "fake"
@@ -36,6 +37,12 @@ class FakeBackend:
         if self.down:
             raise BackendUnavailable("unreachable")
         return list(self.nodes)
+
+    def _runs_nothing(self, *args, **kwargs):
+        raise NotImplementedError("the capacity double runs no jobs")
+
+    submit = suspend = resume = cancel = observe = _runs_nothing
+    log_sources = open_log = logs = _runs_nothing
 
 
 def h100(name, *, region="us-west", tier="on_demand", in_use=0, schedulable=True):

@@ -192,9 +192,12 @@ def test_slugs_clash_within_a_tenant_only(catalog, world, other_world):
     with pytest.raises(ServiceError) as raised:
         private_image(world.tenant, world.admin)
     assert raised.value.code == "conflict"
-    # Another tenant, and a private image named like a public one, are fine.
+    # Another tenant's private image may share the slug; a public image's slug is
+    # taken for everyone (a private twin would shadow it in the launch form).
     private_image(other_world.tenant, other_world.admin)
-    private_image(world.tenant, world.admin, slug="ubuntu-22-04")
+    with pytest.raises(ServiceError) as raised:
+        private_image(world.tenant, world.admin, slug="ubuntu-22-04")
+    assert raised.value.field == "slug"
 
 
 def test_private_images_are_seen_by_their_tenant_only(catalog, world, other_world):

@@ -5,9 +5,14 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.contrib.messages import get_messages
+from django.contrib.messages.storage.fallback import FallbackStorage
 from django.urls import reverse
 
-from marketplace import services
+from billing import panels
+from console.confirm import confirm_then_act
+from console.services import ServiceError
+from marketplace import extensions, services
 from marketplace.models import Image
 from tests.conftest import signed_in_client
 
@@ -226,3 +231,96 @@ def test_retire_page_is_404_for_another_tenants_image(catalog, world, other_worl
     assert own.post(retire).status_code == 302
     image.refresh_from_db()
     assert not image.is_active
+
+
+# --- confirm then act (console.confirm), on the retire page ----
+
+
+def test_retire_asks_first_naming_the_image_then_retires(catalog, world):
+    image = private_image(world.tenant, world.admin)
+    client = signed_in_client(world.admin, world.tenant)
+    retire = reverse("marketplace:image_deactivate", args=[image.pk])
+
+    confirm = client.get(retire)
+    assert confirm.status_code == 200
+    page = confirm.content.decode()
+    assert "Retire private image" in page and "Stop offering “Secret trainer”" in page
+    assert f'href="{IMAGES}"' in page  # cancel goes back
+    image.refresh_from_db()
+    assert image.is_active
+
+    done = client.post(retire, follow=True)
+    assert done.redirect_chain == [(IMAGES, 302)]
+    assert "“Secret trainer” is no longer offered for new jobs." in done.content.decode()
+    image.refresh_from_db()
+    assert not image.is_active
+
+
+def test_an_htmx_retire_answers_with_a_client_redirect(catalog, world):
+    image = private_image(world.tenant, world.admin)
+    client = signed_in_client(world.admin, world.tenant)
+
+    response = client.post(reverse("marketplace:image_deactivate", args=[image.pk]), **HTMX)
+
+    assert response.status_code == 200
+    assert response["HX-Redirect"] == IMAGES
+    image.refresh_from_db()
+    assert not image.is_active
+
+
+def test_a_refused_action_is_an_error_message_back_on_the_cancel_page(rf, world):
+    request = rf.post("/anything/")
+    request.user, request.htmx = world.admin, False
+    request.session = {}
+    request._messages = FallbackStorage(request)
+
+    def refuse() -> None:
+        raise ServiceError("Not now.")
+
+    response = confirm_then_act(
+        request,
+        title="Delete it",
+        message="Delete it?",
+        confirm_label="Delete",
+        act=refuse,
+        success_url="/done/",
+        success_message="Deleted.",
+        cancel_url="/back/",
+    )
+    assert (response.status_code, response["Location"]) == (302, "/back/")
+    assert [str(m) for m in get_messages(request)] == ["Not now."]
+
+
+# --- price book panels (marketplace.extensions) ----
+
+
+def test_price_book_shows_the_registered_panels(catalog, staff_user, world, monkeypatch):
+    monkeypatch.setattr(extensions, "_price_book_panels", {})
+    extensions.price_book_panel_register(
+        "test.gaps",
+        lambda: extensions.Panel(
+            template_name="billing/partials/price_gaps.html",
+            context={"price_gaps": [{"gpu_type": "cpu", "region": "local", "records": 3}]},
+        ),
+    )
+    extensions.price_book_panel_register("test.nothing", lambda: None)
+
+    page = signed_in_client(staff_user, world.tenant).get(reverse("marketplace:staff_prices"))
+
+    html = page.content.decode()
+    assert 'data-testid="price-gaps"' in html and "Usage without a price" in html
+    assert html.count("<h2>Usage without a price</h2>") == 1
+
+
+def test_billing_registers_its_price_gaps_panel(catalog, staff_user, world, monkeypatch):
+    monkeypatch.setattr(extensions, "_price_book_panels", {})
+    panels.register()
+    panels.register()  # ready() may run twice: still one panel
+    staff = signed_in_client(staff_user, world.tenant)
+    prices = reverse("marketplace:staff_prices")
+
+    assert 'data-testid="price-gaps"' not in staff.get(prices).content.decode()  # no gap yet
+    gap = {"gpu_type": "cpu", "region": "local", "records": 2, "note": "no price for CPU"}
+    monkeypatch.setattr(panels, "price_gaps", lambda: [gap])
+    html = staff.get(prices).content.decode()
+    assert html.count('data-testid="price-gaps"') == 1 and "no price for CPU" in html

@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connections
 
-from console.launcher import ConsoleLauncher
+from console.launcher import ConsoleLauncher, redacted_url
 
 
 class Command(BaseCommand):
@@ -39,7 +39,8 @@ class Command(BaseCommand):
         try:
             if not os.environ.get("REDIS_URL"):
                 env["REDIS_URL"] = launcher.start_embedded_redis()
-                self.stdout.write(f"Embedded Redis at {env['REDIS_URL']}")
+                # The URL carries the password (kept 0600 in the data dir): never printed.
+                self.stdout.write(f"Embedded Redis at {redacted_url(env['REDIS_URL'])}")
             call_command("migrate", interactive=False, verbosity=0)
             if not settings.PRODUCTION and not no_seed:
                 call_command("seed_demo", if_empty=True)

@@ -48,7 +48,11 @@ class Command(BaseCommand):
             staff.save()
         rows = [(STAFF_EMAIL, "platform staff", "—")]
         for name, slug, people in DEMO_TENANTS:
-            tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
+            # The demo tenants may run on "This host" (the local backend); staff allow
+            # any other organisation on its staff page.
+            tenant, _ = Tenant.objects.get_or_create(
+                slug=slug, defaults={"name": name, "may_run_on_host": True}
+            )
             for email, full_name, role in people:
                 user, created = User.objects.get_or_create(
                     email=email, defaults={"full_name": full_name}

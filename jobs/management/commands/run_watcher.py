@@ -1,10 +1,10 @@
 """`manage.py run_watcher`: the long-running observer of compute backends.
 
 Each pass applies what the backends report to the job state machine (through
-jobs.services.jobs_observe), and records the watcher's heartbeat for /healthz. With the
-Kubernetes backend, a watch on our Jobs and Pods (jobs.kube_watch) reports which jobs
-changed, and those are observed at once; the full pass every WATCHER_INTERVAL remains the
-safety net.
+jobs.services.jobs_observe), and records the watcher's heartbeat for /healthz. A backend
+that can watch (`ComputeBackend.watch`, e.g. Kubernetes' watch on our Jobs and Pods)
+reports which jobs changed, and those are observed at once; the full pass every
+WATCHER_INTERVAL remains the safety net.
 """
 
 import logging
@@ -12,41 +12,40 @@ import queue
 import signal
 import threading
 import time
+from collections import defaultdict
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
 from console.services import heartbeat_record
-from jobs.backends import BackendUnavailable, get_backend
+from jobs.backends import BackendUnavailable, configured_backends
 from jobs.services import jobs_observe
 
 log = logging.getLogger(__name__)
 BURST_SECONDS = 0.2  # events arriving this close together make one pass
 
 
-def start_kube_watch(stop: threading.Event, changed: queue.SimpleQueue) -> bool:
-    """Follow the cluster's Jobs and Pods in a thread, putting changed job ids in `changed`."""
-    if "kubernetes" not in settings.COMPUTE_BACKENDS:
-        return False
-    from jobs.kube_watch import watch_jobs
+def start_watches(stop: threading.Event, changed: queue.SimpleQueue) -> list[str]:
+    """Start every configured backend's watch, putting `(backend name, job id)` in
+    `changed`; returns the names of the backends that watch (the others are polled)."""
+    watching = []
+    for backend in configured_backends():
 
-    try:
-        api_client = get_backend("kubernetes").api_client
-    except BackendUnavailable as error:
-        log.warning("no Kubernetes watch (%s); polling only", error)
-        return False
-    threading.Thread(
-        target=watch_jobs,
-        kwargs={"api_client": api_client, "stop_event": stop, "on_change": changed.put},
-        name="kube-watch",
-        daemon=True,
-    ).start()
-    return True
+        def on_change(job_id: int, name: str = backend.name) -> None:
+            changed.put((name, job_id))
+
+        try:
+            if backend.watch(stop, on_change):
+                watching.append(backend.name)
+        except BackendUnavailable as error:
+            log.warning("no %s watch (%s); polling only", backend.name, error)
+    return watching
 
 
-def next_changes(changed: queue.SimpleQueue, timeout: float) -> set[int]:
-    """Job ids reported within `timeout` seconds (returns early, after a short burst)."""
+def next_changes(changed: queue.SimpleQueue, timeout: float) -> set[tuple[str, int]]:
+    """`(backend name, job id)` reported within `timeout` seconds (returns early, after a
+    short burst)."""
     try:
         ids = {changed.get(timeout=timeout)}
     except queue.Empty:
@@ -65,19 +64,19 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         stop = threading.Event()
-        changed: queue.SimpleQueue[int] = queue.SimpleQueue()
+        changed: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
 
         def on_signal(*_) -> None:
             stop.set()
-            changed.put(0)  # wake the wait below at once (no job has id 0)
+            changed.put(("", 0))  # wake the wait below at once (no job has id 0)
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, on_signal)
         self.stdout.write(f"watcher started (backends: {', '.join(settings.COMPUTE_BACKENDS)})")
-        start_kube_watch(stop, changed)
+        start_watches(stop, changed)
         last_heartbeat = 0.0
         last_full_pass = float("-inf")
-        changed_ids: set[int] = set()
+        changed_ids: set[tuple[str, int]] = set()
         while not stop.is_set():
             close_old_connections()
             try:
@@ -91,11 +90,16 @@ class Command(BaseCommand):
                             jobs_observe(backend_name=name)
                         except BackendUnavailable as error:
                             log.warning("%s backend unavailable: %s", name, error)
-                elif changed_ids:
-                    try:
-                        jobs_observe(backend_name="kubernetes", job_ids=changed_ids)
-                    except BackendUnavailable as error:
-                        log.warning("kubernetes backend unavailable: %s", error)
+                else:
+                    by_backend: dict[str, set[int]] = defaultdict(set)
+                    for name, job_id in changed_ids:
+                        if name:
+                            by_backend[name].add(job_id)
+                    for name, job_ids in sorted(by_backend.items()):
+                        try:
+                            jobs_observe(backend_name=name, job_ids=job_ids)
+                        except BackendUnavailable as error:
+                            log.warning("%s backend unavailable: %s", name, error)
             except Exception:  # keep watching through a database blip
                 log.exception("watcher pass failed")
             wait = max(0.0, settings.WATCHER_INTERVAL - (time.monotonic() - last_full_pass))

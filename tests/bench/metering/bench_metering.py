@@ -22,10 +22,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from billing import metering
-from billing.metering import meter_tick
+from billing.metering import meter_tick, tick
 from billing.models import LiveUsageRollup, UsageRecord, UsageRollup
 from console.gc_tuning import tune_garbage_collector
+from jobs.actors import BACKEND
 from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import GpuType, Image, NodePool, Region
 
@@ -82,7 +82,7 @@ def create_running_jobs(world, count: int, since) -> None:
                 at=since,
                 from_status=JobStatus.PROVISIONING,
                 to_status=JobStatus.RUNNING,
-                actor="backend",
+                actor=BACKEND,
                 attempt=1,
             )
             for pk in ids
@@ -106,7 +106,7 @@ def timed_tick(now) -> tuple[float, float, int]:
 def timed_steps():
     """The transactions a tick takes, each timed: (step, seconds) in order."""
     steps: list[tuple[str, float]] = []
-    originals = {"tick": metering._tick, "rollup move": metering._release_held_hours}
+    originals = {"tick": tick._tick, "rollup move": tick._release_held_hours}
 
     def timed(name, step):
         def run(*args, **kwargs):
@@ -121,11 +121,11 @@ def timed_steps():
     attributes = {"tick": "_tick", "rollup move": "_release_held_hours"}
     try:
         for name, step in originals.items():
-            setattr(metering, attributes[name], timed(name, step))
+            setattr(tick, attributes[name], timed(name, step))
         yield steps
     finally:
         for name, step in originals.items():
-            setattr(metering, attributes[name], step)
+            setattr(tick, attributes[name], step)
 
 
 @pytest.mark.parametrize("count", SIZES, ids=lambda n: f"{n}-jobs")

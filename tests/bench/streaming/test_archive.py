@@ -9,17 +9,17 @@ import gzip
 import json
 import time
 
-from jobs import logstream
+from jobs.logs.archive import ArchiveLog, write_archive
 from tests.bench.streaming.test_streaming import full_size
 
 
 def _clear_caches() -> None:
-    logstream.ArchiveLog._cache.clear()
-    logstream.ArchiveLog._indexes.clear()
-    logstream.ArchiveLog._members.clear()
+    ArchiveLog._cache.clear()
+    ArchiveLog._indexes.clear()
+    ArchiveLog._members.clear()
 
 
-def _timed(store: logstream.ArchiveLog, since: int, limit: int) -> tuple[float, list]:
+def _timed(store: ArchiveLog, since: int, limit: int) -> tuple[float, list]:
     started = time.perf_counter()
     lines = store.read(since, limit)
     return (time.perf_counter() - started) * 1000, lines
@@ -31,7 +31,7 @@ def test_archive_range_read_benchmark(tmp_path, request):
     rows = ((n % 4, text.format(n=n, loss=1 / n)) for n in range(1, total + 1))
     indexed = tmp_path / "indexed.jsonl.gz"
     started = time.perf_counter()
-    logstream.write_archive(indexed, rows)
+    write_archive(indexed, rows)
     write_s = time.perf_counter() - started
     legacy = tmp_path / "legacy.jsonl.gz"
     with gzip.open(legacy, "wt", encoding="utf-8", compresslevel=6) as handle:
@@ -43,7 +43,7 @@ def test_archive_range_read_benchmark(tmp_path, request):
     figures = {}
     for name, path in (("indexed", indexed), ("whole (old)", legacy)):
         _clear_caches()
-        store = logstream.ArchiveLog(path)
+        store = ArchiveLog(path)
         cold_ms, first = _timed(store, total // 2, 500)  # a cold read in the middle
         # Scrolling up from the end: 40 pages of 500 lines, each fetched by range.
         started = time.perf_counter()
@@ -54,7 +54,7 @@ def test_archive_range_read_benchmark(tmp_path, request):
             pages.append(store.read(since, 500))
         scroll_ms = (time.perf_counter() - started) * 1000 / 40
         _clear_caches()
-        last_ms, last = _timed(logstream.ArchiveLog(path), total - 100, 500)
+        last_ms, last = _timed(ArchiveLog(path), total - 100, 500)
         figures[name] = (cold_ms, scroll_ms, last_ms, path.stat().st_size, first, pages, last)
 
     a, b = figures["indexed"], figures["whole (old)"]

@@ -24,7 +24,6 @@ import pytest
 from django.conf import settings
 
 from tests.conftest import signed_in_client
-from tests.jobs.conftest import catalog  # noqa: F401
 from tests.jobs.test_consumers import make_job
 from tests.servers import ROOT
 

@@ -1,0 +1,134 @@
+"""What jobs cost, for their pages and the job API: cost to date (the ledger plus the
+running time not metered yet) and run rates, each configuration priced once.
+
+Registered with jobs as its cost provider (`BillingConfig.ready`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from operator import attrgetter
+
+from django.db.models import Count, Min, QuerySet
+from django.utils import timezone
+
+from billing.metering.spans import billed_spans
+from billing.models import JobMeter
+from billing.selectors import job_costs
+from jobs.models import BILLED_STATUSES, Job, JobEvent
+from jobs.selectors import job_events
+from marketplace.pricing import PricingError, estimate_cost
+
+COST_QUANTUM = Decimal("0.000001")
+
+
+def billed_seconds(
+    job: Job,
+    events: list[JobEvent] | None = None,
+    now: datetime | None = None,
+    since: datetime | None = None,
+) -> float:
+    """Seconds spent holding paid compute (after `since`), from the job's own timeline."""
+    now = now or timezone.now()
+    events = events if events is not None else list(job_events(job=job))
+    changes = [e for e in events if e.to_status != e.from_status]
+    start = since or (changes[0].at if changes else now)
+    return sum((s.end - s.start).total_seconds() for s in billed_spans(changes, start, now))
+
+
+def job_run_rate(job: Job) -> Decimal | None:
+    """The job's hourly price (its actual spot/on-demand split), or None without a price."""
+    try:
+        estimate = estimate_cost(
+            gpu_type=job.gpu_type,
+            region=job.region,
+            nodes=job.nodes,
+            gpus_per_node=job.gpus_per_node,
+            cpus=job.cpus,
+            spot_ratio=Decimal(job.spot_nodes) / Decimal(job.nodes),
+            hours=Decimal(1),
+            tenant=job.tenant,
+        )
+    except PricingError:
+        return None
+    per_node = Decimal(estimate.units) / Decimal(job.nodes)
+    return per_node * (
+        estimate.unit_price_spot * job.spot_nodes + estimate.unit_price_base * job.on_demand_nodes
+    )
+
+
+# What a job's hourly price depends on: jobs alike in these are priced once (a tenant's
+# hundreds of running jobs share a handful of configurations; each pricing reads the
+# price book).
+PRICED_BY = ("gpu_type_id", "region_id", "tenant_id", "gpus_per_node", "cpus", "nodes",
+             "spot_nodes")  # fmt: skip
+_priced_by = attrgetter(*PRICED_BY)
+
+
+def jobs_run_rates(jobs) -> dict[int, Decimal | None]:
+    """Each job's hourly price (`job_run_rate`), each configuration priced once."""
+    by_configuration: dict[tuple, Decimal | None] = {}
+    rates = {}
+    for job in jobs:
+        key = _priced_by(job)
+        if key not in by_configuration:
+            by_configuration[key] = job_run_rate(job)
+        rates[job.pk] = by_configuration[key]
+    return rates
+
+
+def total_run_rate(jobs: QuerySet[Job]) -> Decimal:
+    """The summed hourly price of the given jobs, in two queries whatever their number:
+    how many jobs share each configuration, and one job of each to price."""
+    groups = list(jobs.order_by().values(*PRICED_BY).annotate(count=Count("pk"), one=Min("pk")))
+    examples = Job.objects.select_related("gpu_type", "region", "tenant").in_bulk(
+        [group["one"] for group in groups]
+    )
+    total = Decimal(0)
+    for group in groups:
+        total += (job_run_rate(examples[group["one"]]) or Decimal(0)) * group["count"]
+    return total
+
+
+def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int, Decimal]:
+    """Cost to date of many jobs with a constant number of queries: the ledger, plus
+    the running time not metered yet priced at each job's current rate (so the figure
+    moves live between metering ticks)."""
+    if not jobs:
+        return {}
+    now = now or timezone.now()
+    ledger = job_costs(jobs)
+    meters = dict(JobMeter.objects.filter(job__in=jobs).values_list("job_id", "metered_until"))
+    live = [
+        j
+        for j in jobs
+        if j.started_at is not None and (j.status in BILLED_STATUSES or j.pk not in meters)
+    ]
+    events: dict[int, list[JobEvent]] = {j.pk: [] for j in live}
+    for event in JobEvent.objects.filter(job__in=live).order_by("job_id", "at", "pk"):
+        events[event.job_id].append(event)
+    rates = jobs_run_rates(live)
+    costs = {}
+    for job in jobs:
+        total = ledger[job.pk]
+        if job.pk in events:
+            seconds = billed_seconds(
+                job, events[job.pk], now=now, since=meters.get(job.pk) or job.started_at
+            )
+            total += (rates[job.pk] or Decimal(0)) * Decimal(str(round(seconds, 3))) / 3600
+        costs[job.pk] = total.quantize(COST_QUANTUM)
+    return costs
+
+
+def job_cost_to_date(job: Job, events: list[JobEvent] | None = None) -> Decimal:
+    return jobs_costs_to_date([job])[job.pk]
+
+
+class BillingJobCosts:
+    """jobs.extensions.JobCostProvider, answered from the ledger and the price book."""
+
+    def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
+        return jobs_costs_to_date(jobs)
+
+    def run_rate(self, job: Job) -> Decimal | None:
+        return job_run_rate(job)

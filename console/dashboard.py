@@ -1,0 +1,26 @@
+"""The dashboard's sections come from the rooms above the console (jobs, billing…),
+which register a context function here from `AppConfig.ready()`; the console never
+imports them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpRequest
+
+DashboardSection = Callable[[HttpRequest], dict[str, Any]]
+_sections: list[DashboardSection] = []
+
+
+def dashboard_section_register(section: DashboardSection) -> None:
+    if section not in _sections:
+        _sections.append(section)
+
+
+def dashboard_sections_context(request: HttpRequest) -> dict[str, Any]:
+    """The template context every registered section adds for this request."""
+    context: dict[str, Any] = {}
+    for section in _sections:
+        context.update(section(request))
+    return context

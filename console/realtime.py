@@ -1,0 +1,73 @@
+"""Live notice that a person's access to an organisation changed (removed, role changed).
+
+Sockets are checked once at connect, so a member who is removed, or whose role drops
+below what a socket needs, would keep watching until they reload. Each socket therefore
+also joins `membership_group(tenant_id, user_id)`; the membership services publish a
+`MembershipChangedMessage` there after commit, and the socket checks access again and
+closes (4403) if it no longer qualifies.
+
+The group and its publisher live here because console can't import jobs; the envelope is
+the one every receiver in this project reads (jobs.realtime's GroupHub): a "relay" with
+the group and the payload. Publishing never breaks the caller: a Redis outage loses the
+notice (the socket keeps its connect-time check until it reconnects), never the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypedDict
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+MEMBERSHIP_CHANGED = "membership_changed"
+
+
+class MembershipChangedMessage(TypedDict):
+    type: str  # MEMBERSHIP_CHANGED
+    tenant_id: int
+    user_id: int
+
+
+def membership_group(tenant_id: int, user_id: int) -> str:
+    """The group of one person's sockets on one organisation's pages."""
+    return f"membership.{tenant_id}.{user_id}"
+
+
+def relay_envelope(group: str, payload: dict) -> dict:
+    """What a channel layer carries to a process's hub: the group and the payload."""
+    return {"type": "relay", "group": group, "payload": payload}
+
+
+def send_to_group(group: str, payload: dict) -> None:
+    """Send now (sync code), logging instead of raising when the layer is unreachable."""
+    try:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        send = async_to_sync(layer.group_send)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            send(group, relay_envelope(group, payload))
+        else:
+            # Sync code running in an event loop's thread: send from a helper thread.
+            with ThreadPoolExecutor(1) as helper:
+                helper.submit(send, group, relay_envelope(group, payload)).result(timeout=10)
+    except Exception:
+        log.warning("realtime publish to %s failed", group, exc_info=True)
+
+
+def publish_membership_changed(*, tenant_id: int, user_id: int) -> None:
+    """After the current transaction commits, tell the person's open sockets on this
+    organisation to check their access again."""
+    message = MembershipChangedMessage(
+        type=MEMBERSHIP_CHANGED, tenant_id=tenant_id, user_id=user_id
+    )
+    group = membership_group(tenant_id, user_id)
+    transaction.on_commit(lambda: send_to_group(group, dict(message)))

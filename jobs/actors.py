@@ -1,0 +1,38 @@
+"""Who acted on a job: a typed value, so rules read its kind rather than parse text.
+
+The timeline stores `label` (a user's e-mail, "budget", "system"…) for reading."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import models
+
+
+class ActorKind(models.TextChoices):
+    USER = "user", "A person"
+    BUDGET = "budget", "A budget"
+    ALERT = "alert", "An alert rule"
+    SYSTEM = "system", "The console"
+    BACKEND = "backend", "The compute backend"
+    SUSPENSION = "suspension", "A tenant suspension"
+
+
+@dataclass(frozen=True)
+class Actor:
+    kind: ActorKind
+    label: str
+    user_id: int | None = None
+
+    @classmethod
+    def of_user(cls, user) -> Actor:
+        return cls(ActorKind.USER, user.email, user.pk)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+SYSTEM = Actor(ActorKind.SYSTEM, "system")
+BACKEND = Actor(ActorKind.BACKEND, "backend")
+BUDGET = Actor(ActorKind.BUDGET, "budget")
+ALERTS = Actor(ActorKind.ALERT, "alerts")

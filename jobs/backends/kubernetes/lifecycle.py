@@ -1,0 +1,278 @@
+"""Submit, suspend, resume, cancel and release one job's attempt (idempotent writes)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from jobs.backends.base import (
+    BackendRejected,
+)
+from jobs.backends.kubernetes import manifests
+from jobs.backends.kubernetes.client import (
+    ApiCalls,
+    kueue_owner_uid,
+)
+
+if TYPE_CHECKING:
+    from jobs.models import Job
+
+log = logging.getLogger(__name__)
+
+
+class LifecycleMixin(ApiCalls):
+    def _create_attempt(self, job: Job, *, resumed: bool) -> None:
+        from console.crypto import decrypt_json
+
+        namespace = self.ensure_namespace(job.tenant_id)
+        if job.secret_env_names:
+            values = decrypt_json(job.secret_env_encrypted) or {}
+            secret = manifests.secret_manifest(job, values)
+            self._create(
+                f"secret {secret['metadata']['name']}",
+                self.core.create_namespaced_secret,
+                namespace,
+                secret,
+            )
+        service = manifests.service_manifest(job)
+        self._create(
+            f"service {service['metadata']['name']}",
+            self.core.create_namespaced_service,
+            namespace,
+            service,
+        )
+        pull_secrets = self.ensure_pull_secret(job, namespace)
+        queue = self.kueue_queue()
+        if self._gang(job, queue):
+            jobset = manifests.jobset_manifest(
+                job, kueue_queue=queue, resumed=resumed, pull_secrets=pull_secrets
+            )
+            self._create(
+                f"JobSet {jobset['metadata']['name']}",
+                self.custom.create_namespaced_custom_object,
+                manifests.JOBSET_GROUP,
+                manifests.JOBSET_VERSION,
+                namespace,
+                "jobsets",
+                jobset,
+            )
+            return
+        for manifest in manifests.job_manifests(
+            job, resumed=resumed, pull_secrets=pull_secrets, kueue_queue=queue
+        ):
+            self._create(
+                f"Job {manifest['metadata']['name']}",
+                self.batch.create_namespaced_job,
+                namespace,
+                manifest,
+            )
+
+    def _jobs_of(self, job: Job) -> list[Any]:
+        """Every Kubernetes Job of this job, all attempts and tiers."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        listed = self._call(
+            f"listing the Jobs of job {job.pk}",
+            self.batch.list_namespaced_job,
+            namespace,
+            label_selector=manifests.managed_selector(**{manifests.JOB_LABEL: str(job.pk)}),
+            ok=(404,),
+        )
+        return listed.items if listed is not None else []
+
+    def _delete_job(self, namespace: str, name: str) -> None:
+        # Background propagation: batch/v1's default would orphan the pods.
+        self._delete(
+            f"Job {name}",
+            self.batch.delete_namespaced_job,
+            name,
+            namespace,
+            propagation_policy="Background",
+        )
+
+    def submit(self, job: Job) -> None:
+        """Create the attempt's objects; earlier attempts' Jobs are removed first, so a
+        requeued job never holds two attempts' compute."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        if job.attempt > 1 and self._namespace_is_ours(job.tenant_id):
+            if self.kueue_queue():  # a JobSet first, or it would make its Jobs again
+                for attempt in range(1, job.attempt):
+                    self._delete_jobset(namespace, f"gg-{job.pk}-a{attempt}")
+            for kube_job in self._jobs_of(job):
+                labels = kube_job.metadata.labels or {}
+                if labels.get(manifests.ATTEMPT_LABEL) != str(job.attempt):
+                    self._delete_job(namespace, kube_job.metadata.name)
+        self._create_attempt(job, resumed=False)
+
+    def _delete_jobset(self, namespace: str, name: str) -> None:
+        self._delete(
+            f"JobSet {name}",
+            self.custom.delete_namespaced_custom_object,
+            manifests.JOBSET_GROUP,
+            manifests.JOBSET_VERSION,
+            namespace,
+            "jobsets",
+            name,
+            propagation_policy="Background",
+        )
+
+    def _attempt_jobs(self, job: Job) -> dict[str, Any]:
+        """The current attempt's Kubernetes Jobs by tier, found by label: the same for
+        our own Jobs and for those a JobSet made (which carry the template's labels)."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        listed = self._call(
+            f"listing the Jobs of job {job.pk}",
+            self.batch.list_namespaced_job,
+            namespace,
+            label_selector=manifests.managed_selector(
+                **{manifests.JOB_LABEL: str(job.pk), manifests.ATTEMPT_LABEL: str(job.attempt)}
+            ),
+            ok=(404,),
+        )
+        by_tier: dict[str, Any] = {}
+        for kube_job in listed.items if listed is not None else []:
+            tier = (kube_job.metadata.labels or {}).get(manifests.TIER_LABEL)
+            if tier:
+                by_tier[tier] = kube_job
+        return by_tier
+
+    def _jobset_exists(self, job: Job) -> bool:
+        if not self.kueue_queue() or len(manifests.tiers(job)) < 2:
+            return False
+        return (
+            self._call(
+                f"reading JobSet {manifests.jobset_name(job)}",
+                self.custom.get_namespaced_custom_object,
+                manifests.JOBSET_GROUP,
+                manifests.JOBSET_VERSION,
+                manifests.namespace_name(job.tenant_id),
+                "jobsets",
+                manifests.jobset_name(job),
+                ok=(404,),
+            )
+            is not None
+        )
+
+    def _patch_tiers(self, job: Job, body: dict) -> list[str]:
+        """Patch each tier Job of the attempt; returns the names that were missing."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        missing = []
+        for tier, _, _ in manifests.tiers(job):
+            name = manifests.job_name(job, tier)
+            patched = self._call(
+                f"updating Job {name}",
+                self.batch.patch_namespaced_job,
+                name,
+                namespace,
+                body,
+                ok=(404,),
+            )
+            if patched is None:
+                missing.append(name)
+        return missing
+
+    def suspend(self, job: Job) -> None:
+        """`spec.suspend: true`: the Job controller deletes the pods (SIGTERM, then the
+        grace period) and keeps the Job and its completed indexes. Under Kueue, which
+        owns `suspend`, the Workload is deactivated instead: Kueue then suspends the Job
+        (or JobSet) the same way and releases its quota."""
+        kube_jobs = list(self._attempt_jobs(job).values())
+        if self._kueue_managed(kube_jobs) and self._set_workloads_active(job, kube_jobs, False):
+            return
+        self._patch_tiers(job, {"spec": {"suspend": True}})
+
+    def resume(self, job: Job) -> None:
+        """Unsuspend the same Jobs and set the `gpugeek.io/resumed` pod annotation that
+        GPUGEEK_RESUMED reads, in one patch.
+
+        Why not delete and recreate (or `-r<n>` names)? A suspended Job that has not
+        restarted accepts changes to its pod template's labels and annotations (the
+        Job controller clears `status.startTime` on suspend), so one patch keeps the
+        name, the rendezvous address and the completed indexes, and can't race a
+        deletion still in progress. A Job that is gone (deleted by hand) is created
+        again with GPUGEEK_RESUMED=1.
+        """
+        kube_jobs = self._attempt_jobs(job)
+        if kube_jobs and self._kueue_managed(kube_jobs.values()):
+            self._resume_under_kueue(job, kube_jobs)
+            return
+        body = {
+            "spec": {
+                "suspend": False,
+                "template": {"metadata": {"annotations": {manifests.RESUMED_ANNOTATION: "1"}}},
+            }
+        }
+        try:
+            missing = self._patch_tiers(job, body)
+        except BackendRejected as error:
+            # The template was refused (an older cluster): resume without the flag;
+            # the checkpoint itself still tells the program where to continue.
+            log.warning("job %s: resuming without GPUGEEK_RESUMED=1 (%s)", job.pk, error)
+            missing = self._patch_tiers(job, {"spec": {"suspend": False}})
+        if missing:
+            self._create_attempt(job, resumed=True)
+
+    def _resume_under_kueue(self, job: Job, kube_jobs: dict[str, Any]) -> None:
+        """Flag the pods as resumed (allowed while suspended), then reactivate the
+        Workload so that Kueue admits the attempt again and unsuspends it."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        flag = {manifests.RESUMED_ANNOTATION: "1"}
+        if any(kueue_owner_uid(k) != k.metadata.uid for k in kube_jobs.values()):
+            # A JobSet copies its template to its Jobs when it is unsuspended.
+            ops = [
+                {
+                    "op": "replace",
+                    "path": f"/spec/replicatedJobs/{index}/template/spec/template/metadata"
+                    f"/annotations/{manifests.RESUMED_ANNOTATION.replace('/', '~1')}",
+                    "value": "1",
+                }
+                for index in range(len(manifests.tiers(job)))
+            ]
+            self._call(
+                f"updating JobSet {manifests.jobset_name(job)}",
+                self.custom.patch_namespaced_custom_object,
+                manifests.JOBSET_GROUP,
+                manifests.JOBSET_VERSION,
+                namespace,
+                "jobsets",
+                manifests.jobset_name(job),
+                ops,
+                _content_type="application/json-patch+json",
+            )
+        else:
+            self._patch_tiers(job, {"spec": {"template": {"metadata": {"annotations": flag}}}})
+        if not self._set_workloads_active(job, list(kube_jobs.values()), True):
+            self._patch_tiers(job, {"spec": {"suspend": False}})  # no Workload: not queued
+
+    def cancel(self, job: Job) -> None:
+        """Delete every Job of this job (any attempt) with its pods, its Service and its
+        Secret; what is already gone is fine."""
+        namespace = manifests.namespace_name(job.tenant_id)
+        if not self._namespace_is_ours(job.tenant_id):
+            return
+        if self.kueue_queue():  # the JobSet first, or it would make its Jobs again
+            self._delete_jobset(namespace, manifests.jobset_name(job))
+        names = {kube_job.metadata.name for kube_job in self._jobs_of(job)}
+        names |= {manifests.job_name(job, tier) for tier, _, _ in manifests.tiers(job)}
+        for name in sorted(names):
+            self._delete_job(namespace, name)
+        self._release_in(namespace, job)
+
+    def release(self, job: Job) -> None:
+        """After a job has finished: remove its rendezvous Service and its Secret. Its
+        finished Jobs and their pods stay (for the logs) until ttlSecondsAfterFinished."""
+        if self._namespace_is_ours(job.tenant_id):
+            self._release_in(manifests.namespace_name(job.tenant_id), job)
+
+    def _release_in(self, namespace: str, job: Job) -> None:
+        self._delete(
+            f"service {manifests.service_name(job)}",
+            self.core.delete_namespaced_service,
+            manifests.service_name(job),
+            namespace,
+        )
+        self._delete(
+            f"secret {manifests.secret_name(job)}",
+            self.core.delete_namespaced_secret,
+            manifests.secret_name(job),
+            namespace,
+        )

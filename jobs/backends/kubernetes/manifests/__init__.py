@@ -1,0 +1,154 @@
+"""Kubernetes objects for a job, built as plain dicts (no API calls, no database writes).
+
+Everything the cluster runs is derived here from the Job row's structured, validated
+fields, so the same job always yields the same objects (golden-tested in
+tests/jobs/test_kubernetes_manifests.py). Object names are deterministic, which is what
+makes `KubernetesBackend.submit` idempotent (409 AlreadyExists means "done already").
+
+Layout of one job (`DESIGN.md`, "Kubernetes, precisely"):
+
+- the tenant's namespace `gg-t-<tenant>` with Pod Security "restricted", a
+  ResourceQuota from the tenant's quota, a LimitRange and a default-deny NetworkPolicy;
+- a headless Service `gg-<job>` for rendezvous, shared by every attempt and tier;
+- a Secret `gg-<job>-env` holding the secret environment variables (when any);
+- per registry the tenant stored a login for, a `kubernetes.io/dockerconfigjson` Secret
+  `gg-pull-<registry>-<hash>` in its namespace, named in `imagePullSecrets` of the jobs
+  whose image comes from that registry;
+- per attempt, one Indexed `batch/v1` Job per tier: `gg-<job>-a<attempt>` (on-demand
+  ranks 0…k-1) and `gg-<job>-a<attempt>-spot` (spot ranks k…n-1).
+
+Ranks. A pod's global rank is `JOB_COMPLETION_INDEX + GPUGEEK_RANK_OFFSET` (the offset is
+the number of on-demand nodes for the spot Job, else 0). Kubernetes can't add numbers in
+an env var, so `NODE_RANK` is set (from the completion index) only in a Job whose offset
+is 0; in the spot Job of a mixed job the entrypoint computes it, or, better, uses
+torchrun's rank-agnostic c10d rendezvous at `MASTER_ADDR:MASTER_PORT`. `MASTER_ADDR` is
+the DNS name of rank 0: index 0 of the on-demand Job (of the spot Job when all are spot).
+
+Resume flag. `GPUGEEK_RESUMED` is read through the downward API from the pod annotation
+`gpugeek.io/resumed`, because a Job's pod template is immutable except for labels,
+annotations and scheduling directives while it is suspended and has not restarted:
+resuming flips that annotation together with `spec.suspend` in one patch, under the same
+Job name (see KubernetesBackend.resume).
+"""
+
+from jobs.backends.kubernetes.manifests.names import (
+    ATTEMPT_LABEL,
+    COMPLETION_INDEX,
+    CONTAINER,
+    DEFAULT_EGRESS_DENY_CIDRS,
+    HOME,
+    INSTALLATION_LABEL,
+    JOB_LABEL,
+    JOBSET_GROUP,
+    JOBSET_TIER_NAMES,
+    JOBSET_VERSION,
+    KUEUE_GROUP,
+    KUEUE_QUEUE_LABEL,
+    KUEUE_VERSION,
+    MANAGED_BY,
+    MANAGER,
+    MASTER_PORT,
+    ON_DEMAND,
+    RANK_OFFSET_ANNOTATION,
+    REGION_LABEL,
+    REGISTRY_ANNOTATION,
+    RESUMED_ANNOTATION,
+    RUN_AS,
+    SPOT,
+    SPOT_NODE_LABELS,
+    SPOT_TOLERATION_KEYS,
+    TENANT_LABEL,
+    TIER_LABEL,
+    installation_id,
+    is_gang,
+    job_labels,
+    job_name,
+    jobset_name,
+    managed_labels,
+    managed_selector,
+    master_addr,
+    namespace_name,
+    owner_labels,
+    registry_secret_name,
+    secret_name,
+    service_name,
+    setting,
+    tiers,
+)
+from jobs.backends.kubernetes.manifests.namespace import (
+    limit_range_manifest,
+    namespace_manifest,
+    namespace_manifests,
+    network_policy_manifest,
+    quota_hard,
+    resource_quota_manifest,
+)
+from jobs.backends.kubernetes.manifests.workload import (
+    DOCKER_HUB_AUTH_KEY,
+    job_manifest,
+    job_manifests,
+    jobset_manifest,
+    local_queue_manifest,
+    registry_secret_manifest,
+    secret_manifest,
+    service_manifest,
+)
+
+__all__ = [
+    "ATTEMPT_LABEL",
+    "COMPLETION_INDEX",
+    "CONTAINER",
+    "DEFAULT_EGRESS_DENY_CIDRS",
+    "DOCKER_HUB_AUTH_KEY",
+    "HOME",
+    "INSTALLATION_LABEL",
+    "JOBSET_GROUP",
+    "JOBSET_TIER_NAMES",
+    "JOBSET_VERSION",
+    "JOB_LABEL",
+    "KUEUE_GROUP",
+    "KUEUE_QUEUE_LABEL",
+    "KUEUE_VERSION",
+    "MANAGED_BY",
+    "MANAGER",
+    "MASTER_PORT",
+    "ON_DEMAND",
+    "RANK_OFFSET_ANNOTATION",
+    "REGION_LABEL",
+    "REGISTRY_ANNOTATION",
+    "RESUMED_ANNOTATION",
+    "RUN_AS",
+    "SPOT",
+    "SPOT_NODE_LABELS",
+    "SPOT_TOLERATION_KEYS",
+    "TENANT_LABEL",
+    "TIER_LABEL",
+    "installation_id",
+    "is_gang",
+    "job_labels",
+    "job_manifest",
+    "job_manifests",
+    "job_name",
+    "jobset_manifest",
+    "jobset_name",
+    "limit_range_manifest",
+    "local_queue_manifest",
+    "managed_labels",
+    "managed_selector",
+    "master_addr",
+    "namespace_manifest",
+    "namespace_manifests",
+    "namespace_name",
+    "network_policy_manifest",
+    "owner_labels",
+    "quota_hard",
+    "registry_secret_manifest",
+    "registry_secret_name",
+    "resource_quota_manifest",
+    "secret_manifest",
+    "secret_name",
+    "service_manifest",
+    "service_name",
+    "setting",
+    "tiers",
+]

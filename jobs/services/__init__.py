@@ -1,0 +1,70 @@
+"""Writes for jobs, one module per concern:
+
+- `spec`: what a launch asks for and its validation against the catalog;
+- `launch`: recording a launch (policies, secrets, admission) and clones;
+- `admission`: which queued jobs take compute, and what the others wait for;
+- `dispatch`: starting attempts on their backend (tasks);
+- `actions`: pause, resume, cancel, delete;
+- `observe`: backend observations, max runtime, grace, the reconciler;
+- `secrets`, `templates`: organisation secrets and launch templates.
+
+Status changes go through jobs.state only; backend calls happen in tasks after commit.
+Callers import from here.
+"""
+
+from jobs.services.actions import (
+    ActionRefused,
+    job_cancel,
+    job_delete,
+    job_pause,
+    job_pause_once,
+    job_resume,
+)
+from jobs.services.admission import job_admit_submitted, jobs_admit
+from jobs.services.dispatch import job_backend_resume, job_dispatch
+from jobs.services.launch import job_clone, job_submit
+from jobs.services.observe import job_apply_observation, jobs_observe, jobs_reconcile
+from jobs.services.secrets import tenant_secret_delete, tenant_secret_set, tenant_secrets_resolve
+from jobs.services.spec import (
+    JobSpec,
+    ResolvedSpec,
+    spec_from_job,
+    spec_validate,
+    spot_nodes_for,
+)
+from jobs.services.templates import (
+    TEMPLATE_FIELDS,
+    launch_template_delete,
+    launch_template_save,
+    spec_from_template,
+)
+
+__all__ = [
+    "TEMPLATE_FIELDS",
+    "ActionRefused",
+    "JobSpec",
+    "ResolvedSpec",
+    "job_admit_submitted",
+    "job_apply_observation",
+    "job_backend_resume",
+    "job_cancel",
+    "job_clone",
+    "job_delete",
+    "job_dispatch",
+    "job_pause",
+    "job_pause_once",
+    "job_resume",
+    "job_submit",
+    "jobs_admit",
+    "jobs_observe",
+    "jobs_reconcile",
+    "launch_template_delete",
+    "launch_template_save",
+    "spec_from_job",
+    "spec_from_template",
+    "spec_validate",
+    "spot_nodes_for",
+    "tenant_secret_delete",
+    "tenant_secret_set",
+    "tenant_secrets_resolve",
+]

@@ -1,0 +1,103 @@
+"""What people (and the budget and alert rules) do to a job: pause, resume, cancel,
+delete. Each is a state-machine transition; the backend call follows in a task."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from console.models import User
+from console.queueing import enqueue_on_commit
+from console.services import ServiceError, audit_record
+from jobs.actors import Actor, ActorKind
+from jobs.extensions import job_deleting
+from jobs.models import FINISHED, Job, JobStatus
+from jobs.services.admission import (
+    blocking_wait,
+    held_usage,
+    jobs_admit,
+    locked_admission_state,
+)
+from jobs.state import job_transition
+
+S = JobStatus
+
+
+class ActionRefused(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(message, code="conflict")
+
+
+def job_pause(*, job: Job, actor: Actor, reason: str = "paused by user") -> Job:
+    """Pause a running job; repeating is a no-op."""
+    job_pause_once(job=job, actor=actor, reason=reason)
+    job.refresh_from_db()
+    return job
+
+
+def job_pause_once(*, job: Job, actor: Actor, reason: str) -> bool:
+    """Pause a running job; True only when this call made the pause, so automated
+    callers (budgets, alert rules) record only the pauses they made. A budget's pause is
+    marked, so raising the budget resumes exactly those jobs."""
+    job.refresh_from_db()
+    if job.status in (S.PAUSING, S.PAUSED):
+        return False
+    if job.status not in (S.RUNNING, S.PROVISIONING):
+        raise ActionRefused(f"Only a running job can be paused; this one is {job.status}.")
+    with transaction.atomic():
+        job_transition(
+            job=job,
+            to=S.PAUSING,
+            actor=actor,
+            reason=reason,
+            expected_from=frozenset({S.RUNNING, S.PROVISIONING}),
+            paused_by_budget=actor.kind == ActorKind.BUDGET,
+        )
+        enqueue_on_commit("jobs.tasks.job_suspend_task", job.pk)
+    return True
+
+
+def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Job:
+    job.refresh_from_db()
+    if job.status in (S.RESUMING, S.RUNNING, S.PROVISIONING):
+        return job
+    if job.status != S.PAUSED:
+        raise ActionRefused(f"Only a paused job can be resumed; this one is {job.status}.")
+    with transaction.atomic():
+        # A paused job released its compute: it must fit again, like a new admission.
+        pools, quotas = locked_admission_state(tenant_id=job.tenant_id)
+        wait = blocking_wait(job, pools, held_usage(), quotas)
+        if wait:
+            raise ActionRefused(
+                f"Not enough free capacity to resume now ({wait.message}); try "
+                "again when other jobs finish."
+            )
+        job = job_transition(
+            job=job, to=S.RESUMING, actor=actor, reason=reason, paused_by_budget=False
+        )
+        enqueue_on_commit("jobs.tasks.job_resume_task", job.pk)
+    return job
+
+
+def job_cancel(*, job: Job, actor: Actor, reason: str = "cancelled by user") -> Job:
+    job.refresh_from_db()
+    if job.status == S.CANCELLED:
+        return job
+    if job.status in FINISHED:
+        raise ActionRefused(f"The job has already {job.status}.")
+    with transaction.atomic():
+        job = job_transition(job=job, to=S.CANCELLED, actor=actor, reason=reason)
+        enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
+        jobs_admit()
+    return job
+
+
+def job_delete(*, job: Job, user: User | None, request=None) -> None:
+    if not job.is_finished:
+        raise ActionRefused("Only a finished job can be deleted; cancel it first.")
+    with transaction.atomic():
+        # Listeners keep what they derived from the job (billing: its usage rollups).
+        job_deleting.send(sender=Job, job_ids=[job.pk])
+        audit_record(
+            action="job.deleted", tenant=job.tenant, actor=user, target=job, request=request
+        )
+        job.delete()

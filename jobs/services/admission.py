@@ -1,0 +1,240 @@
+"""Admission: which queued jobs may take compute now (priority, then FIFO, per pool),
+against free capacity and each tenant's quota. The only writer of queue waits."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.db.models import Count, F, Q, Sum
+
+from console.queueing import enqueue_on_commit
+from jobs.actors import SYSTEM
+from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
+from jobs.selectors import queued_ahead_of, queued_behind, queued_in_order, queued_in_pools
+from jobs.state import job_transition, job_wait_update
+from marketplace.models import NodePool, TenantQuota
+
+S = JobStatus
+
+
+@dataclass
+class Usage:
+    """Compute held per pool and per tenant, as admission counts it."""
+
+    pool_gpus: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    pool_vcpus: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    tenant_gpus: dict[tuple[int, int | None], int] = field(default_factory=lambda: defaultdict(int))
+    tenant_jobs: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, job: Job) -> None:
+        for pool_id, nodes in (
+            (job.pool_id, job.on_demand_nodes),
+            (job.spot_pool_id, job.spot_nodes),
+        ):
+            if pool_id:
+                self.pool_gpus[pool_id] += nodes * job.gpus_per_node
+                self.pool_vcpus[pool_id] += nodes * job.cpus
+        self.tenant_gpus[(job.tenant_id, job.gpu_type_id)] += job.total_gpus
+        self.tenant_jobs[job.tenant_id] += 1
+
+
+def held_usage(*, pool_ids: Iterable[int] | None = None, tenant_id: int | None = None) -> Usage:
+    """Compute held, summed in the database (one row per pool/tenant and GPU type, not per
+    job). `pool_ids`/`tenant_id` narrow it to what one admission decision reads."""
+    usage = Usage()
+    holding = Job.objects.holding_compute().order_by()
+    for pool_field, nodes_field in (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes")):
+        rows = holding.filter(**{f"{pool_field}__isnull": False})
+        if pool_ids is not None:
+            rows = rows.filter(**{f"{pool_field}__in": list(pool_ids)})
+        for row in rows.values(pool_field).annotate(
+            gpus=Sum(F(nodes_field) * F("gpus_per_node")), vcpus=Sum(F(nodes_field) * F("cpus"))
+        ):
+            usage.pool_gpus[row[pool_field]] += row["gpus"] or 0
+            usage.pool_vcpus[row[pool_field]] += row["vcpus"] or 0
+    rows = holding if tenant_id is None else holding.filter(tenant_id=tenant_id)
+    for row in rows.values("tenant_id", "gpu_type_id").annotate(
+        gpus=Sum(F("nodes") * F("gpus_per_node")), jobs=Count("pk")
+    ):
+        usage.tenant_gpus[(row["tenant_id"], row["gpu_type_id"])] += row["gpus"] or 0
+        usage.tenant_jobs[row["tenant_id"]] += row["jobs"]
+    return usage
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why a queued job can't be admitted now: the kind decides, the message is shown."""
+
+    kind: str
+    message: str
+
+
+BEHIND_IN_POOL = Wait(WaitKind.POOL_QUEUE, "waiting behind earlier jobs for the same pool")
+BEHIND_OWN_QUOTA = Wait(
+    WaitKind.QUOTA_QUEUE, "waiting behind your organisation's earlier jobs (quota)"
+)
+
+
+def _free(pool: NodePool, used_gpus: int, used_vcpus: int) -> int:
+    if pool.gpu_type_id:
+        return pool.allocatable_gpus - used_gpus
+    return pool.allocatable_vcpus - used_vcpus
+
+
+def blocking_wait(
+    job: Job, pools: dict[int, NodePool], usage: Usage, quotas: dict[int, list[TenantQuota]]
+) -> Wait | None:
+    """What keeps `job` from fitting now (its pools' free capacity, then its tenant's
+    quota), or None when it fits."""
+    for pool_id, nodes in ((job.pool_id, job.on_demand_nodes), (job.spot_pool_id, job.spot_nodes)):
+        if not pool_id:
+            continue
+        pool = pools.get(pool_id)
+        if pool is None:
+            return Wait(WaitKind.CAPACITY, "its pool is no longer active")
+        need = nodes * (job.gpus_per_node if pool.gpu_type_id else job.cpus)
+        free = _free(pool, usage.pool_gpus[pool_id], usage.pool_vcpus[pool_id])
+        if need > free:
+            unit = "GPUs" if pool.gpu_type_id else "vCPUs"
+            return Wait(
+                WaitKind.CAPACITY, f"waiting for {need} {unit} in {pool.name} ({max(free, 0)} free)"
+            )
+    for quota in quotas.get(job.tenant_id, []):
+        if (
+            quota.gpu_type_id is None
+            and quota.max_concurrent_jobs is not None
+            and usage.tenant_jobs[job.tenant_id] >= quota.max_concurrent_jobs
+        ):
+            return Wait(WaitKind.QUOTA, f"quota: at most {quota.max_concurrent_jobs} jobs at once")
+        if quota.max_gpus is None or not job.gpu_type_id:
+            continue
+        if quota.gpu_type_id == job.gpu_type_id:
+            held = usage.tenant_gpus[(job.tenant_id, job.gpu_type_id)]
+        elif quota.gpu_type_id is None:
+            held = sum(v for (t, _), v in usage.tenant_gpus.items() if t == job.tenant_id)
+        else:
+            continue
+        if held + job.total_gpus > quota.max_gpus:
+            return Wait(WaitKind.QUOTA, f"quota: {held} of {quota.max_gpus} GPUs in use")
+    return None
+
+
+def _wait(job: Job, wait: Wait) -> None:
+    job_wait_update(job=job, kind=wait.kind, reason=wait.message)
+
+
+def _admit(job: Job) -> None:
+    job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason="admitted")
+    enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
+
+
+def locked_admission_state(
+    *, tenant_id: int | None = None
+) -> tuple[dict[int, NodePool], dict[int, list[TenantQuota]]]:
+    """The active pools, locked in pk order (the lock order every admission takes, so
+    admissions of a pool serialise), and the quotas (of one tenant, or all)."""
+    pools = {
+        p.pk: p for p in NodePool.objects.select_for_update().filter(is_active=True).order_by("pk")
+    }
+    quotas: dict[int, list[TenantQuota]] = defaultdict(list)
+    rows = (
+        TenantQuota.objects.all()
+        if tenant_id is None
+        else TenantQuota.objects.filter(tenant_id=tenant_id)
+    )
+    for quota in rows:
+        quotas[quota.tenant_id].append(quota)
+    return pools, quotas
+
+
+def job_admit_submitted(*, job: Job) -> bool:
+    """Admission of one just-queued job, at a cost independent of the queue's length.
+
+    It keeps `jobs_admit`'s order: if a job ranked before it (higher priority, or same
+    priority and earlier) waits for one of its pools, it waits too (no overtaking), unless
+    that job is held only by another tenant's quota; otherwise it is checked against the
+    free capacity and its tenant's quota. The queue isn't re-examined: nothing freed
+    compute since the last full pass (`jobs_admit` runs whenever a job ends, pauses or is
+    cancelled, and in the reconciler), so every job already queued still doesn't fit.
+    Returns whether it was admitted; its wait says why not. When it goes before jobs
+    already waiting for its pools, a full pass follows.
+    """
+    pool_ids = sorted(pid for pid in (job.pool_id, job.spot_pool_id) if pid)
+    with transaction.atomic():
+        # The same row locks as jobs_admit (pools, in pk order) serialise admissions of a
+        # pool; the tenant's quota rows serialise its admissions across pools.
+        pools = {
+            p.pk: p
+            for p in NodePool.objects.select_for_update()
+            .filter(pk__in=pool_ids, is_active=True)
+            .order_by("pk")
+        }
+        quotas: dict[int, list[TenantQuota]] = defaultdict(list)
+        for quota in TenantQuota.objects.for_tenant(job.tenant).select_for_update().order_by("pk"):
+            quotas[quota.tenant_id].append(quota)
+        mine, quota_wait = Q(tenant_id=job.tenant_id), Q(wait_kind__in=QUOTA_WAITS)
+        ahead = queued_ahead_of(job).aggregate(
+            others_capacity=Count("pk", filter=~mine & ~quota_wait),
+            own_capacity=Count("pk", filter=mine & ~quota_wait),
+            own_quota=Count("pk", filter=mine & quota_wait),
+        )
+        # Another tenant's job held only by its quota blocks nobody else (as in jobs_admit).
+        wait: Wait | None
+        if ahead["others_capacity"] or ahead["own_capacity"]:
+            wait = BEHIND_IN_POOL
+        elif ahead["own_quota"]:
+            wait = BEHIND_OWN_QUOTA
+        else:
+            usage = held_usage(pool_ids=pool_ids, tenant_id=job.tenant_id)
+            wait = blocking_wait(job, pools, usage, quotas)
+        if wait:
+            _wait(job, wait)
+            others = queued_behind(job)
+        else:
+            _admit(job)
+            others = queued_in_pools(pool_ids)
+        if others.exists():
+            # It went past waiting jobs (a higher priority, or another tenant's quota
+            # wait): that can change what holds them back, so a full pass re-sorts them.
+            # A launch into a pool where it is last, the common case, skips this.
+            jobs_admit()
+            job.refresh_from_db()
+        return job.status == S.DISPATCHING
+
+
+@transaction.atomic
+def jobs_admit() -> list[Job]:
+    """Admit queued jobs in priority, then FIFO, order while they fit.
+
+    A job that doesn't fit its pool blocks later jobs for that pool (no overtaking);
+    a job held back by its tenant's quota blocks only that tenant's later jobs there.
+    """
+    pools, quotas = locked_admission_state()
+    usage = held_usage()
+    blocked_pools: set[int] = set()
+    # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
+    blocked_by_quota: set[tuple[int, int]] = set()
+    admitted = []
+    for job in queued_in_order().select_for_update():
+        job_pools = {pid for pid in (job.pool_id, job.spot_pool_id) if pid}
+        wait: Wait | None
+        if job_pools & blocked_pools:
+            wait = BEHIND_IN_POOL
+        elif {(job.tenant_id, pid) for pid in job_pools} & blocked_by_quota:
+            wait = BEHIND_OWN_QUOTA
+        else:
+            wait = blocking_wait(job, pools, usage, quotas)
+        if wait:
+            if wait.kind == WaitKind.QUOTA:
+                blocked_by_quota |= {(job.tenant_id, pid) for pid in job_pools}
+            elif wait.kind != WaitKind.QUOTA_QUEUE:
+                blocked_pools |= job_pools
+            _wait(job, wait)
+            continue
+        usage.add(job)
+        _admit(job)
+        admitted.append(job)
+    return admitted

@@ -1,0 +1,154 @@
+"""Dispatch: start an admitted job's attempt (or a resumed one) on its backend.
+Runs in Celery tasks after commit; safe to run twice.
+
+Invariants:
+- A cancel that lands while the backend call runs never leaves work running: the status
+  change after the call re-reads the job under its row lock (`job_transition`), and a
+  job cancelled (or failed) meanwhile has what this call started undone.
+- An unexpected error is counted (`Job.dispatch_failures`) and retried; after
+  DISPATCH_MAX_ATTEMPTS the job fails with the error, so it never holds capacity forever.
+- Two dispatches on one backend never hand out the same GPU device (`_assign_devices`).
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+
+from jobs.actors import SYSTEM, Actor
+from jobs.backends import BackendRejected, BackendUnavailable, ComputeBackend, get_backend
+from jobs.models import Job, JobStatus
+from jobs.state import IllegalTransition, job_retry_note, job_transition
+
+log = logging.getLogger(__name__)
+S = JobStatus
+# Statuses a racing action may have ended the job in while its backend call ran; what
+# the call started must then be undone.
+UNDO_AFTER = frozenset({S.CANCELLED, S.FAILED})
+
+
+class DispatchRetry(Exception):
+    """An unexpected dispatch error, counted; the task retries it (with backoff)."""
+
+
+def job_dispatch(*, job: Job) -> Job:
+    """Start the admitted job's attempt on its backend. Safe to run twice."""
+    job.refresh_from_db()
+    if job.status != S.DISPATCHING:
+        return job  # done already, or cancelled meanwhile
+    backend = get_backend(job.backend)
+    try:
+        _assign_devices(job, backend)
+        backend.submit(job)
+    except BackendUnavailable as error:
+        job_retry_note(job=job, reason=f"retrying: {error}")
+        raise
+    except BackendRejected as error:
+        return transition_quietly(job, S.FAILED, SYSTEM, f"dispatch failed: {error}")
+    except Exception as error:
+        return _dispatch_failed(job, backend, error)
+    # A process starts at once; pods still have to be scheduled.
+    if backend.starts_immediately:
+        return _after_start(job, backend, S.RUNNING, "started", S.DISPATCHING)
+    return _after_start(job, backend, S.PROVISIONING, "submitted to the cluster", S.DISPATCHING)
+
+
+def job_backend_resume(*, job: Job) -> Job:
+    """Task side of a resume: start the suspended attempt again on its backend."""
+    job.refresh_from_db()
+    if job.status != S.RESUMING:
+        return job
+    backend = get_backend(job.backend)
+    try:
+        _assign_devices(job, backend)
+        backend.resume(job)
+    except BackendRejected as error:
+        return transition_quietly(job, S.FAILED, SYSTEM, f"resume failed: {error}")
+    if backend.starts_immediately:
+        return _after_start(job, backend, S.RUNNING, "resumed from the checkpoint", S.RESUMING)
+    job.refresh_from_db()
+    if job.status in UNDO_AFTER:
+        _undo(job, backend)
+    return job
+
+
+def _after_start(job: Job, backend: ComputeBackend, to: str, reason: str, source: str) -> Job:
+    """Record that the backend call started the attempt, unless the job left `source`
+    meanwhile (`job_transition` locks and re-reads the row); a job cancelled or failed
+    meanwhile has what was just started undone."""
+    try:
+        return job_transition(
+            job=job, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({source})
+        )
+    except IllegalTransition:
+        job.refresh_from_db()
+    if job.status in UNDO_AFTER:
+        _undo(job, backend)
+    return job  # e.g. a duplicate dispatch, or the watcher, got there first
+
+
+def _undo(job: Job, backend: ComputeBackend) -> None:
+    log.info("job %s became %s while it was being started: stopping it", job.pk, job.status)
+    backend.cancel(job)
+
+
+def _dispatch_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job:
+    """Count an unexpected dispatch error; fail the job at DISPATCH_MAX_ATTEMPTS (undoing
+    whatever the attempt left), else note it and raise DispatchRetry for the task."""
+    log.exception("dispatch of job %s failed unexpectedly", job.pk)
+    Job.objects.filter(pk=job.pk).update(dispatch_failures=F("dispatch_failures") + 1)
+    job.refresh_from_db(fields=["dispatch_failures"])
+    limit = settings.DISPATCH_MAX_ATTEMPTS
+    described = f"{type(error).__name__}: {error}"[:300]
+    if job.dispatch_failures >= limit:
+        job = transition_quietly(
+            job,
+            S.FAILED,
+            SYSTEM,
+            f"dispatch failed {job.dispatch_failures} times; last error: {described}",
+            expected_from=frozenset({S.DISPATCHING}),
+        )
+        try:
+            backend.cancel(job)
+        except Exception:  # best effort: the reconciler stops what still runs
+            log.exception("undoing the failed dispatch of job %s failed", job.pk)
+        return job
+    job_retry_note(
+        job=job, reason=f"retrying after an error ({job.dispatch_failures}/{limit}): {described}"
+    )
+    raise DispatchRetry(described) from error
+
+
+@transaction.atomic
+def _assign_devices(job: Job, backend: ComputeBackend) -> None:
+    """Hand the attempt GPU devices no other live job of its backend holds, where the
+    console assigns them (a host's GPUs), before the backend starts it.
+
+    On PostgreSQL a transaction-scoped advisory lock per backend serialises assignments,
+    so two dispatches can't both read the same devices as free (SQLite serialises
+    writers by itself)."""
+    if not backend.assigns_devices or not job.gpus_per_node or job.assigned_devices:
+        return
+    if connection.vendor == "postgresql":
+        key = zlib.crc32(f"gpugeek:devices:{job.backend}".encode())
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+    busy: set[int] = set()
+    others = Job.objects.filter(backend=job.backend).holding_compute().exclude(pk=job.pk)
+    for devices in others.values_list("assigned_devices", flat=True):
+        busy.update(devices or [])
+    job.assigned_devices = backend.assign_devices(job, busy)
+    Job.objects.filter(pk=job.pk).update(assigned_devices=job.assigned_devices)
+
+
+def transition_quietly(job: Job, to: str, actor: Actor, reason: str, **changes) -> Job:
+    """Apply a transition a racing action may already have made moot (e.g. a cancel)."""
+    try:
+        return job_transition(job=job, to=to, actor=actor, reason=reason, **changes)
+    except IllegalTransition:
+        job.refresh_from_db()
+        return job

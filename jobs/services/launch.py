@@ -1,0 +1,120 @@
+"""Launch: validate a spec, ask the launch policies, record the job and admit it.
+One transaction; dispatch is queued after commit."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+
+from console.crypto import encrypt_json
+from console.models import Membership, Tenant, User
+from console.permissions import Capability, has_capability
+from console.services import ServiceError, audit_record
+from jobs.actors import SYSTEM, Actor
+from jobs.extensions import launch_check
+from jobs.models import Job, JobStatus, Priority, WaitKind
+from jobs.services.admission import job_admit_submitted
+from jobs.services.secrets import secrets_named_again, tenant_secrets_resolve
+from jobs.services.spec import JobSpec, spec_from_job, spec_validate, validate_env
+from jobs.state import job_note
+
+S = JobStatus
+
+
+def job_submit(
+    *,
+    tenant: Tenant,
+    user: User | None,
+    spec: JobSpec,
+    idempotency_key: str | None = None,
+    request=None,
+) -> Job:
+    """Validate and record a launch; it is admitted now if it fits, else it queues."""
+    if idempotency_key:
+        existing = Job.objects.for_tenant(tenant).filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    resolved = spec_validate(tenant=tenant, spec=spec)
+    _check_priority_allowed(tenant=tenant, user=user, priority=spec.priority)
+    launch_check(tenant=tenant, spec=spec)
+    placement = resolved.placement
+    resolved_secrets = tenant_secrets_resolve(
+        tenant=tenant, user=user, project=spec.project, names=spec.secrets
+    )
+    secret_env = {**resolved_secrets, **spec.secret_env}
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(
+                tenant=tenant,
+                created_by=user,
+                name=spec.name.strip(),
+                project=spec.project,
+                labels=spec.labels,
+                image=resolved.image,
+                image_reference=resolved.image.reference,
+                command=spec.command,
+                env=validate_env(spec.env, "env"),
+                secret_env_encrypted=encrypt_json(secret_env) if secret_env else "",
+                secret_env_names=sorted(secret_env),
+                gpu_type=resolved.gpu_type,
+                gpus_per_node=spec.gpus_per_node,
+                cpus=resolved.cpus,
+                nodes=spec.nodes,
+                region=resolved.region,
+                spot_ratio=Decimal(spec.spot_ratio),
+                priority=spec.priority,
+                max_runtime_minutes=spec.max_runtime_minutes,
+                checkpoint_path=spec.checkpoint_path,
+                auto_release=spec.auto_release,
+                ports=spec.ports,
+                backend=placement.backend,
+                pool=placement.pool,
+                spot_pool=placement.spot_pool,
+                spot_nodes=placement.spot_nodes,
+                on_demand_nodes=placement.on_demand_nodes,
+                status=S.QUEUED,
+                status_reason="waiting for admission",
+                wait_kind=WaitKind.ADMISSION,
+                idempotency_key=idempotency_key or "",
+            )
+            job_note(job=job, actor=Actor.of_user(user) if user else SYSTEM, reason="submitted")
+            audit_record(
+                action="job.launched",
+                tenant=tenant,
+                actor=user,
+                target=job,
+                request=request,
+                metadata={"gpus": job.total_gpus, "nodes": job.nodes, "image": job.image_reference},
+            )
+            job_admit_submitted(job=job)
+    except IntegrityError:
+        existing = Job.objects.for_tenant(tenant).filter(idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return existing
+    job.refresh_from_db()
+    return job
+
+
+def _check_priority_allowed(*, tenant: Tenant, user: User | None, priority: str) -> None:
+    """`critical` skips budget pauses and outranks the organisation's other jobs: only a
+    role with LAUNCH_CRITICAL (owners, admins) may ask for it. The platform's own launches
+    (no user) are not limited."""
+    if priority != Priority.CRITICAL or user is None:
+        return
+    membership = Membership.objects.for_tenant(tenant).filter(user=user).first()
+    if not has_capability(membership, Capability.LAUNCH_CRITICAL):
+        raise ServiceError(
+            "Only owners and admins may launch with priority critical; choose normal or low.",
+            code="forbidden",
+            field="priority",
+        )
+
+
+def job_clone(*, job: Job, user: User | None, request=None) -> Job:
+    spec = spec_from_job(job)
+    spec.name = f"{job.name} (clone)"[:100]
+    # Organisation secrets are named again, not copied: the clone is checked like a launch.
+    spec = secrets_named_again(tenant=job.tenant, spec=spec)
+    return job_submit(tenant=job.tenant, user=user, spec=spec, request=request)

@@ -1,0 +1,400 @@
+"""A launch request (`JobSpec`): its validation against the catalog, pools and quota
+maxima, and where it would be placed. Pure reads; nothing here writes."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.conf import settings
+from django.db.models import F
+
+from console.crypto import decrypt_json
+from console.models import Tenant
+from console.services import ServiceError
+from jobs.models import Job, Priority
+from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Tier
+from marketplace.selectors import (
+    HOST_NOT_AVAILABLE,
+    default_region,
+    pools_for_tenant,
+    regions_for_tenant,
+)
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV_PREFIXES = ("GPUGEEK_",)
+# Kubernetes label syntax: a name (≤ 63: alphanumeric at both ends, . _ - inside), a key
+# may have a DNS-subdomain prefix and "/", a value is a name or empty.
+LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+LABEL_PREFIX_RE = re.compile(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+# Spec sizes: a spec is stored in the job row and handed to a backend (a pod manifest, a
+# process's argv and environment); these bounds keep one launch from filling either.
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_ARG_BYTES = 8 * 1024
+MAX_ENV_VARS = 128
+MAX_ENV_NAME_LENGTH = 100
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ENV_TOTAL_BYTES = 128 * 1024  # env and secret env together
+MAX_LABELS = 32
+
+
+@dataclass
+class JobSpec:
+    """What a user asks to run; validated by `spec_validate`."""
+
+    name: str
+    image: str
+    command: list[str]
+    nodes: int = 1
+    gpus_per_node: int = 0
+    gpu_type: str | None = None
+    cpus: int | None = None
+    region: str | None = None
+    spot_ratio: Decimal = Decimal(0)
+    priority: str = Priority.NORMAL
+    max_runtime_minutes: int = 24 * 60
+    checkpoint_path: str = ""
+    project: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: dict[str, str] = field(default_factory=dict)
+    auto_release: bool = True
+    ports: list[dict] = field(default_factory=list)
+    # Names of tenant secrets to inject as environment variables of the same name.
+    secrets: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Placement:
+    backend: str
+    pool: NodePool | None
+    spot_pool: NodePool | None
+    spot_nodes: int
+    on_demand_nodes: int
+
+
+def invalid(message: str, field_name: str) -> ServiceError:
+    return ServiceError(message, field=field_name)
+
+
+def validate_env(env: dict, field_name: str) -> dict[str, str]:
+    if not isinstance(env, dict):
+        raise invalid("Environment variables are an object of NAME: value.", field_name)
+    if len(env) > MAX_ENV_VARS:
+        raise invalid(f"At most {MAX_ENV_VARS} variables ({len(env)} given).", field_name)
+    clean = {}
+    for key, value in env.items():
+        if isinstance(key, str) and len(key) > MAX_ENV_NAME_LENGTH:
+            raise invalid(
+                f"{key[:20]}…: variable names are at most {MAX_ENV_NAME_LENGTH} characters.",
+                field_name,
+            )
+        if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+            raise invalid(
+                f"“{key}” is not a valid variable name (letters, digits, _; not "
+                "starting with a digit).",
+                field_name,
+            )
+        if key.startswith(RESERVED_ENV_PREFIXES):
+            raise invalid(
+                f"{key}: names starting with GPUGEEK_ are set by the platform.", field_name
+            )
+        if not isinstance(value, (str, int, float, bool)):
+            raise invalid(f"{key}: values are strings.", field_name)
+        clean[key] = str(value)
+        if _size(clean[key]) > MAX_ENV_VALUE_BYTES:
+            raise invalid(
+                f"{key}: a value is at most {MAX_ENV_VALUE_BYTES // 1024} KiB.", field_name
+            )
+    return clean
+
+
+def _size(text: str) -> int:
+    """Bytes as the job will get them (UTF-8)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _env_bytes(env: dict[str, str]) -> int:
+    return sum(_size(key) + 1 + _size(value) for key, value in env.items())
+
+
+def _validate_command(command) -> None:
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(arg, str) for arg in command)
+    ):
+        raise invalid(
+            "The command is a non-empty list of strings (argv); it is never run through a shell.",
+            "command",
+        )
+    if len(command) > MAX_COMMAND_ARGS:
+        raise invalid(
+            f"The command has at most {MAX_COMMAND_ARGS} arguments ({len(command)} given).",
+            "command",
+        )
+    if any(_size(arg) > MAX_COMMAND_ARG_BYTES for arg in command):
+        raise invalid(
+            f"Each command argument is at most {MAX_COMMAND_ARG_BYTES // 1024} KiB.", "command"
+        )
+    if any("\x00" in arg for arg in command):
+        raise invalid("The command contains NUL bytes.", "command")
+
+
+def _label_key_ok(key) -> bool:
+    if not isinstance(key, str):
+        return False
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and LABEL_PREFIX_RE.match(prefix)):
+        return False
+    return bool(LABEL_NAME_RE.match(name))
+
+
+def _validate_labels(labels) -> None:
+    if not isinstance(labels, dict):
+        raise invalid("Labels are an object of key: value strings.", "labels")
+    if len(labels) > MAX_LABELS:
+        raise invalid(f"At most {MAX_LABELS} labels ({len(labels)} given).", "labels")
+    for key, value in labels.items():
+        if not _label_key_ok(key):
+            raise invalid(
+                f"Label key “{str(key)[:80]}”: an optional DNS prefix and “/”, then up to 63 "
+                "letters, digits, . _ - starting and ending with a letter or digit.",
+                "labels",
+            )
+        if not isinstance(value, str) or not (value == "" or LABEL_NAME_RE.match(value)):
+            raise invalid(
+                f"Label {key}: the value is empty or up to 63 letters, digits, . _ - starting "
+                "and ending with a letter or digit.",
+                "labels",
+            )
+
+
+PORT_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,13}[a-z0-9])?$")
+
+
+def _validate_ports(ports) -> None:
+    """Ports to expose (Jupyter, SSH…): [{"name": "jupyter", "port": 8888}], at most 8."""
+    if not isinstance(ports, list) or len(ports) > 8:
+        raise invalid("Ports are a list of at most 8 {name, port} objects.", "ports")
+    names, numbers = set(), set()
+    for port in ports:
+        if not isinstance(port, dict) or set(port) != {"name", "port"}:
+            raise invalid('Each port is {"name": "jupyter", "port": 8888}.', "ports")
+        name, number = port["name"], port["port"]
+        if not isinstance(name, str) or not PORT_NAME_RE.match(name):
+            raise invalid(
+                f"Port name “{name}”: lower-case letters, digits and -, up to 15.", "ports"
+            )
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
+            raise invalid(f"Port {number!r} is not a TCP port number.", "ports")
+        if number == 29500 or name in names or number in numbers:
+            raise invalid(
+                f"Port {name}/{number} clashes with another (29500 is rendezvous).", "ports"
+            )
+        names.add(name)
+        numbers.add(number)
+
+
+def spot_nodes_for(nodes: int, spot_ratio: Decimal) -> int:
+    """round(nodes × ratio), halves up: a single node goes to spot at ratio ≥ 0.5."""
+    return int((Decimal(nodes) * Decimal(spot_ratio)).quantize(Decimal(1), ROUND_HALF_UP))
+
+
+def _pick_pool(
+    *, tenant: Tenant, gpu_type: GpuType | None, region: Region, tier: str
+) -> NodePool | None:
+    pools = pools_for_tenant(tenant).filter(
+        gpu_type=gpu_type,
+        region=region,
+        tier=tier,
+        backend__in=settings.COMPUTE_BACKENDS,
+    )
+    if gpu_type is None:
+        return pools.order_by("-allocatable_vcpus", "pk").first()
+    return pools.order_by("-allocatable_gpus", "pk").first()
+
+
+@dataclass
+class ResolvedSpec:
+    spec: JobSpec
+    image: Image
+    gpu_type: GpuType | None
+    region: Region
+    cpus: int
+    placement: Placement
+
+
+def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
+    """Check a spec against the catalog, pools and quota maxima. Raises ServiceError with
+    the field at fault; a request that fits the limits but not the free capacity is valid
+    (it queues)."""
+    name = (spec.name or "").strip()
+    if not name or len(name) > 100:
+        raise invalid("Give the job a name (up to 100 characters).", "name")
+    _validate_command(spec.command)
+    if spec.nodes < 1:
+        raise invalid("Ask for at least one node.", "nodes")
+    if spec.gpus_per_node < 0:
+        raise invalid("GPUs per node can't be negative.", "gpus_per_node")
+    if not Decimal(0) <= Decimal(spec.spot_ratio) <= Decimal(1):
+        raise invalid("The spot ratio is between 0 and 1.", "spot_ratio")
+    if spec.max_runtime_minutes is None or spec.max_runtime_minutes <= 0:
+        raise invalid("The maximum runtime must be more than zero minutes.", "max_runtime_minutes")
+    if spec.priority not in Priority.values:
+        raise invalid("Priority is critical, normal or low.", "priority")
+    _validate_labels(spec.labels)
+    env = validate_env(spec.env, "env")
+    secret_env = validate_env(spec.secret_env, "secret_env")
+    if len(env) + len(secret_env) > MAX_ENV_VARS:
+        raise invalid(
+            f"At most {MAX_ENV_VARS} variables in all, plain and secret together.", "secret_env"
+        )
+    if _env_bytes(env) + _env_bytes(secret_env) > MAX_ENV_TOTAL_BYTES:
+        raise invalid(
+            f"The environment (plain and secret together) is at most "
+            f"{MAX_ENV_TOTAL_BYTES // 1024} KiB.",
+            "secret_env" if secret_env else "env",
+        )
+    _validate_ports(spec.ports)
+    overlap = set(spec.env) & set(spec.secret_env)
+    if overlap:
+        raise invalid(f"{', '.join(sorted(overlap))} is both plain and secret.", "secret_env")
+
+    gpu_type = None
+    if spec.gpu_type:
+        gpu_type = GpuType.objects.filter(slug=spec.gpu_type, is_active=True).first()
+        if gpu_type is None:
+            raise invalid(f"Unknown GPU type “{spec.gpu_type}”.", "gpu_type")
+        if spec.gpus_per_node < 1:
+            raise invalid("A GPU job needs at least one GPU per node.", "gpus_per_node")
+    elif spec.gpus_per_node:
+        raise invalid("Choose a GPU type for a GPU job.", "gpu_type")
+
+    if spec.region:
+        region = Region.objects.filter(slug=spec.region, is_active=True).first()
+        if region is None:
+            raise invalid(f"Unknown region “{spec.region}”.", "region")
+        if not regions_for_tenant(tenant).filter(pk=region.pk).exists():
+            raise invalid(HOST_NOT_AVAILABLE, "region")
+    else:
+        region = default_region(tenant)
+        if region is None:
+            raise invalid("Choose a region: none has a CPU pool by default.", "region")
+
+    image = (
+        Image.objects.for_tenant(tenant)
+        .filter(slug=spec.image, is_active=True)
+        .order_by(F("tenant").asc(nulls_first=True))  # a public image wins a slug clash
+        .first()
+    )
+    if image is None:
+        raise invalid(f"Unknown image “{spec.image}”.", "image")
+    hardware = gpu_type.vendor if gpu_type else "cpu"
+    if hardware not in image.compatible_with:
+        raise invalid(
+            f"{image.name} doesn't run on {hardware.upper()}; pick an image made for it.", "image"
+        )
+
+    spot_nodes = spot_nodes_for(spec.nodes, Decimal(spec.spot_ratio))
+    on_demand_nodes = spec.nodes - spot_nodes
+    pool = (
+        _pick_pool(tenant=tenant, gpu_type=gpu_type, region=region, tier=Tier.ON_DEMAND)
+        if on_demand_nodes
+        else None
+    )
+    spot_pool = (
+        _pick_pool(tenant=tenant, gpu_type=gpu_type, region=region, tier=Tier.SPOT)
+        if spot_nodes
+        else None
+    )
+    what = gpu_type.slug if gpu_type else "CPU"
+    if on_demand_nodes and pool is None:
+        raise invalid(
+            f"No on-demand {what} pool in {region.slug} on this installation's "
+            f"backends ({', '.join(settings.COMPUTE_BACKENDS)}).",
+            "region",
+        )
+    if spot_nodes and spot_pool is None:
+        raise invalid(f"No spot {what} pool in {region.slug}; lower the spot ratio.", "spot_ratio")
+    if pool and spot_pool and pool.backend != spot_pool.backend:
+        raise invalid("Spot and on-demand nodes of one job must be on one backend.", "spot_ratio")
+    chosen = pool or spot_pool
+    assert chosen is not None  # a job has on-demand or spot nodes, and each found a pool
+    cpus = spec.cpus or (chosen.vcpus_per_node if gpu_type and chosen.vcpus_per_node else 1)
+    if cpus < 1:
+        raise invalid("Ask for at least one vCPU per node.", "cpus")
+
+    # Larger than the pool could ever hold: refuse now rather than queue forever.
+    for tier_pool, tier_nodes in ((pool, on_demand_nodes), (spot_pool, spot_nodes)):
+        if not tier_pool:
+            continue
+        if gpu_type and spec.gpus_per_node > max(tier_pool.gpus_per_node, 0):
+            raise invalid(
+                f"{tier_pool.name} has {tier_pool.gpus_per_node} GPUs per node; "
+                f"{spec.gpus_per_node} asked.",
+                "gpus_per_node",
+            )
+        if gpu_type and tier_nodes * spec.gpus_per_node > tier_pool.total_gpus:
+            raise invalid(
+                f"{tier_pool.name} has {tier_pool.total_gpus} GPUs in all; "
+                f"{tier_nodes * spec.gpus_per_node} asked.",
+                "nodes",
+            )
+        if not gpu_type and tier_nodes * cpus > tier_pool.allocatable_vcpus:
+            raise invalid(
+                f"{tier_pool.name} has {tier_pool.allocatable_vcpus} vCPUs in all; "
+                f"{tier_nodes * cpus} asked.",
+                "cpus",
+            )
+    total_gpus = spec.nodes * spec.gpus_per_node
+    for quota in TenantQuota.objects.for_tenant(tenant).select_related("gpu_type"):
+        if quota.max_gpus is None or not gpu_type:
+            continue
+        if (quota.gpu_type_id in (None, gpu_type.pk)) and total_gpus > quota.max_gpus:
+            scope = quota.gpu_type.slug if quota.gpu_type else "all GPU types"
+            raise invalid(
+                f"Your organisation's quota allows at most {quota.max_gpus} GPUs "
+                f"({scope}); this job asks for {total_gpus}.",
+                "nodes",
+            )
+    return ResolvedSpec(
+        spec=spec,
+        image=image,
+        gpu_type=gpu_type,
+        region=region,
+        cpus=cpus,
+        placement=Placement(
+            backend=chosen.backend,
+            pool=pool,
+            spot_pool=spot_pool,
+            spot_nodes=spot_nodes,
+            on_demand_nodes=on_demand_nodes,
+        ),
+    )
+
+
+def spec_from_job(job: Job) -> JobSpec:
+    return JobSpec(
+        name=job.name,
+        image=job.image.slug,
+        command=list(job.command),
+        nodes=job.nodes,
+        gpus_per_node=job.gpus_per_node,
+        gpu_type=job.gpu_type.slug if job.gpu_type else None,
+        cpus=job.cpus,
+        region=job.region.slug,
+        spot_ratio=job.spot_ratio,
+        priority=job.priority,
+        max_runtime_minutes=job.max_runtime_minutes,
+        checkpoint_path=job.checkpoint_path,
+        project=job.project,
+        labels=dict(job.labels),
+        env=dict(job.env),
+        secret_env=decrypt_json(job.secret_env_encrypted),
+        auto_release=job.auto_release,
+        ports=list(job.ports),
+    )

@@ -1,0 +1,38 @@
+"""What a place where work runs reports about its nodes, in backend-neutral terms.
+
+The marketplace's capacity sync reads it into node pools; the compute backends (in jobs,
+above the marketplace) produce it, so the type lives here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """One node as the backend reports it, in backend-neutral terms."""
+
+    name: str
+    region: str
+    tier: str  # on_demand | spot | reserved
+    labels: dict[str, str] = field(default_factory=dict)
+    gpu_resource: str | None = None  # e.g. "nvidia.com/gpu"
+    gpu_product: str | None = None  # e.g. "NVIDIA-H100-80GB-HBM3" or an NVML name
+    gpus_allocatable: int = 0
+    gpus_in_use: int = 0
+    vcpus_allocatable: int = 0
+    vcpus_in_use: int = 0
+    memory_gib: int = 0
+    schedulable: bool = True
+
+
+class InventorySource(Protocol):
+    """Anything that reports nodes: a compute backend."""
+
+    name: str
+    # Its nodes are the console's own machine: capacity sync marks its pools so, and only
+    # tenants staff allow to run on the host see or use them.
+    runs_on_console_host: bool
+
+    def inventory(self) -> list[NodeInventory]: ...

@@ -1,0 +1,63 @@
+"""Writes for the marketplace, one module per concern:
+
+- `capacity`: `capacity_sync`, the backends' node pools refreshed from their inventory;
+- `prices`: the price book (preview, publish, withdraw) and tenant discounts;
+- `catalog`: staff edits of GPU types and node pools, and tenant quotas;
+- `images`: the registry allow-list, public and private images, registry logins.
+
+Every staff change is audit-logged in the same transaction. Callers import from here.
+"""
+
+from marketplace.services.capacity import capacity_sync
+from marketplace.services.catalog import (
+    GPU_TYPE_EDITABLE_FIELDS,
+    NODE_POOL_EDITABLE_FIELDS,
+    gpu_type_update,
+    node_pool_update,
+    tenant_quota_set,
+)
+from marketplace.services.images import (
+    COMPATIBLE_VALUES,
+    IMAGE_FIELDS,
+    allowed_registry_add,
+    allowed_registry_remove,
+    image_create,
+    image_deactivate,
+    image_validate_reference,
+    registry_credential_delete,
+    registry_credential_set,
+    registry_normalise,
+)
+from marketplace.services.prices import (
+    PreviewRow,
+    PriceRow,
+    price_version_preview,
+    price_version_publish,
+    price_version_withdraw,
+    tenant_pricing_set,
+)
+
+__all__ = [
+    "COMPATIBLE_VALUES",
+    "GPU_TYPE_EDITABLE_FIELDS",
+    "IMAGE_FIELDS",
+    "NODE_POOL_EDITABLE_FIELDS",
+    "PreviewRow",
+    "PriceRow",
+    "allowed_registry_add",
+    "allowed_registry_remove",
+    "capacity_sync",
+    "gpu_type_update",
+    "image_create",
+    "image_deactivate",
+    "image_validate_reference",
+    "node_pool_update",
+    "price_version_preview",
+    "price_version_publish",
+    "price_version_withdraw",
+    "registry_credential_delete",
+    "registry_credential_set",
+    "registry_normalise",
+    "tenant_pricing_set",
+    "tenant_quota_set",
+]

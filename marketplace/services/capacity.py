@@ -1,0 +1,116 @@
+"""Capacity sync: refreshing each backend's node pools from its inventory.
+
+Owns the grouping of nodes into pools (region × GPU type × tier) and the matching of a
+node's GPU to a catalog GPU type; the pools' capacity fields are written only here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from marketplace.inventory import InventorySource, NodeInventory
+from marketplace.models import GpuType, NodePool, Region
+
+log = logging.getLogger(__name__)
+
+
+def _match_gpu_type(node: NodeInventory, gpu_types: list[GpuType]) -> GpuType | None:
+    if not node.gpu_product:
+        return None
+    for gpu_type in gpu_types:
+        if node.labels.get(gpu_type.node_label_key) == gpu_type.node_label_value:
+            return gpu_type
+        # NVML says e.g. "NVIDIA L4" and "NVIDIA L40S": compare whole names, not substrings.
+        reported = node.gpu_product.lower().removeprefix("nvidia ").strip()
+        if reported in (name.lower() for name in gpu_type.nvml_names):
+            return gpu_type
+    return None
+
+
+@dataclass
+class _PoolCapacity:
+    nodes: int = 0
+    gpus_per_node: int = 0
+    total_gpus: int = 0
+    allocatable_gpus: int = 0
+    in_use_gpus: int = 0
+    vcpus_per_node: int = 0
+    memory_gib_per_node: int = 0
+    allocatable_vcpus: int = 0
+    in_use_vcpus: int = 0
+
+
+@transaction.atomic
+def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> list[NodePool]:
+    """Refresh the backend's pools from its inventory.
+
+    Nodes group into pools by region × GPU type × tier; a pool is created the first time
+    its kind of node appears, and drops to zero capacity when its nodes are gone.
+    Raises BackendUnavailable (before writing anything) when the backend can't be reached.
+    """
+    now = now or timezone.now()
+    nodes = backend.inventory()
+    gpu_types = list(GpuType.objects.filter(is_active=True))
+    regions = {region.slug: region for region in Region.objects.all()}
+    grouped: dict[tuple[str, str | None, str], _PoolCapacity] = defaultdict(_PoolCapacity)
+    for node in nodes:
+        region = regions.get(node.region)
+        if region is None:
+            log.warning("node %s is in unknown region %r; skipped", node.name, node.region)
+            continue
+        gpu_type = _match_gpu_type(node, gpu_types)
+        if node.gpu_product and gpu_type is None:
+            log.warning("node %s has unknown GPU %r; skipped", node.name, node.gpu_product)
+            continue
+        capacity = grouped[(region.slug, gpu_type.slug if gpu_type else None, node.tier)]
+        capacity.nodes += 1
+        capacity.gpus_per_node = max(capacity.gpus_per_node, node.gpus_allocatable)
+        capacity.total_gpus += node.gpus_allocatable
+        if node.schedulable:
+            capacity.allocatable_gpus += node.gpus_allocatable
+            capacity.allocatable_vcpus += node.vcpus_allocatable
+        capacity.in_use_gpus += node.gpus_in_use
+        capacity.in_use_vcpus += node.vcpus_in_use
+        capacity.vcpus_per_node = max(capacity.vcpus_per_node, node.vcpus_allocatable)
+        capacity.memory_gib_per_node = max(capacity.memory_gib_per_node, node.memory_gib)
+
+    gpu_by_slug = {gpu_type.slug: gpu_type for gpu_type in gpu_types}
+    seen: list[NodePool] = []
+    for (region_slug, gpu_slug, tier), capacity in grouped.items():
+        slug = slugify(f"{backend.name}-{region_slug}-{gpu_slug or 'cpu'}-{tier}")
+        slug = slug.replace("_", "-")
+        pool, _ = NodePool.objects.select_for_update().get_or_create(
+            slug=slug,
+            defaults={
+                "name": f"{gpu_by_slug[gpu_slug].model if gpu_slug else 'CPU'} · "
+                f"{region_slug} · {tier.replace('_', '-')}",
+                "region": regions[region_slug],
+                "backend": backend.name,
+                "tier": tier,
+                "gpu_type": gpu_by_slug.get(gpu_slug) if gpu_slug else None,
+            },
+        )
+        for name, value in vars(capacity).items():
+            setattr(pool, "node_count" if name == "nodes" else name, value)
+        pool.on_console_host = backend.runs_on_console_host
+        pool.last_synced_at = now
+        pool.save()
+        seen.append(pool)
+    # Pools whose nodes disappeared keep their row (jobs refer to them) but no capacity.
+    NodePool.objects.filter(backend=backend.name).exclude(pk__in=[p.pk for p in seen]).update(
+        node_count=0,
+        total_gpus=0,
+        allocatable_gpus=0,
+        in_use_gpus=0,
+        allocatable_vcpus=0,
+        in_use_vcpus=0,
+        last_synced_at=now,
+    )
+    return seen

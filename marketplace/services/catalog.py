@@ -1,0 +1,154 @@
+"""The staff catalog: hand edits of GPU types and node pools (not their capacity, which
+`capacity_sync` owns) and tenants' quotas per GPU type. Every change is audit-logged in
+the same transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.http import HttpRequest
+
+from console.models import Tenant, User
+from console.services import ServiceError, audit_record
+from marketplace.models import GpuType, NodePool, TenantQuota
+
+# --- GPU types and node pools ----
+
+# What staff may edit by hand; capacity fields belong to the capacity sync.
+GPU_TYPE_EDITABLE_FIELDS = (
+    "model",
+    "vendor",
+    "memory_gib",
+    "architecture",
+    "interconnect",
+    "peak_tflops",
+    "node_label_key",
+    "node_label_value",
+    "resource_name",
+    "nvml_names",
+    "is_active",
+)
+NODE_POOL_EDITABLE_FIELDS = ("name", "tier", "node_selector", "is_active")
+
+
+def _catalog_row_update(
+    *,
+    row: GpuType | NodePool,
+    changes: dict[str, Any],
+    editable: tuple[str, ...],
+    action: str,
+    user: User,
+    request: HttpRequest | None,
+) -> None:
+    unknown = set(changes) - set(editable)
+    if unknown:
+        raise ServiceError(f"These fields can't be edited here: {', '.join(sorted(unknown))}.")
+    for name, value in changes.items():
+        setattr(row, name, value)
+    if changes:
+        row.save(update_fields=list(changes))
+    audit_record(
+        action=action,
+        actor=user,
+        target=row,
+        request=request,
+        metadata={"changed": list(changes)},
+    )
+
+
+@transaction.atomic
+def gpu_type_update(
+    *,
+    gpu_type: GpuType,
+    changes: dict[str, Any],
+    user: User,
+    request: HttpRequest | None = None,
+) -> GpuType:
+    """Staff edit of a GPU type's catalog fields (prices are versioned, not edited here)."""
+    _catalog_row_update(
+        row=gpu_type,
+        changes=changes,
+        editable=GPU_TYPE_EDITABLE_FIELDS,
+        action="gpu_type.changed",
+        user=user,
+        request=request,
+    )
+    return gpu_type
+
+
+@transaction.atomic
+def node_pool_update(
+    *,
+    pool: NodePool,
+    changes: dict[str, Any],
+    user: User,
+    request: HttpRequest | None = None,
+) -> NodePool:
+    """Staff edit of a pool's name, tier, node selector or availability; its capacity is
+    written only by `capacity_sync`."""
+    _catalog_row_update(
+        row=pool,
+        changes=changes,
+        editable=NODE_POOL_EDITABLE_FIELDS,
+        action="node_pool.changed",
+        user=user,
+        request=request,
+    )
+    return pool
+
+
+# --- tenant quotas ----
+
+
+@transaction.atomic
+def tenant_quota_set(
+    *,
+    tenant: Tenant,
+    gpu_type: GpuType | None,
+    max_gpus: int | None,
+    max_concurrent_jobs: int | None,
+    user: User,
+    request: HttpRequest | None = None,
+) -> TenantQuota | None:
+    """Set (or clear, with both limits empty) one quota row of a tenant."""
+    for field, value in (("max_gpus", max_gpus), ("max_concurrent_jobs", max_concurrent_jobs)):
+        if value is not None and value < 0:
+            raise ServiceError("Limits can't be negative.", field=field)
+    if gpu_type is not None and max_concurrent_jobs is not None:
+        raise ServiceError(
+            "Concurrent jobs are limited tenant-wide, not per GPU type.",
+            field="max_concurrent_jobs",
+        )
+    quotas = TenantQuota.objects.for_tenant(tenant).filter(gpu_type=gpu_type)
+    metadata: dict[str, Any] = {
+        "gpu_type": gpu_type.slug if gpu_type else None,
+        "max_gpus": max_gpus,
+        "max_concurrent_jobs": max_concurrent_jobs,
+    }
+    if max_gpus is None and max_concurrent_jobs is None:
+        quotas.delete()
+        audit_record(
+            action="tenant_quota.cleared",
+            tenant=tenant,
+            actor=user,
+            target=tenant,
+            request=request,
+            metadata=metadata,
+        )
+        return None
+    quota, _ = TenantQuota.objects.update_or_create(
+        tenant=tenant,
+        gpu_type=gpu_type,
+        defaults={"max_gpus": max_gpus, "max_concurrent_jobs": max_concurrent_jobs},
+    )
+    audit_record(
+        action="tenant_quota.changed",
+        tenant=tenant,
+        actor=user,
+        target=tenant,
+        request=request,
+        metadata=metadata,
+    )
+    return quota

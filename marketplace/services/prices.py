@@ -1,0 +1,198 @@
+"""The price book: previewing, publishing and withdrawing dated price versions, and a
+tenant's negotiated discount. Past prices are history: usage already rated keeps the
+price it ran at. Every change is audit-logged in the same transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import transaction
+from django.http import HttpRequest
+from django.utils import timezone
+
+from console.models import Tenant, User
+from console.services import ServiceError, audit_record
+from marketplace.models import GpuType, PriceEntry, PriceVersion, Region, TenantPricing
+from marketplace.pricing import RESERVED_TERMS
+
+
+@dataclass(frozen=True)
+class PriceRow:
+    gpu_type: GpuType | None
+    region: Region
+    on_demand_price: Decimal
+
+
+@dataclass(frozen=True)
+class PreviewRow:
+    gpu_type: GpuType | None
+    region: Region
+    old_price: Decimal | None
+    new_price: Decimal
+
+    @property
+    def change_percent(self) -> Decimal | None:
+        if not self.old_price:
+            return None
+        return ((self.new_price - self.old_price) / self.old_price * 100).quantize(Decimal("0.1"))
+
+
+def _validate_discounts(spot: Decimal, reserved: dict[int, Decimal]) -> None:
+    for label, value in [("spot_discount_percent", spot)] + [
+        (f"reserved_{m}m_discount_percent", v) for m, v in reserved.items()
+    ]:
+        if not Decimal(0) <= value < Decimal(100):
+            raise ServiceError(
+                "A discount is a percentage from 0 up to (not including) 100.", field=label
+            )
+    if set(reserved) != set(RESERVED_TERMS):
+        raise ServiceError("Give a discount for each reserved term: 1, 3 and 12 months.")
+
+
+def price_version_preview(*, rows: list[PriceRow], at: datetime | None = None) -> list[PreviewRow]:
+    """The new table next to the one in force (nothing saved)."""
+    current = PriceVersion.objects.in_force(at)
+    old = {}
+    if current is not None:
+        old = {(e.gpu_type_id, e.region_id): e.on_demand_price for e in current.entries.all()}
+    return [
+        PreviewRow(
+            gpu_type=row.gpu_type,
+            region=row.region,
+            old_price=old.get((row.gpu_type.pk if row.gpu_type else None, row.region.pk)),
+            new_price=row.on_demand_price,
+        )
+        for row in rows
+    ]
+
+
+@transaction.atomic
+def price_version_publish(
+    *,
+    effective_from: datetime,
+    rows: list[PriceRow],
+    spot_discount_percent: Decimal,
+    reserved_discount_percent: dict[int, Decimal],
+    user: User | None,
+    currency: str = "USD",
+    note: str = "",
+    request: HttpRequest | None = None,
+    now: datetime | None = None,
+) -> PriceVersion:
+    """Publish a complete, dated price table. Past times are refused: usage already
+    rated must keep the price it ran at."""
+    now = now or timezone.now()
+    # A minute of slack: "now" typed in a form is a few moments old when it arrives.
+    if effective_from < now - timedelta(seconds=60):
+        raise ServiceError(
+            "A new price version can't take effect in the past; pick now or a later time.",
+            field="effective_from",
+        )
+    effective_from = max(effective_from, now)
+    if not rows:
+        raise ServiceError("A price version needs at least one price.")
+    if len(currency) != 3 or not currency.isalpha():
+        raise ServiceError("Currency is a three-letter ISO code such as USD.", field="currency")
+    seen = set()
+    for row in rows:
+        if row.on_demand_price <= 0:
+            raise ServiceError(
+                f"The price of {row.gpu_type or 'CPU'} in {row.region.slug} must be above zero.",
+                field="prices",
+            )
+        key = (row.gpu_type.pk if row.gpu_type else None, row.region.pk)
+        if key in seen:
+            raise ServiceError(
+                f"{row.gpu_type or 'CPU'} in {row.region.slug} is priced twice.", field="prices"
+            )
+        seen.add(key)
+    _validate_discounts(spot_discount_percent, reserved_discount_percent)
+    version = PriceVersion.objects.create(
+        currency=currency.upper(),
+        effective_from=effective_from,
+        spot_discount_percent=spot_discount_percent,
+        reserved_1m_discount_percent=reserved_discount_percent[1],
+        reserved_3m_discount_percent=reserved_discount_percent[3],
+        reserved_12m_discount_percent=reserved_discount_percent[12],
+        note=note,
+        created_by=user,
+    )
+    PriceEntry.objects.bulk_create(
+        [
+            PriceEntry(
+                version=version,
+                gpu_type=row.gpu_type,
+                region=row.region,
+                on_demand_price=row.on_demand_price,
+            )
+            for row in rows
+        ]
+    )
+    audit_record(
+        action="price_version.published",
+        actor=user,
+        target=version,
+        request=request,
+        metadata={
+            "effective_from": effective_from.isoformat(),
+            "entries": len(rows),
+            "spot_discount_percent": str(spot_discount_percent),
+            "note": note,
+        },
+    )
+    return version
+
+
+@transaction.atomic
+def price_version_withdraw(
+    *, version: PriceVersion, user: User, request: HttpRequest | None = None
+) -> None:
+    """Withdraw a version that hasn't taken effect yet; one in force or past is history."""
+    version = PriceVersion.objects.select_for_update().get(pk=version.pk)
+    if not version.is_editable():
+        raise ServiceError(
+            "This price version has taken effect; it can't be changed. Publish "
+            "a new version instead.",
+            code="conflict",
+        )
+    audit_record(
+        action="price_version.withdrawn",
+        actor=user,
+        target=version,
+        request=request,
+        metadata={"effective_from": version.effective_from.isoformat()},
+    )
+    version.delete()
+
+
+# --- tenant pricing ----
+
+
+@transaction.atomic
+def tenant_pricing_set(
+    *,
+    tenant: Tenant,
+    discount_percent: Decimal,
+    note: str,
+    user: User,
+    request: HttpRequest | None = None,
+) -> TenantPricing:
+    if not Decimal(0) <= discount_percent < Decimal(100):
+        raise ServiceError("A discount is a percentage from 0 up to 100.", field="discount_percent")
+    pricing, _ = TenantPricing.objects.get_or_create(tenant=tenant)
+    previous = pricing.discount_percent
+    pricing.discount_percent = discount_percent
+    pricing.note = note
+    pricing.save()
+    audit_record(
+        action="tenant_pricing.changed",
+        tenant=tenant,
+        actor=user,
+        target=tenant,
+        request=request,
+        metadata={"from": str(previous), "to": str(discount_percent), "note": note},
+    )
+    return pricing

@@ -1,0 +1,22 @@
+"""Pytest fixtures for the fakes, registered once by `pytest_plugins` in tests/conftest.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fakes.kube_api import KubeAPIServer
+
+
+@pytest.fixture
+def kube_api() -> Iterator[KubeAPIServer]:
+    """A started :class:`KubeAPIServer` (auto-ticking controller every 50 ms)."""
+    server = KubeAPIServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+    if server.errors:
+        pytest.fail("fake kube-apiserver errors:\n" + "\n".join(server.errors), pytrace=False)

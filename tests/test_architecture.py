@@ -1,0 +1,75 @@
+"""The code's shape, checked: dependencies point one way (console ← marketplace ← jobs ←
+billing), no module outside jobs/backends/ names a backend, modules stay small."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ORDER = ["console", "marketplace", "jobs", "billing"]
+# The project shell in console/ wires every room together and may name them all.
+SHELL = {"console/urls.py", "console/routing.py", "console/asgi.py", "console/settings.py",
+         "console/celery.py", "console/beat.py", "console/launcher.py",
+         "console/management/commands/seed_demo.py"}  # fmt: skip
+MAX_LINES = 600
+
+
+def app_modules(app: str):
+    for path in sorted((ROOT / app).rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if "/migrations/" not in relative:
+            yield relative, path
+
+
+def imported_roots(path: Path) -> set[str]:
+    """Top-level packages a module imports, including imports inside functions."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("app", ORDER)
+def test_dependencies_point_one_way(app):
+    higher = set(ORDER[ORDER.index(app) + 1 :])
+    offenders = {
+        relative: sorted(imported_roots(path) & higher)
+        for relative, path in app_modules(app)
+        if relative not in SHELL and imported_roots(path) & higher
+    }
+    assert offenders == {}
+
+
+BACKEND_NAME = re.compile(r"""["'](local|kubernetes)["']|hasattr\(\s*backend""")
+
+
+def test_no_code_outside_the_backends_names_a_backend():
+    # Where backend names are data: the choices of the pool model, the catalog's demo
+    # rows and the setting that lists the installation's backends.
+    allowed = {"marketplace/models.py", "marketplace/demo.py", "console/settings.py"}
+    offenders = []
+    for app in ORDER:
+        for relative, path in app_modules(app):
+            if relative.startswith("jobs/backends/") or relative in allowed:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if BACKEND_NAME.search(line.split("#")[0]):
+                    offenders.append(f"{relative}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+def test_application_modules_stay_small():
+    long = {
+        relative: count
+        for app in ORDER
+        for relative, path in app_modules(app)
+        if (count := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
