@@ -228,7 +228,7 @@ HEADER = (
 
 
 @pytest.mark.django_db(transaction=True)
-def test_streaming_benchmark(bench_servers, world, catalog, request, scenario):  # noqa: F811
+def test_streaming_benchmark(bench_servers, world, catalog, request, scenario):
     jobs, viewers = scenario
     _, seconds = scenarios_for(request.config)
     client = signed_in_client(world.member, world.tenant)
