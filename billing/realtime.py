@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from django.db import transaction
 
-from jobs.realtime import _send, tenant_group
+from jobs.realtime import send_to_group, tenant_group
 
 
 def publish_budget_alert(*, budget, threshold: int, kind: str, spend: Decimal) -> None:
@@ -20,4 +20,4 @@ def publish_budget_alert(*, budget, threshold: int, kind: str, spend: Decimal) -
         "amount": str(budget.amount),
     }
     tenant_id = budget.tenant_id
-    transaction.on_commit(lambda: _send(tenant_group(tenant_id), message))
+    transaction.on_commit(lambda: send_to_group(tenant_group(tenant_id), message))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
 from celery import shared_task
 
-from billing import services
+from billing import invoicing, services
 from console.services import ServiceError
 
 log = logging.getLogger(__name__)
@@ -36,3 +37,9 @@ def budget_webhook_task(self, budget_id: int, payload: dict) -> None:
         services.budget_webhook_send(budget=budget, payload=payload)
     except ServiceError as error:  # refused now (e.g. its name resolves privately): no retry
         log.warning("budget %s webhook not sent: %s", budget_id, error.message)
+
+
+@shared_task(acks_late=True)
+def invoices_draft_monthly_task() -> None:
+    """On the 1st: last month's drafts (safe to run twice: one draft per tenant)."""
+    invoicing.invoices_draft_monthly(now=datetime.now(UTC))

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from billing import views
+from billing import invoice_views, views
 
 app_name = "billing"
 
@@ -14,5 +14,38 @@ urlpatterns = [
         "budgets/<int:budget_id>/rotate-webhook-secret/",
         views.budget_rotate_webhook_secret,
         name="budget_rotate_webhook_secret",
+    ),
+    path("invoices/", invoice_views.invoices, name="invoices"),
+    path("invoices/<int:invoice_id>/", invoice_views.invoice_detail, name="invoice_detail"),
+    path(
+        "invoices/<int:invoice_id>/lines.csv",
+        invoice_views.invoice_lines_csv,
+        name="invoice_lines_csv",
+    ),
+    path("staff/invoices/", invoice_views.staff_invoices, name="staff_invoices"),
+    path(
+        "staff/invoices/mismatches/",
+        invoice_views.staff_invoice_mismatches,
+        name="staff_invoice_mismatches",
+    ),
+    path(
+        "staff/invoices/<int:invoice_id>/",
+        invoice_views.staff_invoice_detail,
+        name="staff_invoice_detail",
+    ),
+    path(
+        "staff/invoices/<int:invoice_id>/adjustment/",
+        invoice_views.staff_invoice_adjustment,
+        name="staff_invoice_adjustment",
+    ),
+    path(
+        "staff/invoices/<int:invoice_id>/credit-note/",
+        invoice_views.staff_invoice_credit_note,
+        name="staff_invoice_credit_note",
+    ),
+    path(
+        "staff/invoices/<int:invoice_id>/<str:action>/",
+        invoice_views.staff_invoice_action,
+        name="staff_invoice_action",
     ),
 ]

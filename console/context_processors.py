@@ -14,7 +14,7 @@ NAVIGATION = [
     ("Catalog", "marketplace:offers", None),  # shared catalog: any signed-in user
     ("Costs", "billing:costs", Capability.VIEW_TENANT),
     ("Budgets", "billing:budgets", Capability.VIEW_TENANT),
-    ("Invoices", "billing:invoices", Capability.VIEW_BILLING),
+    ("Invoices", "billing:invoices", Capability.VIEW_INVOICES),
 ]
 
 
@@ -43,9 +43,16 @@ def console(request) -> dict:
     from console.selectors import memberships_of_user
 
     membership = getattr(request, "membership", None)
+    tenant = getattr(request, "tenant", None)
     return {
         "nav_items": _nav_items(request),
-        "current_tenant": getattr(request, "tenant", None),
+        "current_tenant": tenant,
+        # Its members see a banner on every page while staff suspend it.
+        "tenant_suspension": (
+            {"since": tenant.suspended_at, "reason": tenant.suspension_reason}
+            if tenant is not None and tenant.suspended_at is not None
+            else None
+        ),
         "current_membership": membership,
         "my_memberships": memberships_of_user(user=request.user),
         "can": {cap.value: has_capability(membership, cap) for cap in Capability},

@@ -123,3 +123,11 @@ class ApiTokenForm(forms.Form):
 
 class TenantForm(forms.Form):
     name = forms.CharField(label="Organisation name", max_length=120)
+
+
+class TenantSuspendForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason (shown to its members)",
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 3}),
+    )

@@ -68,6 +68,11 @@ class Tenant(models.Model):
     # Staff allow this organisation to run jobs on the console's own machine (the local
     # backend's pools), which is not a security boundary. Off unless staff turn it on.
     may_run_on_host = models.BooleanField(default=False)
+    # Staff suspended it (console.tenant_admin): its members still see their data, but
+    # launches and resumes are refused and its running jobs were paused. Unlike
+    # `is_active`, which hides the organisation from its members entirely.
+    suspended_at = models.DateTimeField(null=True, blank=True)
+    suspension_reason = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -75,6 +80,10 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_suspended(self) -> bool:
+        return self.suspended_at is not None
 
 
 class Membership(TenantOwnedModel):

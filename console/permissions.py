@@ -35,6 +35,7 @@ class Capability(enum.StrEnum):
     USE_API_TOKENS = "use_api_tokens"  # create and revoke one's own tokens
     VIEW_AUDIT = "view_audit"
     VIEW_BILLING = "view_billing"
+    VIEW_INVOICES = "view_invoices"  # the organisation's invoices and credit notes
     MANAGE_BUDGETS = "manage_budgets"
     MANAGE_PRIVATE_IMAGES = "manage_private_images"
     MANAGE_SECRETS = "manage_secrets"
@@ -46,7 +47,9 @@ ROLE_CAPABILITIES: dict[str, frozenset[Capability]] = {
     Role.ADMIN: frozenset(Capability),
     Role.MEMBER: frozenset(_EVERYONE | {Capability.LAUNCH_JOBS, Capability.VIEW_BILLING}),
     Role.VIEWER: frozenset(_EVERYONE),
-    Role.FINANCE: frozenset(_EVERYONE | {Capability.VIEW_BILLING, Capability.MANAGE_BUDGETS}),
+    Role.FINANCE: frozenset(
+        _EVERYONE | {Capability.VIEW_BILLING, Capability.MANAGE_BUDGETS, Capability.VIEW_INVOICES}
+    ),
 }
 
 # Roles an admin may hand out; only an owner may create or change owners.

@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from console.env import (
@@ -238,6 +239,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    # Several models have a `status` with its own choices: name each enum after its model.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "jobs.models.JobStatus",
+        "InvoiceStatusEnum": "billing.models.invoices.InvoiceStatus",
+    },
 }
 
 # --- Channels ----
@@ -366,6 +372,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "capacity-sync": {
         "task": "jobs.tasks.capacity_sync_task",
         "schedule": float(CAPACITY_SYNC_INTERVAL),
+    },
+    # Last month's draft invoices, early on the 1st (idempotent: safe to run again).
+    "invoices-draft-monthly": {
+        "task": "billing.tasks.invoices_draft_monthly_task",
+        "schedule": crontab(minute=15, hour=0, day_of_month=1),
     },
 }
 

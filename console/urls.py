@@ -58,6 +58,16 @@ urlpatterns = [
     path(
         "staff/tenants/<slug:tenant_slug>/", views.staff_tenant_detail, name="staff_tenant_detail"
     ),
+    path(
+        "staff/tenants/<slug:tenant_slug>/suspend/",
+        views.staff_tenant_suspend,
+        name="staff_tenant_suspend",
+    ),
+    path(
+        "staff/tenants/<slug:tenant_slug>/reactivate/",
+        views.staff_tenant_reactivate,
+        name="staff_tenant_reactivate",
+    ),
     path("marketplace/", include("marketplace.urls")),
     path("api/v1/", include("marketplace.api.urls")),
     path("api/v1/", include("jobs.api.urls")),

@@ -13,7 +13,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from console import selectors, services
+from console import selectors, services, tenant_admin
+from console.confirm import confirm_then_act
 from console.dashboard import dashboard_sections_context
 from console.forms import (
     ApiTokenForm,
@@ -21,6 +22,7 @@ from console.forms import (
     InvitationSignupForm,
     RoleForm,
     TenantForm,
+    TenantSuspendForm,
 )
 from console.models import Invitation, Membership, Tenant
 from console.permissions import Capability, capability_required, has_capability, staff_required
@@ -446,4 +448,53 @@ def staff_tenant_detail(request: HttpRequest, tenant_slug: str) -> HttpResponse:
             "members": selectors.members_for_tenant(tenant=tenant),
             "events": selectors.audit_events_for_tenant(tenant=tenant)[:20],
         },
+    )
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_tenant_suspend(request: HttpRequest, tenant_slug: str) -> HttpResponse:
+    """Suspending asks for a reason, so it is this small form rather than a bare confirm."""
+    tenant = Tenant.objects.filter(slug=tenant_slug).first()
+    if tenant is None:
+        raise Http404("Not found.")
+    form = TenantSuspendForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            tenant_admin.tenant_suspend(
+                tenant=tenant,
+                reason=form.cleaned_data["reason"],
+                user=request.user,
+                request=request,
+            )
+        except services.ServiceError as error:
+            _service_error_to_form(form, error)
+        else:
+            messages.success(request, f"{tenant.name} is suspended; its running jobs are pausing.")
+            target = reverse("staff_tenant_detail", args=[tenant.slug])
+            return HttpResponseClientRedirect(target) if request.htmx else redirect(target)
+    return render(request, "console/staff_tenant_suspend.html", {"tenant": tenant, "form": form})
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_tenant_reactivate(request: HttpRequest, tenant_slug: str) -> HttpResponse:
+    tenant = Tenant.objects.filter(slug=tenant_slug).first()
+    if tenant is None:
+        raise Http404("Not found.")
+    detail_url = reverse("staff_tenant_detail", args=[tenant.slug])
+    return confirm_then_act(
+        request,
+        title=f"Reactivate {tenant.name}?",
+        message=(
+            "Its members may launch again. Jobs the suspension paused stay paused until "
+            "their users resume them."
+        ),
+        confirm_label="Reactivate",
+        act=lambda: tenant_admin.tenant_reactivate(
+            tenant=tenant, user=request.user, request=request
+        ),
+        success_url=detail_url,
+        success_message=f"{tenant.name} is active again.",
+        cancel_url=detail_url,
     )

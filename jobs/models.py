@@ -56,6 +56,7 @@ class WaitKind(models.TextChoices):
     QUOTA_QUEUE = "quota_queue", "Behind the organisation's earlier jobs (quota)"
     BACKEND = "backend", "Waiting on the backend (scheduling, Kueue admission)"
     RETRY = "retry", "Retrying a backend call"
+    SUSPENDED = "suspended", "The organisation is suspended"
 
 
 # Waits caused by the tenant's own quota: such a job holds back only its own tenant's

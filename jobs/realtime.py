@@ -18,13 +18,13 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import NotRequired, TypedDict
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+
+from console.realtime import relay_envelope, send_to_group  # the one envelope and sender
 
 log = logging.getLogger(__name__)
 
@@ -118,34 +118,11 @@ def now_iso() -> str:
 # --- publishing -----------------------------------------------------------------------------
 
 
-def _envelope(group: str, message: dict) -> dict:
-    return {"type": "relay", "group": group, "payload": message}
-
-
-def _send(group: str, message: dict) -> None:
-    try:
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        send = async_to_sync(layer.group_send)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            send(group, _envelope(group, message))
-        else:
-            # Sync code running inside an event loop's thread (a browser-driving test, a
-            # sync view under ASGI without a thread): send from a helper thread.
-            with ThreadPoolExecutor(1) as helper:
-                helper.submit(send, group, _envelope(group, message)).result(timeout=10)
-    except Exception:
-        log.warning("realtime publish to %s failed", group, exc_info=True)
-
-
 async def _asend(group: str, message: dict) -> None:
     try:
         layer = get_channel_layer()
         if layer is not None:
-            await layer.group_send(group, _envelope(group, message))
+            await layer.group_send(group, relay_envelope(group, message))
     except Exception:
         log.warning("realtime publish to %s failed", group, exc_info=True)
 
@@ -163,8 +140,8 @@ def publish_job_status(job) -> None:
     tenant_id = job.tenant_id
 
     def send() -> None:
-        _send(job_group(job.pk), dict(message))
-        _send(tenant_group(tenant_id), dict(message))
+        send_to_group(job_group(job.pk), dict(message))
+        send_to_group(tenant_group(tenant_id), dict(message))
 
     transaction.on_commit(send)
 
@@ -195,9 +172,9 @@ def publish_job_metrics(
     )
 
     def send() -> None:
-        _send(job_group(job_id), dict(message))
+        send_to_group(job_group(job_id), dict(message))
         if samples:
-            _send(tenant_group(tenant_id), dict(summary))
+            send_to_group(tenant_group(tenant_id), dict(summary))
 
     transaction.on_commit(send)
 
@@ -214,8 +191,8 @@ def publish_job_alert(job, *, kind: str, severity: str, message: str, at: dateti
     tenant_id = job.tenant_id
 
     def send() -> None:
-        _send(job_group(job.pk), dict(payload))
-        _send(tenant_group(tenant_id), dict(payload))
+        send_to_group(job_group(job.pk), dict(payload))
+        send_to_group(tenant_group(tenant_id), dict(payload))
 
     transaction.on_commit(send)
 
@@ -229,7 +206,7 @@ def publish_tenant_alert(
     )
     if job_id is not None:
         payload["job_id"] = job_id
-    transaction.on_commit(lambda: _send(tenant_group(tenant_id), dict(payload)))
+    transaction.on_commit(lambda: send_to_group(tenant_group(tenant_id), dict(payload)))
 
 
 # --- receiving: one hub per process -------------------------------------------------------

@@ -1,10 +1,11 @@
 from django.urls import path
 
-from billing.api import views
+from billing.api import invoices, views
 from console.api.routers import OptionalSlashRouter
 
 router = OptionalSlashRouter()
 router.register("budgets", views.BudgetViewSet, basename="api-budget")
+router.register("invoices", invoices.InvoiceViewSet, basename="api-invoice")
 
 urlpatterns = [
     path("usage", views.UsageView.as_view(), name="api-usage"),

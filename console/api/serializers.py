@@ -41,8 +41,27 @@ class StaffTenantSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Tenant
-        fields = ["slug", "name", "is_active", "may_run_on_host", "created_at"]
-        read_only_fields = ["slug", "name", "is_active", "created_at"]
+        fields = [
+            "slug",
+            "name",
+            "is_active",
+            "may_run_on_host",
+            "suspended_at",
+            "suspension_reason",
+            "created_at",
+        ]
+        read_only_fields = [
+            "slug",
+            "name",
+            "is_active",
+            "suspended_at",
+            "suspension_reason",
+            "created_at",
+        ]
+
+
+class StaffTenantSuspendSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500)
 
 
 class MeSerializer(serializers.Serializer):

@@ -6,12 +6,13 @@ from django.contrib.auth import authenticate
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
+from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import GenericViewSet
 
-from console import selectors, services
+from console import selectors, services, tenant_admin
 from console.api import serializers as s
 from console.api.base import TenantScopedViewSet
 from console.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
@@ -208,7 +209,8 @@ class AuditEventViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 class StaffTenantViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, GenericViewSet
 ):
-    """Every organisation, for platform staff: whether it may run jobs on this host."""
+    """Every organisation, for platform staff: whether it may run jobs on this host;
+    suspending and reactivating it."""
 
     queryset = Tenant.objects.order_by("name")
     serializer_class = s.StaffTenantSerializer
@@ -226,3 +228,24 @@ class StaffTenantViewSet(
                 request=self.request._request,
             )
         serializer.instance = tenant
+
+    @extend_schema(request=s.StaffTenantSuspendSerializer, responses=s.StaffTenantSerializer)
+    @action(detail=True, methods=["post"])
+    def suspend(self, request, slug=None):
+        data = s.StaffTenantSuspendSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = tenant_admin.tenant_suspend(
+            tenant=self.get_object(),
+            reason=data.validated_data["reason"],
+            user=request.user,
+            request=request._request,
+        )
+        return Response(s.StaffTenantSerializer(tenant).data)
+
+    @extend_schema(request=None, responses=s.StaffTenantSerializer)
+    @action(detail=True, methods=["post"])
+    def reactivate(self, request, slug=None):
+        tenant = tenant_admin.tenant_reactivate(
+            tenant=self.get_object(), user=request.user, request=request._request
+        )
+        return Response(s.StaffTenantSerializer(tenant).data)

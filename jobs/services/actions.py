@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from console.models import User
+from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
 from console.services import ServiceError, audit_record
+from console.tenant_admin import tenant_suspension_check
 from jobs.actors import Actor, ActorKind
 from jobs.extensions import job_deleting
 from jobs.models import FINISHED, Job, JobStatus
@@ -20,6 +21,8 @@ from jobs.services.admission import (
 from jobs.state import job_transition
 
 S = JobStatus
+
+SUSPENSION = Actor(ActorKind.SUSPENSION, "suspension")
 
 
 class ActionRefused(ServiceError):
@@ -62,6 +65,7 @@ def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Jo
         return job
     if job.status != S.PAUSED:
         raise ActionRefused(f"Only a paused job can be resumed; this one is {job.status}.")
+    tenant_suspension_check(tenant_id=job.tenant_id)
     with transaction.atomic():
         # A paused job released its compute: it must fit again, like a new admission.
         pools, quotas = locked_admission_state(tenant_id=job.tenant_id)
@@ -76,6 +80,32 @@ def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Jo
         )
         enqueue_on_commit("jobs.tasks.job_resume_task", job.pk)
     return job
+
+
+def jobs_pause_for_suspension(*, tenant: Tenant, reason: str) -> list[Job]:
+    """Pause the organisation's running (and provisioning) jobs because staff suspended
+    it; returns those this call paused. Queued jobs wait (admission skips a suspended
+    organisation); jobs already starting are paused when the suspension is repeated."""
+    paused = []
+    for job in Job.objects.for_tenant(tenant).filter(status__in=[S.RUNNING, S.PROVISIONING]):
+        try:
+            if not job_pause_once(
+                job=job, actor=SUSPENSION, reason=f"organisation suspended: {reason}"
+            ):
+                continue  # paused already
+        except ServiceError:
+            continue  # it finished or changed meanwhile
+        paused.append(job)
+        audit_record(
+            action="job.paused_by_suspension",
+            tenant=tenant,
+            actor_label=SUSPENSION.label,
+            target=job,
+            metadata={"reason": reason},
+        )
+    # Its queued jobs now wait for the suspension to end (and show why).
+    jobs_admit()
+    return paused
 
 
 def job_cancel(*, job: Job, actor: Actor, reason: str = "cancelled by user") -> Job:

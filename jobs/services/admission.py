@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 
 from console.queueing import enqueue_on_commit
+from console.tenant_admin import suspended_tenant_ids, tenant_is_suspended
 from jobs.actors import SYSTEM
 from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
 from jobs.selectors import queued_ahead_of, queued_behind, queued_in_order, queued_in_pools
@@ -76,6 +77,9 @@ BEHIND_IN_POOL = Wait(WaitKind.POOL_QUEUE, "waiting behind earlier jobs for the 
 BEHIND_OWN_QUOTA = Wait(
     WaitKind.QUOTA_QUEUE, "waiting behind your organisation's earlier jobs (quota)"
 )
+SUSPENDED = Wait(WaitKind.SUSPENDED, "your organisation is suspended")
+# Waits that hold back only the job's own organisation, never another's jobs.
+OWN_TENANT_WAITS = QUOTA_WAITS | {WaitKind.SUSPENDED}
 
 
 def _free(pool: NodePool, used_gpus: int, used_vcpus: int) -> int:
@@ -175,7 +179,10 @@ def job_admit_submitted(*, job: Job) -> bool:
         quotas: dict[int, list[TenantQuota]] = defaultdict(list)
         for quota in TenantQuota.objects.for_tenant(job.tenant).select_for_update().order_by("pk"):
             quotas[quota.tenant_id].append(quota)
-        mine, quota_wait = Q(tenant_id=job.tenant_id), Q(wait_kind__in=QUOTA_WAITS)
+        if tenant_is_suspended(tenant_id=job.tenant_id):  # suspended since its launch check
+            _wait(job, SUSPENDED)
+            return False
+        mine, quota_wait = Q(tenant_id=job.tenant_id), Q(wait_kind__in=OWN_TENANT_WAITS)
         ahead = queued_ahead_of(job).aggregate(
             others_capacity=Count("pk", filter=~mine & ~quota_wait),
             own_capacity=Count("pk", filter=mine & ~quota_wait),
@@ -217,10 +224,14 @@ def jobs_admit() -> list[Job]:
     blocked_pools: set[int] = set()
     # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
     blocked_by_quota: set[tuple[int, int]] = set()
+    suspended = suspended_tenant_ids()
     admitted = []
     for job in queued_in_order().select_for_update():
         job_pools = {pid for pid in (job.pool_id, job.spot_pool_id) if pid}
         wait: Wait | None
+        if job.tenant_id in suspended:
+            _wait(job, SUSPENDED)  # holds back no one: its organisation's jobs all wait
+            continue
         if job_pools & blocked_pools:
             wait = BEHIND_IN_POOL
         elif {(job.tenant_id, pid) for pid in job_pools} & blocked_by_quota:

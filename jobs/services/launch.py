@@ -11,6 +11,7 @@ from console.crypto import encrypt_json
 from console.models import Membership, Tenant, User
 from console.permissions import Capability, has_capability
 from console.services import ServiceError, audit_record
+from console.tenant_admin import TenantSuspended
 from jobs.actors import SYSTEM, Actor
 from jobs.extensions import launch_check
 from jobs.models import Job, JobStatus, Priority, WaitKind
@@ -95,6 +96,16 @@ def job_submit(
         return existing
     job.refresh_from_db()
     return job
+
+
+class SuspensionLaunchPolicy:
+    """jobs.extensions.LaunchPolicy: a suspended organisation launches nothing (403)."""
+
+    def check_launch(self, *, tenant: Tenant, spec: JobSpec) -> None:
+        # The tenant as this request loaded it: admission re-reads it under its locks, so
+        # a suspension that lands meanwhile still holds the job back.
+        if tenant.suspended_at is not None:
+            raise TenantSuspended(tenant.suspension_reason)
 
 
 def _check_priority_allowed(*, tenant: Tenant, user: User | None, priority: str) -> None:

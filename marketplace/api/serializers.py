@@ -14,6 +14,7 @@ from marketplace.models import (
     RegistryCredential,
     Tier,
 )
+from marketplace.services.catalog import NODE_POOL_EDITABLE_FIELDS
 
 
 class GpuTypeSerializer(serializers.ModelSerializer):
@@ -184,9 +185,7 @@ class NodePoolSerializer(serializers.ModelSerializer):
             "last_synced_at",
             "is_active",
         ]
-        read_only_fields = [
-            f for f in fields if f not in ("name", "tier", "node_selector", "is_active")
-        ]
+        read_only_fields = [f for f in fields if f not in NODE_POOL_EDITABLE_FIELDS]
 
 
 class PriceEntryInSerializer(serializers.Serializer):

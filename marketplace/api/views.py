@@ -204,15 +204,12 @@ class StaffNodePoolViewSet(mixins.UpdateModelMixin, viewsets.GenericViewSet):
     permission_classes = [IsPlatformStaff]
 
     def perform_update(self, serializer):
-        from console.services import audit_record
-
-        pool = serializer.save()
-        audit_record(
-            action="node_pool.changed",
-            actor=self.request.user,
-            target=pool,
+        # The serializer's writable fields are exactly the service's editable ones.
+        services.node_pool_update(
+            pool=serializer.instance,
+            changes=dict(serializer.validated_data),
+            user=self.request.user,
             request=self.request._request,
-            metadata={"fields": sorted(serializer.validated_data)},
         )
 
 

@@ -8,6 +8,8 @@ which foreign object fills it, so no route escapes the walk.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
@@ -125,6 +127,20 @@ def foreign(other_world, world):
     foreign_budget = budget_create(
         tenant=other_world.tenant, user=other_world.owner, name="globex-secret-budget", amount="100"
     )
+    from billing.invoicing import invoice_adjustment_add, invoice_draft_create
+
+    foreign_invoice = invoice_draft_create(
+        tenant=other_world.tenant,
+        period_start=datetime(2026, 11, 1, tzinfo=UTC),
+        period_end=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    invoice_adjustment_add(
+        invoice=foreign_invoice,
+        description="globex-secret-invoice-line",
+        amount=Decimal(1),
+        reason="setup",
+        user=None,
+    )
     from marketplace.services import registry_credential_set
 
     foreign_registry_login = registry_credential_set(
@@ -146,6 +162,7 @@ def foreign(other_world, world):
         "api-staff-pool": pool.pk,
         "api-job": foreign_job.pk,
         "api-budget": foreign_budget.pk,
+        "api-invoice": foreign_invoice.pk,
         "api-price-version": version.pk,
         "api-secret": foreign_secret.pk,
     }
@@ -160,6 +177,7 @@ def foreign(other_world, world):
             "secret_id": foreign_secret.pk,
             "template_id": foreign_template.pk,
             "budget_id": foreign_budget.pk,
+            "invoice_id": foreign_invoice.pk,
             "action": "pause",
             "image_id": private_image.pk,  # also staff_image_retire: staff-only, 404
             "credential_id": foreign_registry_login.pk,
@@ -182,6 +200,7 @@ def foreign(other_world, world):
             "GLOBEX_SECRET_NAME",
             "globex-secret-template",
             "globex-secret-budget",
+            "globex-secret-invoice-line",
             "globex-secret-value",
             "globex-secret-robot",
             "globex-registry-password",

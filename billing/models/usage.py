@@ -120,6 +120,20 @@ class UsageRecord(TenantOwnedModel):
     # Why a record is priced at zero (e.g. a gap in the price book); never dropped.
     note = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # The invoice that billed this record (set once, when that invoice is finalized): the
+    # claim that bills each record at most once. A nullable column without a default is
+    # free to add and to insert (the tick never names it). Its index is partial (claimed
+    # rows only), so the tick's inserts, all unclaimed, never touch it; the invoice's
+    # lines and the staff report read claimed rows through it, and finalizing finds the
+    # unclaimed rows through (tenant, interval_start).
+    invoice = models.ForeignKey(
+        "billing.Invoice",
+        null=True,
+        blank=True,
+        on_delete=models.RESTRICT,
+        related_name="usage_records",
+        db_index=False,
+    )
 
     class Meta:
         ordering = ["interval_start", "pk"]
@@ -135,6 +149,11 @@ class UsageRecord(TenantOwnedModel):
             # priced records never touch it.
             models.Index(
                 fields=["interval_start"], condition=~models.Q(note=""), name="usage_record_noted"
+            ),
+            models.Index(
+                fields=["invoice"],
+                condition=models.Q(invoice__isnull=False),
+                name="usage_record_claimed",
             ),
         ]
 

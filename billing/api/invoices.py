@@ -1,0 +1,186 @@
+"""Invoices API: tenants read their own (owner, admin, finance); platform staff read every
+tenant's and drive the lifecycle. Another tenant's invoice is a 404."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, time
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from billing import credit_notes, invoicing
+from billing.invoice_selectors import invoices_visible
+from billing.models import CreditNote, Invoice, InvoiceLine
+from console.models import Tenant
+from console.permissions import Capability, has_capability
+
+MONEY = {"max_digits": 24, "decimal_places": 9, "coerce_to_string": True}
+
+
+class CanViewInvoices(BasePermission):
+    """Staff: every invoice, and the lifecycle actions. Others: read their tenant's with
+    the invoices capability; creating is refused (403), an action on an invoice is 404."""
+
+    message = "Your role does not allow this."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
+        if user.is_staff:
+            return True
+        if view.action not in ("list", "retrieve"):
+            if "pk" in view.kwargs:  # a staff action on an invoice: not advertised
+                raise NotFound()
+            return False
+        return has_capability(getattr(request, "membership", None), Capability.VIEW_INVOICES)
+
+
+class InvoiceLineSerializer(serializers.ModelSerializer):
+    amount = serializers.DecimalField(**MONEY)
+
+    class Meta:
+        model = InvoiceLine
+        fields = [
+            "id", "kind", "description", "gpu_type", "tier", "region", "quantity", "unit",
+            "unit_price", "amount", "price_version", "reason",
+        ]  # fmt: skip
+
+
+class CreditNoteSerializer(serializers.ModelSerializer):
+    lines = serializers.SerializerMethodField()
+
+    class Meta:
+        model = CreditNote
+        fields = ["id", "number", "reason", "total", "created_at", "lines"]
+
+    def get_lines(self, note: CreditNote) -> list[dict]:
+        return [
+            {"description": ln.description, "amount": str(ln.amount)} for ln in note.lines.all()
+        ]
+
+
+class InvoiceSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    subtotal = serializers.DecimalField(**MONEY)
+    discount = serializers.DecimalField(**MONEY)
+    tax = serializers.DecimalField(**MONEY)
+    rounding = serializers.DecimalField(**MONEY)
+
+    class Meta:
+        model = Invoice
+        fields = [
+            "id", "number", "tenant", "status", "period_start", "period_end", "currency",
+            "subtotal", "discount", "discount_percent", "tax", "tax_label", "tax_rate_percent",
+            "rounding", "total", "credits_applied", "amount_credited", "amount_due", "due_at",
+            "finalized_at", "paid_at", "voided_at", "created_at",
+        ]  # fmt: skip
+
+
+class InvoiceDetailSerializer(InvoiceSerializer):
+    lines = InvoiceLineSerializer(many=True, read_only=True)
+    credit_notes = CreditNoteSerializer(many=True, read_only=True)
+
+    class Meta(InvoiceSerializer.Meta):
+        fields = [*InvoiceSerializer.Meta.fields, "lines", "credit_notes"]
+
+
+class InvoiceCreateSerializer(serializers.Serializer):
+    tenant = serializers.SlugField()
+    period_start = serializers.DateField()
+    period_end = serializers.DateField(help_text="Exclusive")
+
+
+class CreditLineSerializer(serializers.Serializer):
+    description = serializers.CharField(max_length=300, required=False, allow_blank=True)
+    amount = serializers.DecimalField(max_digits=18, decimal_places=2)
+
+
+class CreditNoteCreateSerializer(serializers.Serializer):
+    reason = serializers.CharField(allow_blank=True, required=False, default="")
+    amount = serializers.DecimalField(max_digits=18, decimal_places=2, required=False)
+    lines = CreditLineSerializer(many=True, required=False)
+
+
+def _midnight(day) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    permission_classes = [CanViewInvoices]
+    lookup_value_regex = r"\d+"
+
+    def get_queryset(self):
+        return invoices_visible(
+            tenant=getattr(self.request, "tenant", None),
+            staff=self.request.user.is_staff,
+            tenant_slug=self.request.query_params.get("tenant", ""),
+        ).prefetch_related("lines", "credit_notes__lines")
+
+    def get_serializer_class(self):
+        return InvoiceSerializer if self.action == "list" else InvoiceDetailSerializer
+
+    def _detail(self, invoice: Invoice, code: int = status.HTTP_200_OK) -> Response:
+        invoice = self.get_queryset().get(pk=invoice.pk)
+        return Response(InvoiceDetailSerializer(invoice).data, status=code)
+
+    @extend_schema(parameters=[OpenApiParameter("tenant", str, description="Staff: one tenant")])
+    def list(self, request: Request, *args, **kwargs) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(request=InvoiceCreateSerializer, responses={201: InvoiceDetailSerializer})
+    def create(self, request: Request) -> Response:
+        body = InvoiceCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        tenant = get_object_or_404(Tenant, slug=body.validated_data["tenant"])
+        invoice = invoicing.invoice_draft_create(
+            tenant=tenant,
+            period_start=_midnight(body.validated_data["period_start"]),
+            period_end=_midnight(body.validated_data["period_end"]),
+            user=request.user,
+        )
+        return self._detail(invoice, status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=InvoiceDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def finalize(self, request: Request, pk=None) -> Response:
+        return self._detail(
+            invoicing.invoice_finalize(invoice=self.get_object(), user=request.user)
+        )
+
+    @extend_schema(request=None, responses=InvoiceDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def void(self, request: Request, pk=None) -> Response:
+        return self._detail(invoicing.invoice_void(invoice=self.get_object(), user=request.user))
+
+    @extend_schema(request=None, responses=InvoiceDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def mark_uncollectible(self, request: Request, pk=None) -> Response:
+        invoice = invoicing.invoice_mark_uncollectible(invoice=self.get_object(), user=request.user)
+        return self._detail(invoice)
+
+    @extend_schema(request=CreditNoteCreateSerializer, responses={201: InvoiceDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def credit_notes(self, request: Request, pk=None) -> Response:
+        invoice = self.get_object()
+        body = CreditNoteCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        lines = [
+            credit_notes.CreditLine(description=ln.get("description", ""), amount=ln["amount"])
+            for ln in data.get("lines", [])
+        ]
+        credit_notes.credit_note_create(
+            invoice=invoice,
+            reason=data["reason"],
+            amount=data.get("amount"),
+            lines=lines or None,
+            user=request.user,
+        )
+        return self._detail(invoice, status.HTTP_201_CREATED)

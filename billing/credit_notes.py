@@ -1,0 +1,111 @@
+"""Credit notes: the only correction of a finalized invoice (which is never edited).
+
+A credit note has its own gap-free yearly number (`GGCN-YYYY-NNNNNN`), a mandatory
+reason, and lines; its total is at most what is left to credit on the invoice. It first
+reduces the invoice's amount due; what exceeds it (the invoice is paid, or credit
+already covered it) becomes tenant credit, which the next invoices use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.invoicing import billing_profile_for, number_take
+from billing.models import (
+    CENTS,
+    CreditNote,
+    CreditNoteLine,
+    Invoice,
+    InvoiceStatus,
+    NumberKind,
+)
+from console.models import User
+from console.services import ServiceError, audit_record
+
+ZERO = Decimal(0)
+CREDITABLE = (InvoiceStatus.OPEN, InvoiceStatus.PAID, InvoiceStatus.UNCOLLECTIBLE)
+
+
+@dataclass(frozen=True)
+class CreditLine:
+    description: str
+    amount: Decimal
+
+
+def _cents(amount: object, field: str) -> Decimal:
+    if not isinstance(amount, Decimal) or not amount.is_finite() or amount <= ZERO:
+        raise ServiceError("A credit is a positive amount.", field=field)
+    if amount != amount.quantize(CENTS):
+        raise ServiceError("A credit is in whole cents.", field=field)
+    return amount.quantize(CENTS)
+
+
+def credit_note_create(
+    *,
+    invoice: Invoice,
+    reason: str,
+    user: User | None,
+    amount: Decimal | None = None,
+    lines: list[CreditLine] | None = None,
+) -> CreditNote:
+    """Credit `amount` (one line) or `lines` against a finalized invoice."""
+    if not (reason or "").strip():
+        raise ServiceError("A credit note needs a reason.", field="reason")
+    if (amount is None) == (not lines):
+        raise ServiceError("Give either an amount or lines.", field="amount")
+    credit_lines = lines or [CreditLine(description=reason.strip(), amount=amount)]  # type: ignore[arg-type]
+    parsed = [
+        CreditLine(
+            description=(line.description or reason).strip()[:300],
+            amount=_cents(line.amount, "amount" if amount is not None else "lines"),
+        )
+        for line in credit_lines
+    ]
+    total = sum((line.amount for line in parsed), ZERO)
+    with transaction.atomic():
+        profile = billing_profile_for(tenant=invoice.tenant, lock=True)
+        locked = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        if locked.status not in CREDITABLE:
+            raise ServiceError(
+                f"A {locked.get_status_display().lower()} invoice can't be credited.",
+                code="conflict",
+            )
+        if total > locked.left_to_credit:
+            raise ServiceError(
+                f"Only {locked.left_to_credit} {locked.currency} is left to credit on "
+                f"{locked.number}.",
+                field="amount",
+            )
+        reduced = ZERO if locked.status == InvoiceStatus.PAID else min(total, locked.amount_due)
+        to_balance = total - reduced
+        note = CreditNote.objects.create(
+            invoice=locked,
+            number=number_take(kind=NumberKind.CREDIT_NOTE, year=timezone.now().year),
+            reason=reason.strip(),
+            total=total,
+            reduced_amount_due=reduced,
+            credited_to_balance=to_balance,
+            created_by=user,
+        )
+        CreditNoteLine.objects.bulk_create(
+            CreditNoteLine(credit_note=note, description=line.description, amount=line.amount)
+            for line in parsed
+        )
+        locked.amount_credited += total
+        locked.amount_due -= reduced
+        locked.save(update_fields=["amount_credited", "amount_due"])
+        if to_balance:
+            profile.credit_balance += to_balance
+            profile.save(update_fields=["credit_balance"])
+        audit_record(
+            action="invoice.credit_note",
+            tenant=locked.tenant,
+            actor=user,
+            target=locked,
+            metadata={"credit_note": note.number, "total": str(total), "reason": note.reason},
+        )
+    return note

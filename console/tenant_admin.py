@@ -1,0 +1,112 @@
+"""Platform staff administering an organisation: suspend and reactivate it.
+
+A suspension refuses the organisation's launches and resumes and pauses its running
+jobs. Console doesn't know jobs: it sends `tenant_suspended` / `tenant_reactivated`
+inside the transaction that changed the tenant, and jobs (which connects to them in
+`JobsConfig.ready()`) pauses or re-admits through its own state machine. Sent inside
+the transaction, so a suspension whose pauses fail is not recorded half-done; the backend
+calls themselves are queued after commit by jobs.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.dispatch import Signal
+from django.http import HttpRequest
+from django.utils import timezone
+
+from console.models import Tenant, User
+from console.services import ServiceError, audit_record
+
+# Sent with `tenant` and `reason`, inside the suspending transaction (jobs pauses the
+# tenant's running jobs). Sent again when staff repeat a suspension, so a job that was
+# starting at the first one is paused too.
+tenant_suspended = Signal()
+# Sent with `tenant`, inside the reactivating transaction (jobs re-admits its queue).
+tenant_reactivated = Signal()
+
+
+class TenantSuspended(ServiceError):
+    """A launch or resume refused because the organisation is suspended (API 403)."""
+
+    def __init__(self, reason: str):
+        super().__init__(
+            f"Your organisation is suspended: {reason}. Contact support.", code="forbidden"
+        )
+
+
+def _require_staff(user: User) -> None:
+    if not user.is_staff:
+        raise ServiceError("Only platform staff can change this.", code="forbidden")
+
+
+def tenant_suspension_check(*, tenant_id: int) -> None:
+    """Raise TenantSuspended when the organisation is suspended now (read from the
+    database, not from a tenant object loaded earlier in the request)."""
+    row = (
+        Tenant.objects.filter(pk=tenant_id, suspended_at__isnull=False)
+        .values_list("suspension_reason", flat=True)
+        .first()
+    )
+    if row is not None:
+        raise TenantSuspended(row)
+
+
+def tenant_is_suspended(*, tenant_id: int) -> bool:
+    return Tenant.objects.filter(pk=tenant_id, suspended_at__isnull=False).exists()
+
+
+def suspended_tenant_ids() -> set[int]:
+    return set(Tenant.objects.filter(suspended_at__isnull=False).values_list("pk", flat=True))
+
+
+@transaction.atomic
+def tenant_suspend(
+    *, tenant: Tenant, reason: str, user: User, request: HttpRequest | None = None
+) -> Tenant:
+    """Suspend an organisation with a reason shown to its members. Repeating it keeps
+    the first date and reason and writes no second audit record, but asks jobs again to
+    pause what runs (a job that was starting the first time)."""
+    _require_staff(user)
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError("Give the reason for the suspension.", field="reason")
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if tenant.suspended_at is None:
+        tenant.suspended_at = timezone.now()
+        tenant.suspension_reason = reason
+        tenant.save(update_fields=["suspended_at", "suspension_reason"])
+        audit_record(
+            action="tenant.suspended",
+            tenant=tenant,
+            actor=user,
+            target=tenant,
+            request=request,
+            metadata={"reason": reason},
+        )
+    tenant_suspended.send(sender=Tenant, tenant=tenant, reason=tenant.suspension_reason)
+    return tenant
+
+
+@transaction.atomic
+def tenant_reactivate(*, tenant: Tenant, user: User, request: HttpRequest | None = None) -> Tenant:
+    """Lift a suspension. Jobs it paused stay paused: their users resume them (nothing
+    restarts, and starts billing, without someone asking). Repeating it changes nothing."""
+    _require_staff(user)
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if tenant.suspended_at is None:
+        return tenant
+    reason = tenant.suspension_reason
+    tenant.suspended_at = None
+    tenant.suspension_reason = ""
+    tenant.save(update_fields=["suspended_at", "suspension_reason"])
+    audit_record(
+        action="tenant.reactivated",
+        tenant=tenant,
+        actor=user,
+        target=tenant,
+        request=request,
+        metadata={"suspension_reason": reason},
+    )
+    tenant_reactivated.send(sender=Tenant, tenant=tenant)
+    return tenant
