@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from jobs.backends.kubernetes.namespaces import namespaces_forget_all
 from tests.fakes.kube_api import KubeAPIServer
 
 
@@ -14,6 +15,7 @@ def kube_api() -> Iterator[KubeAPIServer]:
     """A started :class:`KubeAPIServer` (auto-ticking controller every 50 ms)."""
     server = KubeAPIServer()
     server.start()
+    namespaces_forget_all()  # a fresh cluster: no namespace of an earlier test exists
     try:
         yield server
     finally:

@@ -89,8 +89,22 @@ def run(coroutine_function):
         finally:
             await close_for_loop()
             await realtime.close_hub()
+            await settle_other_tasks()
 
     return async_to_sync(body)()
+
+
+async def settle_other_tasks(timeout: float = 10) -> None:
+    """Cancel what is still running on this loop (a socket's last fill, a re-check) and
+    wait for it while the test body still runs. asgiref finishes a cancelled database
+    call before the task ends, and a thread-sensitive one runs on this test's main thread,
+    which serves such calls only until the body returns: a task left for the loop's own
+    shutdown would wait for it for ever."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    if others:
+        await asyncio.wait(others, timeout=timeout)
 
 
 async def refused(path: str, **options) -> int:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jobs import services
-from jobs.backends import get_backend
+from jobs.backends import BackendUnavailable, get_backend
 from jobs.backends.kubernetes import manifests
 from jobs.backends.kubernetes.watch import watch_jobs
 from jobs.models import JobStatus
@@ -242,3 +242,43 @@ def test_quota_patch_is_refused_in_a_foreign_namespace(world, cluster):
     with pytest.raises(Exception, match="not made by this console"):
         backend.ensure_namespace(world.tenant.pk)
     assert cluster.list("resourcequotas", namespace) == []
+
+
+# --- the namespace set up once per burst ----
+
+
+def namespace_setup_posts(cluster) -> list[str]:
+    setup = ("/namespaces", "/resourcequotas", "/limitranges", "/networkpolicies")
+    return [
+        r.path for r in cluster.requests if r.method == "POST" and r.path.endswith(setup)
+    ]
+
+
+def test_a_burst_of_launches_sets_the_namespace_up_once_and_again_when_it_changes(
+    world, cluster
+):
+    small = {"gpus_per_node": 1, "cpus": 2}
+    launch(world, gpu_spec(name="first", **small))
+    cluster.requests.clear()
+    launch(world, gpu_spec(name="second", **small))  # within the re-check window
+    assert namespace_setup_posts(cluster) == []
+    # A changed quota changes what the namespace must hold: it is set up again.
+    TenantQuota.objects.create(tenant=world.tenant, max_gpus=64)
+    cluster.requests.clear()
+    launch(world, gpu_spec(name="third", **small))
+    assert any(path.endswith("/resourcequotas") for path in namespace_setup_posts(cluster))
+
+
+def test_a_failed_attempt_forgets_the_namespace_so_the_retry_sets_it_up_again(world, cluster):
+    small = {"gpus_per_node": 1, "cpus": 2}
+    launch(world, gpu_spec(name="first", **small))
+    job = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec(**small))
+    cluster.fail_next("POST", r"/jobs$", status=500)  # the Job create fails once
+    with pytest.raises(BackendUnavailable):  # the dispatch task retries
+        services.job_dispatch(job=job)
+    cluster.requests.clear()
+
+    job = services.job_dispatch(job=job)
+
+    assert job.status == S.PROVISIONING, job.status_reason
+    assert any(path.endswith("/namespaces") for path in namespace_setup_posts(cluster))

@@ -101,7 +101,11 @@ class LifecycleMixin(ApiCalls):
                 labels = kube_job.metadata.labels or {}
                 if labels.get(manifests.ATTEMPT_LABEL) != str(job.attempt):
                     self._delete_job(namespace, kube_job.metadata.name)
-        self._create_attempt(job, resumed=False)
+        try:
+            self._create_attempt(job, resumed=False)
+        except Exception:
+            self.forget_namespace(job.tenant_id)
+            raise
 
     def _delete_jobset(self, namespace: str, name: str) -> None:
         self._delete(
@@ -209,7 +213,11 @@ class LifecycleMixin(ApiCalls):
             log.warning("job %s: resuming without GPUGEEK_RESUMED=1 (%s)", job.pk, error)
             missing = self._patch_tiers(job, {"spec": {"suspend": False}})
         if missing:
-            self._create_attempt(job, resumed=True)
+            try:
+                self._create_attempt(job, resumed=True)
+            except Exception:
+                self.forget_namespace(job.tenant_id)
+                raise
 
     def _resume_under_kueue(self, job: Job, kube_jobs: dict[str, Any]) -> None:
         """Flag the pods as resumed (allowed while suspended), then reactivate the
