@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate, pre_migrate
 
 
 class BillingConfig(AppConfig):
@@ -10,16 +9,8 @@ class BillingConfig(AppConfig):
     verbose_name = "Billing"
 
     def ready(self) -> None:
-        from billing import dbviews, panels, receivers
-        from billing.job_costs import BillingJobCosts
-        from billing.services import BudgetLaunchPolicy
-        from jobs import extensions
+        # Django's one import in ready(): the receivers import models, which can't load
+        # while the app registry is being populated.
+        from billing import receivers
 
-        pre_migrate.connect(dbviews.drop_views, sender=self, dispatch_uid="billing-drop-views")
-        post_migrate.connect(dbviews.create_views, sender=self, dispatch_uid="billing-create-views")
-        extensions.launch_policy_register(BudgetLaunchPolicy())
-        extensions.job_cost_provider_register(BillingJobCosts())
-        panels.register()
-        extensions.job_deleting.connect(
-            receivers.job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"
-        )
+        receivers.connect(self)

@@ -1,12 +1,33 @@
-"""What billing does when the rooms below it announce a change (connected in
-`BillingConfig.ready`)."""
+"""Where billing plugs into the rooms below it: jobs' launch policies, cost provider and
+deletion signal, marketplace's price-book panels, and the database views kept across
+migrations. Connected once, from `BillingConfig.ready()`."""
 
 from __future__ import annotations
 
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate, pre_migrate
+
+from billing import dbviews, panels
+from billing.job_costs import BillingJobCosts
 from billing.metering.tick import release_held_usage
+from billing.services import BudgetLaunchPolicy
+from jobs import extensions
 
 
 def job_deleting_keep_usage(sender, job_ids: list[int], **kwargs) -> None:
     """A deleted job's usage stays in the job rollups: move what its meter holds there
     first (this waits for any metering tick to end, and holds off the next)."""
     release_held_usage(job_ids)
+
+
+def connect(app_config: AppConfig) -> None:
+    pre_migrate.connect(dbviews.drop_views, sender=app_config, dispatch_uid="billing-drop-views")
+    post_migrate.connect(
+        dbviews.create_views, sender=app_config, dispatch_uid="billing-create-views"
+    )
+    extensions.launch_policy_register(BudgetLaunchPolicy())
+    extensions.job_cost_provider_register(BillingJobCosts())
+    panels.register()
+    extensions.job_deleting.connect(
+        job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"
+    )

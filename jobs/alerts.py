@@ -28,6 +28,7 @@ from django.db import transaction
 
 from jobs import realtime
 from jobs.actors import ALERTS
+from jobs.logs.reading import read_lines
 from jobs.models import AlertKind, Job, JobAlert, JobMetricSample, JobMonitor, JobStatus
 from jobs.services import ActionRefused, job_pause
 from jobs.state import job_note
@@ -254,8 +255,6 @@ def alerts_evaluate(*, job: Job, now: datetime) -> list[JobAlert]:
 
 def alerts_scan_logs(*, job: Job, now: datetime) -> JobAlert | None:
     """Read the job's new log lines for loss values; alert on the first explosion."""
-    from jobs.logs.reading import read_lines
-
     monitor, _ = JobMonitor.objects.get_or_create(job=job)
     page = read_lines(job, since_line=monitor.log_scanned_line, limit=LOG_SCAN_LINES)
     if not page["lines"]:

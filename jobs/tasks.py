@@ -9,6 +9,8 @@ from django.conf import settings
 
 from jobs import services
 from jobs.backends import BackendUnavailable, configured_backends, get_backend
+from jobs.logs.archive import logs_archive_finished
+from jobs.metrics import metrics_collect, metrics_downsample
 from jobs.models import Job
 from jobs.services.dispatch import DispatchRetry
 from marketplace.services import capacity_sync
@@ -101,21 +103,15 @@ def jobs_observe_task() -> None:
 @shared_task(acks_late=True)
 def metrics_collect_task() -> None:
     """GPU samples of running jobs (NVML locally, Prometheus/DCGM on Kubernetes), alerts."""
-    from jobs.metrics import metrics_collect
-
     metrics_collect()
 
 
 @shared_task(acks_late=True)
 def metrics_downsample_task() -> None:
-    from jobs.metrics import metrics_downsample
-
     metrics_downsample()
 
 
 @shared_task(acks_late=True)
 def logs_archive_task() -> None:
     """Compress the full log of finished jobs so it outlives their pods."""
-    from jobs.logs.archive import logs_archive_finished
-
     logs_archive_finished()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from console.crypto import decrypt_json
 from jobs import gpu_readings
 from jobs.backends import local_supervisor
 from jobs.backends.base import (
@@ -240,8 +241,6 @@ class LocalBackend(ComputeBackend):
     def _environment(self, job, resumed: bool) -> dict[str, str]:
         """The job's environment, built from scratch: nothing of the console's (its
         database, Redis, secret key, settings module, PYTHONPATH) reaches the job."""
-        from console.crypto import decrypt_json
-
         workdir = self.workdir(job)
         env = {key: os.environ[key] for key in ("LANG", "LC_ALL", "TZ") if key in os.environ}
         # The console's virtualenv first, so `python` is its interpreter (its libraries,

@@ -3405,14 +3405,3 @@ class KubeAPIServer:
 
 
 # --------------------------------------------------------------------------- fixture
-
-
-def __getattr__(name: str):
-    """`kube_api`, the fixture, now lives in tests.fakes.fixtures (registered once by
-    `pytest_plugins` in tests/conftest.py); this alias keeps tests/marketplace's
-    module-level assignment working until that module drops it."""
-    if name == "kube_api":
-        from tests.fakes.fixtures import kube_api
-
-        return kube_api
-    raise AttributeError(name)

@@ -11,38 +11,30 @@ from django.conf import settings
 from kubernetes import client
 
 from jobs.backends import local
-from jobs.backends.base import BackendUnavailable, ComputeBackend, NodeInventory
+from jobs.backends.base import BackendUnavailable, NodeInventory
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.backends.local import LocalBackend
 from marketplace.models import NodePool
 from marketplace.selectors import offers
 from marketplace.services import capacity_sync
-from tests.fakes import kube_api as fake
-
-kube_api = fake.kube_api  # the fixture (assigned, not imported: see tests/fakes)
 
 H100_LABEL = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 
 @dataclass
-class FakeBackend(ComputeBackend):
-    """A backend double: `inventory()` returns whatever the test put in `nodes`; it runs
-    nothing (capacity sync asks only for the inventory)."""
+class FakeBackend:
+    """An inventory double (marketplace.inventory.InventorySource, all capacity sync
+    reads): `inventory()` returns whatever the test put in `nodes`."""
 
     nodes: list[NodeInventory] = field(default_factory=list)
     name: str = "fake"
     down: bool = False
+    runs_on_console_host: bool = False
 
     def inventory(self) -> list[NodeInventory]:
         if self.down:
             raise BackendUnavailable("unreachable")
         return list(self.nodes)
-
-    def _runs_nothing(self, *args, **kwargs):
-        raise NotImplementedError("the capacity double runs no jobs")
-
-    submit = suspend = resume = cancel = observe = _runs_nothing
-    log_sources = open_log = logs = _runs_nothing
 
 
 def h100(name, *, region="us-west", tier="on_demand", in_use=0, schedulable=True):

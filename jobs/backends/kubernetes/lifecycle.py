@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from console.crypto import decrypt_json
 from jobs.backends.base import (
     BackendRejected,
 )
@@ -22,8 +23,6 @@ log = logging.getLogger(__name__)
 
 class LifecycleMixin(ApiCalls):
     def _create_attempt(self, job: Job, *, resumed: bool) -> None:
-        from console.crypto import decrypt_json
-
         namespace = self.ensure_namespace(job.tenant_id)
         if job.secret_env_names:
             values = decrypt_json(job.secret_env_encrypted) or {}

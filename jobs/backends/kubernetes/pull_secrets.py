@@ -9,6 +9,7 @@ from jobs.backends.kubernetes import manifests
 from jobs.backends.kubernetes.client import (
     ApiCalls,
 )
+from marketplace.selectors import registry_login_for_image
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -21,8 +22,6 @@ class PullSecretsMixin(ApiCalls):
         """The image pull Secret for the job's registry, when the tenant stored a login for
         it: created, or replaced when it exists (409), so a changed password applies to
         the next launch. Returns the Secret names for `imagePullSecrets`."""
-        from marketplace.selectors import registry_login_for_image
-
         login = registry_login_for_image(tenant=job.tenant_id, image_reference=job.image_reference)
         if login is None:
             return []
