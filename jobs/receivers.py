@@ -4,8 +4,11 @@ marketplace's registry logins) and registers its own launch policy. Connected on
 
 from __future__ import annotations
 
+from celery import signals as celery_signals
+from django.conf import settings
+
 from console.dashboard import dashboard_section_register
-from console.queueing import enqueue_on_commit
+from console.queueing import enqueue_now, enqueue_on_commit
 from console.tenant_admin import tenant_reactivated, tenant_suspended
 from jobs.extensions import launch_policy_register
 from jobs.selectors import dashboard_jobs_context
@@ -28,7 +31,15 @@ def readmit_reactivated(sender, tenant, **kwargs) -> None:
     jobs_admit()
 
 
+def sync_sandbox_capacity_now(sender=None, **kwargs) -> None:
+    """With the sandbox cluster, its pools are synced as soon as a worker is up, so that
+    offers say "simulated" on the first visit rather than after the first beat period."""
+    if settings.SANDBOX_URL:
+        enqueue_now("jobs.tasks.capacity_sync_task")
+
+
 def connect() -> None:
+    celery_signals.worker_ready.connect(sync_sandbox_capacity_now, weak=False)
     dashboard_section_register(dashboard_jobs_context)
     registry_credential_removed.connect(
         remove_pull_secret_copies, dispatch_uid="jobs-remove-pull-secret-copies"

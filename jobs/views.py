@@ -132,7 +132,9 @@ def job_list(request: HttpRequest) -> HttpResponse:
 @capability_required(Capability.VIEW_TENANT)
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_for_tenant_or_404(
-        Job.objects.select_related("gpu_type", "region", "image", "created_by"),
+        Job.objects.select_related(
+            "gpu_type", "region", "image", "created_by", "pool", "spot_pool"
+        ),
         request.tenant,
         pk=job_id,
     )

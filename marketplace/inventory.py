@@ -34,5 +34,7 @@ class InventorySource(Protocol):
     # Its nodes are the console's own machine: capacity sync marks its pools so, and only
     # tenants staff allow to run on the host see or use them.
     runs_on_console_host: bool
+    # Its nodes are simulated (the sandbox cluster): its pools and jobs say so.
+    simulated: bool
 
     def inventory(self) -> list[NodeInventory]: ...

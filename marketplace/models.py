@@ -106,6 +106,9 @@ class NodePool(models.Model):
     # Its nodes are the console's own machine: only tenants staff allow to run on the
     # host may see or use it (set by capacity sync from the backend's capability).
     on_console_host = models.BooleanField(default=False)
+    # Its nodes are simulated (the sandbox cluster; set by capacity sync): offers and
+    # jobs on it carry a "simulated" badge.
+    simulated = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["region__slug", "gpu_type__slug", "tier"]

@@ -45,6 +45,8 @@ class Offer:
     vcpus_per_node: int
     memory_gib_per_node: int
     price_version: int
+    # Its capacity is the sandbox cluster's simulated nodes (nothing runs on real GPUs).
+    simulated: bool = False
 
     @property
     def is_cpu(self) -> bool:
@@ -91,7 +93,7 @@ def offers(
         return []
     discount = tenant_discount_percent(tenant)
     capacity: dict[tuple, dict[str, int]] = defaultdict(
-        lambda: {"available": 0, "total": 0, "vcpus": 0, "memory": 0}
+        lambda: {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0}
     )
     hidden_regions = set(host_only_region_ids(tenant))
     for pool in pools_for_tenant(tenant):
@@ -104,6 +106,7 @@ def offers(
             bucket["total"] += pool.allocatable_vcpus
         bucket["vcpus"] = max(bucket["vcpus"], pool.vcpus_per_node)
         bucket["memory"] = max(bucket["memory"], pool.memory_gib_per_node)
+        bucket["simulated"] |= pool.simulated and pool.node_count > 0
 
     entries = (
         version.entries.select_related("gpu_type", "region")
@@ -118,7 +121,7 @@ def offers(
         for tier_value in Tier.values:
             bucket = capacity.get(
                 (entry.gpu_type_id, entry.region_id, tier_value),
-                {"available": 0, "total": 0, "vcpus": 0, "memory": 0},
+                {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0},
             )
             rows.append(
                 Offer(
@@ -134,6 +137,7 @@ def offers(
                     vcpus_per_node=bucket["vcpus"],
                     memory_gib_per_node=bucket["memory"],
                     price_version=version.pk,
+                    simulated=bool(bucket["simulated"]),
                 )
             )
 

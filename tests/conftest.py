@@ -63,6 +63,7 @@ class SimulatedLocalHost:
 
     name = "local"
     runs_on_console_host = True
+    simulated = False
     VCPUS = 16
 
     def inventory(self) -> list[NodeInventory]:

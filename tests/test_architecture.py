@@ -1,5 +1,6 @@
 """The code's shape, checked: dependencies point one way (console ← marketplace ← jobs ←
-billing), no module outside jobs/backends/ names a backend, modules stay small."""
+billing), no module outside jobs/backends/ names a backend, modules stay small, and the
+sandbox cluster (sandbox/) stands alone: plain Python, none of Django or the apps."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ ORDER = ["console", "marketplace", "jobs", "billing"]
 # The project shell in console/ wires every room together and may name them all.
 SHELL = {"console/urls.py", "console/routing.py", "console/asgi.py", "console/settings.py",
          "console/celery.py", "console/beat.py", "console/launcher.py",
-         "console/management/commands/seed_demo.py"}  # fmt: skip
+         "console/management/commands/seed_demo.py",
+         "console/management/commands/runconsole.py"}  # fmt: skip
 MAX_LINES = 600
+SANDBOX = "sandbox"
 
 
 def app_modules(app: str):
@@ -68,8 +71,20 @@ def test_no_code_outside_the_backends_names_a_backend():
 def test_application_modules_stay_small():
     long = {
         relative: count
-        for app in ORDER
+        for app in [*ORDER, SANDBOX]
         for relative, path in app_modules(app)
         if (count := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_the_sandbox_imports_neither_django_nor_the_apps_nor_the_tests():
+    forbidden = {"django", *ORDER, "tests"}
+    modules = list(app_modules(SANDBOX))
+    assert modules, "sandbox/ has no modules"
+    offenders = {
+        relative: sorted(imported_roots(path) & forbidden)
+        for relative, path in modules
+        if imported_roots(path) & forbidden
+    }
+    assert offenders == {}

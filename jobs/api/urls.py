@@ -1,7 +1,7 @@
 from django.urls import path
 
 from console.api.routers import OptionalSlashRouter
-from jobs.api import streams, views
+from jobs.api import chaos, streams, views
 
 router = OptionalSlashRouter()
 router.register("jobs", views.JobViewSet, basename="api-job")
@@ -13,5 +13,22 @@ urlpatterns = [
         "jobs/<int:pk>/log.txt", streams.JobLogDownloadView.as_view(), name="api-job-log-download"
     ),
     path("jobs/<int:pk>/monitor", streams.JobMonitorView.as_view(), name="api-job-monitor"),
+    path("sandbox/nodes", chaos.SandboxNodesView.as_view(), name="api-sandbox-nodes"),
+    path(
+        "sandbox/pools/<slug:pool_slug>/reclaim-spot",
+        chaos.SandboxReclaimSpotView.as_view(),
+        name="api-sandbox-reclaim-spot",
+    ),
+    path(
+        "sandbox/nodes/<str:node>/fail",
+        chaos.SandboxNodeFailView.as_view(),
+        name="api-sandbox-node-fail",
+    ),
+    path(
+        "sandbox/nodes/<str:node>/recover",
+        chaos.SandboxNodeRecoverView.as_view(),
+        name="api-sandbox-node-recover",
+    ),
+    path("sandbox/api-faults", chaos.SandboxApiFaultsView.as_view(), name="api-sandbox-faults"),
     *router.urls,
 ]

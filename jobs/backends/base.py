@@ -19,6 +19,10 @@ class BackendUnavailable(Exception):
     """The backend can't be reached right now (API down, timeout): retry later."""
 
 
+class ChaosRefused(Exception):
+    """A chaos action the backend can't carry out as asked (the message says why)."""
+
+
 class BackendRejected(Exception):
     """The backend refused the job for good (e.g. a Kubernetes 422): don't retry."""
 
@@ -98,6 +102,35 @@ class GpuReading:
     temperature_c: float | None = None
 
 
+class ChaosControls(abc.ABC):
+    """Faults staff can inject into a simulated backend, to watch the console cope.
+    Each raises ChaosRefused (bad request) or BackendUnavailable."""
+
+    @abc.abstractmethod
+    def nodes(self) -> list[dict]:
+        """Every node: name, pool, tier, ready, pods."""
+
+    @abc.abstractmethod
+    def reclaim_spot(self, pool_slug: str) -> dict:
+        """Take a spot pool's capacity back: its pods are disrupted as by the cloud."""
+
+    @abc.abstractmethod
+    def fail_node(self, node: str) -> dict:
+        """The node stops answering and its pods are disrupted."""
+
+    @abc.abstractmethod
+    def recover_node(self, node: str) -> dict:
+        """A failed node is back."""
+
+    @abc.abstractmethod
+    def api_faults(self, *, mode: str, fraction: float, seconds: float, delay: float) -> dict:
+        """For `seconds`, `fraction` of API calls fail (mode "error") or are slow."""
+
+    @abc.abstractmethod
+    def clear_api_faults(self) -> dict:
+        """End injected API faults now."""
+
+
 class ComputeBackend(abc.ABC):
     """Everything the console asks of a place where work runs.
 
@@ -124,12 +157,18 @@ class ComputeBackend(abc.ABC):
     # The backend keeps its own copy of tenants' registry logins (remove_pull_secret
     # removes it when the tenant deletes the login).
     copies_pull_secrets: bool = False
+    # Its nodes and workloads are simulated (the sandbox cluster): the UI says so.
+    simulated: bool = False
 
     @classmethod
     def from_settings(cls) -> ComputeBackend:
         """The backend as settings configure it (what the registry builds). Building it
         never calls out: a backend that can't be reached fails on its first call."""
         return cls()
+
+    def chaos(self) -> ChaosControls | None:
+        """Fault injection, where the backend is simulated; None elsewhere."""
+        return None
 
     # --- capacity ---
 

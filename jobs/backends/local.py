@@ -313,7 +313,8 @@ class LocalBackend(ComputeBackend):
             workdir = self._make_workdir(job, user)
             spec = {
                 "command": list(job.command),
-                "env": self._environment(job, resumed),
+                # A later attempt (requeued after preemption) continues the job's work.
+                "env": self._environment(job, resumed or job.attempt > 1),
                 # The supervisor has no settings: it stops storing output at the cap.
                 "log_max_bytes": settings.JOB_LOG_MAX_BYTES,
             }

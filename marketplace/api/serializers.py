@@ -58,6 +58,7 @@ class OfferSerializer(serializers.Serializer):
     vcpus_per_node = serializers.IntegerField()
     memory_gib_per_node = serializers.IntegerField()
     price_version = serializers.IntegerField()
+    simulated = serializers.BooleanField()
 
     def get_price_per_gpu_hour(self, offer) -> str | None:
         return None if offer.is_cpu else str(offer.unit_price)

@@ -1,7 +1,8 @@
 """Capacity sync: refreshing each backend's node pools from its inventory.
 
-Owns the grouping of nodes into pools (region × GPU type × tier) and the matching of a
-node's GPU to a catalog GPU type; the pools' capacity fields are written only here.
+Owns the grouping of nodes into pools (region × GPU type × tier, or the pool a node's
+`gpugeek.io/pool` label names) and the matching of a node's GPU to a catalog GPU type;
+the pools' capacity fields are written only here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from marketplace.inventory import InventorySource, NodeInventory
 from marketplace.models import GpuType, NodePool, Region
 
 log = logging.getLogger(__name__)
+# A node carrying this label belongs to the backend's pool of that slug (staff-made pools,
+# the sandbox's demo pools) when its region, GPU type and tier agree with the pool.
+POOL_LABEL = "gpugeek.io/pool"
 
 
 def _match_gpu_type(node: NodeInventory, gpu_types: list[GpuType]) -> GpuType | None:
@@ -32,6 +36,23 @@ def _match_gpu_type(node: NodeInventory, gpu_types: list[GpuType]) -> GpuType | 
         if reported in (name.lower() for name in gpu_type.nvml_names):
             return gpu_type
     return None
+
+
+def _named_pool(
+    node: NodeInventory, pools: dict[str, NodePool], region: Region, gpu_slug: str | None
+) -> str:
+    """The slug of the pool the node's label names, if that pool describes the node."""
+    pool = pools.get(node.labels.get(POOL_LABEL, ""))
+    if pool is None:
+        return ""
+    if (
+        pool.region_id != region.pk
+        or (pool.gpu_type.slug if pool.gpu_type else None) != gpu_slug
+        or pool.tier != node.tier
+    ):
+        log.warning("node %s is labelled for pool %s but doesn't match it", node.name, pool.slug)
+        return ""
+    return pool.slug
 
 
 @dataclass
@@ -59,7 +80,11 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
     nodes = backend.inventory()
     gpu_types = list(GpuType.objects.filter(is_active=True))
     regions = {region.slug: region for region in Region.objects.all()}
-    grouped: dict[tuple[str, str | None, str], _PoolCapacity] = defaultdict(_PoolCapacity)
+    named_pools = {
+        pool.slug: pool
+        for pool in NodePool.objects.filter(backend=backend.name).select_related("gpu_type")
+    }
+    grouped: dict[tuple[str, str | None, str, str], _PoolCapacity] = defaultdict(_PoolCapacity)
     for node in nodes:
         region = regions.get(node.region)
         if region is None:
@@ -69,7 +94,10 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
         if node.gpu_product and gpu_type is None:
             log.warning("node %s has unknown GPU %r; skipped", node.name, node.gpu_product)
             continue
-        capacity = grouped[(region.slug, gpu_type.slug if gpu_type else None, node.tier)]
+        gpu_slug = gpu_type.slug if gpu_type else None
+        capacity = grouped[
+            (region.slug, gpu_slug, node.tier, _named_pool(node, named_pools, region, gpu_slug))
+        ]
         capacity.nodes += 1
         capacity.gpus_per_node = max(capacity.gpus_per_node, node.gpus_allocatable)
         capacity.total_gpus += node.gpus_allocatable
@@ -83,8 +111,8 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
 
     gpu_by_slug = {gpu_type.slug: gpu_type for gpu_type in gpu_types}
     seen: list[NodePool] = []
-    for (region_slug, gpu_slug, tier), capacity in grouped.items():
-        slug = slugify(f"{backend.name}-{region_slug}-{gpu_slug or 'cpu'}-{tier}")
+    for (region_slug, gpu_slug, tier, named), capacity in grouped.items():
+        slug = named or slugify(f"{backend.name}-{region_slug}-{gpu_slug or 'cpu'}-{tier}")
         slug = slug.replace("_", "-")
         pool, _ = NodePool.objects.select_for_update().get_or_create(
             slug=slug,
@@ -100,6 +128,7 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
         for name, value in vars(capacity).items():
             setattr(pool, "node_count" if name == "nodes" else name, value)
         pool.on_console_host = backend.runs_on_console_host
+        pool.simulated = backend.simulated
         pool.last_synced_at = now
         pool.save()
         seen.append(pool)

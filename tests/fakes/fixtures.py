@@ -1,4 +1,5 @@
-"""Pytest fixtures for the fakes, registered once by `pytest_plugins` in tests/conftest.py."""
+"""Pytest fixtures for the doubles the tests talk real protocols to (the Kubernetes
+simulator of `sandbox.kubesim`), registered once by `pytest_plugins` in tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from jobs.backends.kubernetes.namespaces import namespaces_forget_all
-from tests.fakes.kube_api import KubeAPIServer
+from sandbox.kubesim import KubeAPIServer
 
 
 @pytest.fixture

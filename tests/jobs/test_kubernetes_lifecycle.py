@@ -22,8 +22,8 @@ from jobs.services import JobSpec
 from marketplace.demo import seed_catalog
 from marketplace.models import NodePool
 from marketplace.services import capacity_sync
+from sandbox.kubesim import PodRun
 from tests.concurrency import run_at_once
-from tests.fakes.kube_api import PodRun
 
 S = JobStatus
 H100 = {

@@ -340,7 +340,7 @@ def test_real_local_job_output_is_numbered_masked_and_archived(world, catalog):
 
 def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, cluster):  # noqa: F811
     from jobs.models import JobStatus as S
-    from tests.fakes.kube_api import PodRun
+    from sandbox.kubesim import PodRun
     from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
     from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
 
@@ -375,7 +375,7 @@ def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, clus
 def test_pod_log_streams_skip_follow_and_end_with_the_container(world, cluster):  # noqa: F811
     from jobs.backends import get_backend
     from jobs.models import JobStatus as S
-    from tests.fakes.kube_api import PodRun
+    from sandbox.kubesim import PodRun
     from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
     from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
 
@@ -411,7 +411,7 @@ def test_kubernetes_follower_streams_each_pod_once_for_all_viewers(world, cluste
 
     from jobs import realtime
     from jobs.models import JobStatus as S
-    from tests.fakes.kube_api import PodRun
+    from sandbox.kubesim import PodRun
     from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
     from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
 

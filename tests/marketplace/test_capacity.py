@@ -30,6 +30,7 @@ class FakeBackend:
     name: str = "fake"
     down: bool = False
     runs_on_console_host: bool = False
+    simulated: bool = False
 
     def inventory(self) -> list[NodeInventory]:
         if self.down:

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand
 from django.db import connections
 
 from console.launcher import ConsoleLauncher, redacted_url
+from jobs.backends.kubernetes.sandbox import write_sandbox_files
 
 
 class Command(BaseCommand):
@@ -44,6 +45,12 @@ class Command(BaseCommand):
             call_command("migrate", interactive=False, verbosity=0)
             if not settings.PRODUCTION and not no_seed:
                 call_command("seed_demo", if_empty=True)
+            if settings.SANDBOX_CLUSTER:
+                env.update(launcher.start_sandbox(write_sandbox_files))
+                self.stdout.write(
+                    f"Sandbox cluster (simulated GPU nodes) at {env['SANDBOX_URL']}; "
+                    "nothing runs on real GPUs."
+                )
             connections.close_all()  # children open their own
         except BaseException:
             launcher.stop()

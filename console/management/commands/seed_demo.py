@@ -1,10 +1,12 @@
-"""Demo data: a platform admin, two tenants with their people, and the marketplace
-catalog. Safe to run twice."""
+"""Demo data: a platform admin, two tenants with their people, the marketplace catalog,
+and 60 days of the tenants' past jobs with their usage (`billing.demo_history`). Safe to
+run twice."""
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from billing.demo_history import seed_demo_history
 from console.models import Membership, Tenant, User
 from console.permissions import Role
 
@@ -32,9 +34,14 @@ class Command(BaseCommand):
             action="store_true",
             help="Do nothing when any user exists (first start only).",
         )
+        parser.add_argument(
+            "--no-history",
+            action="store_true",
+            help="Skip the tenants' 60 days of past jobs and their usage.",
+        )
 
     @transaction.atomic
-    def handle(self, *args, if_empty=False, **options):
+    def handle(self, *args, if_empty=False, no_history=False, **options):
         if if_empty and User.objects.exists():
             self.stdout.write("Users exist already; demo data not seeded.")
             return
@@ -47,12 +54,14 @@ class Command(BaseCommand):
             staff.set_password(password)
             staff.save()
         rows = [(STAFF_EMAIL, "platform staff", "—")]
+        tenants = []
         for name, slug, people in DEMO_TENANTS:
             # The demo tenants may run on "This host" (the local backend); staff allow
             # any other organisation on its staff page.
             tenant, _ = Tenant.objects.get_or_create(
                 slug=slug, defaults={"name": name, "may_run_on_host": True}
             )
+            tenants.append(tenant)
             for email, full_name, role in people:
                 user, created = User.objects.get_or_create(
                     email=email, defaults={"full_name": full_name}
@@ -73,6 +82,8 @@ class Command(BaseCommand):
             f"Catalog: {catalog['gpu_types']} GPU types, {catalog['regions']} "
             f"regions, {catalog['images']} images."
         )
+        if not no_history:
+            self.stdout.write(seed_demo_history(tenants).summary())
         self.stdout.write(self.style.SUCCESS("Demo data ready. Sign in with any of:"))
         for email, role, slug in rows:
             self.stdout.write(f"  {email:<24} {role:<15} tenant={slug}")

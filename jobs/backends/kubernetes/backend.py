@@ -16,7 +16,7 @@ import httpx
 from django.conf import settings
 
 from jobs import gpu_readings
-from jobs.backends.base import BackendUnavailable, ComputeBackend, GpuReading
+from jobs.backends.base import BackendUnavailable, ChaosControls, ComputeBackend, GpuReading
 from jobs.backends.kubernetes.inventory import InventoryMixin
 from jobs.backends.kubernetes.kueue import KueueMixin
 from jobs.backends.kubernetes.lifecycle import LifecycleMixin
@@ -24,6 +24,7 @@ from jobs.backends.kubernetes.namespaces import NamespacesMixin
 from jobs.backends.kubernetes.observe import ObserveMixin
 from jobs.backends.kubernetes.podlogs import PodLogsMixin
 from jobs.backends.kubernetes.pull_secrets import PullSecretsMixin
+from jobs.backends.kubernetes.sandbox import sandbox_controls
 from jobs.backends.kubernetes.watch import watch_jobs
 
 if TYPE_CHECKING:
@@ -52,6 +53,13 @@ class KubernetesBackend(
     @classmethod
     def from_settings(cls) -> KubernetesBackend:
         return cls()  # the configuration is loaded on the first call (ApiCalls)
+
+    @property
+    def simulated(self) -> bool:  # type: ignore[override]
+        return bool(settings.SANDBOX_URL)
+
+    def chaos(self) -> ChaosControls | None:
+        return sandbox_controls()
 
     def watch(self, stop: threading.Event, on_change: Callable[[int], None]) -> bool:
         """Our Jobs and Pods, followed by jobs.backends.kubernetes.watch in a thread."""

@@ -101,7 +101,9 @@ class LifecycleMixin(ApiCalls):
                 if labels.get(manifests.ATTEMPT_LABEL) != str(job.attempt):
                     self._delete_job(namespace, kube_job.metadata.name)
         try:
-            self._create_attempt(job, resumed=False)
+            # A later attempt (after preemption or a lost node) continues the job's
+            # work: GPUGEEK_RESUMED=1 tells the program to load its checkpoint.
+            self._create_attempt(job, resumed=job.attempt > 1)
         except Exception:
             self.forget_namespace(job.tenant_id)
             raise

@@ -1,21 +1,26 @@
-"""Tests of the fake kube-apiserver, driven only through the official kubernetes client."""
+"""Tests of the Kubernetes simulator (sandbox.kubesim), driven only through the official
+kubernetes client."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakes.kube_api import KubeAPIServer, PodRun
+from sandbox.kubesim import KubeAPIServer, PodRun
 
 NS = "gg-t-42"
 H100 = "NVIDIA-H100-80GB-HBM3"
 PRODUCT = "nvidia.com/gpu.product"
+DEFAULT_NS = "default"
+BOX = {"name": "c", "image": "busybox:1"}
 
 
 @pytest.fixture
@@ -541,3 +546,166 @@ def test_spot_taints_deadline_and_ttl(kube_api, apis):
     with pytest.raises(ApiException) as exc:
         batch.read_namespaced_job("tolerant", NS)
     assert exc.value.status == 404
+
+
+def solo_pod(name: str) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox:1")]),
+    )
+
+
+def test_a_ticker_writes_the_pods_output_while_it_runs(kube_api, apis):
+    core, _ = apis
+    kube_api.add_node("n1")
+    seen: list[float] = []
+
+    def every_ten_seconds() -> Callable[[float], list[str]]:
+        written = 0
+
+        def ticker(elapsed: float) -> list[str]:
+            nonlocal written
+            seen.append(elapsed)
+            lines = [f"step {n}" for n in range(written + 1, int(elapsed // 10) + 1)]
+            written = max(written, int(elapsed // 10))
+            return lines + (["done"] if elapsed >= 30 else [])
+
+        return ticker
+
+    kube_api.pod_script = lambda pod: PodRun(
+        duration=30, logs=["start"], ticker=every_ten_seconds()
+    )
+    core.create_namespaced_pod(NS, solo_pod("trainer"))
+
+    def log() -> str:
+        return core.read_namespaced_pod_log("trainer", NS)
+
+    kube_api.wait_for(lambda: core.read_namespaced_pod("trainer", NS).status.phase == "Running")
+    assert log() == "start\n"
+    kube_api.advance_clock(10)
+    kube_api.wait_for(lambda: "step 1" in log())
+    assert core.read_namespaced_pod("trainer", NS).status.phase == "Running"
+    kube_api.advance_clock(25)  # past its end: the ticker is called at 30 s, then it ends
+    kube_api.wait_for(lambda: core.read_namespaced_pod("trainer", NS).status.phase == "Succeeded")
+    assert log() == "start\nstep 1\nstep 2\nstep 3\ndone\n"
+    assert seen == sorted(seen) and seen[-1] == 30  # never past the pod's duration
+
+
+def test_a_ticker_runs_outside_the_lock_and_a_broken_one_is_reported():
+    server = KubeAPIServer(auto_tick=None).start()
+    core = client.CoreV1Api(server.api_client())
+    server.add_node("n1")
+    reads: list[dict | None] = []
+
+    def reads_the_server(elapsed: float) -> list[str]:
+        # another thread can use the server meanwhile: the store lock is not held
+        reader = threading.Thread(target=lambda: reads.append(server.get("pods", DEFAULT_NS, "p")))
+        reader.start()
+        reader.join(timeout=2)
+        return ["read"]
+
+    def broken(elapsed: float) -> list[str]:
+        raise RuntimeError("ticker bug")
+
+    runs = {"p": PodRun(ticker=reads_the_server), "q": PodRun(duration=5, ticker=broken)}
+    server.pod_script = lambda pod: runs[pod["metadata"]["name"]]
+    try:
+        for name in runs:
+            server.create(
+                "pods", {"metadata": {"name": name}, "spec": {"containers": [BOX]}}, DEFAULT_NS
+            )
+        server.tick()  # starts both
+        server.tick()  # runs their tickers
+        assert len(reads) == 1 and reads[0] is not None
+        assert core.read_namespaced_pod_log("p", DEFAULT_NS) == "read\n"
+        assert len(server.errors) == 1 and "ticker bug" in server.errors[0]
+        server.advance_clock(5)  # the broken ticker was dropped: the pod still ends on time
+        assert server.get("pods", DEFAULT_NS, "q")["status"]["phase"] == "Succeeded"
+        server.tick()
+        assert len(server.errors) == 1
+    finally:
+        server.stop()
+
+
+def test_fail_fraction_and_slow_fraction_for_a_while(kube_api):
+    core = client.CoreV1Api(kube_api.api_client())
+    kube_api.fail_fraction(0.5, seconds=30, status=500, path_regex=r"/namespaces$")
+    failed = 0
+    for _ in range(100):
+        try:
+            core.list_namespace()
+        except ApiException as exc:
+            assert exc.status == 500 and json.loads(exc.body)["kind"] == "Status"
+            failed += 1
+    assert 20 <= failed <= 80
+    core.list_node()  # other paths are not affected
+    kube_api.clear_faults()
+    core.list_namespace()
+
+    kube_api.fail_fraction(1.0, seconds=1, status=503, method="GET")
+    with pytest.raises(ApiException) as exc:
+        core.list_node()
+    assert exc.value.status == 503
+    with pytest.raises(ApiException):  # a watch is affected when it connects
+        next(iter(watch.Watch().stream(core.list_namespaced_pod, DEFAULT_NS, timeout_seconds=1)))
+    time.sleep(1.05)
+    core.list_node()  # the window has passed
+
+    kube_api.slow_fraction(1.0, seconds=30, delay=0.6, path_regex=r"^/api/v1/nodes$")
+    started = time.monotonic()
+    core.list_namespace()
+    assert time.monotonic() - started < 0.5
+    core.list_node()
+    assert time.monotonic() - started >= 0.6
+    kube_api.clear_faults()
+    started = time.monotonic()
+    core.list_node()
+    assert time.monotonic() - started < 0.5
+    with pytest.raises(ValueError):
+        kube_api.fail_fraction(1.5, seconds=1)
+
+
+def test_extra_routes_answer_beside_the_kubernetes_api():
+    server = KubeAPIServer(auto_tick=None, token="s3cret").start()
+    calls: list[tuple] = []
+
+    def prometheus(method, path, query, body, headers):
+        calls.append((method, path, query, body, headers.get("Authorization")))
+        return 200, {"status": "success", "data": {"result": []}}, "application/json"
+
+    def control(method, path, query, body, headers):
+        return 202, f"{method} {path} {body.decode()}", "text/plain"
+
+    try:
+        server.add_route("/prometheus/", prometheus)
+        server.add_route("/sandbox/", control)
+        server.add_route("/sandbox/v1/special", lambda *args: (200, "special", "text/plain"))
+        server.fail_next("*", ".*", status=500, times=None)  # routes are not subject to faults
+        http = urllib3.PoolManager()
+        got = http.request("GET", f"{server.url}/prometheus/api/v1/query?query=up")
+        assert got.status == 200 and got.headers["Content-Type"] == "application/json"
+        assert json.loads(got.data) == {"status": "success", "data": {"result": []}}
+        assert calls == [("GET", "/prometheus/api/v1/query", {"query": "up"}, b"", None)]
+        got = http.request("POST", f"{server.url}/sandbox/v1/reclaim", body=b'{"n": 1}')
+        assert (got.status, got.data) == (202, b'POST /sandbox/v1/reclaim {"n": 1}')
+        assert got.headers["Content-Type"] == "text/plain"
+        assert http.request("GET", f"{server.url}/sandbox/v1/special/x").data == b"special"
+        assert list(server.requests) == []  # not Kubernetes requests
+        server.clear_faults()
+        assert http.request("GET", f"{server.url}/api/v1/nodes").status == 401  # needs the token
+        with pytest.raises(ValueError):
+            server.add_route("prometheus", prometheus)
+    finally:
+        server.stop()
+
+
+def test_a_server_can_listen_on_a_given_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = KubeAPIServer(auto_tick=None, port=port).start()
+    try:
+        assert server.port == port and server.url == f"http://127.0.0.1:{port}"
+        assert client.CoreV1Api(server.api_client()).list_namespace().items
+    finally:
+        server.stop()

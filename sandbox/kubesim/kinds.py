@@ -1,0 +1,240 @@
+"""Per-kind defaulting and validation, as the API server's registry strategies do it:
+``_prepare_<kind>(rt, obj, old)`` runs on create (``old`` None) and on update, before
+the object is admitted and stored."""
+
+from __future__ import annotations
+
+import base64
+import copy
+
+from sandbox.kubesim.admission import Admission
+from sandbox.kubesim.resources import ResourceType, format_quantity, parse_quantity
+from sandbox.kubesim.validation import invalid
+
+
+class KindHooks(Admission):
+    """Defaults and immutability rules of namespaces, nodes, pods, Jobs, Services,
+    Secrets, Events and ResourceQuotas."""
+
+    def _prepare_namespace(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        meta = obj["metadata"]
+        meta["labels"] = {**(meta.get("labels") or {}), "kubernetes.io/metadata.name": meta["name"]}
+        obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+        if old is None:
+            obj["status"] = {"phase": "Active"}
+
+    def _prepare_node(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        if old is None:
+            st = obj.setdefault("status", {})
+            st.setdefault("capacity", {})
+            st.setdefault("allocatable", dict(st["capacity"]))
+            st.setdefault(
+                "conditions",
+                [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": self._ts(),
+                        "lastTransitionTime": self._ts(),
+                    }
+                ],
+            )
+
+    def _prepare_pod(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        if old is not None:
+            return
+        name = obj["metadata"]["name"]
+        spec = obj.get("spec")
+        if not isinstance(spec, dict) or not spec.get("containers"):
+            raise invalid(rt, name, "spec.containers", [], "Required value")
+        for i, c in enumerate(spec["containers"] + (spec.get("initContainers") or [])):
+            if not c.get("name"):
+                raise invalid(rt, name, f"spec.containers[{i}].name", "", "Required value")
+            if not c.get("image"):
+                raise invalid(rt, name, f"spec.containers[{i}].image", "", "Required value")
+            c.setdefault("terminationMessagePath", "/dev/termination-log")
+            c.setdefault("terminationMessagePolicy", "File")
+            c.setdefault(
+                "imagePullPolicy",
+                "Always"
+                if c["image"].endswith(":latest") or ":" not in c["image"]
+                else "IfNotPresent",
+            )
+            res = c.setdefault("resources", {})
+            for which in ("requests", "limits"):
+                for k, v in (res.get(which) or {}).items():
+                    try:
+                        parse_quantity(v)
+                    except ValueError as exc:
+                        raise invalid(
+                            rt, name, f"spec.containers[{i}].resources.{which}[{k}]", v, str(exc)
+                        ) from exc
+        spec.setdefault("restartPolicy", "Always")
+        spec.setdefault("dnsPolicy", "ClusterFirst")
+        spec.setdefault("schedulerName", "default-scheduler")
+        spec.setdefault("terminationGracePeriodSeconds", 30)
+        spec.setdefault("securityContext", {})
+        spec.setdefault("priority", 0)
+        obj["status"] = {"phase": "Pending", "qosClass": self._qos(spec)}
+
+    @staticmethod
+    def _qos(spec: dict) -> str:
+        res = [c.get("resources") or {} for c in spec.get("containers") or []]
+        if not any((r.get("requests") or r.get("limits")) for r in res):
+            return "BestEffort"
+        for r in res:
+            lim, req = r.get("limits") or {}, r.get("requests") or {}
+            for k in ("cpu", "memory"):
+                if k not in lim or req.get(k, lim[k]) != lim[k]:
+                    return "Burstable"
+        return "Guaranteed"
+
+    def _prepare_job(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        meta, name = obj["metadata"], obj["metadata"]["name"]
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            raise invalid(rt, name, "spec", None, "Required value")
+        template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+        spec["template"] = template
+        tspec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+        if old is None:
+            if not tspec.get("containers"):
+                raise invalid(rt, name, "spec.template.spec.containers", [], "Required value")
+            if tspec.get("restartPolicy") not in ("OnFailure", "Never"):
+                raise invalid(
+                    rt,
+                    name,
+                    "spec.template.spec.restartPolicy",
+                    tspec.get("restartPolicy") or "",
+                    'Required value: valid values: "OnFailure", "Never"',
+                )
+            if spec.get("podFailurePolicy") and tspec.get("restartPolicy") != "Never":
+                raise invalid(
+                    rt,
+                    name,
+                    "spec.template.spec.restartPolicy",
+                    tspec.get("restartPolicy"),
+                    'only "Never" is supported when podFailurePolicy is specified',
+                )
+            spec.setdefault("completionMode", "NonIndexed")
+            if spec["completionMode"] == "Indexed" and spec.get("completions") is None:
+                raise invalid(rt, name, "spec.completions", None, "when completion mode is Indexed")
+            if spec.get("parallelism") is None and spec.get("completions") is None:
+                spec["completions"] = 1
+            spec.setdefault("parallelism", 1)
+            if spec.get("backoffLimitPerIndex") is None:
+                spec.setdefault("backoffLimit", 6)
+            spec.setdefault("suspend", False)
+            spec.setdefault("manualSelector", None)
+            if spec["manualSelector"] is None:
+                spec.pop("manualSelector")
+            spec.setdefault(
+                "podReplacementPolicy",
+                "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed",
+            )
+            uid = meta["uid"]
+            ctl = {
+                "batch.kubernetes.io/controller-uid": uid,
+                "batch.kubernetes.io/job-name": name,
+                "controller-uid": uid,
+                "job-name": name,
+            }
+            spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+            tmeta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+            template["metadata"] = tmeta
+            tmeta["labels"] = {**(tmeta.get("labels") or {}), **ctl}
+            if not meta.get("labels"):
+                meta["labels"] = dict(tmeta["labels"])
+            return
+        ospec = old.get("spec") or {}
+        for f in ("selector", "completionMode", "podFailurePolicy"):
+            if spec.get(f) != ospec.get(f):
+                raise invalid(rt, name, f"spec.{f}", spec.get(f), "field is immutable")
+        if spec.get("completions") != ospec.get("completions") and not (
+            spec.get("completionMode") == "Indexed"
+            and spec.get("completions") == spec.get("parallelism")
+        ):
+            raise invalid(
+                rt, name, "spec.completions", spec.get("completions"), "field is immutable"
+            )
+        mutable = ("nodeSelector", "tolerations", "affinity", "schedulingGates")
+
+        def strip(t: dict) -> dict:
+            t = copy.deepcopy(t or {})
+            (t.get("metadata") or {}).pop("labels", None)
+            (t.get("metadata") or {}).pop("annotations", None)
+            for k in mutable:
+                (t.get("spec") or {}).pop(k, None)
+            return t
+
+        otmpl = ospec.get("template") or {}
+        if strip(template) != strip(otmpl):
+            raise invalid(rt, name, "spec.template", "...", "field is immutable")
+        if template != otmpl:
+            suspended_unstarted = ospec.get("suspend") and not (old.get("status") or {}).get(
+                "startTime"
+            )
+            if not suspended_unstarted:
+                raise invalid(
+                    rt,
+                    name,
+                    "spec.template",
+                    "...",
+                    "field is immutable (scheduling directives may change only while the "
+                    "Job is suspended and has not started)",
+                )
+
+    def _prepare_service(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        for p in spec.get("ports") or []:
+            p.setdefault("protocol", "TCP")
+            if "port" in p:
+                p.setdefault("targetPort", p["port"])
+        ospec = (old or {}).get("spec") or {}
+        if old is not None and ospec.get("clusterIP"):
+            if spec.get("clusterIP") not in (None, "", ospec["clusterIP"]):
+                raise invalid(
+                    rt,
+                    obj["metadata"]["name"],
+                    "spec.clusterIP",
+                    spec["clusterIP"],
+                    "field is immutable",
+                )
+            spec["clusterIP"] = ospec["clusterIP"]
+        elif not spec.get("clusterIP"):
+            n = next(self._ips)
+            spec["clusterIP"] = f"10.96.{n // 250 % 250}.{n % 250 + 1}"
+        spec["clusterIPs"] = [spec["clusterIP"]]
+
+    def _prepare_secret(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        obj.setdefault("type", "Opaque")
+        sd = obj.pop("stringData", None)
+        if sd:
+            data = dict(obj.get("data") or {})
+            for k, v in sd.items():
+                data[k] = base64.b64encode(str(v).encode()).decode()
+            obj["data"] = data
+
+    def _prepare_event(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        if old is None:
+            obj.setdefault("count", 1)
+            obj.setdefault("firstTimestamp", self._ts())
+            obj.setdefault("lastTimestamp", obj["firstTimestamp"])
+            obj.setdefault("type", "Normal")
+
+    def _prepare_resourcequota(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        hard = (obj.get("spec") or {}).get("hard") or {}
+        for k, v in hard.items():
+            try:
+                parse_quantity(v)
+            except ValueError as exc:
+                raise invalid(rt, obj["metadata"]["name"], f"spec.hard[{k}]", v, str(exc)) from exc
+        ns = obj["metadata"]["namespace"]
+        obj["status"] = {
+            "hard": dict(hard),
+            "used": {k: format_quantity(v) for k, v in self._quota_usage(ns, hard).items()},
+        }
