@@ -14,9 +14,11 @@ from decimal import Decimal
 from django.db import transaction
 from django.utils import timezone
 
+from billing.credit_ledger import credit_balance_move
 from billing.invoicing import billing_profile_for, number_take
 from billing.models import (
     CENTS,
+    CreditMovementKind,
     CreditNote,
     CreditNoteLine,
     Invoice,
@@ -99,8 +101,15 @@ def credit_note_create(
         locked.amount_due -= reduced
         locked.save(update_fields=["amount_credited", "amount_due"])
         if to_balance:
-            profile.credit_balance += to_balance
-            profile.save(update_fields=["credit_balance"])
+            credit_balance_move(
+                profile=profile,
+                amount=to_balance,
+                kind=CreditMovementKind.CREDIT_NOTE,
+                description=f"Credit note {note.number} on {locked.number}",
+                invoice=locked,
+                credit_note=note,
+                user=user,
+            )
         audit_record(
             action="invoice.credit_note",
             tenant=locked.tenant,

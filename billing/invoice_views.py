@@ -15,6 +15,7 @@ from billing import credit_notes, invoicing
 from billing.invoice_forms import AdjustmentForm, CreditNoteForm, DraftForm
 from billing.invoice_selectors import invoices_visible, ledger_invoice_mismatches
 from billing.models import Invoice
+from billing.payments.selectors import invoice_stripe_state
 from console.confirm import confirm_then_act
 from console.csv import csv_writer
 from console.permissions import Capability, capability_required, staff_required
@@ -25,6 +26,7 @@ from console.tenancy import get_for_tenant_or_404
 def _detail_context(invoice: Invoice, *, staff: bool) -> dict:
     return {
         "invoice": invoice,
+        "stripe": invoice_stripe_state(invoice=invoice),
         "lines": list(invoice.lines.all()),
         "credit_notes": list(invoice.credit_notes.prefetch_related("lines")),
         "staff": staff,

@@ -26,15 +26,18 @@ from decimal import ROUND_HALF_UP, Decimal
 from functools import reduce
 from operator import or_
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet, Sum
 
+from billing.credit_ledger import credit_balance_move
 from billing.models import (
     AMOUNT_QUANTUM,
     CENTS,
     FINALIZED_STATUSES,
     HOURS_QUANTUM,
     NUMBER_PREFIX,
+    CreditMovementKind,
     Invoice,
     InvoiceLine,
     InvoiceNumberSequence,
@@ -46,6 +49,7 @@ from billing.models import (
     UsageRecord,
 )
 from console.models import Tenant, User
+from console.queueing import enqueue_on_commit
 from console.services import ServiceError, audit_record
 
 ZERO = Decimal(0)
@@ -223,8 +227,13 @@ def _totals(invoice: Invoice, profile: TenantBillingProfile, *, apply_credit: bo
     invoice.credits_applied = credits
     invoice.amount_due = invoice.total - credits - invoice.amount_credited
     if apply_credit and credits:
-        profile.credit_balance -= credits
-        profile.save(update_fields=["credit_balance"])
+        credit_balance_move(
+            profile=profile,
+            amount=-credits,
+            kind=CreditMovementKind.INVOICE,
+            description="Used by an invoice at its finalization",
+            invoice=invoice,
+        )
 
 
 # --- drafts ---
@@ -388,6 +397,9 @@ def invoice_finalize(
         locked.due_at = now + timedelta(days=profile.payment_terms_days)
         if locked.amount_due <= ZERO:
             locked.status, locked.paid_at = InvoiceStatus.PAID, now  # settled by credit
+        elif settings.STRIPE_API_KEY:
+            # Pushed to Stripe once this commits (by name: services don't import tasks).
+            enqueue_on_commit("billing.tasks.invoice_push_to_stripe", locked.pk)
         locked.save()
         audit_record(
             action="invoice.finalize",
@@ -408,8 +420,16 @@ TRANSITIONS: dict[str, set[str]] = {
 
 
 def _transition(
-    *, invoice: Invoice, to: InvoiceStatus, user: User | None, now: datetime | None
+    *,
+    invoice: Invoice,
+    to: InvoiceStatus,
+    user: User | None,
+    now: datetime | None,
+    via: str = "",
+    reference: str = "",
 ) -> Invoice:
+    """`via` names the system that reported the change when no user made it ("stripe"),
+    `reference` what it reported it with (an event id); both go to the audit log."""
     now = now or datetime.now(UTC)
     with transaction.atomic():
         locked = Invoice.objects.select_for_update().get(pk=invoice.pk)
@@ -424,28 +444,93 @@ def _transition(
         elif to == InvoiceStatus.VOID:
             locked.voided_at = now
         locked.save(update_fields=["status", "paid_at", "voided_at"])
+        metadata = {"from": previous, "number": locked.number}
+        if via:
+            metadata.update(via=via, reference=reference)
+        elif settings.STRIPE_API_KEY:
+            # Decided here, not reported by Stripe: its copy must follow, so it can't be
+            # paid online any more.
+            enqueue_on_commit("billing.tasks.invoice_status_to_stripe", locked.pk)
         audit_record(
             action=f"invoice.{to.value}",
             tenant=locked.tenant,
             actor=user,
+            actor_label=None if user else (via or None),
             target=locked,
-            metadata={"from": previous, "number": locked.number},
+            metadata=metadata,
         )
     return locked
 
 
-def invoice_void(*, invoice: Invoice, user: User | None, now: datetime | None = None) -> Invoice:
+def invoice_can_become(invoice: Invoice, to: InvoiceStatus) -> bool:
+    """Whether `to` is a legal (forward) transition from the invoice's status."""
+    return to in TRANSITIONS.get(invoice.status, set())
+
+
+def invoice_void(
+    *,
+    invoice: Invoice,
+    user: User | None,
+    now: datetime | None = None,
+    via: str = "",
+    reference: str = "",
+) -> Invoice:
     """Open → void (anything else: 409). Its records stay claimed (see the module doc)."""
-    return _transition(invoice=invoice, to=InvoiceStatus.VOID, user=user, now=now)
+    return _transition(
+        invoice=invoice, to=InvoiceStatus.VOID, user=user, now=now, via=via, reference=reference
+    )
 
 
 def invoice_mark_uncollectible(
-    *, invoice: Invoice, user: User | None, now: datetime | None = None
+    *,
+    invoice: Invoice,
+    user: User | None,
+    now: datetime | None = None,
+    via: str = "",
+    reference: str = "",
 ) -> Invoice:
-    return _transition(invoice=invoice, to=InvoiceStatus.UNCOLLECTIBLE, user=user, now=now)
+    return _transition(
+        invoice=invoice,
+        to=InvoiceStatus.UNCOLLECTIBLE,
+        user=user,
+        now=now,
+        via=via,
+        reference=reference,
+    )
 
 
 def invoice_mark_paid(
-    *, invoice: Invoice, user: User | None, now: datetime | None = None
+    *,
+    invoice: Invoice,
+    user: User | None,
+    now: datetime | None = None,
+    via: str = "",
+    reference: str = "",
 ) -> Invoice:
-    return _transition(invoice=invoice, to=InvoiceStatus.PAID, user=user, now=now)
+    return _transition(
+        invoice=invoice, to=InvoiceStatus.PAID, user=user, now=now, via=via, reference=reference
+    )
+
+
+def invoice_payment_failure_record(
+    *, invoice: Invoice, message: str, via: str, reference: str = "", now: datetime | None = None
+) -> bool:
+    """Record a failed collection attempt on an open invoice (shown on its page and the
+    tenant's dashboard until it is paid). Anything but open: nothing to record, False."""
+    now = now or datetime.now(UTC)
+    with transaction.atomic():
+        locked = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        if locked.status != InvoiceStatus.OPEN:
+            return False
+        locked.payment_failed_at = now
+        locked.payment_failure_message = message[:500]
+        locked.save(update_fields=["payment_failed_at", "payment_failure_message"])
+        audit_record(
+            action="invoice.payment_failed",
+            tenant=locked.tenant,
+            actor_label=via,
+            target=locked,
+            metadata={"number": locked.number, "message": locked.payment_failure_message,
+                      "via": via, "reference": reference},
+        )  # fmt: skip
+    return True

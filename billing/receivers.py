@@ -1,6 +1,6 @@
 """Where billing plugs into the rooms below it: jobs' launch policies, cost provider and
-deletion signal, marketplace's price-book panels, and the database views kept across
-migrations. Connected once, from `BillingConfig.ready()`."""
+deletion signal, marketplace's price-book panels, console's dashboard (payment failures),
+and the database views kept across migrations. Connected once, from `BillingConfig.ready()`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from django.db.models.signals import post_migrate, pre_migrate
 from billing import dbviews, panels
 from billing.job_costs import BillingJobCosts
 from billing.metering.tick import release_held_usage
+from billing.payments.selectors import dashboard_payments_context
 from billing.services import BudgetLaunchPolicy
+from console.dashboard import dashboard_section_register
 from jobs import extensions
 
 
@@ -28,6 +30,7 @@ def connect(app_config: AppConfig) -> None:
     extensions.launch_policy_register(BudgetLaunchPolicy())
     extensions.job_cost_provider_register(BillingJobCosts())
     panels.register()
+    dashboard_section_register(dashboard_payments_context)
     extensions.job_deleting.connect(
         job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"
     )

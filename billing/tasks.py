@@ -8,6 +8,10 @@ from datetime import UTC, datetime
 from celery import shared_task
 
 from billing import invoicing, services
+from billing.models import Invoice
+from billing.payments import stripe_sync
+from billing.payments.client import StripeUnavailable
+from console.queueing import enqueue_now
 from console.services import ServiceError
 
 log = logging.getLogger(__name__)
@@ -43,3 +47,47 @@ def budget_webhook_task(self, budget_id: int, payload: dict) -> None:
 def invoices_draft_monthly_task() -> None:
     """On the 1st: last month's drafts (safe to run twice: one draft per tenant)."""
     invoicing.invoices_draft_monthly(now=datetime.now(UTC))
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    autoretry_for=(StripeUnavailable,),
+    retry_backoff=5,
+    retry_backoff_max=1800,
+    retry_jitter=True,
+    # Up to about 4 hours of backoff (5 s doubling to 30 min), well inside Stripe's 24 h
+    # memory of idempotency keys; after that the reconciler below queues it again.
+    max_retries=16,
+)
+def invoice_push_to_stripe(self, invoice_id: int) -> None:
+    """Push a finalized invoice to Stripe (safe to run twice: the same stored keys)."""
+    invoice = Invoice.objects.filter(pk=invoice_id).first()
+    if invoice is None:
+        return
+    stripe_sync.invoice_push(invoice=invoice)
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    autoretry_for=(StripeUnavailable,),
+    retry_backoff=5,
+    retry_backoff_max=1800,
+    retry_jitter=True,
+    max_retries=16,
+)
+def invoice_status_to_stripe(self, invoice_id: int) -> None:
+    """Carry a void, uncollectible or out-of-band payment made here to Stripe."""
+    invoice = Invoice.objects.filter(pk=invoice_id).first()
+    if invoice is None:
+        return
+    stripe_sync.invoice_status_push(invoice=invoice)
+
+
+@shared_task(acks_late=True)
+def invoices_stripe_push_pending_task() -> None:
+    """Reconciler: queue a push for each open invoice not yet at Stripe (a lost task, a
+    broker outage at finalization, a key set afterwards)."""
+    for invoice_id in stripe_sync.invoices_awaiting_push(now=datetime.now(UTC)):
+        enqueue_now("billing.tasks.invoice_push_to_stripe", invoice_id)

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from billing import invoice_views, views
+from billing.payments import views as payment_views
 
 app_name = "billing"
 
@@ -22,6 +23,10 @@ urlpatterns = [
         invoice_views.invoice_lines_csv,
         name="invoice_lines_csv",
     ),
+    path("credit/", payment_views.credit, name="credit"),
+    path("credit/buy/", payment_views.credit_buy, name="credit_buy"),
+    # Stripe's deliveries: signed, no session (see billing/payments/webhook.py).
+    path("stripe/webhook/", payment_views.stripe_webhook, name="stripe_webhook"),
     path("staff/invoices/", invoice_views.staff_invoices, name="staff_invoices"),
     path(
         "staff/invoices/mismatches/",

@@ -1,5 +1,6 @@
 """Billing's models: the usage ledger and its rollups and budgets (`usage`), invoices and
-credit notes (`invoices`). Every model is re-exported here (`billing.models.X`)."""
+credit notes (`invoices`), credit, Stripe and its webhooks (`payments`). Every model is
+re-exported here (`billing.models.X`)."""
 
 from billing.models.invoices import (
     CENTS,
@@ -16,6 +17,16 @@ from billing.models.invoices import (
     LineKind,
     NumberKind,
     TenantBillingProfile,
+)
+from billing.models.payments import (
+    CreditMovement,
+    CreditMovementKind,
+    CreditPack,
+    CreditPurchase,
+    CreditPurchaseStatus,
+    StripeEvent,
+    StripeInvoice,
+    StripeInvoiceItem,
 )
 from billing.models.usage import (
     AMOUNT,
@@ -48,8 +59,13 @@ __all__ = [
     "Budget",
     "BudgetAction",
     "BudgetAlert",
+    "CreditMovement",
+    "CreditMovementKind",
     "CreditNote",
     "CreditNoteLine",
+    "CreditPack",
+    "CreditPurchase",
+    "CreditPurchaseStatus",
     "HourlyRollupMark",
     "Invoice",
     "InvoiceLine",
@@ -60,6 +76,9 @@ __all__ = [
     "LiveUsageRollup",
     "MonthlyRollupMark",
     "NumberKind",
+    "StripeEvent",
+    "StripeInvoice",
+    "StripeInvoiceItem",
     "TenantBillingProfile",
     "UsageDailyTotal",
     "UsageRecord",

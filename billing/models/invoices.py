@@ -37,6 +37,10 @@ class TenantBillingProfile(TenantOwnedModel):
     tax_label = models.CharField(max_length=40, default="Tax")
     payment_terms_days = models.PositiveIntegerField(default=30)
     credit_balance = models.DecimalField(default=Decimal(0), **MONEY)
+    # The tenant's Stripe Customer (made on first need), and the idempotency key of its
+    # creation, stored before the call so a retry after a timeout makes no second one.
+    stripe_customer_id = models.CharField(max_length=255, blank=True)
+    stripe_customer_idempotency_key = models.CharField(max_length=255, blank=True)
 
     def __str__(self) -> str:
         return f"billing profile of {self.tenant}"
@@ -111,6 +115,9 @@ class Invoice(TenantOwnedModel):
     finalized_at = models.DateTimeField(null=True, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
     voided_at = models.DateTimeField(null=True, blank=True)
+    # The last failed collection attempt Stripe reported (the invoice stays open).
+    payment_failed_at = models.DateTimeField(null=True, blank=True)
+    payment_failure_message = models.CharField(max_length=500, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

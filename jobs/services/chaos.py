@@ -38,7 +38,7 @@ def _controls() -> ChaosControls:
     return controls
 
 
-def _carry_out(action, *args, **kwargs) -> dict:
+def _carry_out(action, *args, **kwargs):
     try:
         return action(*args, **kwargs)
     except ChaosRefused as error:

@@ -34,6 +34,8 @@ PUBLIC = {
     "api-schema",
     "api-swagger",
     "api-redoc",
+    # Stripe's deliveries: no session; the body's signature is checked (tests/billing/).
+    "billing:stripe_webhook",
 }
 # Shared catalog data (not owned by a tenant): readable by every member, written by staff
 # only. The walk still checks sign-in and that no foreign tenant data shows up.
@@ -187,6 +189,9 @@ def foreign(other_world, world):
             "gpu_type_slug": GpuType.objects.first().slug,
             "registry_id": AllowedRegistry.objects.first().pk,
             "slug": GpuType.objects.first().slug,
+            # the sandbox's chaos controls: staff-only, 404 for a tenant owner
+            "pool_slug": pool.slug,
+            "node": f"{pool.slug}-0",
         },
         "pk_by_basename": by_basename,
         # Strings that would only appear if foreign data leaked into a page or response.
