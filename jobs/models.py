@@ -166,7 +166,11 @@ class Job(TenantOwnedModel):
                 name="job_idempotency_key_unique",
             ),
         ]
-        indexes = [models.Index(fields=["tenant", "status"])]
+        indexes = [
+            models.Index(fields=["tenant", "status"]),
+            # The tenant's job list, newest first: a page is an index range, not a sort.
+            models.Index(fields=["tenant", "-created_at", "-id"], name="job_tenant_newest"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} (#{self.pk})"

@@ -1,4 +1,19 @@
-from rest_framework.pagination import PageNumberPagination
+"""The API's page envelopes.
+
+`PageSizePagination` ({count, next, previous, results}, `?page=`) serves short lists.
+Long, growing lists (a tenant's jobs, a job's events, the audit log) use
+`CursorCountPagination`: `?cursor=` pages (opaque links in `next`/`previous`) that cost
+the same on page 1 and page 2,000, and a `count` capped at 10,000 (`count_capped` says
+when there are more) instead of counting every row on every page. `?page=` still works
+there, for clients written against the page-number envelope.
+"""
+
+from __future__ import annotations
+
+from rest_framework.pagination import CursorPagination, PageNumberPagination
+from rest_framework.response import Response
+
+COUNT_CAP = 10_000
 
 
 class PageSizePagination(PageNumberPagination):
@@ -7,3 +22,67 @@ class PageSizePagination(PageNumberPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+
+
+class CursorCountPagination(CursorPagination):
+    """Cursor pages of a list ordered by `ordering` (newest first by default), with a
+    capped count; `?page=N` falls back to page numbers."""
+
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+    ordering = ("-created_at", "-id")
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self._by_page = None
+        if "page" in request.query_params:
+            self._by_page = PageSizePagination()
+            return self._by_page.paginate_queryset(queryset, request, view)
+        # COUNT over at most COUNT_CAP + 1 rows: an index-only scan, however long the list.
+        counted = queryset.order_by()[: COUNT_CAP + 1].count()
+        self.count, self.count_capped = min(counted, COUNT_CAP), counted > COUNT_CAP
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_paginated_response(self, data):
+        if self._by_page is not None:
+            return self._by_page.get_paginated_response(data)
+        return Response(
+            {
+                "count": self.count,
+                "count_capped": self.count_capped,
+                "next": self.get_next_link(),
+                "previous": self.get_previous_link(),
+                "results": data,
+            }
+        )
+
+    def get_paginated_response_schema(self, schema):
+        envelope = super().get_paginated_response_schema(schema)
+        envelope["properties"] = {
+            "count": {"type": "integer", "example": 123},
+            "count_capped": {
+                "type": "boolean",
+                "description": f"true when there are more than {COUNT_CAP} items",
+            },
+            **envelope["properties"],
+        }
+        return envelope
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        return [
+            *parameters,
+            {
+                "name": "page",
+                "required": False,
+                "in": "query",
+                "description": "A page number instead of a cursor (the count is then exact).",
+                "schema": {"type": "integer"},
+            },
+        ]
+
+
+class EventCursorPagination(CursorCountPagination):
+    """A job's events, oldest first (a timeline)."""
+
+    ordering = ("at", "id")

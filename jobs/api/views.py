@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from console.api.base import TenantScopedViewSet
+from console.api.pagination import CursorCountPagination, EventCursorPagination
 from console.permissions import Capability
 from jobs import selectors, services
 from jobs.actors import Actor
@@ -19,6 +20,7 @@ from jobs.models import Job, JobStatus, TenantSecret
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = Job.objects.select_related("gpu_type", "region", "image", "tenant")
     serializer_class = s.JobSerializer
+    pagination_class = CursorCountPagination
     required_capabilities = {
         a: Capability.LAUNCH_JOBS
         for a in ("create", "pause", "resume", "cancel", "clone", "destroy")
@@ -32,7 +34,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
     @extend_schema(parameters=[OpenApiParameter("status", str, enum=JobStatus.values)])
     def list(self, request, *args, **kwargs):
-        return super().list(request, *args, **kwargs)
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(s.job_rows(list(page)))
+
+    def retrieve(self, request, *args, **kwargs):
+        return Response(s.job_row(self.get_object()))
 
     @extend_schema(
         request=s.JobCreateSerializer,
@@ -50,11 +56,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             idempotency_key=key,
             request=request._request,
         )
-        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        return Response(s.job_row(job), status=status.HTTP_201_CREATED)
 
     def _act(self, service, **kwargs):
         job = service(job=self.get_object(), actor=Actor.of_user(self.request.user), **kwargs)
-        return Response(s.JobSerializer(job).data)
+        return Response(s.job_row(job))
 
     @extend_schema(request=None, responses=s.JobSerializer)
     @action(detail=True, methods=["post"])
@@ -75,7 +81,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     @action(detail=True, methods=["post"])
     def clone(self, request, pk=None):
         job = services.job_clone(job=self.get_object(), user=request.user, request=request._request)
-        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        return Response(s.job_row(job), status=status.HTTP_201_CREATED)
 
     def destroy(self, request, *args, **kwargs):
         services.job_delete(job=self.get_object(), user=request.user, request=request._request)
@@ -85,8 +91,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):
         events = selectors.job_events(job=self.get_object())
-        page = self.paginate_queryset(events)
-        return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
+        paginator = EventCursorPagination()
+        page = paginator.paginate_queryset(events, request, view=self)
+        return paginator.get_paginated_response(s.JobEventSerializer(page, many=True).data)
 
     @extend_schema(parameters=[OpenApiParameter("since_line", int), OpenApiParameter("limit", int)])
     @action(detail=True, methods=["get"])

@@ -1,0 +1,108 @@
+"""Benchmark data: a tenant with many finished jobs, as metering leaves them (events, a
+closed meter and ledger records each), written in bulk (the state machine would take
+hours for 100,000 jobs; these rows are what it would have written)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.utils import timezone
+
+from billing.models import JobMeter, UsageRecord
+from jobs.models import Job, JobEvent, JobStatus
+from marketplace.models import Image, NodePool, PriceVersion
+
+BATCH = 2000
+S = JobStatus
+TIMELINE = (
+    ("", S.QUEUED, "submitted"),
+    (S.QUEUED, S.DISPATCHING, "admitted"),
+    (S.DISPATCHING, S.PROVISIONING, "submitted to the cluster"),
+    (S.PROVISIONING, S.RUNNING, "running"),
+    (S.RUNNING, S.SUCCEEDED, "completed"),
+)
+
+
+def make_finished_jobs(tenant, user, count: int) -> None:
+    """`count` succeeded one-node GPU jobs of one hour each, spread over the last year."""
+    pool = NodePool.objects.filter(gpu_type__isnull=False, is_active=True).first()
+    assert pool is not None, "the catalog needs a GPU pool"
+    image = Image.objects.filter(tenant__isnull=True).first()
+    version = PriceVersion.objects.in_force()
+    now = timezone.now()
+    for offset in range(0, count, BATCH):
+        jobs = []
+        for index in range(offset, min(count, offset + BATCH)):
+            created = now - timedelta(minutes=5 * (count - index))
+            jobs.append(
+                Job(
+                    tenant=tenant,
+                    created_by=user,
+                    name=f"bench-{index}",
+                    image=image,
+                    image_reference=image.reference,
+                    command=["torchrun", "train.py", f"--run={index}"],
+                    gpu_type=pool.gpu_type,
+                    gpus_per_node=pool.gpus_per_node or 1,
+                    cpus=8,
+                    region=pool.region,
+                    backend=pool.backend,
+                    pool=pool,
+                    on_demand_nodes=1,
+                    status=S.SUCCEEDED,
+                    status_reason="completed",
+                    status_changed_at=created + timedelta(hours=1, minutes=2),
+                    exit_code=0,
+                    run_seconds=3600,
+                    created_at=created,
+                    started_at=created + timedelta(minutes=2),
+                    finished_at=created + timedelta(hours=1, minutes=2),
+                )
+            )
+        jobs = Job.objects.bulk_create(jobs)
+        events, meters, records = [], [], []
+        for job in jobs:
+            for step, (before, after, reason) in enumerate(TIMELINE):
+                at = (
+                    job.created_at + timedelta(minutes=min(step, 2))
+                    if step < 4
+                    else job.finished_at
+                )
+                events.append(
+                    JobEvent(
+                        job=job,
+                        at=at,
+                        from_status=before,
+                        to_status=after,
+                        actor="system",
+                        reason=reason,
+                    )
+                )
+            meters.append(JobMeter(job=job, metered_until=job.finished_at, open=False))
+            units = job.gpus_per_node
+            price = Decimal("1.79")
+            records.append(
+                UsageRecord(
+                    tenant=tenant,
+                    job=job,
+                    job_ref=job.pk,
+                    job_name=job.name,
+                    attempt=1,
+                    tier="on_demand",
+                    gpu_type=job.gpu_type,
+                    region=job.region,
+                    interval_start=job.started_at,
+                    interval_end=job.finished_at,
+                    units=units,
+                    gpu_seconds=Decimal(3600 * units),
+                    price_version=version,
+                    unit_price=price,
+                    amount=price * units,
+                    on_demand_amount=price * units,
+                    currency="USD",
+                )
+            )
+        JobEvent.objects.bulk_create(events)
+        JobMeter.objects.bulk_create(meters)
+        UsageRecord.objects.bulk_create(records)

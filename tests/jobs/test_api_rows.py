@@ -1,0 +1,51 @@
+"""The job list's fast path (`job_rows`) writes exactly what `JobSerializer` (the
+schema) writes, for jobs in every kind of state; and the list pages by cursor."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from jobs.api.serializers import JobSerializer, job_rows
+from jobs.models import Job, JobStatus
+from jobs.services import tenant_secret_set
+from tests.jobs.test_api import JOBS, launch, local_cpu_pool, member_api
+from tests.jobs_helpers import advance_to
+
+__all__ = ["member_api"]  # the fixture, imported for these tests
+
+S = JobStatus
+
+
+def test_rows_equal_the_serializer_for_every_kind_of_job(member_api, world):
+    tenant_secret_set(tenant=world.tenant, user=world.owner, name="HF_TOKEN", value="hf_x")
+    running = launch(member_api, name="running", labels={"team": "nlp"}, env={"A": "1"})
+    finished = launch(member_api, name="finished")
+    advance_to(Job.objects.get(pk=running["id"]), S.RUNNING)
+    advance_to(Job.objects.get(pk=finished["id"]), S.SUCCEEDED)
+    launch(member_api, name="filler", cpus=local_cpu_pool().allocatable_vcpus)
+    launch(member_api, name="queued", secret_env={"HF_TOKEN": "hf_y"}, project="p")
+    jobs = list(Job.objects.select_related("gpu_type", "region", "image", "tenant"))
+    assert {job.status for job in jobs} >= {S.RUNNING, S.QUEUED, S.SUCCEEDED}
+    expected = [dict(row) for row in JobSerializer(jobs, many=True).data]
+    assert job_rows(jobs) == expected
+    assert any(row["queue_position"] == 1 for row in expected)
+    assert any(row["secret_env"] == {"HF_TOKEN": "••••••"} for row in expected)
+    assert all(Decimal(row["cost_to_date"]) >= 0 for row in expected)
+
+
+def test_the_list_pages_by_cursor_with_a_capped_count(member_api):
+    for number in range(5):
+        launch(member_api, name=f"job {number}")
+    first = member_api.get(f"{JOBS}?page_size=2").json()
+    assert (first["count"], first["count_capped"], first["previous"]) == (5, False, None)
+    assert "cursor=" in first["next"]
+    second = member_api.get(first["next"]).json()
+    third = member_api.get(second["next"]).json()
+    names = [row["name"] for page in (first, second, third) for row in page["results"]]
+    assert names == [f"job {n}" for n in range(4, -1, -1)]
+    assert third["next"] is None
+    # Clients of the page-number envelope keep working.
+    numbered = member_api.get(f"{JOBS}?page=2&page_size=2").json()
+    assert [row["name"] for row in numbered["results"]] == ["job 2", "job 1"]
+    assert "count_capped" not in numbered
+    assert member_api.get(f"{JOBS}?cursor=garbage").status_code == 404
