@@ -9,12 +9,10 @@ from datetime import datetime
 from decimal import Decimal
 from operator import attrgetter
 
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min, QuerySet, Sum, prefetch_related_objects
 from django.utils import timezone
 
 from billing.metering.spans import billed_spans
-from billing.models import JobMeter
-from billing.selectors import job_costs
 from jobs.models import BILLED_STATUSES, Job, JobEvent
 from jobs.selectors import job_events
 from marketplace.pricing import PricingError, estimate_cost
@@ -69,6 +67,8 @@ def jobs_run_rates(jobs) -> dict[int, Decimal | None]:
     """Each job's hourly price (`job_run_rate`), each configuration priced once."""
     by_configuration: dict[tuple, Decimal | None] = {}
     rates = {}
+    # A list may have read its jobs without their catalog rows: fetch them once.
+    prefetch_related_objects(list(jobs), "gpu_type", "region", "tenant")
     for job in jobs:
         key = _priced_by(job)
         if key not in by_configuration:
@@ -97,8 +97,7 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
     if not jobs:
         return {}
     now = now or timezone.now()
-    ledger = job_costs(jobs)
-    meters = dict(JobMeter.objects.filter(job__in=jobs).values_list("job_id", "metered_until"))
+    ledger, meters = _ledger_and_meters(jobs)
     live = [
         j
         for j in jobs
@@ -118,6 +117,23 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
             total += (rates[job.pk] or Decimal(0)) * Decimal(str(round(seconds, 3))) / 3600
         costs[job.pk] = total.quantize(COST_QUANTUM)
     return costs
+
+
+def _ledger_and_meters(jobs: list[Job]) -> tuple[dict[int, Decimal], dict[int, datetime]]:
+    """Each job's ledger total and metering cursor, in one query (a job page's cost)."""
+    rows = (
+        Job.objects.filter(pk__in=[job.pk for job in jobs])
+        .values_list("pk", "meter__metered_until")
+        .annotate(total=Sum("usage_records__amount"))
+        .order_by()
+    )
+    ledger: dict[int, Decimal] = {job.pk: Decimal(0) for job in jobs}
+    meters: dict[int, datetime] = {}
+    for pk, metered_until, amount in rows:
+        ledger[pk] = Decimal(amount or 0)
+        if metered_until is not None:
+            meters[pk] = metered_until
+    return ledger, meters
 
 
 def job_cost_to_date(job: Job, events: list[JobEvent] | None = None) -> Decimal:

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
-from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
+from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
 
 from console.permissions import Capability, has_capability
 from jobs.models import Job, JobEvent, JobStatus, Priority
 
 S = JobStatus
+
+
+def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") -> QuerySet[Job]:
+    """The tenant's jobs as the jobs page lists them: the slugs it shows instead of whole
+    catalog rows, and none of the columns it doesn't show (the spec's JSON)."""
+    jobs = Job.objects.for_tenant(tenant).annotate(
+        gpu_type_slug=F("gpu_type__slug"), region_slug=F("region__slug")
+    )
+    jobs = jobs.defer(
+        "labels", "command", "env", "secret_env_encrypted", "secret_env_names", "ports",
+        "assigned_devices", "image_reference", "checkpoint_path",
+    )  # fmt: skip
+    if status:
+        jobs = jobs.filter(status=status)
+    if query:
+        jobs = jobs.filter(name__icontains=query)
+    return jobs
 
 
 def jobs_for_tenant(*, tenant, status: str | None = None, query: str = "") -> QuerySet[Job]:

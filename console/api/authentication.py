@@ -5,7 +5,6 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from console.models import Membership
 from console.services import api_token_authenticate
 
 
@@ -22,17 +21,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         raw = raw.strip()
         if not raw or " " in raw:
             raise exceptions.AuthenticationFailed("Malformed Authorization header.")
-        token = api_token_authenticate(raw)
-        if token is None:
+        found = api_token_authenticate(raw)
+        if found is None:
+            # Unknown, revoked or expired, or its user is no longer a member.
             raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
-        membership = (
-            Membership.objects.for_tenant(token.tenant)
-            .select_related("tenant")
-            .filter(user=token.user)
-            .first()
-        )
-        if membership is None:
-            raise exceptions.AuthenticationFailed("The token's user is no longer a member.")
+        token, membership = found
         # The request's tenant is the token's, whatever the session says.
         request._request.tenant = token.tenant
         request._request.membership = membership

@@ -3,8 +3,9 @@
 `PageSizePagination` ({count, next, previous, results}, `?page=`) serves short lists.
 Long, growing lists (a tenant's jobs, a job's events, the audit log) use
 `CursorCountPagination`: `?cursor=` pages (opaque links in `next`/`previous`) that cost
-the same on page 1 and page 2,000, and a `count` capped at 10,000 (`count_capped` says
-when there are more) instead of counting every row on every page. `?page=` still works
+the same on page 1 and page 2,000, and, on the first page only, a `count` capped at
+10,000 (`count_capped` says when there are more; later pages give null for both)
+instead of counting every row on every page. `?page=` still works
 there, for clients written against the page-number envelope.
 """
 
@@ -38,9 +39,14 @@ class CursorCountPagination(CursorPagination):
         if "page" in request.query_params:
             self._by_page = PageSizePagination()
             return self._by_page.paginate_queryset(queryset, request, view)
-        # COUNT over at most COUNT_CAP + 1 rows: an index-only scan, however long the list.
-        counted = queryset.order_by()[: COUNT_CAP + 1].count()
-        self.count, self.count_capped = min(counted, COUNT_CAP), counted > COUNT_CAP
+        self.count, self.count_capped = None, None
+        if not request.query_params.get(self.cursor_query_param):
+            # The first page counts, over at most COUNT_CAP + 1 rows (an index-only scan
+            # however long the list); the pages after it don't count again. A view whose
+            # rows carry joins for display counts its plain queryset instead.
+            counting = view.count_queryset() if hasattr(view, "count_queryset") else queryset
+            counted = counting.order_by()[: COUNT_CAP + 1].count()
+            self.count, self.count_capped = min(counted, COUNT_CAP), counted > COUNT_CAP
         return super().paginate_queryset(queryset, request, view)
 
     def get_paginated_response(self, data):
@@ -59,10 +65,16 @@ class CursorCountPagination(CursorPagination):
     def get_paginated_response_schema(self, schema):
         envelope = super().get_paginated_response_schema(schema)
         envelope["properties"] = {
-            "count": {"type": "integer", "example": 123},
+            "count": {
+                "type": "integer",
+                "nullable": True,
+                "example": 123,
+                "description": f"on the first page: how many items, at most {COUNT_CAP}",
+            },
             "count_capped": {
                 "type": "boolean",
-                "description": f"true when there are more than {COUNT_CAP} items",
+                "nullable": True,
+                "description": f"on the first page: true when there are more than {COUNT_CAP}",
             },
             **envelope["properties"],
         }

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.db.models import F
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -149,15 +150,28 @@ class JobSerializer(serializers.ModelSerializer):
         return self._batch()["positions"].get(job.pk) if job.status == "queued" else None
 
 
-def _timestamp(value) -> str | None:
+def _timestamp(value, zone) -> str | None:
     """A datetime as DRF writes it (ISO 8601 in the current time zone, UTC as "Z")."""
     if value is None:
         return None
-    text = timezone.localtime(value).isoformat()
+    text = value.astimezone(zone).isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 SPOT_RATIO_QUANTUM = Decimal("0.001")
+# Annotations a job list reads instead of joining whole objects (see JobViewSet.list).
+RELATED_SLUGS = {
+    "image_slug": F("image__slug"),
+    "gpu_type_slug": F("gpu_type__slug"),
+    "region_slug": F("region__slug"),
+}
+
+
+def _related_slug(job: Job, relation: str) -> str | None:
+    if hasattr(job, f"{relation}_slug"):
+        return getattr(job, f"{relation}_slug")
+    related = getattr(job, relation)
+    return related.slug if related is not None else None
 
 
 def job_rows(jobs: list[Job]) -> list[dict]:
@@ -166,22 +180,23 @@ def job_rows(jobs: list[Job]) -> list[dict]:
     serializer stays the schema; a test checks both write the same document."""
     costs = job_costs().costs_to_date(jobs)
     positions = selectors.queue_positions(jobs)
+    zone = timezone.get_current_timezone()
     return [
         {
             "id": job.pk,
             "name": job.name,
             "project": job.project,
             "labels": job.labels,
-            "image": job.image.slug,
+            "image": _related_slug(job, "image"),
             "image_reference": job.image_reference,
             "command": job.command,
             "env": job.env,
             "secret_env": {name: "••••••" for name in job.secret_env_names},
-            "gpu_type": job.gpu_type.slug if job.gpu_type_id else None,
+            "gpu_type": _related_slug(job, "gpu_type"),
             "gpus_per_node": job.gpus_per_node,
             "cpus": job.cpus,
             "nodes": job.nodes,
-            "region": job.region.slug,
+            "region": _related_slug(job, "region"),
             "spot_ratio": str(Decimal(job.spot_ratio).quantize(SPOT_RATIO_QUANTUM)),
             "priority": job.priority,
             "max_runtime_minutes": job.max_runtime_minutes,
@@ -196,9 +211,9 @@ def job_rows(jobs: list[Job]) -> list[dict]:
             "attempt": job.attempt,
             "exit_code": job.exit_code,
             "cost_to_date": str(costs[job.pk]),
-            "created_at": _timestamp(job.created_at),
-            "started_at": _timestamp(job.started_at),
-            "finished_at": _timestamp(job.finished_at),
+            "created_at": _timestamp(job.created_at, zone),
+            "started_at": _timestamp(job.started_at, zone),
+            "finished_at": _timestamp(job.finished_at, zone),
         }
         for job in jobs
     ]

@@ -454,7 +454,7 @@ def test_removing_a_member_revokes_their_tokens_in_that_tenant_only(
     assert ApiToken.objects.get(name="here").revoked_at is not None
     there = services.api_token_authenticate(there_raw)
     assert there is not None
-    assert there.tenant == other_world.tenant
+    assert there[0].tenant == other_world.tenant
     event = assert_audited("membership.removed", actor=world.admin, tenant=world.tenant)
     assert event.metadata == {"user": world.member.email, "role": "member"}
 
@@ -534,13 +534,17 @@ def test_token_create_refuses_a_non_member(world, other_world):
     assert not ApiToken.objects.filter(name="sneaky").exists()
 
 
-def test_token_authenticate_returns_the_token(world):
+def test_token_authenticate_returns_the_token_and_membership(world):
     token, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="ok")
 
-    found = services.api_token_authenticate(raw)
+    found, membership = services.api_token_authenticate(raw)
 
     assert found == token
     assert (found.user, found.tenant) == (world.member, world.tenant)
+    stored = Membership.objects.get(tenant=world.tenant, user=world.member)
+    assert membership == stored
+    assert (membership.role, membership.created_at) == (stored.role, stored.created_at)
+    assert (membership.tenant, membership.user) == (world.tenant, world.member)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,19 @@
+"""Pages of long HTML lists: a Paginator that counts at most COUNT_CAP rows, so a tenant
+with 100,000 jobs doesn't pay a full COUNT on every page view (its pages say "200+")."""
+
+from __future__ import annotations
+
+from django.core.paginator import Paginator
+from django.utils.functional import cached_property
+
+from console.api.pagination import COUNT_CAP
+
+
+class CappedPaginator(Paginator):
+    capped = False  # set when there are more than COUNT_CAP rows
+
+    @cached_property
+    def count(self) -> int:
+        counted = self.object_list.order_by()[: COUNT_CAP + 1].count()
+        self.capped = counted > COUNT_CAP
+        return min(counted, COUNT_CAP)
