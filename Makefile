@@ -33,8 +33,9 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Every benchmark on PostgreSQL + Redis, then one table (SIZE=smoke: a few minutes).
 bench: setup
-	$(PY) -m pytest tests/bench -p no:cacheprovider -s
+	GPUGEEK_BENCH_SIZE=$(or $(SIZE),full) $(PY) -m tests.bench.run
 
 clean:
 	rm -rf $(VENV) node_modules $(VENDOR)

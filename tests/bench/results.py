@@ -13,7 +13,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "var" / "bench" / "results.jsonl
 
 
 def bench_size() -> str:
-    """"smoke" (CI: small sizes, a couple of minutes) or "full" (the issue's sizes)."""
+    """ "smoke" (CI: small sizes, a couple of minutes) or "full" (the issue's sizes)."""
     return os.environ.get("GPUGEEK_BENCH_SIZE", "full")
 
 

@@ -19,8 +19,9 @@ from billing.metering import meter_tick
 from billing.services import budget_create, budget_enforce, budget_spend
 from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import Image, NodePool, Region
+from tests.bench.results import bench_size, record
 
-SIZES = [10, 100, 500]
+SIZES = [10, 50] if bench_size() == "smoke" else [10, 100, 500]
 INTERVAL = timedelta(seconds=30)
 CPU_PRICE = Decimal("0.0125")  # per vCPU-hour in the demo book
 
@@ -93,6 +94,12 @@ def test_budget_reaction_time(bench_world, count):
         )
     )
     spend = budget_spend(budget, tick_at)
+    record(
+        "costs",
+        f"budget reaction: tick start → last of {count} jobs paused",
+        reactions[-1],
+        "ms",
+    )
     print(
         f"\n[bench budget] {connection.vendor}, {count:>4} running jobs: "
         f"tick {(ticked - started) * 1000:7.1f} ms, enforce {(enforced - ticked) * 1000:8.1f} ms "
