@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from rest_framework import serializers
 
@@ -74,6 +74,37 @@ class OfferSerializer(serializers.Serializer):
 
     def get_available_vcpus(self, offer) -> int | None:
         return offer.available if offer.is_cpu else None
+
+
+def _decimal(value, places: str) -> str | None:
+    """A Decimal as DRF's DecimalField writes it (fixed places, rounded half up)."""
+    return None if value is None else str(Decimal(value).quantize(Decimal(places), ROUND_HALF_UP))
+
+
+def offer_rows(offers) -> list[dict]:
+    """The offers as `OfferSerializer` writes them, without its per-field machinery (the
+    offers list's hot path); the serializer stays the schema, a test checks they agree."""
+    return [
+        {
+            "gpu_type": offer.gpu_type.slug if offer.gpu_type is not None else None,
+            "region": offer.region.slug,
+            "tier": offer.tier,
+            "currency": offer.currency,
+            "price_per_gpu_hour": None if offer.is_cpu else str(offer.unit_price),
+            "price_per_vcpu_hour": str(offer.unit_price) if offer.is_cpu else None,
+            "available_gpus": 0 if offer.is_cpu else offer.available,
+            "total_gpus": 0 if offer.is_cpu else offer.total,
+            "available_vcpus": offer.available if offer.is_cpu else None,
+            "memory_gib": offer.memory_gib,
+            "tflops": _decimal(offer.tflops, "0.1"),
+            "price_per_pflop_hour": _decimal(offer.price_per_pflop_hour, "0.0001"),
+            "vcpus_per_node": offer.vcpus_per_node,
+            "memory_gib_per_node": offer.memory_gib_per_node,
+            "price_version": offer.price_version,
+            "simulated": offer.simulated,
+        }
+        for offer in offers
+    ]
 
 
 class EstimateRequestSerializer(serializers.Serializer):

@@ -53,7 +53,8 @@ class OfferViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         ]
     )
     def list(self, request, *args, **kwargs):
-        return super().list(request, *args, **kwargs)
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(s.offer_rows(page))
 
     def get_queryset(self):
         params = self.request.query_params

@@ -10,8 +10,10 @@ from django.test.utils import CaptureQueriesContext
 
 from console.models import AuditEvent
 from marketplace import services
+from marketplace.api.serializers import OfferSerializer, offer_rows
 from marketplace.demo import GPU_TYPES
 from marketplace.models import GpuType, Image, NodePool, PriceEntry, Region, Tier
+from marketplace.selectors import offers
 from tests.conftest import token_client
 from tests.marketplace.helpers import demo_image_slugs
 
@@ -57,6 +59,14 @@ def test_offers_are_a_paginated_list_with_the_documented_fields(api):
     assert body["next"]
     for row in body["results"]:
         assert set(row) >= OFFER_FIELDS
+
+
+def test_offer_rows_equal_the_serializer(api, world):
+    everything = offers(tenant=world.tenant)
+    assert any(o.is_cpu for o in everything) and any(not o.is_cpu for o in everything)
+    expected = [dict(row) for row in OfferSerializer(everything, many=True).data]
+    assert offer_rows(everything) == expected
+    assert all_offers(api) == expected
 
 
 def test_offer_filters_and_values(api):
