@@ -11,7 +11,7 @@ from jobs import services
 from jobs.backends import BackendUnavailable, configured_backends, get_backend
 from jobs.logs.archive import logs_archive_finished
 from jobs.metrics import metrics_collect, metrics_downsample
-from jobs.models import Job
+from jobs.models import Job, JobStatus
 from jobs.services.dispatch import DispatchRetry
 from marketplace.services import capacity_sync
 
@@ -40,7 +40,9 @@ def job_dispatch_task(job_id: int) -> None:
 @shared_task(**RETRY)
 def job_suspend_task(job_id: int) -> None:
     job = Job.objects.filter(pk=job_id).first()
-    if job is not None:
+    # Only while pausing: a retry or a reconciler's copy that runs after the job was
+    # resumed (or finished) must not stop it again.
+    if job is not None and job.status == JobStatus.PAUSING:
         get_backend(job.backend).suspend(job)
 
 

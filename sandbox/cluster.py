@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from sandbox.kubesim import KubeAPIServer
+from sandbox.kubesim import ApiError, KubeAPIServer
 from sandbox.workload import Workloads
 
 POOL_LABEL = "gpugeek.io/pool"
@@ -178,27 +178,35 @@ class SandboxCluster:
         nodes = self._pool_nodes(pool)
         if any(node["metadata"]["labels"].get(TIER_LABEL) != "spot" for node in nodes):
             raise ChaosError(f"pool {pool!r} is not a spot pool")
-        evicted = []
-        for pod in self._running_pods_on({node["metadata"]["name"] for node in nodes}):
-            meta = pod["metadata"]
-            self.server.evict_pod(
-                meta["namespace"], meta["name"], "TerminationByKubelet", RECLAIM_MESSAGE
-            )
-            evicted.append(f"{meta['namespace']}/{meta['name']}")
+        names = {node["metadata"]["name"] for node in nodes}
+        evicted = self._disrupt(names, "TerminationByKubelet", RECLAIM_MESSAGE)
         return {"pool": pool, "evicted_pods": evicted}
+
+    def _disrupt(self, node_names: set[str], reason: str, message: str) -> list[str]:
+        """Disrupt every live pod on these nodes at once, as a node going away does; the
+        controllers react after the last one. (Reacting after each would let the first
+        evicted pod of a multi-node Job fail that Job, whose controller then deletes its
+        other pods under this loop.) A pod deleted meanwhile (by an API call) is skipped."""
+        evicted = []
+        with self.server.paused():
+            for pod in self._running_pods_on(node_names):
+                meta = pod["metadata"]
+                try:
+                    self.server.evict_pod(meta["namespace"], meta["name"], reason, message)
+                except ApiError as error:
+                    if error.code != 404:
+                        raise
+                    continue
+                evicted.append(f"{meta['namespace']}/{meta['name']}")
+        self.server.tick()
+        return evicted
 
     def fail_node(self, node: str) -> dict:
         """The node stops answering: NotReady, tainted unreachable, its pods disrupted."""
         self._must_have_node(node)
         self.server.set_node_ready(node, False)
         self.server.mutate("nodes", None, node, _add_taint)
-        evicted = []
-        for pod in self._running_pods_on({node}):
-            meta = pod["metadata"]
-            self.server.evict_pod(
-                meta["namespace"], meta["name"], "DeletionByTaintManager", NODE_FAILURE_MESSAGE
-            )
-            evicted.append(f"{meta['namespace']}/{meta['name']}")
+        evicted = self._disrupt({node}, "DeletionByTaintManager", NODE_FAILURE_MESSAGE)
         return {"node": node, "ready": False, "evicted_pods": evicted}
 
     def recover_node(self, node: str) -> dict:

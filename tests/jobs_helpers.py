@@ -33,9 +33,10 @@ def legal_path(current: str, to: str) -> list[str]:
     return path[::-1]
 
 
-def _at(at: datetime | None):
-    # jobs.state stamps status_changed_at, started_at and the JobEvent with timezone.now():
-    # patching it is how a test places a transition in the past without writing events.
+def at_time(at: datetime | None):
+    """Run the block as if the clock said `at` (None: the real clock). jobs.state and
+    the launch services stamp their rows and events with timezone.now(): patching it is
+    how a test places a launch or a transition in the past without writing events."""
     return patch("django.utils.timezone.now", return_value=at) if at else nullcontext()
 
 
@@ -44,7 +45,7 @@ def advance(
 ) -> Job:
     """Apply each status in turn (each must be legal from the one before); `changes` go
     with the first step (e.g. attempt=2 on requeue). Returns `job`, refreshed."""
-    with _at(at):
+    with at_time(at):
         for status in statuses:
             job_transition(job=job, to=status, actor=actor, **changes)
             changes = {}

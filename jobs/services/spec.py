@@ -173,6 +173,25 @@ def _validate_labels(labels) -> None:
             )
 
 
+MAX_CHECKPOINT_PATH_LENGTH = 400
+
+
+def _validate_checkpoint_path(path) -> None:
+    """Where the job keeps its checkpoints (a path, or a URL such as s3://bucket/run),
+    handed to it as GPUGEEK_CHECKPOINT_PATH: no control characters (a NUL or a newline
+    breaks an environment), and no `..` segment, so it never names a place outside the
+    one it appears to."""
+    if not isinstance(path, str) or len(path) > MAX_CHECKPOINT_PATH_LENGTH:
+        raise invalid(
+            f"The checkpoint path is at most {MAX_CHECKPOINT_PATH_LENGTH} characters.",
+            "checkpoint_path",
+        )
+    if any(ord(char) < 32 or ord(char) == 127 for char in path):
+        raise invalid("The checkpoint path contains control characters.", "checkpoint_path")
+    if ".." in re.split(r"[/\\]", path):
+        raise invalid("The checkpoint path can't contain “..” segments.", "checkpoint_path")
+
+
 PORT_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,13}[a-z0-9])?$")
 
 
@@ -260,6 +279,7 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
             "secret_env" if secret_env else "env",
         )
     _validate_ports(spec.ports)
+    _validate_checkpoint_path(spec.checkpoint_path)
     overlap = set(spec.env) & set(spec.secret_env)
     if overlap:
         raise invalid(f"{', '.join(sorted(overlap))} is both plain and secret.", "secret_env")

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 from billing.models import LiveUsageRollup
 from jobs.actors import SYSTEM
-from jobs.models import Job, JobStatus
-from tests.jobs_helpers import advance_to, submit
+from jobs.models import JobStatus
+from tests.jobs_helpers import advance_to, at_time, submit
 
 S = JobStatus
 
@@ -13,10 +13,9 @@ S = JobStatus
 def make_job(world, *, name="train", cpus=1, priority="normal", project="", start=None):
     """A local CPU job, submitted for real; tests drive its timeline with set_status (no
     process is started)."""
-    job = submit(world, name, command=["true"], cpus=cpus, priority=priority, project=project)
-    if start is not None:
-        Job.objects.filter(pk=job.pk).update(created_at=start - timedelta(seconds=5))
-    return job
+    # Submitted just before `start` (its creation and first events), when one is given.
+    with at_time(start - timedelta(seconds=5) if start is not None else None):
+        return submit(world, name, command=["true"], cpus=cpus, priority=priority, project=project)
 
 
 def set_status(job, to, at, attempt=None):

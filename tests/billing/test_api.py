@@ -15,7 +15,6 @@ from billing.metering import meter_tick
 from billing.models import Budget, UsageRecord
 from billing.selectors import CostQuery
 from billing.services import period_start
-from jobs.models import JobEvent
 from tests.billing.conftest import S, make_job, set_status
 from tests.conftest import token_client
 
@@ -180,9 +179,8 @@ def usage(world, other_world, catalog):
     """A 1-vCPU job metered across two days of a past month, and another tenant's job."""
     day = period_start(timezone.now()) - timedelta(days=20)  # inside last month
     start = datetime(day.year, day.month, day.day, 22, tzinfo=UTC)
-    ours = make_job(world, name="etl", project="data")
-    theirs = make_job(other_world, name="secret-etl")
-    JobEvent.objects.filter(job__in=[ours, theirs]).update(at=start - timedelta(seconds=5))
+    ours = make_job(world, name="etl", project="data", start=start)
+    theirs = make_job(other_world, name="secret-etl", start=start)
     set_status(ours, S.RUNNING, start)
     set_status(theirs, S.RUNNING, start)
     for hours in (1, 3, 5):
@@ -282,8 +280,7 @@ def test_unknown_group_by_is_a_400(apis):
 def test_cost_summary(apis, world, catalog):
     now = timezone.now()
     since = max(now - timedelta(minutes=10), period_start(now))
-    job = make_job(world, name="train")
-    JobEvent.objects.filter(job=job).update(at=since - timedelta(seconds=5))
+    job = make_job(world, name="train", start=since)
     set_status(job, S.RUNNING, since)
     meter_tick(now=now)
     apis["owner"].post(BUDGETS, {"name": "All", "amount": "1000"}, format="json")

@@ -31,11 +31,11 @@ from billing.models import AMOUNT_QUANTUM, MonthlyRollupMark, UsageRollup
 from billing.selectors import CostQuery
 from billing.services import period_start
 from console.services import ServiceError
-from jobs.models import JobEvent
 from jobs.services import JobSpec, job_submit
 from marketplace.models import GpuType, PriceVersion
 from tests.billing.conftest import S, make_job, set_status
 from tests.conftest import signed_in_client
+from tests.jobs_helpers import at_time
 
 HOUR = Decimal(3600)
 GROUPS = ["gpu_type", "job", "tier", "region", "day", "project"]
@@ -81,9 +81,11 @@ def submit(world, name, gpu_type, gpus, nodes, spot_ratio, region, project):
 
 def seed_usage(world, other_world, start: datetime) -> dict[str, int]:
     """Write the jobs' timelines and meter them every three hours, in time order."""
-    jobs = {name: submit(world, name, *spec) for name, spec in JOBS.items()}
-    jobs["intruder"] = submit(other_world, "llama-intruder", "a100-80gb", 4, 1, "0", "us-west", "")
-    JobEvent.objects.filter(job__in=jobs.values()).update(at=start - timedelta(seconds=5))
+    with at_time(start - timedelta(seconds=5)):  # submitted just before the timelines
+        jobs = {name: submit(world, name, *spec) for name, spec in JOBS.items()}
+        jobs["intruder"] = submit(
+            other_world, "llama-intruder", "a100-80gb", 4, 1, "0", "us-west", ""
+        )
 
     def h(hours: float) -> datetime:
         return start + timedelta(hours=hours)
@@ -260,8 +262,7 @@ def test_the_running_hour_held_by_meters_is_in_every_figure(usage, world):
     from billing.models import JobMeter
 
     last_day = datetime.combine(usage["last_day"], datetime.min.time(), tzinfo=UTC)
-    job = make_job(world, name="live-run", cpus=4)
-    JobEvent.objects.filter(job=job).update(at=last_day + timedelta(hours=6, minutes=9))
+    job = make_job(world, name="live-run", cpus=4, start=last_day + timedelta(hours=6, minutes=10))
     set_status(job, S.RUNNING, last_day + timedelta(hours=6, minutes=10))
     meter_tick(now=last_day + timedelta(hours=6, minutes=40))
     assert JobMeter.objects.get(job=job).hour == last_day + timedelta(hours=6)

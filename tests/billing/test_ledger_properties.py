@@ -48,12 +48,13 @@ from billing.models import (
     UsageRecord,
 )
 from billing.selectors import price_gaps
-from jobs.models import Job, JobEvent
+from jobs.models import Job
 from jobs.services import JobSpec, job_submit
 from marketplace.models import PriceEntry, PriceVersion, TenantPricing
 from tests.billing.conftest import S, live_rollups, make_job, set_status
 from tests.conftest import signed_in_client
 from tests.factories import MembershipFactory, UserFactory
+from tests.jobs_helpers import at_time
 
 SECONDS_QUANTUM = Decimal("0.001")
 HUNDRED = Decimal(100)
@@ -404,11 +405,10 @@ def test_ledger_invariants_hold_under_any_lifecycle(world, catalog):
     first = PriceVersion.objects.order_by("effective_from").first()
     # A day into the price book, at an odd minute so that hour boundaries fall inside spans.
     start = (first.effective_from + timedelta(days=1)).replace(minute=37, second=11, microsecond=0)
-    cpu = cpu_job(world, name="cpu-job")
-    gpu = gpu_job(world, name="gpu-job")
+    with at_time(start - timedelta(seconds=5)):  # submitted before the examples' start
+        cpu = cpu_job(world, name="cpu-job")
+        gpu = gpu_job(world, name="gpu-job")
     assert (gpu.on_demand_nodes, gpu.spot_nodes, gpu.pool.tier) == (1, 1, "on_demand")
-    # Submission wrote events at the wall clock: put them before the examples' start.
-    JobEvent.objects.filter(job__in=[cpu, gpu]).update(at=start - timedelta(seconds=5))
     run_state_machine_as_test(
         lambda: LedgerMachine(world, start, [cpu.pk, gpu.pk]),
         settings=hypothesis_settings(stateful_step_count=15, deadline=None),
@@ -423,8 +423,7 @@ def test_a_price_book_gap_is_recorded_at_zero_with_the_reason(world, catalog, ca
     assert "Price book" in html and 'data-testid="price-gaps"' not in html  # no gap yet
     first = PriceVersion.objects.order_by("effective_from").first()
     start = first.effective_from - timedelta(minutes=10)
-    job = make_job(world, name="early", cpus=1)
-    JobEvent.objects.filter(job=job).update(at=start - timedelta(seconds=5))
+    job = make_job(world, name="early", cpus=1, start=start)
     set_status(job, S.RUNNING, start)
     meter_tick(now=first.effective_from + timedelta(minutes=5))
     records = list(UsageRecord.objects.filter(job_ref=job.pk).order_by("interval_start"))
@@ -448,8 +447,7 @@ def test_a_price_book_gap_is_recorded_at_zero_with_the_reason(world, catalog, ca
 def test_a_tick_whose_clock_is_older_than_a_job_end_still_bills_the_tail(world, catalog):
     first = PriceVersion.objects.order_by("effective_from").first()
     start = first.effective_from + timedelta(days=1)
-    job = make_job(world, name="racing", cpus=1)
-    JobEvent.objects.filter(job=job).update(at=start - timedelta(seconds=5))
+    job = make_job(world, name="racing", cpus=1, start=start)
     set_status(job, S.RUNNING, start)
     meter_tick(now=start + timedelta(seconds=30))
     # The job ends at +100 s; the next tick read the clock at +60 s and then waited for the

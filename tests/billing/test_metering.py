@@ -14,10 +14,11 @@ from billing.models import (
     UsageRecord,
     UsageRollup,
 )
-from jobs.models import Job, JobEvent
+from jobs.models import Job
 from marketplace.models import PriceVersion
 from tests.billing.conftest import T0, S, live_rollup, live_rollups, make_job, set_status
 from tests.concurrency import run_at_once
+from tests.jobs_helpers import at_time
 
 HOUR = timedelta(hours=1)
 CPU_PRICE = Decimal("0.0125")  # demo price per vCPU-hour in region "local"
@@ -275,12 +276,12 @@ def _lifecycles(world) -> list:
     a price change; plus a job that runs and ends between two ticks."""
     from tests.billing.test_ledger_properties import cpu_job, gpu_job
 
-    cpu, gpu, short = cpu_job(world, name="cpu"), gpu_job(world, name="gpu"), make_job(world)
-    # Text the fast path must carry through JSON unchanged (quotes, escapes, non-ASCII).
-    Job.objects.filter(pk=cpu.pk).update(name='cpu "α"\\n\t{', project="p,\u00e9'}")
     first = PriceVersion.objects.order_by("effective_from").first()
     t0 = (first.effective_from + timedelta(days=1)).replace(minute=40, second=0, microsecond=0)
-    JobEvent.objects.filter(job__in=[cpu, gpu, short]).update(at=t0 - timedelta(seconds=5))
+    with at_time(t0 - timedelta(seconds=5)):  # submitted just before the timelines
+        cpu, gpu, short = cpu_job(world, name="cpu"), gpu_job(world, name="gpu"), make_job(world)
+    # Text the fast path must carry through JSON unchanged (quotes, escapes, non-ASCII).
+    Job.objects.filter(pk=cpu.pk).update(name='cpu "α"\\n\t{', project="p,\u00e9'}")
     set_status(cpu, S.RUNNING, t0)
     set_status(gpu, S.RUNNING, t0 + timedelta(seconds=7, microseconds=250))
     set_status(cpu, S.PAUSING, t0 + timedelta(minutes=10))

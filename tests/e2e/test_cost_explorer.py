@@ -14,11 +14,11 @@ from playwright.sync_api import expect
 from billing.metering import meter_tick
 from billing.services import period_start
 from jobs.backends.local import LocalBackend
-from jobs.models import JobEvent
 from jobs.services import JobSpec, job_submit
 from marketplace.demo import seed_catalog
 from marketplace.services import capacity_sync
 from tests.billing.conftest import S, set_status
+from tests.jobs_helpers import at_time
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,11 @@ def seed_usage(world, monkeypatch) -> None:
     now = timezone.now()
     since = max(now - timedelta(hours=3), period_start(now))
     for name, (gpu_type, gpus, spot_ratio) in JOBS.items():
-        with override_settings(COMPUTE_BACKENDS=["kubernetes"]):
+        # Submitted just before `since`, when it started running.
+        with (
+            override_settings(COMPUTE_BACKENDS=["kubernetes"]),
+            at_time(since - timedelta(seconds=5)),
+        ):
             job = job_submit(
                 tenant=world.tenant,
                 user=world.member,
@@ -50,7 +54,6 @@ def seed_usage(world, monkeypatch) -> None:
                     spot_ratio=Decimal(spot_ratio),
                 ),
             )
-        JobEvent.objects.filter(job=job).update(at=since - timedelta(seconds=5))
         set_status(job, S.RUNNING, since)
     meter_tick(now=now)
 
