@@ -46,6 +46,31 @@ done
 echo "healthz: $health"
 .venv/bin/python -c "import json,sys; c=json.loads(sys.argv[1])['components']; assert all(c[k]['status']=='ok' for k in ('database','redis','worker','beat','watcher')), c" "$health"
 
+# The sandbox cluster: an 8×A100 spot job launches, runs, logs and reports GPU readings.
+token=$(curl -s -X POST "$url/api/v1/auth/token" -H 'Content-Type: application/json' \
+  -d "{\"email\": \"alice@acme.example\", \"password\": \"${DEMO_PASSWORD:-gpugeek-demo}\", \"tenant\": \"acme\", \"name\": \"smoke\"}" \
+  | .venv/bin/python -c "import json,sys; print(json.load(sys.stdin)['token'])")
+job=$(curl -s -X POST "$url/api/v1/jobs" -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
+  -d '{"name": "smoke-a100-spot", "image": "pytorch-2-5-cuda12-4", "command": ["torchrun", "train.py"], "gpu_type": "a100-80gb", "gpus_per_node": 8, "region": "us-west", "spot_ratio": "1", "env": {"SANDBOX_DURATION_SECONDS": "60"}}' \
+  | .venv/bin/python -c "import json,sys; body=json.load(sys.stdin); print(body.get('id') or sys.exit(f'launch refused: {body}'))")
+for _ in $(seq 1 60); do
+  status=$(curl -s -H "Authorization: Bearer $token" "$url/api/v1/jobs/$job" | .venv/bin/python -c "import json,sys; print(json.load(sys.stdin)['status'])")
+  [ "$status" = running ] && break
+  sleep 1
+done
+echo "sandbox job $job: $status"
+[ "$status" = running ] || { tail -50 "$log_file"; echo "the sandbox job never ran"; exit 1; }
+for _ in $(seq 1 60); do
+  log=$(curl -s -H "Authorization: Bearer $token" "$url/api/v1/jobs/$job/log.txt")
+  samples=$(curl -s -H "Authorization: Bearer $token" "$url/api/v1/jobs/$job/metrics" | .venv/bin/python -c "import json,sys; print(len(json.load(sys.stdin).get('samples', [])))")
+  grep -q "^epoch " <<<"$log" && [ "$samples" -gt 0 ] && break
+  sleep 1
+done
+grep -q "Simulated workload" <<<"$log" && grep -q "^epoch " <<<"$log" \
+  || { echo "no simulated training log: $log"; exit 1; }
+[ "$samples" -gt 0 ] || { echo "no GPU readings for the sandbox job"; exit 1; }
+echo "sandbox job logs $(wc -l <<<"$log") lines and $samples GPU samples"
+
 # Like Ctrl-C in a terminal: the signal goes to the whole foreground group (make and the
 # launcher); the launcher then stops its children and the embedded Redis.
 kill -TERM -- "-$run_pid"
