@@ -1,13 +1,14 @@
 """Where billing plugs into the rooms below it: jobs' launch policies, cost provider and
-deletion signal, marketplace's price-book panels, console's dashboard (payment failures),
-and the database views kept across migrations. Connected once, from `BillingConfig.ready()`."""
+deletion signal, marketplace's price-book panels, console's dashboard (payment failures)
+and staff organisation pages (spend, balance due, credit, billing settings), and the
+database views kept across migrations. Connected once, from `BillingConfig.ready()`."""
 
 from __future__ import annotations
 
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate, pre_migrate
 
-from billing import dbviews, panels
+from billing import dbviews, panels, staff_tenants
 from billing.job_costs import BillingJobCosts
 from billing.metering.tick import release_held_usage
 from billing.payments.selectors import dashboard_payments_context
@@ -31,6 +32,7 @@ def connect(app_config: AppConfig) -> None:
     extensions.job_cost_provider_register(BillingJobCosts())
     panels.register()
     dashboard_section_register(dashboard_payments_context)
+    staff_tenants.register()
     extensions.job_deleting.connect(
         job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"
     )

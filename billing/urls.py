@@ -1,6 +1,6 @@
 from django.urls import path
 
-from billing import invoice_views, views
+from billing import finance_views, invoice_views, views
 from billing.payments import views as payment_views
 
 app_name = "billing"
@@ -22,6 +22,14 @@ urlpatterns = [
         "invoices/<int:invoice_id>/lines.csv",
         invoice_views.invoice_lines_csv,
         name="invoice_lines_csv",
+    ),
+    path("finance/", finance_views.finance_invoices, name="finance_invoices"),
+    path("finance/invoices.csv", finance_views.finance_invoices_csv, name="finance_invoices_csv"),
+    path("finance/revenue/", finance_views.finance_revenue, name="finance_revenue"),
+    path(
+        "staff/tenants/<slug:tenant_slug>/billing/",
+        finance_views.staff_tenant_billing,
+        name="staff_tenant_billing",
     ),
     path("credit/", payment_views.credit, name="credit"),
     path("credit/buy/", payment_views.credit_buy, name="credit_buy"),

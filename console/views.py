@@ -9,6 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -26,6 +27,7 @@ from console.forms import (
 )
 from console.models import Invitation, Membership, Tenant
 from console.permissions import Capability, capability_required, has_capability, staff_required
+from console.staff_extensions import staff_column_headers, staff_panels, staff_tenant_cells
 from console.tenancy import SESSION_TENANT_KEY, get_for_tenant_or_404
 
 PAGE_SIZE = 50
@@ -421,7 +423,18 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
             )
             return redirect("staff_tenant_detail", tenant_slug=tenant.slug)
     tenants = Paginator(selectors.tenants_for_staff(), PAGE_SIZE).get_page(request.GET.get("page"))
-    return render(request, "console/staff_tenants.html", {"tenants": tenants, "form": form})
+    # Columns the rooms above add (billing: spend, balance due, credit), for this page's rows.
+    cells = staff_tenant_cells(list(tenants))
+    return render(
+        request,
+        "console/staff_tenants.html",
+        {
+            "tenants": tenants,
+            "rows": [(tenant, cells[tenant.pk]) for tenant in tenants],
+            "extra_columns": staff_column_headers(),
+            "form": form,
+        },
+    )
 
 
 @staff_required
@@ -447,6 +460,10 @@ def staff_tenant_detail(request: HttpRequest, tenant_slug: str) -> HttpResponse:
             "tenant": tenant,
             "members": selectors.members_for_tenant(tenant=tenant),
             "events": selectors.audit_events_for_tenant(tenant=tenant)[:20],
+            "panels": [
+                render_to_string(panel.template_name, panel.context, request=request)
+                for panel in staff_panels(request, tenant)
+            ],
         },
     )
 

@@ -16,10 +16,12 @@ import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import plotly.graph_objects as go
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from billing import finance_charts
 from billing.finance_selectors import (
     AGEING_BUCKETS,
     InvoiceFilter,
@@ -219,6 +221,10 @@ def test_ageing_puts_each_day_count_in_its_bucket(world):
     assert ageing.not_yet_due == Decimal("192.00")  # due in 5 days, and due right now
     assert ageing.overdue == Decimal("63.00") and ageing.overdue_count == 6
     assert ageing.open_count == 8
+    figure = finance_charts.ageing_bar(ageing)
+    go.Figure(figure)  # valid Plotly JSON
+    assert figure["data"][0]["y"] == [1.0, 6.0, 24.0, 32.0]
+    assert figure["data"][0]["x"] == [label for label, _, _ in AGEING_BUCKETS]
 
 
 def test_ageing_ignores_paid_void_and_uncollectible(world, books):
