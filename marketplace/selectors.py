@@ -47,6 +47,10 @@ class Offer:
     price_version: int
     # Its capacity is the sandbox cluster's simulated nodes (nothing runs on real GPUs).
     simulated: bool = False
+    # A price change already published for later: the price from `next_price_from` on
+    # (None when the next price version keeps this offer's price or doesn't sell it).
+    next_unit_price: Decimal | None = None
+    next_price_from: datetime | None = None
 
     @property
     def is_cpu(self) -> bool:
@@ -92,6 +96,10 @@ def offers(
     if version is None:
         return []
     discount = tenant_discount_percent(tenant)
+    upcoming = upcoming_price_version(version)
+    upcoming_entries = (
+        {(e.gpu_type_id, e.region_id): e for e in upcoming.entries.all()} if upcoming else {}
+    )
     capacity: dict[tuple, dict[str, int]] = defaultdict(
         lambda: {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0}
     )
@@ -118,19 +126,30 @@ def offers(
         if entry.region_id in hidden_regions:
             continue
         prices = unit_prices(entry, version)
+        next_entry = upcoming_entries.get((entry.gpu_type_id, entry.region_id))
+        next_prices = (
+            unit_prices(next_entry, upcoming)
+            if upcoming and next_entry and upcoming.currency == version.currency
+            else None
+        )
         for tier_value in Tier.values:
             bucket = capacity.get(
                 (entry.gpu_type_id, entry.region_id, tier_value),
                 {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0},
             )
+            unit_price = _off(prices.for_tier(tier_value), discount).quantize(Decimal("0.000001"))
+            next_price = (
+                _off(next_prices.for_tier(tier_value), discount).quantize(Decimal("0.000001"))
+                if next_prices
+                else None
+            )
+            changed = next_prices is not None and next_price != unit_price
             rows.append(
                 Offer(
                     gpu_type=entry.gpu_type,
                     region=entry.region,
                     tier=tier_value,
-                    unit_price=_off(prices.for_tier(tier_value), discount).quantize(
-                        Decimal("0.000001")
-                    ),
+                    unit_price=unit_price,
                     currency=version.currency,
                     available=bucket["available"],
                     total=bucket["total"],
@@ -138,6 +157,8 @@ def offers(
                     memory_gib_per_node=bucket["memory"],
                     price_version=version.pk,
                     simulated=bool(bucket["simulated"]),
+                    next_unit_price=next_price if changed else None,
+                    next_price_from=upcoming.effective_from if changed and upcoming else None,
                 )
             )
 
@@ -160,6 +181,15 @@ def offers(
         return not (available_only and offer.available <= 0)
 
     return sorted(filter(keep, rows), key=SORTS.get(sort, SORTS["price"]))
+
+
+def upcoming_price_version(version: PriceVersion) -> PriceVersion | None:
+    """The price version published to take effect after `version` (the next one only)."""
+    return (
+        PriceVersion.objects.filter(effective_from__gt=version.effective_from)
+        .order_by("effective_from", "pk")
+        .first()
+    )
 
 
 def gpu_types_active() -> QuerySet[GpuType]:

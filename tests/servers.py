@@ -228,3 +228,41 @@ def watcher_process(transactional_db, tmp_path) -> Iterator[Watcher]:
         yield watcher
     finally:
         stop_process_group(process)
+
+
+class CeleryBeat:
+    def __init__(self, process: subprocess.Popen, log_path: Path):
+        self.process = process
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def celery_beat_process(transactional_db, tmp_path) -> Iterator[CeleryBeat]:
+    """`celery beat` (the console's database scheduler) sending the periodic tasks to the
+    test queue, as in production. Intervals come from the environment the test sets
+    (e.g. METRICS_INTERVAL, METERING_INTERVAL), read by beat at start."""
+    log_path = tmp_path / "beat.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="],
+            cwd=ROOT,
+            env=child_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    beat = CeleryBeat(process, log_path)
+    try:
+        wait_until(
+            lambda: process.poll() is not None or "beat: Starting" in beat.log(),
+            30,
+            what="celery beat started",
+        )
+        if process.poll() is not None:
+            raise AssertionError(f"celery beat exited early:\n{beat.log()}")
+        yield beat
+    finally:
+        stop_process_group(process)

@@ -95,18 +95,26 @@ class BrowserProblems:
         assert not problems, "the browser saw problems:\n" + "\n".join(problems)
 
 
-@pytest.fixture
-def browser_page(chromium_browser, asgi_server) -> Iterator:  # noqa: F811
-    """A fresh browser context and page on the test server; `page.problems` collects errors."""
-    context = chromium_browser.new_context(base_url=asgi_server.url, locale="en-GB")
+def watched_page(browser, base_url: str):
+    """A page in a fresh browser context (its own cookies: another person) on the test
+    server; `page.problems` collects errors. The caller closes `page.context`."""
+    context = browser.new_context(base_url=base_url, locale="en-GB")
     page = context.new_page()
     page.set_default_timeout(DEFAULT_TIMEOUT_MS)
-    problems = BrowserProblems(origin=asgi_server.url)
+    problems = BrowserProblems(origin=base_url)
     page.on("pageerror", lambda error: problems.page_errors.append(str(error)))
     page.on("console", problems.on_console)
     page.on("requestfailed", problems.on_request_failed)
     page.on("response", problems.on_response)
     page.problems = problems
+    return page
+
+
+@pytest.fixture
+def browser_page(chromium_browser, asgi_server) -> Iterator:  # noqa: F811
+    """A fresh browser context and page on the test server; `page.problems` collects errors."""
+    page = watched_page(chromium_browser, asgi_server.url)
+    context = page.context
     try:
         yield page
     finally:
@@ -115,10 +123,18 @@ def browser_page(chromium_browser, asgi_server) -> Iterator:  # noqa: F811
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """On a failing browser test, add the daphne log to the report."""
+    """On a failing browser test, add the logs of the server processes to the report."""
     report = yield
     if report.when == "call" and report.failed and "asgi_server" in item.fixturenames:
         server = item.funcargs.get("asgi_server")
         if server is not None:
             report.sections.append(("daphne log", server.log()[-8000:]))
+        for name, fixture in (
+            ("worker", "celery_worker_process"),
+            ("beat", "celery_beat_process"),
+            ("watcher", "watcher_process"),
+        ):
+            process = item.funcargs.get(fixture)
+            if process is not None:
+                report.sections.append((f"{name} log", process.log()[-8000:]))
     return report

@@ -29,6 +29,7 @@ from marketplace.demo import seed_catalog
 from marketplace.models import NodePool
 from marketplace.services import capacity_sync
 from sandbox.cluster import SandboxCluster
+from tests.faults.helpers import REPORTED
 
 TOKEN = "faults-sandbox-token"
 H100_ON_DEMAND = "demo-us-west-h100-80gb-on-demand"
@@ -123,13 +124,9 @@ def cluster_state(server, job: Job) -> str:
 
 
 def report(line: str) -> None:
-    """Print a test's line of counts; also hand it to the session's terminal summary
-    (tests/faults/conftest.py) where that exists."""
+    """Print a test's line of counts and hand it to the session's terminal summary
+    (tests/faults/conftest.py)."""
     print(line, flush=True)
-    try:
-        from tests.faults.helpers import REPORTED
-    except ImportError:
-        return
     REPORTED.append(line)
 
 

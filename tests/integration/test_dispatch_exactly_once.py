@@ -12,19 +12,12 @@ Kubernetes API server that runs in this process.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 
-import psutil
 import pytest
 
 from jobs import services
@@ -35,7 +28,12 @@ from marketplace.demo import seed_catalog
 from marketplace.models import NodePool
 from marketplace.services import capacity_sync
 from tests.concurrency import run_at_once
-from tests.servers import ROOT, child_env, wait_until
+from tests.integration.helpers import (
+    WorkerProcess,
+    forget_abandoned_messages,
+    start_worker_process,
+)
+from tests.servers import child_env, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -51,78 +49,8 @@ H100 = {
 # --- processes ------------------------------------------------------------------------------
 
 
-@dataclass
-class Worker:
-    process: subprocess.Popen
-    log_path: Path
-
-    @property
-    def pgid(self) -> int:
-        return self.process.pid  # start_new_session: the worker leads its own group
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def kill_group(self) -> None:
-        """SIGKILL the whole group: the main process and its prefork children (which would
-        otherwise outlive it), as when a node dies or the OOM killer strikes."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, signal.SIGKILL)
-        self.process.wait(timeout=10)
-        wait_until(lambda: not _group_alive(self.pgid), 10, what=f"process group {self.pgid} gone")
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is still in the group."""
-    for process in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-            continue
-    return False
-
-
-def _worker_command(name: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "console",
-        "worker",
-        "-l",
-        "INFO",
-        "--pool",
-        "prefork",
-        "--concurrency",
-        "1",
-        "--without-gossip",
-        "--without-mingle",
-        "-n",
-        f"{name}@%h",
-    ]
-
-
-def _forget_abandoned_messages(queue: str) -> None:
-    """Drop this session's unacknowledged messages left by killed workers, so no later
-    test's worker is handed a stale dispatch (other sessions' entries are left alone)."""
-    import redis
-    from django.conf import settings
-    from kombu.utils.json import loads
-
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        for tag, raw in client.hgetall("unacked").items():
-            _message, exchange, routing_key = loads(raw)
-            if queue in (exchange, routing_key):
-                client.pipeline().hdel("unacked", tag).zrem("unacked_index", tag).execute()
-    finally:
-        client.close()
-
-
 @pytest.fixture
-def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Worker]]]:
+def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[WorkerProcess]]]:
     """Starts real prefork Celery workers (concurrency 1, as in production) with the
     Kubernetes backend at settings.KUBECONFIG and a short visibility timeout; each leads
     its own process group, and every group is SIGKILLed at the end."""
@@ -131,36 +59,31 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Work
     from console.celery import app
 
     app.control.purge()  # earlier tests may have left messages on this session's queue
-    started: list[Worker] = []
+    started: list[WorkerProcess] = []
 
-    def start(count: int = 1) -> list[Worker]:
+    def start(count: int = 1) -> list[WorkerProcess]:
         batch = []
         for _ in range(count):
             number = len(started) + 1
-            log_path = tmp_path / f"worker-{number}.log"
-            with log_path.open("wb") as log_file:
-                process = subprocess.Popen(
-                    _worker_command(f"dispatch-{number}-{os.getpid()}"),
-                    cwd=ROOT,
-                    env=child_env(
-                        COMPUTE_BACKENDS="kubernetes",
-                        KUBECONFIG=settings.KUBECONFIG,  # as the test set it
-                        CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
-                        KUBERNETES_REQUEST_TIMEOUT="20",  # longer than any hang below
-                    ),
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            started.append(Worker(process, log_path))
-            batch.append(started[-1])
+            worker = start_worker_process(
+                f"dispatch-{number}-{os.getpid()}",
+                tmp_path / f"worker-{number}.log",
+                child_env(
+                    COMPUTE_BACKENDS="kubernetes",
+                    KUBECONFIG=settings.KUBECONFIG,  # as the test set it
+                    CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
+                    KUBERNETES_REQUEST_TIMEOUT="20",  # longer than any hang below
+                ),
+            )
+            started.append(worker)
+            batch.append(worker)
         for worker in batch:
             wait_until(
-                lambda w=worker: w.process.poll() is not None or " ready." in w.log(),
+                lambda w=worker: w.exited() or w.ready(),
                 60,
                 what="celery worker ready",
             )
-            if worker.process.poll() is not None:
+            if worker.exited():
                 raise AssertionError(f"celery worker exited early:\n{worker.log()}")
         return batch
 
@@ -168,12 +91,11 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Work
         yield start
     finally:
         for worker in started:  # signal every group first, then reap and check each
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.pgid, signal.SIGKILL)
+            worker.signal_group()
         for worker in started:
             worker.kill_group()
         app.control.purge()
-        _forget_abandoned_messages(settings.CELERY_TASK_DEFAULT_QUEUE)
+        forget_abandoned_messages(settings.CELERY_TASK_DEFAULT_QUEUE, settings.REDIS_URL)
 
 
 # --- cluster and job ------------------------------------------------------------------------
@@ -238,11 +160,9 @@ def provisioning_events(job: Job) -> int:
     return job.events.filter(to_status=S.PROVISIONING).count()
 
 
-def task_ids(log: str) -> list[str]:
-    return re.findall(r"Task jobs\.tasks\.job_dispatch_task\[([0-9a-f-]+)\] received", log)
-
-
-def wait_for_status(job: Job, status: str, workers: list[Worker], timeout: float = 30) -> Job:
+def wait_for_status(
+    job: Job, status: str, workers: list[WorkerProcess], timeout: float = 30
+) -> Job:
     def reached() -> bool:
         job.refresh_from_db()
         return job.status == status
@@ -271,7 +191,7 @@ def test_worker_killed_mid_create_is_redelivered_and_ends_with_one_job_per_tier(
     wait_until(lambda: job_creates(cluster), 30, what="the Job create in flight")
     hung_at = time.monotonic()
     first.kill_group()
-    [original_task] = task_ids(first.log())
+    [original_task] = first.received()
     job.refresh_from_db()
     assert job.status == S.DISPATCHING  # the killed worker never recorded the launch
 
@@ -285,7 +205,7 @@ def test_worker_killed_mid_create_is_redelivered_and_ends_with_one_job_per_tier(
     [second] = start_worker()
     job = wait_for_status(job, S.PROVISIONING, [first, second])
 
-    assert task_ids(second.log()) == [original_task]  # redelivered, not re-enqueued
+    assert second.received() == [original_task]  # redelivered, not re-enqueued
     created = kube_jobs(cluster, job)
     assert sorted(created) == [f"gg-{job.pk}-a1", f"gg-{job.pk}-a1-spot"]
     assert created[f"gg-{job.pk}-a1"] == late[f"gg-{job.pk}-a1"]  # kept, not replaced
@@ -306,7 +226,7 @@ def test_reconciler_redispatches_killed_dispatch_and_late_create_adds_no_job(
 
     wait_until(lambda: job_creates(cluster), 30, what="the Job create in flight")
     hung_at = time.monotonic()
-    [(victim, [original_task])] = [(w, task_ids(w.log())) for w in workers if task_ids(w.log())]
+    [(victim, [original_task])] = [(w, w.received()) for w in workers if w.received()]
     [survivor] = [w for w in workers if w is not victim]
     victim.kill_group()
     job.refresh_from_db()
@@ -318,7 +238,7 @@ def test_reconciler_redispatches_killed_dispatch_and_late_create_adds_no_job(
     assert time.monotonic() < hung_at + hang_seconds, "the reconciler was slower than the hang"
     created = kube_jobs(cluster, job)
     assert sorted(created) == [f"gg-{job.pk}-a1", f"gg-{job.pk}-a1-spot"]
-    [reconciler_task] = task_ids(survivor.log())
+    [reconciler_task] = survivor.received()
     assert reconciler_task != original_task
 
     # Let the hung create land: it must meet the Job the survivor made, not add or replace one.
