@@ -357,8 +357,8 @@ job_plan = st.tuples(
 )
 
 
+# Examples: the session's profile (50 in CI, tests/conftest.py).
 @hypothesis_settings(
-    max_examples=15,
     deadline=None,
     phases=[Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture],
