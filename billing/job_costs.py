@@ -96,6 +96,8 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
     moves live between metering ticks)."""
     if not jobs:
         return {}
+    if all(job.started_at is None for job in jobs):  # e.g. a launch's answer: nothing ran
+        return {job.pk: Decimal(0).quantize(COST_QUANTUM) for job in jobs}
     now = now or timezone.now()
     ledger, meters = _ledger_and_meters(jobs)
     live = [
