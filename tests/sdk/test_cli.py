@@ -1,0 +1,160 @@
+"""The CLI against the real server: `main(argv)` in-process, and once as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from tests.sdk.conftest import SRC, dispatch
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cli(gg, tmp_path, monkeypatch, capsys):
+    """Run `gpugeek ARGS…` in-process: (exit code, stdout, stderr)."""
+    from gpugeek.cli import main
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def test_launch_status_ls_cancel_json(cli):
+    code, out, _ = cli("--json", "launch", "--name", "from cli", "--image", "python-3.11",
+                       "--region", "local", "--cpus", "1", "--env", "A=1",
+                       "--", "python", "-c", "print('hi')")  # fmt: skip
+    assert code == 0
+    job = json.loads(out)
+    assert (job["name"], job["region"], job["env"], job["command"]) == (
+        "from cli",
+        "local",
+        {"A": "1"},
+        ["python", "-c", "print('hi')"],
+    )
+    code, out, _ = cli("--json", "status", str(job["id"]))
+    assert code == 0 and json.loads(out)["id"] == job["id"]
+    code, out, _ = cli("--json", "ls")
+    assert code == 0 and [row["id"] for row in json.loads(out)] == [job["id"]]
+    code, out, _ = cli("ls")  # a human table
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "NAME", "STATUS"]
+    assert "from cli" in out
+    code, out, _ = cli("--json", "pause", str(job["id"]))  # queued: 409
+    assert code == 6
+    code, out, _ = cli("--json", "cancel", str(job["id"]))
+    assert code == 0 and json.loads(out)["status"] == "cancelled"
+
+
+def test_exit_codes(cli, asgi_server):
+    code, _, err = cli("status", "987654")
+    assert code == 4 and "NotFound" in err
+    code, _, err = cli("--token", "ggt_wrong", "ls")
+    assert code == 3 and "AuthenticationError" in err
+    code, _, err = cli("--json", "launch", "--image", "no-such-image", "--region", "local",
+                       "--cpus", "1", "--", "true")  # fmt: skip
+    assert code == 1
+    body = json.loads(err)
+    assert body["error"] == "ValidationError" and body["status"] == 400 and body["exit_code"] == 1
+    assert cli("launch", "--image", "python-3.11")[0] == 2  # no command
+    assert cli("no-such-command")[0] == 2
+    assert cli("status", "not-a-number")[0] == 2
+    assert cli("--url", "http://127.0.0.1:9", "--token", "t", "ls")[0] == 8
+
+
+def test_launch_from_yaml_spec_logs_and_wait(cli, tmp_path, watcher_process):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: yaml job\nimage: python-3.11\nregion: local\ncpus: 1\n"
+        "command: [python, -c, 'for n in range(1, 41): print(f\"row {n}\")']\n"
+    )
+    code, out, _ = cli("--json", "launch", "-f", str(spec))
+    assert code == 0
+    job = json.loads(out)
+    assert job["name"] == "yaml job"
+    dispatch(job["id"])
+    code, out, _ = cli("logs", str(job["id"]), "-f", "--timeout", "60")
+    assert code == 0 and out.splitlines() == [f"row {n}" for n in range(1, 41)]
+    code, out, _ = cli("--json", "logs", str(job["id"]), "--since-line", "38")
+    assert [json.loads(line)["line_no"] for line in out.splitlines()] == [39, 40]
+    code, out, _ = cli("--json", "status", str(job["id"]))
+    assert json.loads(out)["status"] == "succeeded"
+
+
+def test_offers_estimate_costs_invoices(cli):
+    code, out, _ = cli("--json", "offers", "--gpu-type", "a100-80gb", "--region", "us-west")
+    assert code == 0 and {row["gpu_type"] for row in json.loads(out)} == {"a100-80gb"}
+    code, out, _ = cli("offers", "--no-cpu")
+    assert code == 0 and "a100-80gb" in out and "PRICE_PER_GPU_HOUR" in out
+    code, out, _ = cli("--json", "estimate", "--gpu-type", "A100-80GB", "--count", "16",
+                       "--region", "us-west", "--hours", "3")  # fmt: skip
+    assert code == 0 and json.loads(out)["units"] == 16
+    assert cli("estimate", "--gpu-type", "A100-80GB", "--count", "8")[0] == 2  # no region
+    code, out, _ = cli("--json", "costs")
+    assert code == 0 and isinstance(json.loads(out), dict)
+    code, out, _ = cli("costs")
+    assert code == 0 and out.strip()
+    code, out, _ = cli("--json", "invoices")
+    assert code == 0 and json.loads(out) == []
+    assert cli("invoices") == (0, "(none)\n", "")
+
+
+def test_login_stores_a_private_config(cli, asgi_server, api_token, tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUGEEK_TOKEN")
+    monkeypatch.delenv("GPUGEEK_URL")
+    code, _, err = cli("ls")
+    assert code == 3 and "login" in err
+    code, out, _ = cli("login", "--url", asgi_server.url, "--token", api_token)
+    assert code == 0 and "owner@acme.test" in out
+    path = tmp_path / "config" / "gpugeek" / "config.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text()) == {"url": asgi_server.url, "token": api_token}
+    assert cli("--json", "ls") == (0, "[]\n", "")
+    assert cli("login", "--url", asgi_server.url, "--token", "ggt_bad")[0] == 3
+
+
+def test_as_a_process(asgi_server, api_token, tmp_path):
+    """`python -m gpugeek` (what the installed `gpugeek` script runs) in a child process."""
+    env = dict(os.environ, GPUGEEK_URL=asgi_server.url, GPUGEEK_TOKEN=api_token,
+               PYTHONPATH=str(SRC), XDG_CONFIG_HOME=str(tmp_path))  # fmt: skip
+    run = [sys.executable, "-m", "gpugeek"]
+    done = subprocess.run([*run, "--json", "ls"], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+    done = subprocess.run([*run, "status", "424242"], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 4 and "NotFound" in done.stderr
+    done = subprocess.run([*run, "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Exit codes" in done.stdout
+
+
+def test_yaml_spec_without_pyyaml_says_so(cli, tmp_path, monkeypatch):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("image: python-3.11\ncommand: [true]\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # as if PyYAML were not installed
+    code, _, err = cli("launch", "-f", str(spec))
+    assert code == 2 and "PyYAML" in err
+    as_json = tmp_path / "spec.json"
+    as_json.write_text(json.dumps({"image": "python-3.11", "region": "local", "cpus": 1,
+                                   "command": ["true"]}))  # fmt: skip
+    code, out, _ = cli("--json", "launch", "-f", str(as_json))
+    assert code == 0 and json.loads(out)["image"] == "python-3.11"
+
+
+def test_launch_wait_times_out_with_exit_5(cli):
+    # Nothing dispatches this job (no worker here): it stays queued/dispatching.
+    code, _, err = cli("launch", "--wait", "--timeout", "1", "--image", "python-3.11",
+                       "--region", "local", "--cpus", "1", "--", "true")  # fmt: skip
+    assert code == 5 and "Timeout" in err
+    assert "job " in err.splitlines()[0]  # the progress line before it
