@@ -78,7 +78,9 @@ class _SpoolReader:
     followed, every `SETTLED_LIST_SECONDS` once all are."""
 
     interval = 1.0  # at most this long without a look, even when no stream wakes us
-    SETTLED_LIST_SECONDS = 15.0
+    # Once every rank is followed, sources are listed this often: a resumed or requeued
+    # attempt's pods replace them, and a stream whose pod went away may not end at once.
+    SETTLED_LIST_SECONDS = 5.0
 
     def __init__(self, backend, job: Job, cursor: int, wake):
         self.backend = backend
