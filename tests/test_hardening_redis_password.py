@@ -95,6 +95,7 @@ def test_runconsole_prints_the_redis_url_without_its_password(monkeypatch, tmp_p
     monkeypatch.setattr(runconsole, "call_command", lambda *a, **k: None)
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setattr(settings, "DATA_DIR", tmp_path)
+    monkeypatch.setattr(settings, "SANDBOX_CLUSTER", False)  # Redis only, no database here
     from io import StringIO
 
     out = StringIO()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -38,31 +39,31 @@ class SandboxNodesView(ChaosView):
 
 
 class SandboxReclaimSpotView(ChaosView):
-    @extend_schema(request=None, responses=serializers.DictField())
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def post(self, request, pool_slug: str):
         pool = get_object_or_404(NodePool, slug=pool_slug)
         return Response(chaos.chaos_reclaim_spot(pool=pool, request=request._request))
 
 
 class SandboxNodeFailView(ChaosView):
-    @extend_schema(request=None, responses=serializers.DictField())
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def post(self, request, node: str):
         return Response(chaos.chaos_node_fail(node=node, request=request._request))
 
 
 class SandboxNodeRecoverView(ChaosView):
-    @extend_schema(request=None, responses=serializers.DictField())
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def post(self, request, node: str):
         return Response(chaos.chaos_node_recover(node=node, request=request._request))
 
 
 class SandboxApiFaultsView(ChaosView):
-    @extend_schema(request=ApiFaultsSerializer, responses=serializers.DictField())
+    @extend_schema(request=ApiFaultsSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         data = ApiFaultsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return Response(chaos.chaos_api_faults(request=request._request, **data.validated_data))
 
-    @extend_schema(request=None, responses=serializers.DictField())
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def delete(self, request):
         return Response(chaos.chaos_api_faults_clear(request=request._request))
