@@ -12,8 +12,10 @@ from billing import dbviews, panels, staff_tenants
 from billing.job_costs import BillingJobCosts
 from billing.metering.tick import release_held_usage
 from billing.payments.selectors import dashboard_payments_context
+from billing.prometheus import MeteringCollector
 from billing.services import BudgetLaunchPolicy
 from console.dashboard import dashboard_section_register
+from console.metrics import scrape_collector_register
 from jobs import extensions
 
 
@@ -36,3 +38,4 @@ def connect(app_config: AppConfig) -> None:
     extensions.job_deleting.connect(
         job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"
     )
+    scrape_collector_register("metering", MeteringCollector())

@@ -7,3 +7,6 @@ class ConsoleConfig(AppConfig):
 
     def ready(self) -> None:
         from console import signals  # noqa: F401  (connects the sign-in audit receivers)
+        from console.metrics import celery_signals_connect
+
+        celery_signals_connect()

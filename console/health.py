@@ -71,3 +71,19 @@ def healthz(request: HttpRequest) -> JsonResponse:
         if failing:
             body["failing"] = failing
     return JsonResponse(body, status=503 if failing else 200)
+
+
+@never_cache
+def readyz(request: HttpRequest) -> JsonResponse:
+    """GET /readyz: may this web process take traffic? Its database and Redis answer.
+    (The background components' heartbeats, which /healthz reports, don't decide it:
+    a stopped worker must not take the web pods out of their Service.)"""
+    failing = [
+        name
+        for name, check in (("database", _check_database), ("redis", _check_redis))
+        if check()["status"] != "ok"
+    ]
+    body: dict = {"status": "ok" if not failing else "error"}
+    if failing and _may_see_details(request):
+        body["failing"] = failing
+    return JsonResponse(body, status=503 if failing else 200)

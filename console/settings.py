@@ -88,6 +88,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: counts and times every request for /metrics, whatever answers it.
+    "console.metrics.HttpMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Before anything reads a body: an oversized API request is refused with 413.
     "console.middleware.ApiBodyLimitMiddleware",
@@ -373,6 +375,13 @@ HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
 METERING_INTERVAL = env_int("METERING_INTERVAL", 30)
 # Bearer token that shows /healthz's component details to a monitor (staff see them too).
 HEALTHZ_TOKEN = env_str("HEALTHZ_TOKEN", "")
+# Bearer token Prometheus presents to scrape /metrics; unset, /metrics is a 404. With
+# several processes, set PROMETHEUS_MULTIPROC_DIR in their environment (see console/metrics.py).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# A Celery worker serves its own counters on this port (0: not), e.g. one worker pod.
+METRICS_WORKER_PORT = env_int("METRICS_WORKER_PORT", 0)
+if env_str("PROMETHEUS_MULTIPROC_DIR", ""):  # prometheus-client writes there from the start
+    Path(env_str("PROMETHEUS_MULTIPROC_DIR", "")).mkdir(parents=True, exist_ok=True)
 # Budget webhooks may target loopback, private, link-local or reserved addresses only when
 # this is on (a lab or test receiver); otherwise a tenant could aim the server at its own
 # network (SSRF). Checked when a budget is saved and again before each send.

@@ -8,9 +8,11 @@ from celery import signals as celery_signals
 from django.conf import settings
 
 from console.dashboard import dashboard_section_register
+from console.metrics import scrape_collector_register
 from console.queueing import enqueue_now, enqueue_on_commit
 from console.tenant_admin import tenant_reactivated, tenant_suspended
 from jobs.extensions import launch_policy_register
+from jobs.prometheus import JobsCollector
 from jobs.selectors import dashboard_jobs_context
 from jobs.services.actions import jobs_pause_for_suspension
 from jobs.services.admission import jobs_admit
@@ -47,3 +49,4 @@ def connect() -> None:
     launch_policy_register(SuspensionLaunchPolicy())
     tenant_suspended.connect(pause_suspended_tenant, dispatch_uid="jobs-suspension-pause")
     tenant_reactivated.connect(readmit_reactivated, dispatch_uid="jobs-suspension-readmit")
+    scrape_collector_register("jobs", JobsCollector())

@@ -29,6 +29,9 @@ PUBLIC = {
     "password_reset_confirm",
     "password_reset_complete",
     "healthz",
+    "readyz",
+    # A bearer token (METRICS_TOKEN), not a session (tests/console/test_prometheus_metrics.py).
+    "metrics",
     "invitation_accept",
     "api-auth-token",
     "api-schema",

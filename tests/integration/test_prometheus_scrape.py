@@ -33,6 +33,14 @@ def console_server(transactional_db, request, monkeypatch, tmp_path):
     return server, multiproc
 
 
+def scrape_text(server) -> str:
+    response = httpx.get(
+        f"{server.url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+    )
+    assert response.status_code == 200, server.log()
+    return response.text
+
+
 @pytest.fixture
 def prometheus_for(tmp_path):
     if PROMETHEUS is None:
@@ -121,3 +129,21 @@ def test_a_real_prometheus_scrapes_the_console(console_server, prometheus_for):
     assert query(prometheus, "gpugeek_metering_lag_seconds")
     # Multiprocess mode: the daphne process wrote its counters to files there.
     assert any(multiproc.glob("*.db")), server.log()
+
+
+def test_the_web_process_reports_what_the_worker_process_counted(console_server, request):
+    """Multiprocess mode: a task run by the Celery worker (another process, the same
+    PROMETHEUS_MULTIPROC_DIR) is in the web process's /metrics."""
+    from console.queueing import enqueue_now
+
+    server, multiproc = console_server
+    worker = request.getfixturevalue("celery_worker_process")
+    line = 'gpugeek_celery_tasks_total{outcome="success",task="billing.tasks.meter_tick_task"}'
+    assert line not in scrape_text(server)
+
+    assert enqueue_now("billing.tasks.meter_tick_task")
+
+    wait_until(lambda: line in scrape_text(server), 30, what=f"{line} in /metrics")
+    text = scrape_text(server)
+    assert 'gpugeek_celery_task_last_duration_seconds{task="billing.tasks.meter_tick_task"}' in text
+    assert len({p.name.rsplit("_", 1)[-1] for p in multiproc.glob("*.db")}) >= 2, worker.log()

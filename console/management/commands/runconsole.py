@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand
 from django.db import connections
 
 from console.launcher import ConsoleLauncher, redacted_url
+from console.metrics import multiprocess_dir_reset
 from jobs.backends.kubernetes.sandbox import write_sandbox_files
 
 
@@ -37,6 +38,12 @@ class Command(BaseCommand):
         env = dict(os.environ)
         env["GPUGEEK_DATA_DIR"] = str(settings.DATA_DIR)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Its processes count /metrics together (console/metrics.py), from empty at each start.
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(
+            multiprocess_dir_reset(
+                env.get("PROMETHEUS_MULTIPROC_DIR") or settings.DATA_DIR / "prometheus"
+            )
+        )
         try:
             if not os.environ.get("REDIS_URL"):
                 env["REDIS_URL"] = launcher.start_embedded_redis()
