@@ -252,6 +252,10 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         followers.watch(job.pk)
         self.watching = True
         await self.accept()
+        # Read again now that we are subscribed: a change made between the first read and
+        # the subscription would otherwise be lost, and the page (which stops polling
+        # while its socket is open) would show the old status until it is reloaded.
+        self.job = job = await _reload(job_id) or job
         await self.send_json(_status_message(job))
         self.pump = asyncio.ensure_future(self._pump())
 

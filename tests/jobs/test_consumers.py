@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
@@ -186,6 +187,38 @@ def test_job_socket_sends_status_now_and_on_every_change(world, catalog):
         await socket.disconnect()
 
     run(body)
+
+
+def test_a_change_between_the_first_read_and_the_subscription_is_not_lost(
+    world, catalog, monkeypatch
+):
+    """The job changes after the socket first read it and before it joined the job's
+    group (its event reaches nobody): the status the socket sends is still the new one."""
+    from jobs import consumers
+
+    job = make_job(world.tenant, status=JobStatus.RUNNING)
+    cookie = session_cookie(world.viewer, world.tenant)
+    reads = []
+
+    def reload_then_change(job_id):
+        found = Job.objects.filter(pk=job_id).first()
+        if not reads:  # the first read, then the change nobody subscribed yet hears of
+            Job.objects.filter(pk=job_id).update(status=JobStatus.PAUSING)
+        reads.append(job_id)
+        return found
+
+    monkeypatch.setattr(consumers, "_reload", database_sync_to_async(reload_then_change))
+
+    async def body():
+        socket = communicator(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        connected, _ = await socket.connect(timeout=TIMEOUT)
+        assert connected
+        first = await socket.receive_json_from(timeout=TIMEOUT)
+        assert first["type"] == "status" and first["status"] == "pausing"
+        await socket.disconnect()
+
+    run(body)
+    assert len(reads) >= 2
 
 
 def test_tenant_socket_gets_its_tenants_job_changes_only(world, other_world, catalog):
