@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -193,7 +194,9 @@ def http_get(url: str, **kwargs) -> httpx.Response:
     return httpx.get(url, timeout=10, **kwargs)
 
 
-class Watcher:
+class ChildProcess:
+    """A console process a test started, with its combined output in a log file."""
+
     def __init__(self, process: subprocess.Popen, log_path: Path):
         self.process = process
         self.log_path = log_path
@@ -202,67 +205,52 @@ class Watcher:
         return self.log_path.read_text(errors="replace")
 
 
-@pytest.fixture
-def watcher_process(transactional_db, tmp_path) -> Iterator[Watcher]:
-    """`manage.py run_watcher` observing the local backend every second, against the test
-    database; it sees the jobs' files through the shared GPUGEEK_DATA_DIR."""
-    log_path = tmp_path / "watcher.log"
+Watcher = CeleryBeat = ChildProcess
+
+
+@contextmanager
+def started_child(argv: list[str], env: dict, log_path: Path, ready: str, what: str):
+    """Start `argv` in its own process group, wait until its log says `ready`, and stop
+    the whole group afterwards."""
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "run_watcher"],
-            cwd=ROOT,
-            env=child_env(WATCHER_INTERVAL="1"),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
+            argv, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True,
-        )
-    watcher = Watcher(process, log_path)
+        )  # fmt: skip
+    child = ChildProcess(process, log_path)
     try:
-        wait_until(
-            lambda: process.poll() is not None or "watcher started" in watcher.log(),
-            30,
-            what="watcher started",
-        )
+        wait_until(lambda: process.poll() is not None or ready in child.log(), 30, what=what)
         if process.poll() is not None:
-            raise AssertionError(f"watcher exited early:\n{watcher.log()}")
-        yield watcher
+            raise AssertionError(f"{what}: exited early:\n{child.log()}")
+        yield child
     finally:
         stop_process_group(process)
 
 
-class CeleryBeat:
-    def __init__(self, process: subprocess.Popen, log_path: Path):
-        self.process = process
-        self.log_path = log_path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+@pytest.fixture
+def watcher_process(transactional_db, tmp_path) -> Iterator[ChildProcess]:
+    """`manage.py run_watcher` observing the local backend every second, against the test
+    database; it sees the jobs' files through the shared GPUGEEK_DATA_DIR."""
+    with started_child(
+        [sys.executable, "manage.py", "run_watcher"],
+        child_env(WATCHER_INTERVAL="1"),
+        tmp_path / "watcher.log",
+        ready="watcher started",
+        what="watcher started",
+    ) as watcher:
+        yield watcher
 
 
 @pytest.fixture
-def celery_beat_process(transactional_db, tmp_path) -> Iterator[CeleryBeat]:
+def celery_beat_process(transactional_db, tmp_path) -> Iterator[ChildProcess]:
     """`celery beat` (the console's database scheduler) sending the periodic tasks to the
     test queue, as in production. Intervals come from the environment the test sets
     (e.g. METRICS_INTERVAL, METERING_INTERVAL), read by beat at start."""
-    log_path = tmp_path / "beat.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="],
-            cwd=ROOT,
-            env=child_env(),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    beat = CeleryBeat(process, log_path)
-    try:
-        wait_until(
-            lambda: process.poll() is not None or "beat: Starting" in beat.log(),
-            30,
-            what="celery beat started",
-        )
-        if process.poll() is not None:
-            raise AssertionError(f"celery beat exited early:\n{beat.log()}")
+    with started_child(
+        [sys.executable, "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="],
+        child_env(),
+        tmp_path / "beat.log",
+        ready="beat: Starting",
+        what="celery beat started",
+    ) as beat:
         yield beat
-    finally:
-        stop_process_group(process)

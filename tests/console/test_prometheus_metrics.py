@@ -15,7 +15,8 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from billing.models import JobMeter
-from console import metrics
+from console import health, metrics
+from console.launcher import free_loopback_port
 from jobs.models import JobStatus
 from tests.factories import JobFactory, NodePoolFactory
 
@@ -201,8 +202,6 @@ def test_websocket_connections_are_counted_while_open():
 
 @pytest.mark.django_db
 def test_readyz_checks_the_database_and_redis(monkeypatch):
-    from console import health
-
     response = Client().get("/readyz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
@@ -227,8 +226,6 @@ def test_the_multiprocess_directory_starts_empty(tmp_path):
 
 def test_a_worker_serves_its_counters_with_the_same_token(settings, request):
     import httpx
-
-    from console.launcher import free_loopback_port
 
     settings.METRICS_TOKEN = TOKEN
     port = free_loopback_port()

@@ -14,7 +14,14 @@ from decimal import Decimal
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from billing.invoicing import invoice_adjustment_add, invoice_draft_create
+from billing.services import budget_create
 from console import services
+from jobs.backends.local import LocalBackend
+from jobs.services import JobSpec, job_submit, launch_template_save, tenant_secret_set
+from marketplace.demo import seed_catalog
+from marketplace.models import AllowedRegistry, GpuType, NodePool, PriceVersion
+from marketplace.services import capacity_sync, image_create, registry_credential_set
 from tests.conftest import signed_in_client, token_client
 
 # URL names anyone may open without signing in.
@@ -90,9 +97,6 @@ def foreign(other_world, world):
     services.audit_record(
         action="globex.secret_action", tenant=other_world.tenant, actor=other_world.owner
     )
-    from marketplace.demo import seed_catalog
-    from marketplace.models import AllowedRegistry, GpuType, NodePool, PriceVersion
-    from marketplace.services import image_create
 
     seed_catalog()
     private_image = image_create(
@@ -104,9 +108,6 @@ def foreign(other_world, world):
         compatible_with=["nvidia"],
         user=other_world.owner,
     )
-    from jobs.backends.local import LocalBackend
-    from jobs.services import JobSpec, job_submit
-    from marketplace.services import capacity_sync
 
     capacity_sync(backend=LocalBackend())
     foreign_job = job_submit(
@@ -114,7 +115,6 @@ def foreign(other_world, world):
         user=other_world.owner,
         spec=JobSpec(name="globex-secret-job", image="python-3.11", command=["true"], cpus=1),
     )
-    from jobs.services import tenant_secret_set
 
     foreign_secret = tenant_secret_set(
         tenant=other_world.tenant,
@@ -122,17 +122,14 @@ def foreign(other_world, world):
         name="GLOBEX_SECRET_NAME",
         value="globex-secret-value",
     )
-    from jobs.services import launch_template_save
 
     foreign_template = launch_template_save(
         job=foreign_job, name="globex-secret-template", user=other_world.owner
     )
-    from billing.services import budget_create
 
     foreign_budget = budget_create(
         tenant=other_world.tenant, user=other_world.owner, name="globex-secret-budget", amount="100"
     )
-    from billing.invoicing import invoice_adjustment_add, invoice_draft_create
 
     foreign_invoice = invoice_draft_create(
         tenant=other_world.tenant,
@@ -146,7 +143,6 @@ def foreign(other_world, world):
         reason="setup",
         user=None,
     )
-    from marketplace.services import registry_credential_set
 
     foreign_registry_login = registry_credential_set(
         tenant=other_world.tenant,

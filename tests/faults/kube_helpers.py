@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import connection
 
+from console.celery import app
 from jobs.backends import get_backend
 from jobs.backends.kubernetes import manifests
 from jobs.backends.kubernetes.namespaces import namespaces_forget_all
@@ -224,7 +225,6 @@ class InProcessWorker:
     `max_tries`; any other error is kept in `errors`."""
 
     def __init__(self, *, threads: int = 2, max_tries: int = 200, seed: int = 15) -> None:
-        from console.celery import app
 
         app.loader.import_default_modules()  # the worker's autodiscovery
         self.app = app

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from console.launcher import free_loopback_port
+from console.queueing import enqueue_now
 from tests.factories import JobFactory, NodePoolFactory
 from tests.servers import wait_until
 
@@ -134,7 +135,6 @@ def test_a_real_prometheus_scrapes_the_console(console_server, prometheus_for):
 def test_the_web_process_reports_what_the_worker_process_counted(console_server, request):
     """Multiprocess mode: a task run by the Celery worker (another process, the same
     PROMETHEUS_MULTIPROC_DIR) is in the web process's /metrics."""
-    from console.queueing import enqueue_now
 
     server, multiproc = console_server
     worker = request.getfixturevalue("celery_worker_process")

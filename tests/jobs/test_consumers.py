@@ -20,7 +20,7 @@ from django.conf import settings
 
 from console.asgi import application
 from console.crypto import encrypt_json
-from jobs import realtime
+from jobs import consumers, realtime
 from jobs.actors import BACKEND
 from jobs.logs.archive import archive_index_path, archive_path
 from jobs.logs.follower import close_for_loop, followers
@@ -194,7 +194,6 @@ def test_a_change_between_the_first_read_and_the_subscription_is_not_lost(
 ):
     """The job changes after the socket first read it and before it joined the job's
     group (its event reaches nobody): the status the socket sends is still the new one."""
-    from jobs import consumers
 
     job = make_job(world.tenant, status=JobStatus.RUNNING)
     cookie = session_cookie(world.viewer, world.tenant)

@@ -21,7 +21,13 @@ from jobs.actors import SYSTEM
 from jobs.backends import get_backend
 from jobs.backends.kubernetes import client as kubernetes_client
 from jobs.backends.kubernetes.watch import watch_jobs
-from marketplace.services import capacity_sync
+from marketplace.models import AllowedRegistry, RegistryCredential
+from marketplace.services import (
+    capacity_sync,
+    image_create,
+    registry_credential_delete,
+    registry_credential_set,
+)
 from tests.jobs.test_kubernetes_lifecycle import (
     S,
     cluster,  # noqa: F401  (a fixture)
@@ -94,13 +100,6 @@ def used(kube) -> set[tuple[str, str, str]]:
 
 
 def run_plain_lifecycle(world, kube) -> None:
-    from marketplace.models import AllowedRegistry, RegistryCredential
-    from marketplace.services import (
-        image_create,
-        registry_credential_delete,
-        registry_credential_set,
-    )
-
     AllowedRegistry.objects.create(host="registry.example.com:5000")
     image_create(
         tenant=world.tenant,

@@ -14,21 +14,22 @@ SRC = Path(__file__).resolve().parents[2] / "clients" / "python" / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
+from gpugeek import Client  # noqa: E402
+
+from console.services import api_token_create  # noqa: E402
+from jobs.models import Job, JobStatus  # noqa: E402
+from jobs.services import job_dispatch  # noqa: E402
 from tests.servers import asgi_server, watcher_process  # noqa: E402, F401
 
 
 @pytest.fixture
 def api_token(world, catalog) -> str:
-    from console import services
-
-    _, raw = services.api_token_create(user=world.owner, tenant=world.tenant, name="sdk")
+    _, raw = api_token_create(user=world.owner, tenant=world.tenant, name="sdk")
     return raw
 
 
 @pytest.fixture
 def gg(asgi_server, api_token, monkeypatch):  # noqa: F811
-    from gpugeek import Client
-
     monkeypatch.setenv("GPUGEEK_URL", asgi_server.url)
     monkeypatch.setenv("GPUGEEK_TOKEN", api_token)
     client = Client(backoff=0.05)
@@ -39,14 +40,11 @@ def gg(asgi_server, api_token, monkeypatch):  # noqa: F811
 def dispatch(job_id: int, timeout: float = 20) -> None:
     """What the Celery dispatch task does (no worker runs in these tests): start the
     admitted job on its backend once admission has marked it dispatching."""
-    from jobs import services
-    from jobs.models import Job, JobStatus
-
     deadline = time.monotonic() + timeout
     while True:
         job = Job.objects.get(pk=job_id)
         if job.status == JobStatus.DISPATCHING:
-            services.job_dispatch(job=job)
+            job_dispatch(job=job)
             return
         if job.status != JobStatus.QUEUED or time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} is {job.status}: {job.status_reason}")

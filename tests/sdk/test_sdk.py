@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from jobs.models import Job
 from tests.sdk.conftest import cpu_spec, dispatch
 
 pytestmark = pytest.mark.integration
@@ -154,8 +155,6 @@ def test_error_codes_map_to_types():
 def test_idempotency_key_makes_one_job(gg):
     from gpugeek import Cluster
 
-    from jobs.models import Job
-
     spec = cpu_spec("print(1)")
     first = Cluster.create(spec, idempotency_key="run-42")
     again = Cluster.create(spec, idempotency_key="run-42")
@@ -229,8 +228,6 @@ class LossyProxy:
 
 def test_retries_on_503_and_a_retried_create_makes_one_job(asgi_server, api_token):
     from gpugeek import Client, Cluster, ServerError
-
-    from jobs.models import Job
 
     proxy = LossyProxy(asgi_server.url, fail_first=1)
     try:

@@ -1,37 +1,3 @@
-"""Benchmarks live in `bench_*.py` files, which the default run (`make test`, i.e. pytest
-over `tests`) never collects: they are collected only when pytest is pointed at
-`tests/bench` or below (`make bench`), or when GPUGEEK_BENCH=1. They print figures and
-assert nothing about time."""
+"""The API benchmark is a `bench_*.py` file, collected by the same rule as the others."""
 
-from __future__ import annotations
-
-import os
-from pathlib import Path
-
-import pytest
-
-BENCH_ROOT = Path(__file__).resolve().parent.parent
-
-
-def benchmarks_asked_for(config: pytest.Config) -> bool:
-    if os.environ.get("GPUGEEK_BENCH") == "1":
-        return True
-    invocation = config.invocation_params
-    for arg in invocation.args:
-        if arg.startswith("-"):
-            continue
-        path = (Path(invocation.dir) / arg.split("::")[0]).resolve()
-        if path == BENCH_ROOT or BENCH_ROOT in path.parents:
-            return True
-    return False
-
-
-def pytest_collect_file(file_path: Path, parent: pytest.Collector):
-    if (
-        file_path.suffix == ".py"
-        and file_path.name.startswith("bench_")
-        and not parent.session.isinitpath(file_path)  # pytest collects a named file itself
-        and benchmarks_asked_for(parent.config)
-    ):
-        return pytest.Module.from_parent(parent, path=file_path)
-    return None
+from tests.bench.costs.conftest import pytest_collect_file  # noqa: F401
