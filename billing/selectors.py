@@ -32,7 +32,9 @@ from billing.models import (
     UsageDailyTotal,
     UsageRecord,
 )
+from billing.services import period_start
 from console.services import ServiceError
+from marketplace.models import GpuType
 
 GROUP_BY = {
     "gpu_type": "gpu_type",
@@ -275,8 +277,6 @@ def _tier_split_from(cells: list[dict]) -> dict:
 
 
 def _value_from(cells: list[dict]) -> list[dict]:
-    from marketplace.models import GpuType
-
     sums: dict[str, list[Decimal]] = {}
     for cell in cells:
         if cell["gpu_type"] != "cpu":
@@ -397,8 +397,6 @@ def cumulative_month(
     *, tenant, now: datetime | None = None, project: str = ""
 ) -> tuple[list[str], list[Decimal]]:
     """Month-to-date cumulative spend per day."""
-    from billing.services import period_start
-
     now = now or timezone.now()
     tomorrow = datetime.combine(
         now.astimezone(UTC).date() + timedelta(days=1), time.min, tzinfo=UTC

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from django.urls import NoReverseMatch, reverse
 
+from console.models import Notification
 from console.permissions import Capability, has_capability
+from console.selectors import memberships_of_user
 
 # (label, url name, capability). A section whose URL isn't registered yet is shown
 # disabled rather than linking to a 404; it lights up when its app provides the URL.
@@ -39,9 +41,6 @@ def _nav_items(request) -> list[dict]:
 def console(request) -> dict:
     if not getattr(request, "user", None) or not request.user.is_authenticated:
         return {}
-    from console.models import Notification
-    from console.selectors import memberships_of_user
-
     membership = getattr(request, "membership", None)
     tenant = getattr(request, "tenant", None)
     return {

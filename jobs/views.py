@@ -19,10 +19,10 @@ from console.tenancy import get_for_tenant_or_404
 from jobs import selectors, services
 from jobs.actors import Actor
 from jobs.extensions import job_costs
-from jobs.forms import LaunchForm
-from jobs.models import Job, JobStatus, LaunchTemplate
+from jobs.forms import LaunchForm, TenantSecretForm
+from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from marketplace.models import GpuType, Image
-from marketplace.selectors import default_region
+from marketplace.selectors import default_region, registry_credentials_for_tenant
 
 PAGE_SIZE = 50
 
@@ -142,9 +142,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     if status not in JobStatus.values:
         status = ""
     query = request.GET.get("q", "").strip()
-    jobs = selectors.jobs_for_list_page(
-        tenant=request.tenant, status=status or None, query=query
-    )
+    jobs = selectors.jobs_for_list_page(tenant=request.tenant, status=status or None, query=query)
     page = CappedPaginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
     for job in page:
         job.tenant = request.tenant  # every job here is the tenant's: no query per row
@@ -258,10 +256,6 @@ def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def secrets(request: HttpRequest) -> HttpResponse:
     """Organisation secrets: names visible to members, values never shown; admins edit."""
-    from jobs.forms import TenantSecretForm
-    from jobs.models import TenantSecret
-    from marketplace.selectors import registry_credentials_for_tenant
-
     can_manage = has_capability(request.membership, Capability.MANAGE_SECRETS)
     form = TenantSecretForm(request.POST or None)
     if request.method == "POST":
@@ -294,8 +288,6 @@ def secrets(request: HttpRequest) -> HttpResponse:
 @capability_required(Capability.MANAGE_SECRETS)
 @require_http_methods(["GET", "POST"])
 def secret_delete(request: HttpRequest, secret_id: int) -> HttpResponse:
-    from jobs.models import TenantSecret
-
     secret = get_for_tenant_or_404(TenantSecret, request.tenant, pk=secret_id)
     return confirm_then_act(
         request,

@@ -10,6 +10,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from console.crypto import decrypt_json
 from console.models import Tenant
 from marketplace.images import InvalidReference, parse_reference
 from marketplace.models import (
@@ -92,11 +93,10 @@ def offers(
     sort: str = "price",
     at: datetime | None = None,
 ) -> list[Offer]:
-    version = PriceVersion.objects.in_force(at)
+    version, upcoming = PriceVersion.objects.in_force_and_next(at)
     if version is None:
         return []
     discount = tenant_discount_percent(tenant)
-    upcoming = upcoming_price_version(version)
     upcoming_entries = (
         {(e.gpu_type_id, e.region_id): e for e in upcoming.entries.all()} if upcoming else {}
     )
@@ -289,8 +289,6 @@ class RegistryLogin:
 def registry_login_for_image(*, tenant, image_reference: str) -> RegistryLogin | None:
     """The tenant's login to the registry an image comes from, or None (public image,
     or no credentials stored)."""
-    from console.crypto import decrypt_json
-
     try:
         registry = parse_reference(image_reference).registry
     except InvalidReference:

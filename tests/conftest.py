@@ -2,16 +2,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
 from console import services
+from console.celery import app as celery_app
 from console.models import Membership, Tenant, User
 from console.permissions import Role
 from marketplace.demo import seed_catalog
 from marketplace.inventory import NodeInventory
+from marketplace.models import GpuType, PriceVersion, Region
 from marketplace.services import capacity_sync
 from tests.factories import DEFAULT_PASSWORD, MembershipFactory, TenantFactory, UserFactory
 
@@ -78,11 +81,32 @@ class SimulatedLocalHost:
         ]
 
 
-@pytest.fixture
-def catalog(db) -> None:
-    """The demo catalog, with the local pools of a fixed simulated host (see above)."""
+class Catalog:
+    """The seeded demo catalog, with lookups by slug."""
+
+    @cached_property
+    def version(self) -> PriceVersion:
+        return PriceVersion.objects.get()
+
+    def gpu(self, slug: str) -> GpuType:
+        return GpuType.objects.get(slug=slug)
+
+    def region(self, slug: str) -> Region:
+        return Region.objects.get(slug=slug)
+
+
+def catalog_seed() -> None:
+    """The one test catalog: the demo catalog, with the local pools of a fixed simulated
+    host (see above). Seeded per test by `catalog`, once per module by the marketplace
+    tests' own fixture."""
     seed_catalog()
     capacity_sync(backend=SimulatedLocalHost())
+
+
+@pytest.fixture
+def catalog(db) -> Catalog:
+    catalog_seed()
+    return Catalog()
 
 
 @pytest.fixture
@@ -129,8 +153,6 @@ hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
 def tasks_in_process(monkeypatch):
     """Tasks queued by name (console.queueing) run in-process, as the worker would run
     them: only the broker is left out."""
-    from console.celery import app as celery_app
-
     celery_app.loader.import_default_modules()  # the worker's autodiscovery
 
     def run_in_process(name, args=(), kwargs=None, **options):

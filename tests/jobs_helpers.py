@@ -9,7 +9,9 @@ from datetime import datetime
 from unittest.mock import patch
 
 from jobs.actors import BACKEND, Actor
-from jobs.models import Job
+from jobs.backends import get_backend
+from jobs.models import Job, JobStatus
+from jobs.services import JobSpec, job_dispatch, job_submit
 from jobs.state import TRANSITIONS, job_transition
 
 
@@ -66,8 +68,6 @@ def submit(world, name: str = "job", *, user=None, **spec) -> Job:
     """Submit through the real service (job_submit, admission included) as `world`'s
     member: a CPU job on python-3.11 unless `spec` says otherwise (a GPU job defaults to
     the CUDA runtime image)."""
-    from jobs.services import JobSpec, job_submit
-
     values = {"image": "python-3.11", "command": ["python", "-c", "pass"], "cpus": 1}
     if spec.get("gpu_type"):
         values["image"] = "cuda-12-4-runtime"
@@ -77,3 +77,18 @@ def submit(world, name: str = "job", *, user=None, **spec) -> Job:
     return job_submit(
         tenant=world.tenant, user=user or default_user, spec=JobSpec(name=name, **values)
     )
+
+
+def launch(world, spec: JobSpec) -> Job:
+    """Submit `spec` as `world`'s member and dispatch it as the dispatch task would, through
+    the real services. It must be admitted at once, and its backend must accept the
+    attempt: running where work starts at once (a process), provisioning where pods still
+    have to be scheduled."""
+    job = job_submit(tenant=world.tenant, user=world.member, spec=spec)
+    assert job.status == JobStatus.DISPATCHING, job.status_reason
+    job = job_dispatch(job=job)
+    accepted = (
+        JobStatus.RUNNING if get_backend(job.backend).starts_immediately else JobStatus.PROVISIONING
+    )
+    assert job.status == accepted, job.status_reason
+    return job

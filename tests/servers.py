@@ -22,6 +22,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from console.celery import app as celery_app
 from console.launcher import free_loopback_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,10 +143,8 @@ class CeleryWorker:
 @pytest.fixture
 def celery_worker_process(transactional_db, tmp_path) -> Iterator[CeleryWorker]:
     """A real `celery worker` process (solo pool) consuming from the test Redis."""
-    from console.celery import app
-
     # Unit tests before this one may have queued e-mails: start from an empty queue.
-    app.control.purge()
+    celery_app.control.purge()
     log_path = tmp_path / "worker.log"
     mail_dir = tmp_path / "mail"
     with log_path.open("wb") as log_file:

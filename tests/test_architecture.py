@@ -1,6 +1,7 @@
 """The code's shape, checked: dependencies point one way (console ← marketplace ← jobs ←
 billing), no module outside jobs/backends/ names a backend, modules stay small, and the
-sandbox cluster (sandbox/) stands alone: plain Python, none of Django or the apps."""
+sandbox cluster (sandbox/) stands alone: plain Python, none of Django or the apps; and our own
+imports sit at module level (only AppConfig.ready() and `if TYPE_CHECKING:` defer them)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,74 @@ def test_the_sandbox_imports_neither_django_nor_the_apps_nor_the_tests():
         if imported_roots(path) & forbidden
     }
     assert offenders == {}
+
+
+# --- imports of our own code sit at the top of the module ---------------------------------
+OWN_PACKAGES = {*ORDER, SANDBOX, "tests", "gpugeek"}
+LOCAL_IMPORT_ROOTS = [*ORDER, SANDBOX, "tests", "clients/python/src"]
+# "path:qualified.function": why the import can't be at module level. Keep it empty or
+# nearly so: a cycle is fixed by moving code or importing the module object, not here.
+LOCAL_IMPORTS_ALLOWED: dict[str, str] = {}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _is_app_config(node: ast.ClassDef) -> bool:
+    return any(
+        getattr(base, "id", getattr(base, "attr", None)) == "AppConfig" for base in node.bases
+    )
+
+
+def _imports_own(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or (node.module or "").split(".")[0] in OWN_PACKAGES
+    return any(alias.name.split(".")[0] in OWN_PACKAGES for alias in node.names)
+
+
+def local_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, qualified function) of each import of our own code inside a function,
+    except in an AppConfig's ready() and under `if TYPE_CHECKING:`."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, scope: tuple[str, ...], in_function: bool, exempt: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, (*scope, child.name), in_function, exempt)
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                ready = (
+                    child.name == "ready"
+                    and isinstance(node, ast.ClassDef)
+                    and _is_app_config(node)
+                )
+                visit(child, (*scope, child.name), True, exempt or ready)
+            elif isinstance(child, ast.If) and _is_type_checking(child):
+                visit(ast.Module(body=child.orelse, type_ignores=[]), scope, in_function, exempt)
+            elif isinstance(child, ast.Import | ast.ImportFrom):
+                if in_function and not exempt and _imports_own(child):
+                    found.append((child.lineno, ".".join(scope)))
+            else:
+                visit(child, scope, in_function, exempt)
+
+    visit(tree, (), False, False)
+    return found
+
+
+def test_our_own_imports_are_at_module_level():
+    offenders, allowed_seen = [], set()
+    for root in LOCAL_IMPORT_ROOTS:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if "/migrations/" in relative:
+                continue
+            for line, function in local_imports(ast.parse(path.read_text())):
+                if f"{relative}:{function}" in LOCAL_IMPORTS_ALLOWED:
+                    allowed_seen.add(f"{relative}:{function}")
+                else:
+                    offenders.append(f"{relative}:{line} (in {function})")
+    assert not offenders, "imports of our code inside functions:\n" + "\n".join(offenders)
+    assert allowed_seen == set(LOCAL_IMPORTS_ALLOWED), "stale LOCAL_IMPORTS_ALLOWED entries"

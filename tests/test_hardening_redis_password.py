@@ -14,6 +14,7 @@ from django.conf import settings
 
 from console.env import embedded_redis_url_file
 from console.launcher import ConsoleLauncher, redacted_url
+from console.management.commands import runconsole
 
 
 def _refuses_without_password(url: str) -> None:
@@ -81,8 +82,6 @@ def test_the_launchers_redis_has_a_kept_private_password_never_in_argv(tmp_path)
 
 
 def test_runconsole_prints_the_redis_url_without_its_password(monkeypatch, tmp_path):
-    from console.management.commands import runconsole
-
     printed = []
 
     class Launcher(ConsoleLauncher):

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from billing import selectors
 from billing.metering import meter_tick
-from billing.models import AMOUNT_QUANTUM, MonthlyRollupMark, UsageRollup
+from billing.models import AMOUNT_QUANTUM, JobMeter, MonthlyRollupMark, UsageRollup
 from billing.selectors import CostQuery
 from billing.services import period_start
 from console.services import ServiceError
@@ -259,8 +259,6 @@ def check_against_the_ledger(world, usage, filters: dict) -> None:
 def test_the_running_hour_held_by_meters_is_in_every_figure(usage, world):
     """Usage of the hour still running is in the jobs' meters, not yet in rollup rows:
     every figure by job, and every other, still equals the ledger."""
-    from billing.models import JobMeter
-
     last_day = datetime.combine(usage["last_day"], datetime.min.time(), tzinfo=UTC)
     job = make_job(world, name="live-run", cpus=4, start=last_day + timedelta(hours=6, minutes=10))
     set_status(job, S.RUNNING, last_day + timedelta(hours=6, minutes=10))

@@ -27,6 +27,7 @@ from console.services import ServiceError
 from marketplace.models import PriceVersion, TenantPricing
 from tests.billing.conftest import S, make_job, set_status
 from tests.concurrency import run_at_once
+from tests.conftest import make_world
 
 NOV = datetime(2026, 11, 1, tzinfo=UTC)
 DEC = datetime(2026, 12, 1, tzinfo=UTC)
@@ -304,8 +305,6 @@ def test_monthly_drafts_are_idempotent(world, catalog):
 def test_concurrent_finalizations_take_distinct_gap_free_numbers(catalog):
     if connection.vendor != "postgresql":
         pytest.skip("SQLite serializes writers: the race needs PostgreSQL's row locks")
-    from tests.conftest import make_world
-
     worlds = [make_world(f"t{i}") for i in range(4)]
     drafts = []
     for w in worlds:

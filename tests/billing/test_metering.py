@@ -15,8 +15,10 @@ from billing.models import (
     UsageRollup,
 )
 from jobs.models import Job
+from jobs.services import job_delete
 from marketplace.models import PriceVersion
 from tests.billing.conftest import T0, S, live_rollup, live_rollups, make_job, set_status
+from tests.billing.test_ledger_properties import cpu_job, gpu_job
 from tests.concurrency import run_at_once
 from tests.jobs_helpers import at_time
 
@@ -146,8 +148,6 @@ def test_meters_hold_the_open_hour_the_next_hour_writes_it_and_late_records_join
 
 
 def test_deleting_a_job_keeps_its_held_usage_in_the_rollups(world, catalog):
-    from jobs.services import job_delete
-
     job = make_job(world, start=T0)
     set_status(job, S.RUNNING, T0)
     set_status(job, S.SUCCEEDED, T0 + timedelta(minutes=5))
@@ -274,8 +274,6 @@ def _snapshot() -> dict:
 def _lifecycles(world) -> list:
     """A CPU job and a two-tier GPU job with a pause, a preemption, an hour boundary and
     a price change; plus a job that runs and ends between two ticks."""
-    from tests.billing.test_ledger_properties import cpu_job, gpu_job
-
     first = PriceVersion.objects.order_by("effective_from").first()
     t0 = (first.effective_from + timedelta(days=1)).replace(minute=40, second=0, microsecond=0)
     with at_time(t0 - timedelta(seconds=5)):  # submitted just before the timelines

@@ -17,6 +17,7 @@ import pytest
 from billing import services, webhooks
 from billing.models import Budget
 from billing.services import budget_create, budget_update
+from billing.tasks import budget_webhook_task
 from console.services import ServiceError
 from tests.conftest import signed_in_client, token_client
 
@@ -148,8 +149,6 @@ def receiver():
 def test_the_url_is_checked_again_at_send_time(world, catalog, settings, receiver):
     """Saved while allowed (or while its name resolved publicly): once the rule refuses
     it, nothing is sent, and the task drops it without retrying."""
-    from billing.tasks import budget_webhook_task
-
     url, hits = receiver
     settings.BUDGET_WEBHOOK_ALLOW_PRIVATE = True
     budget = create(world, url)

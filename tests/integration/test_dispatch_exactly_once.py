@@ -20,6 +20,7 @@ from decimal import Decimal
 
 import pytest
 
+from console.celery import app as celery_app
 from jobs import services
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.models import Job, JobStatus
@@ -56,9 +57,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Work
     its own process group, and every group is SIGKILLed at the end."""
     from django.conf import settings
 
-    from console.celery import app
-
-    app.control.purge()  # earlier tests may have left messages on this session's queue
+    celery_app.control.purge()  # earlier tests may have left messages on this session's queue
     started: list[WorkerProcess] = []
 
     def start(count: int = 1) -> list[WorkerProcess]:
@@ -94,7 +93,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Work
             worker.signal_group()
         for worker in started:
             worker.kill_group()
-        app.control.purge()
+        celery_app.control.purge()
         forget_abandoned_messages(settings.CELERY_TASK_DEFAULT_QUEUE, settings.REDIS_URL)
 
 

@@ -15,7 +15,7 @@ import pytest
 from console.launcher import free_loopback_port
 from console.queueing import enqueue_now
 from tests.factories import JobFactory, NodePoolFactory
-from tests.servers import wait_until
+from tests.servers import wait_until, watcher_process  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +147,15 @@ def test_the_web_process_reports_what_the_worker_process_counted(console_server,
     text = scrape_text(server)
     assert 'gpugeek_celery_task_last_duration_seconds{task="billing.tasks.meter_tick_task"}' in text
     assert len({p.name.rsplit("_", 1)[-1] for p in multiproc.glob("*.db")}) >= 2, worker.log()
+
+
+def test_the_web_process_reports_the_watchers_passes(console_server, request):
+    """As `runconsole` runs them: the watcher shares the multiprocess directory, so its
+    passes are in the web process's /metrics (in its own pod it serves them itself, see
+    tests/jobs/test_metrics_prometheus.py)."""
+    server, _ = console_server
+    request.getfixturevalue("watcher_process")
+    line = 'gpugeek_watcher_pass_duration_seconds_count{kind="full"}'
+
+    wait_until(lambda: line in scrape_text(server), 30, what=f"{line} in /metrics")
+    assert 'gpugeek_watcher_last_pass_timestamp_seconds{kind="full"}' in scrape_text(server)

@@ -1,5 +1,8 @@
 import pytest
+import redis
 from django.conf import settings
+
+from jobs.logs.leases import redis_prefix
 
 
 @pytest.fixture(autouse=True)
@@ -8,10 +11,6 @@ def _no_log_follower_state_left():
     again): a log follower's lease or cursor left in Redis by an earlier test's job would
     make this test's follower wait for the lease to expire, or start at a stale line."""
     yield
-    import redis
-
-    from jobs.logs.leases import redis_prefix
-
     client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
     try:
         keys = list(client.scan_iter(f"{redis_prefix()}:logfollow:*", count=1000))

@@ -20,12 +20,15 @@ from django.utils.module_loading import import_string
 
 from jobs import services
 from jobs.actors import SYSTEM
+from jobs.backends import local as local_backend
 from jobs.backends.local import LocalBackend
 from jobs.models import Job, JobStatus
 from jobs.services.dispatch import DispatchRetry
 from jobs.state import job_transition
+from marketplace.services import capacity_sync
 from tests.concurrency import run_at_once
-from tests.jobs.test_local_lifecycle import launch, spec, wait_for_status
+from tests.jobs.test_local_lifecycle import spec, wait_for_status
+from tests.jobs_helpers import launch
 
 S = JobStatus
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
@@ -97,8 +100,8 @@ def settle(jobs: list[Job], timeout: float = 20) -> None:
 def test_a_job_killed_by_a_realtime_signal_does_not_stop_the_pass(world, catalog):
     """Signal 40 (SIGRTMIN+6) has no name in Python's Signals enum: mapping it used to
     raise inside the pass, and every job after it was never observed again."""
-    killed = launch(world, ["python", "-c", "import os; os.kill(os.getpid(), 40)"])
-    normal = launch(world, ["python", "-c", "print('fine')"])
+    killed = launch(world, spec(["python", "-c", "import os; os.kill(os.getpid(), 40)"]))
+    normal = launch(world, spec(["python", "-c", "print('fine')"]))
     normal = wait_for_status(normal, {S.SUCCEEDED, S.FAILED})
     assert normal.status == S.SUCCEEDED
     killed = wait_for_status(killed, {S.FAILED, S.SUCCEEDED})
@@ -204,7 +207,7 @@ def test_a_lost_dispatch_is_redone(world, catalog, dropped):
 
 @pytest.mark.django_db(transaction=True)
 def test_lost_pause_and_resume_are_redone(world, catalog, dropped):
-    job = launch(world, SLEEP)
+    job = launch(world, spec(SLEEP))
     dropped.sent.clear()
     services.job_pause(job=job, actor=SYSTEM)
     job.refresh_from_db()
@@ -225,7 +228,7 @@ def test_lost_pause_and_resume_are_redone(world, catalog, dropped):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_lost_cancel_of_a_running_job_is_redone(world, catalog, dropped):
-    job = launch(world, SLEEP)
+    job = launch(world, spec(SLEEP))
     job = wait_for_status(job, {S.RUNNING})
     services.job_cancel(job=job, actor=SYSTEM)
     assert dropped.names(job.pk)[-1] == "jobs.tasks.job_cancel_task"
@@ -242,7 +245,7 @@ def test_a_lost_cancel_of_a_running_job_is_redone(world, catalog, dropped):
 @pytest.mark.django_db(transaction=True)
 def test_a_provisioning_job_is_observed_by_the_reconciler(world, catalog, dropped):
     """`provisioning` too long: the reconciler observes it (a watch event may be lost)."""
-    job = launch(world, ["python", "-c", "print('done')"])
+    job = launch(world, spec(["python", "-c", "print('done')"]))
     # A backend that accepts before running would leave it provisioning; the state
     # machine lets a running local job go nowhere back, so reach it from a fresh one.
     job2 = services.job_submit(tenant=world.tenant, user=world.member, spec=spec(SLEEP))
@@ -264,7 +267,7 @@ def test_a_provisioning_job_is_observed_by_the_reconciler(world, catalog, droppe
 
 @pytest.mark.django_db(transaction=True)
 def test_max_runtime_counts_running_time_not_pauses(world, catalog, dropped):
-    job = launch(world, SLEEP, max_runtime_minutes=1)
+    job = launch(world, spec(SLEEP, max_runtime_minutes=1))
     job = wait_for_status(job, {S.RUNNING})
     assert job.running_since is not None
     dropped.sent.clear()
@@ -294,7 +297,7 @@ def test_max_runtime_counts_running_time_not_pauses(world, catalog, dropped):
 @pytest.mark.django_db(transaction=True)
 def test_max_runtime_is_checked_in_every_holding_status(world, catalog, dropped):
     """A job stuck `pausing` (SIGTERM ignored) with its running time used up fails."""
-    job = launch(world, SLEEP, max_runtime_minutes=1)
+    job = launch(world, spec(SLEEP, max_runtime_minutes=1))
     job = wait_for_status(job, {S.RUNNING})
     services.job_pause(job=job, actor=SYSTEM)  # the suspend task is lost: still running
     job.refresh_from_db()
@@ -316,11 +319,8 @@ def test_max_runtime_is_checked_in_every_holding_status(world, catalog, dropped)
     reason="row/advisory locks are PostgreSQL's; SQLite serialises writers by itself",
 )
 def test_two_concurrent_dispatches_never_share_a_gpu(world, catalog, monkeypatch, dropped):
-    from jobs.backends import local
-    from marketplace.services import capacity_sync
-
     h100 = "NVIDIA H100 80GB HBM3"
-    monkeypatch.setattr(local, "nvml_devices", lambda: [(i, h100) for i in range(4)])
+    monkeypatch.setattr(local_backend, "nvml_devices", lambda: [(i, h100) for i in range(4)])
     capacity_sync(backend=LocalBackend())
     ids = []
     for _ in range(2):

@@ -12,7 +12,9 @@ from django.urls import reverse
 from console import services as console_services
 from console.models import AuditEvent, Tenant
 from console.permissions import Role
+from console.services import ServiceError
 from jobs.models import Job, JobStatus
+from jobs.services import JobSpec, job_submit
 from jobs.services.spec import (
     MAX_COMMAND_ARG_BYTES,
     MAX_COMMAND_ARGS,
@@ -345,9 +347,6 @@ def test_the_limit_is_named_in_the_message(owner_api_local):
 
 def test_the_service_enforces_the_bounds_without_the_api(world, catalog):
     """The form and the API mirror some limits; `spec_validate` is what decides."""
-    from console.services import ServiceError
-    from jobs.services import JobSpec, job_submit
-
     spec = JobSpec(
         name="direct",
         image="python-3.11",

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from console import settings as console_settings  # as loaded, before any override
 from jobs import services
 from jobs.backends import BackendUnavailable, get_backend
 from jobs.backends.kubernetes import manifests
@@ -20,8 +21,9 @@ from jobs.backends.kubernetes.watch import watch_jobs
 from jobs.models import JobStatus
 from marketplace.models import TenantQuota
 from tests.factories import ImageFactory
-from tests.jobs.test_kubernetes_lifecycle import H100, cluster, gpu_spec, launch, ns, settle
+from tests.jobs.test_kubernetes_lifecycle import H100, cluster, gpu_spec, ns, settle
 from tests.jobs.test_kubernetes_manifests import cpu_job, h100_job, rendered
+from tests.jobs_helpers import launch
 
 __all__ = ["cluster"]  # the fixture, imported for these tests
 
@@ -100,8 +102,6 @@ def test_every_object_the_console_makes_carries_the_installation_label():
 def test_the_default_installation_id_is_derived_from_the_secret_key():
     """Without GPUGEEK_INSTALLATION_ID it is a short hash of SECRET_KEY: the same on every
     start of this console, different for a console with another key."""
-    from console import settings as console_settings  # as loaded, before any override
-
     digest = hashlib.sha256(b"gpugeek-installation:" + console_settings.SECRET_KEY.encode())
     assert "gg-" + digest.hexdigest()[:12] == console_settings.GPUGEEK_INSTALLATION_ID
 
@@ -249,14 +249,10 @@ def test_quota_patch_is_refused_in_a_foreign_namespace(world, cluster):
 
 def namespace_setup_posts(cluster) -> list[str]:
     setup = ("/namespaces", "/resourcequotas", "/limitranges", "/networkpolicies")
-    return [
-        r.path for r in cluster.requests if r.method == "POST" and r.path.endswith(setup)
-    ]
+    return [r.path for r in cluster.requests if r.method == "POST" and r.path.endswith(setup)]
 
 
-def test_a_burst_of_launches_sets_the_namespace_up_once_and_again_when_it_changes(
-    world, cluster
-):
+def test_a_burst_of_launches_sets_the_namespace_up_once_and_again_when_it_changes(world, cluster):
     small = {"gpus_per_node": 1, "cpus": 2}
     launch(world, gpu_spec(name="first", **small))
     cluster.requests.clear()

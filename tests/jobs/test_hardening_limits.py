@@ -4,13 +4,27 @@ with 413 before anything parses it, signed in or not."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import tracemalloc
 
 import pytest
 from django.core.handlers.asgi import ASGIHandler
 from django.test import Client
 
+from jobs import services
+from jobs.backends import get_backend
+from jobs.backends.base import LogSource
+from jobs.backends.kubernetes.podlogs import PodLogStream
+from jobs.backends.local_logs import LocalLogStream
+from jobs.logs import archive as log_archive
+from jobs.logs import reading
+from jobs.logs.lines import LineSplitter, split_pieces
+from jobs.logs.stores import FileLog, LogSpool
+from jobs.models import Job, JobStatus
 from tests.conftest import token_client
+from tests.jobs.test_consumers import forget_files
+from tests.jobs.test_local_lifecycle import spec, wait_for_status
 
 OVERSIZED = 4096
 
@@ -103,11 +117,6 @@ FLOOD = "import sys; sys.stdout.write('x' * 5_000_000); sys.stdout.flush()"
 
 
 def _run_local(world, command: list[str]):
-    from jobs import services
-    from jobs.models import JobStatus
-    from tests.jobs.test_consumers import forget_files
-    from tests.jobs.test_local_lifecycle import spec, wait_for_status
-
     job = services.job_submit(tenant=world.tenant, user=world.member, spec=spec(command))
     forget_files(job)
     job = services.job_dispatch(job=job)
@@ -129,8 +138,6 @@ def _api_pages(api, job_id: int) -> list[dict]:
 
 
 def _peak_bytes(call) -> tuple[object, int]:
-    import tracemalloc
-
     tracemalloc.start()
     try:
         result = call()
@@ -140,8 +147,6 @@ def _peak_bytes(call) -> tuple[object, int]:
 
 
 def test_long_lines_are_cut_into_64k_pieces_on_character_boundaries():
-    from jobs.logs.lines import LineSplitter, split_pieces
-
     text = ("a" * 65535 + "é" * 40000 + "\n" + "b" * LINE + "\n" + "c" * (LINE + 1)).encode()
     pieces, ends = split_pieces(text, final=True)
     assert all(len(p) <= LINE for p in pieces)
@@ -160,11 +165,6 @@ def test_long_lines_are_cut_into_64k_pieces_on_character_boundaries():
 
 
 def test_file_store_local_stream_and_pod_stream_number_long_lines_alike(tmp_path):
-    from jobs.backends.base import LogSource
-    from jobs.backends.kubernetes.podlogs import PodLogStream
-    from jobs.backends.local_logs import LocalLogStream
-    from jobs.logs.stores import FileLog
-
     body = b"one\n" + b"y" * (3 * LINE + 10) + b"\n" + "ü".encode() * 70000 + b"\nend"
     (tmp_path / "output.log").write_bytes(body)
     (tmp_path / "exit_code").write_text("0")
@@ -203,9 +203,6 @@ def test_file_store_local_stream_and_pod_stream_number_long_lines_alike(tmp_path
 
 @pytest.mark.django_db
 def test_spool_splits_long_texts_and_stops_at_the_cap(tmp_path, settings):
-    from jobs.backends.base import LogSource
-    from jobs.logs.stores import LogSpool
-
     settings.JOB_LOG_MAX_BYTES = 300_000
     spool = LogSpool(tmp_path)
     pod = LogSource(rank=1, key="pod-1/uid", live=True)
@@ -224,10 +221,6 @@ def test_spool_splits_long_texts_and_stops_at_the_cap(tmp_path, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_printing_5mb_without_a_newline_is_read_in_bounded_64k_lines(world, catalog):
-    from jobs.logs import archive as log_archive
-    from jobs.logs import reading
-    from jobs.models import Job
-
     job = _run_local(world, ["python", "-c", FLOOD])
     api = token_client(world.member, world.tenant)
     lines = _api_pages(api, job.pk)
@@ -259,11 +252,6 @@ def test_a_job_printing_5mb_without_a_newline_is_read_in_bounded_64k_lines(world
 
 @pytest.mark.django_db(transaction=True)
 def test_a_log_past_job_log_max_bytes_ends_with_a_truncation_line(world, catalog, settings):
-    from jobs.backends import get_backend
-    from jobs.logs import archive as log_archive
-    from jobs.logs import reading
-    from jobs.models import Job
-
     settings.JOB_LOG_MAX_BYTES = 1_000_000
     job = _run_local(world, ["python", "-c", FLOOD])
     lines = _api_pages(token_client(world.member, world.tenant), job.pk)
@@ -288,11 +276,6 @@ def test_a_log_past_job_log_max_bytes_ends_with_a_truncation_line(world, catalog
 
 
 def test_an_unindexed_archive_is_indexed_in_bounded_steps_not_loaded(tmp_path):
-    import gzip
-    import json
-
-    from jobs.logs import archive as log_archive
-
     legacy = tmp_path / "job-9.jsonl.gz"  # before the index (and before lines were split)
     with gzip.open(legacy, "wt", encoding="utf-8") as handle:
         handle.write(json.dumps([0, "first"]) + "\n")
@@ -321,10 +304,6 @@ def test_an_unindexed_archive_is_indexed_in_bounded_steps_not_loaded(tmp_path):
 
 
 def test_reads_of_a_32mb_unbroken_line_hold_a_bounded_window(tmp_path):
-    from jobs.backends.base import LogSource
-    from jobs.backends.local_logs import LocalLogStream
-    from jobs.logs.stores import FileLog
-
     path = tmp_path / "output.log"
     with path.open("wb") as handle:
         for _ in range(32):

@@ -28,7 +28,8 @@ from jobs.actors import SYSTEM
 from jobs.backends import local_supervisor
 from jobs.backends.local import LocalBackend, _alive
 from jobs.models import JobStatus
-from tests.jobs.test_local_lifecycle import launch, spec, wait_for_status
+from tests.jobs.test_local_lifecycle import spec, wait_for_status
+from tests.jobs_helpers import launch
 
 S = JobStatus
 JOB_USER = "gg-testjob"
@@ -64,7 +65,7 @@ PLANT = (
 def test_planted_control_files_change_nothing_the_console_believes(world, catalog):
     decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        job = launch(world, ["python", "-c", PLANT.format(decoy=decoy.pid)])
+        job = launch(world, spec(["python", "-c", PLANT.format(decoy=decoy.pid)]))
         job = wait_for_status(job, {S.SUCCEEDED, S.FAILED, S.CANCELLED})
         assert job.status == S.SUCCEEDED and job.exit_code == 0, job.status_reason
         backend = LocalBackend()
@@ -87,7 +88,7 @@ def test_cancel_after_planting_signals_only_the_real_process(world, catalog, set
     decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         program = PLANT.format(decoy=decoy.pid) + "import time; time.sleep(60)\n"
-        job = launch(world, ["python", "-c", program])
+        job = launch(world, spec(["python", "-c", program]))
         job = wait_for_status(job, {S.RUNNING})
         wait_until(lambda: any("planted in" in t for t in output(job)), what="planting")
         backend = LocalBackend()
@@ -138,7 +139,7 @@ def test_a_real_job_sees_neither_console_settings_nor_console_code(world, catalo
         "print(json.dumps({'env': sorted(os.environ), 'path': sys.path, 'cwd': os.getcwd(),"
         " 'console': importlib.util.find_spec('console') is not None}))\n"
     )
-    job = wait_for_status(launch(world, ["python", "-c", program]), {S.SUCCEEDED, S.FAILED})
+    job = wait_for_status(launch(world, spec(["python", "-c", program])), {S.SUCCEEDED, S.FAILED})
     assert job.status == S.SUCCEEDED, output(job)
     seen = json.loads(output(job)[0])
     assert not seen["console"]  # the console's code is not importable
@@ -302,8 +303,10 @@ def test_with_a_job_user_the_job_works_and_cannot_read_the_data_dir(world, catal
     assert stat.S_IMODE((data_dir / "redis" / "redis-password").stat().st_mode) == 0o600
     job = launch(
         world,
-        ["/bin/sh", "-c", READ_EACH, "sh", *map(str, targets)],
-        env={"DATA_DIR_TO_TRY": str(data_dir)},
+        spec(
+            ["/bin/sh", "-c", READ_EACH, "sh", *map(str, targets)],
+            env={"DATA_DIR_TO_TRY": str(data_dir)},
+        ),
     )
     job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
     lines = output(job)

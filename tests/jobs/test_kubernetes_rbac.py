@@ -32,9 +32,9 @@ from tests.jobs.test_kubernetes_lifecycle import (
     S,
     cluster,  # noqa: F401  (a fixture)
     gpu_spec,
-    launch,
     settle,
 )
+from tests.jobs_helpers import launch
 
 RBAC = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "rbac.yaml"
 

@@ -10,9 +10,10 @@ import pytest
 
 from jobs import services
 from jobs.actors import SYSTEM
-from jobs.backends.local import LocalBackend
+from jobs.backends.local import LocalBackend, _alive
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
+from tests.jobs_helpers import launch
 
 S = JobStatus
 
@@ -36,18 +37,11 @@ def wait_for_status(job, statuses, timeout=20):
     raise AssertionError(f"job stayed {job.status} ({job.status_reason}); log: {output}")
 
 
-def launch(world, command, **overrides):
-    job = services.job_submit(
-        tenant=world.tenant, user=world.member, spec=spec(command, **overrides)
-    )
-    assert job.status == S.DISPATCHING, job.status_reason
-    return services.job_dispatch(job=job)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_command_runs_prints_and_succeeds(world, catalog):
     job = launch(
-        world, ["python", "-c", "import os; print('hello from', os.environ['GPUGEEK_JOB_ID'])"]
+        world,
+        spec(["python", "-c", "import os; print('hello from', os.environ['GPUGEEK_JOB_ID'])"]),
     )
     job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
     assert job.status == S.SUCCEEDED and job.exit_code == 0
@@ -63,7 +57,7 @@ def test_command_runs_prints_and_succeeds(world, catalog):
 
 @pytest.mark.django_db(transaction=True)
 def test_exit_code_maps_to_failed_with_reason(world, catalog):
-    job = launch(world, ["python", "-c", "import sys; sys.exit(3)"])
+    job = launch(world, spec(["python", "-c", "import sys; sys.exit(3)"]))
     job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
     assert job.status == S.FAILED and job.exit_code == 3
     assert "exit code 3" in job.status_reason
@@ -74,7 +68,9 @@ def test_shell_metacharacters_are_argv_not_shell(world, catalog, tmp_path):
     marker = tmp_path / "pwned"
     job = launch(
         world,
-        ["python", "-c", "import sys; print(sys.argv[1:])", f"; touch {marker}", "$(touch x)"],
+        spec(
+            ["python", "-c", "import sys; print(sys.argv[1:])", f"; touch {marker}", "$(touch x)"]
+        ),
     )
     job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
     assert job.status == S.SUCCEEDED
@@ -91,7 +87,7 @@ def test_pause_resume_cancel_leave_no_process(world, catalog, settings):
         "signal.signal(signal.SIGTERM, lambda *a: (print('checkpoint', flush=True), sys.exit(0)))\n"
         "time.sleep(60)\n"
     )
-    job = launch(world, ["python", "-c", program])
+    job = launch(world, spec(["python", "-c", program]))
     backend = LocalBackend()
     job = wait_for_status(job, {S.RUNNING})
     time.sleep(0.5)
@@ -114,8 +110,6 @@ def test_pause_resume_cancel_leave_no_process(world, catalog, settings):
     backend.cancel(job)
     assert job.status == S.CANCELLED
     deadline = time.monotonic() + 10
-    from jobs.backends.local import _alive
-
     while _alive(child) and time.monotonic() < deadline:
         services.jobs_observe(backend_name="local")
         time.sleep(0.1)
@@ -126,7 +120,9 @@ def test_pause_resume_cancel_leave_no_process(world, catalog, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_max_runtime_fails_the_job_with_reason(world, catalog):
-    job = launch(world, ["python", "-c", "import time; time.sleep(60)"], max_runtime_minutes=1)
+    job = launch(
+        world, spec(["python", "-c", "import time; time.sleep(60)"], max_runtime_minutes=1)
+    )
     job = wait_for_status(job, {S.RUNNING})
     # Max runtime counts running time: as if it had been running for two minutes.
     Job.objects.filter(pk=job.pk).update(run_seconds=120)
@@ -139,7 +135,7 @@ def test_lost_process_is_marked_failed(world, catalog):
     import os
     import signal as sig
 
-    job = launch(world, ["python", "-c", "import time; time.sleep(60)"])
+    job = launch(world, spec(["python", "-c", "import time; time.sleep(60)"]))
     job = wait_for_status(job, {S.RUNNING})
     backend = LocalBackend()
     supervisor = int((backend.run_dir(job) / "supervisor.pid").read_text())

@@ -4,22 +4,26 @@ job's output end to end through the store."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import json
 import random
 import shutil
+import threading
 import time
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.layers import channel_layers, get_channel_layer
 from django.urls import include, path, re_path
 
 from console.crypto import encrypt_json
-from jobs import services
+from jobs import realtime, services
 from jobs.api import streams
+from jobs.backends import get_backend
 from jobs.backends.base import LogSource
 from jobs.backends.local import LocalBackend
 from jobs.backends.local_logs import LocalLogStream
@@ -28,10 +32,17 @@ from jobs.logs import follower as log_follower
 from jobs.logs import leases, reading
 from jobs.logs.stores import FileLog, LogSpool, spool_dir
 from jobs.models import Job, JobLogArchive, JobStatus
+from sandbox.kubesim import PodRun
 from tests.conftest import signed_in_client
 from tests.jobs.test_consumers import forget_files, make_job, write_log
-from tests.jobs.test_kubernetes_lifecycle import cluster  # noqa: F401 (fixture)
+from tests.jobs.test_kubernetes_lifecycle import (
+    cluster,  # noqa: F401 (fixture)
+    gpu_spec,
+    ns,
+    settle,
+)
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
+from tests.jobs_helpers import launch as launch_on_cluster
 
 # The routes the lead adds to jobs/api/urls.py, so these tests run before and after.
 urlpatterns = [
@@ -339,11 +350,6 @@ def test_real_local_job_output_is_numbered_masked_and_archived(world, catalog):
 
 
 def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, cluster):  # noqa: F811
-    from jobs.models import JobStatus as S
-    from sandbox.kubesim import PodRun
-    from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
-    from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
-
     def script(pod: dict) -> PodRun:
         rank = int(pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
         rank += int(pod["metadata"]["annotations"]["gpugeek.io/rank-offset"])
@@ -352,7 +358,7 @@ def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, clus
     cluster.pod_script = script
     job = launch_on_cluster(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5")))
     forget_files(job)
-    job = settle(cluster, job, S.RUNNING)
+    job = settle(cluster, job, JobStatus.RUNNING)
     first = reading.read_lines(job)["lines"]
     assert [(ln["line_no"], ln["rank"], ln["text"]) for ln in first] == [
         (1, 0, "rank 0 a"),
@@ -361,7 +367,7 @@ def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, clus
         (4, 1, "rank 1 b"),
     ]
     assert reading.read_lines(job, since_line=4)["lines"] == []  # read again: no repeats
-    job = settle(cluster, job, S.SUCCEEDED)
+    job = settle(cluster, job, JobStatus.SUCCEEDED)
     assert log_archive.job_log_archive(job=job) is not None
     for pod in cluster.list("pods", ns(job)):
         cluster.delete("pods", ns(job), pod["metadata"]["name"])
@@ -373,15 +379,9 @@ def test_kubernetes_job_logs_get_stable_numbers_and_outlive_the_pods(world, clus
 
 
 def test_pod_log_streams_skip_follow_and_end_with_the_container(world, cluster):  # noqa: F811
-    from jobs.backends import get_backend
-    from jobs.models import JobStatus as S
-    from sandbox.kubesim import PodRun
-    from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
-    from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
-
     cluster.pod_script = lambda pod: PodRun(logs=["a", "b", "c"], duration=None)
     job = launch_on_cluster(world, gpu_spec(nodes=1))
-    job = settle(cluster, job, S.RUNNING)
+    job = settle(cluster, job, JobStatus.RUNNING)
     backend = get_backend("kubernetes")
     (source,) = backend.log_sources(job)
     assert (source.rank, source.live) == (0, True)
@@ -406,19 +406,10 @@ def test_pod_log_streams_skip_follow_and_end_with_the_container(world, cluster):
 
 
 def test_kubernetes_follower_streams_each_pod_once_for_all_viewers(world, cluster):  # noqa: F811
-    import asyncio
-    import threading
-
-    from jobs import realtime
-    from jobs.models import JobStatus as S
-    from sandbox.kubesim import PodRun
-    from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns, settle
-    from tests.jobs.test_kubernetes_lifecycle import launch as launch_on_cluster
-
     cluster.pod_script = lambda pod: PodRun(logs=["started"], duration=None)
     job = launch_on_cluster(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5")))
     forget_files(job)
-    job = settle(cluster, job, S.RUNNING)
+    job = settle(cluster, job, JobStatus.RUNNING)
     pods = {
         int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
         + int(p["metadata"]["annotations"]["gpugeek.io/rank-offset"]): p["metadata"]["name"]
@@ -524,12 +515,6 @@ def test_local_log_stream_numbers_lines_like_the_store(tmp_path):
 
 @pytest.mark.django_db
 def test_follower_uses_redis_only_while_another_process_has_viewers(world, catalog):
-    import asyncio
-
-    from channels.layers import channel_layers, get_channel_layer
-
-    from jobs import realtime
-
     job = make_job(world.tenant)
     write_log(job, ["line 1"])
     channel_layers.backends.clear()

@@ -24,6 +24,7 @@ from marketplace.services import capacity_sync
 from sandbox.cluster import SandboxCluster
 from tests.conftest import signed_in_client
 from tests.factories import MembershipFactory, UserFactory
+from tests.jobs_helpers import launch
 
 S = JobStatus
 TOKEN = "sandbox-test-token"
@@ -84,12 +85,6 @@ def spec(**overrides) -> JobSpec:
     }
     values.update(overrides)
     return JobSpec(**values)
-
-
-def launch(world, job_spec: JobSpec) -> Job:
-    job = services.job_submit(tenant=world.tenant, user=world.member, spec=job_spec)
-    assert job.status == S.DISPATCHING, job.status_reason
-    return services.job_dispatch(job=job)
 
 
 def settle(job: Job, *statuses: str, timeout: float = 15) -> Job:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from decimal import Decimal
 
 import pytest
 
 from console.models import User
-from marketplace.demo import seed_catalog
 from marketplace.models import (
     AllowedRegistry,
     GpuType,
@@ -17,20 +15,8 @@ from marketplace.models import (
     PriceVersion,
     Region,
 )
+from tests.conftest import Catalog, catalog_seed
 from tests.factories import MembershipFactory, UserFactory
-
-
-@dataclass
-class Catalog:
-    """The seeded demo catalog, with lookups by slug."""
-
-    version: PriceVersion
-
-    def gpu(self, slug: str) -> GpuType:
-        return GpuType.objects.get(slug=slug)
-
-    def region(self, slug: str) -> Region:
-        return Region.objects.get(slug=slug)
 
 
 def _wipe_catalog() -> None:
@@ -44,11 +30,12 @@ def _wipe_catalog() -> None:
 
 @pytest.fixture(scope="module")
 def _seeded_catalog(django_db_setup, django_db_blocker):
-    """Seed the demo catalog once per module (seeding takes a quarter of a second) and
-    remove it afterwards, so no other test module sees it. Each test still runs in its
-    own rolled-back transaction, so changes a test makes to the catalog don't leak."""
+    """The shared test catalog (`tests.conftest.catalog_seed`), seeded once per module
+    rather than per test (that doubles these tests' time), and removed afterwards, so no
+    other test module sees it. Each test still runs in its own rolled-back transaction, so
+    changes a test makes to the catalog don't leak."""
     with django_db_blocker.unblock():
-        seed_catalog()
+        catalog_seed()
     yield
     with django_db_blocker.unblock():
         _wipe_catalog()
@@ -56,9 +43,10 @@ def _seeded_catalog(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def catalog(_seeded_catalog, db) -> Catalog:
-    version = PriceVersion.objects.get()
-    assert version.spot_discount_percent == Decimal(55)  # the figures in the tests rely on it
-    return Catalog(version=version)
+    catalog = Catalog()
+    # The figures in the tests rely on it.
+    assert catalog.version.spot_discount_percent == Decimal(55)
+    return catalog
 
 
 @pytest.fixture

@@ -9,6 +9,9 @@ from django.db import transaction
 from billing.demo_history import seed_demo_history
 from console.models import Membership, Tenant, User
 from console.permissions import Role
+from jobs.backends.local import LocalBackend
+from marketplace.demo import seed_catalog
+from marketplace.services import capacity_sync
 
 DEMO_TENANTS = [
     (
@@ -71,10 +74,6 @@ class Command(BaseCommand):
                     user.save()
                 Membership.objects.get_or_create(tenant=tenant, user=user, defaults={"role": role})
                 rows.append((email, role, slug))
-        from jobs.backends.local import LocalBackend
-        from marketplace.demo import seed_catalog
-        from marketplace.services import capacity_sync
-
         catalog = seed_catalog()
         # This host's real capacity (its CPUs, and GPUs if NVML finds any).
         capacity_sync(backend=LocalBackend())

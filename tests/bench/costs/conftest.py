@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from marketplace.demo import seed_catalog
+from tests.conftest import make_world
+
 BENCH_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,9 +41,6 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 
 
 def _world():
-    from marketplace.demo import seed_catalog
-    from tests.conftest import make_world
-
     seed_catalog()
     return make_world("bench")
 

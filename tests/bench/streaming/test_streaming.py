@@ -23,10 +23,11 @@ import psutil
 import pytest
 from django.conf import settings
 
+from console.launcher import free_loopback_port
 from tests.bench.results import record
 from tests.conftest import signed_in_client
 from tests.jobs.test_consumers import make_job
-from tests.servers import ROOT
+from tests.servers import ROOT, AsgiServer, _port_open, child_env, wait_until
 
 RATE = 50  # lines per second per job
 # Seconds between two sockets' connects: pages arriving, not a storm. Each handshake costs
@@ -172,9 +173,6 @@ def bench_servers(request, transactional_db, tmp_path):
     """The ASGI server processes under test, against the test database.
     GPUGEEK_BENCH_PROFILE=<file> runs them under cProfile (stats of the writing phase
     written to <file>.<n> when they stop)."""
-    from console.launcher import free_loopback_port
-    from tests.servers import AsgiServer, _port_open, child_env, wait_until
-
     profile = os.environ.get("GPUGEEK_BENCH_PROFILE")
     servers = []
     try:
