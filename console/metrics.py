@@ -192,9 +192,22 @@ def counted_metrics_serve(port: int) -> Any:
     return server
 
 
+def counted_metrics_serve_configured() -> Any | None:
+    """In a process without HTTP of its own (a Celery worker, the watcher), serve its
+    counters on METRICS_WORKER_PORT where that and METRICS_TOKEN are set. A port already
+    taken is logged, not fatal: processes sharing one host (`runconsole`) also share the
+    multiprocess directory, so whichever serves it shows them all."""
+    if not (settings.METRICS_WORKER_PORT and settings.METRICS_TOKEN):
+        return None
+    try:
+        return counted_metrics_serve(settings.METRICS_WORKER_PORT)
+    except OSError as error:
+        logger.warning("metrics not served on port %s: %s", settings.METRICS_WORKER_PORT, error)
+        return None
+
+
 def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
-    if settings.METRICS_WORKER_PORT and settings.METRICS_TOKEN:
-        counted_metrics_serve(settings.METRICS_WORKER_PORT)
+    counted_metrics_serve_configured()
 
 
 # --- HTTP middleware --------------------------------------------------------------------------

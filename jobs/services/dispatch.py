@@ -22,6 +22,7 @@ from django.db.models import F
 from jobs.actors import SYSTEM, Actor
 from jobs.backends import BackendRejected, BackendUnavailable, ComputeBackend, get_backend
 from jobs.models import Job, JobStatus
+from jobs.prometheus import dispatch_latency_observe
 from jobs.state import IllegalTransition, job_retry_note, job_transition
 
 log = logging.getLogger(__name__)
@@ -81,11 +82,15 @@ def _after_start(job: Job, backend: ComputeBackend, to: str, reason: str, source
     meanwhile (`job_transition` locks and re-reads the row); a job cancelled or failed
     meanwhile has what was just started undone."""
     try:
-        return job_transition(
+        started = job_transition(
             job=job, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({source})
         )
     except IllegalTransition:
         job.refresh_from_db()
+    else:
+        if source == S.DISPATCHING:
+            dispatch_latency_observe(job=started, backend_name=backend.name)
+        return started
     if job.status in UNDO_AFTER:
         _undo(job, backend)
     return job  # e.g. a duplicate dispatch, or the watcher, got there first

@@ -16,14 +16,23 @@ from jobs import services, tasks
 from jobs.actors import SYSTEM
 from jobs.backends import BackendUnavailable, get_backend
 from jobs.backends.kubernetes import KubernetesBackend, manifests
+from jobs.backends.kubernetes import client as kubernetes_client
 from jobs.backends.kubernetes.watch import watch_jobs
+from jobs.management.commands.run_watcher import next_changes, observe_pass, start_watches
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
 from marketplace.demo import seed_catalog
-from marketplace.models import NodePool
-from marketplace.services import capacity_sync
+from marketplace.models import AllowedRegistry, NodePool, RegistryCredential, TenantQuota
+from marketplace.services import (
+    capacity_sync,
+    image_create,
+    registry_credential_delete,
+    registry_credential_set,
+)
 from sandbox.kubesim import PodRun
 from tests.concurrency import run_at_once
+from tests.console.test_prometheus_metrics import TOKEN, scrape, value
+from tests.jobs_helpers import launch
 
 S = JobStatus
 H100 = {
@@ -67,14 +76,6 @@ def gpu_spec(**overrides) -> JobSpec:
     }
     values.update(overrides)
     return JobSpec(**values)
-
-
-def launch(world, spec: JobSpec) -> Job:
-    job = services.job_submit(tenant=world.tenant, user=world.member, spec=spec)
-    assert job.status == S.DISPATCHING, job.status_reason
-    job = services.job_dispatch(job=job)
-    assert job.status == S.PROVISIONING, job.status_reason
-    return job
 
 
 def settle(cluster, job: Job, *statuses: str, timeout: float = 10) -> Job:
@@ -342,6 +343,39 @@ def test_watch_delivers_events_and_survives_410(kube_api):
     assert len(lists) >= 2  # listed again after the 410
 
 
+def test_the_watcher_and_dispatch_are_counted_for_metrics(world, cluster, settings):
+    """Issue 17: the watch's events and the watcher's passes (run_watcher's own functions)
+    and the dispatch latency, read back through /metrics."""
+    settings.METRICS_TOKEN = TOKEN
+    before, started_at = scrape(), time.time()
+    stop = threading.Event()
+    changed: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+    assert start_watches(stop, changed) == ["kubernetes"]
+    try:
+        job = launch(world, gpu_spec())
+        reported: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + 10
+        while ("kubernetes", job.pk) not in reported and time.monotonic() < deadline:
+            reported |= next_changes(changed, timeout=0.5)
+        assert ("kubernetes", job.pk) in reported
+        observe_pass("changed", {"kubernetes": {job.pk}})
+    finally:
+        stop.set()
+    after = scrape()
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("gpugeek_watcher_events_total", backend="kubernetes") >= 1
+    last_event = value(after, "gpugeek_watcher_last_event_timestamp_seconds", backend="kubernetes")
+    assert started_at <= last_event <= time.time()
+    assert delta("gpugeek_watcher_pass_duration_seconds_count", kind="changed") == 1
+    last_pass = value(after, "gpugeek_watcher_last_pass_timestamp_seconds", kind="changed")
+    assert started_at <= last_pass <= time.time()
+    assert delta("gpugeek_dispatch_latency_seconds_count", backend="kubernetes") == 1
+    assert 0 <= delta("gpugeek_dispatch_latency_seconds_sum", backend="kubernetes") < 10
+
+
 def test_pending_reasons_and_unpullable_image(world, cluster):
     namespace = f"gg-t-{world.tenant.pk}"
     # The console's namespace (made by this installation earlier), with a quota added.
@@ -397,9 +431,6 @@ def test_pending_reasons_and_unpullable_image(world, cluster):
 def test_private_image_pulls_with_the_tenants_registry_login(
     world, cluster, django_capture_on_commit_callbacks
 ):
-    from marketplace.models import AllowedRegistry
-    from marketplace.services import image_create, registry_credential_set
-
     AllowedRegistry.objects.create(host="registry.example.com:5000")
     image_create(
         tenant=world.tenant,
@@ -453,9 +484,6 @@ def test_private_image_pulls_with_the_tenants_registry_login(
     assert cluster.get("secrets", ns(job), name) is not None
 
     # Removing the login removes its copy from the namespace (after commit, by a task).
-    from marketplace.models import RegistryCredential
-    from marketplace.services import registry_credential_delete
-
     credential = RegistryCredential.objects.get(tenant=world.tenant)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         registry_credential_delete(credential=credential, user=world.admin)
@@ -471,8 +499,6 @@ def test_private_image_pulls_with_the_tenants_registry_login(
 @pytest.fixture
 def kueue(cluster, settings):
     """Kueue and JobSet installed, with the platform's ClusterQueue; KUEUE=on."""
-    from jobs.backends.kubernetes import client as kubernetes_client
-
     cluster.install_kueue()
     cluster.install_jobset()
     cluster.create(
@@ -582,8 +608,6 @@ def test_cancelling_a_kueue_jobset_removes_it_and_its_jobs(world, kueue):
 
 
 def test_our_admission_still_holds_the_tenant_quota_before_kueue(world, kueue):
-    from marketplace.models import TenantQuota
-
     TenantQuota.objects.create(tenant=world.tenant, max_concurrent_jobs=1)
     first = launch(world, gpu_spec(gpus_per_node=0, gpu_type=None, cpus=1, image="python-3.11"))
     second = services.job_submit(
@@ -596,8 +620,6 @@ def test_our_admission_still_holds_the_tenant_quota_before_kueue(world, kueue):
 
 
 def test_kueue_auto_follows_api_discovery(world, cluster, settings):
-    from jobs.backends.kubernetes import client as kubernetes_client
-
     settings.KUEUE = "auto"
     kubernetes_client.API_GROUPS_CACHE.clear()
     backend = get_backend("kubernetes")

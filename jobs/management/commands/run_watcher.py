@@ -4,7 +4,8 @@ Each pass applies what the backends report to the job state machine (through
 jobs.services.jobs_observe), and records the watcher's heartbeat for /healthz. A backend
 that can watch (`ComputeBackend.watch`, e.g. Kubernetes' watch on our Jobs and Pods)
 reports which jobs changed, and those are observed at once; the full pass every
-WATCHER_INTERVAL remains the safety net.
+WATCHER_INTERVAL remains the safety net. Its events and passes are counted for /metrics
+(jobs/prometheus.py), served on METRICS_WORKER_PORT where that is set.
 """
 
 import logging
@@ -13,13 +14,22 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from console.metrics import counted_metrics_serve_configured
 from console.services import heartbeat_record
 from jobs.backends import BackendUnavailable, configured_backends
+from jobs.prometheus import (
+    WATCHER_BACKEND_UNAVAILABLE,
+    WATCHER_EVENTS,
+    WATCHER_LAST_EVENT,
+    WATCHER_LAST_PASS,
+    WATCHER_PASS_DURATION,
+)
 from jobs.services import jobs_observe
 
 log = logging.getLogger(__name__)
@@ -33,6 +43,8 @@ def start_watches(stop: threading.Event, changed: queue.SimpleQueue) -> list[str
     for backend in configured_backends():
 
         def on_change(job_id: int, name: str = backend.name) -> None:
+            WATCHER_EVENTS.labels(name).inc()
+            WATCHER_LAST_EVENT.labels(name).set(time.time())
             changed.put((name, job_id))
 
         try:
@@ -59,6 +71,20 @@ def next_changes(changed: queue.SimpleQueue, timeout: float) -> set[tuple[str, i
     return ids
 
 
+def observe_pass(kind: str, targets: Mapping[str, set[int] | None]) -> None:
+    """Observe each backend named in `targets` (all its live jobs where the ids are None),
+    and count the pass under `kind` (`full` or `changed`) once every backend is done."""
+    started = time.perf_counter()
+    for name, job_ids in targets.items():
+        try:
+            jobs_observe(backend_name=name, job_ids=job_ids)
+        except BackendUnavailable as error:
+            WATCHER_BACKEND_UNAVAILABLE.labels(name).inc()
+            log.warning("%s backend unavailable: %s", name, error)
+    WATCHER_PASS_DURATION.labels(kind).observe(time.perf_counter() - started)
+    WATCHER_LAST_PASS.labels(kind).set(time.time())
+
+
 class Command(BaseCommand):
     help = "Watch compute backends and feed the job state machine."
 
@@ -72,6 +98,7 @@ class Command(BaseCommand):
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, on_signal)
+        counted_metrics_serve_configured()
         self.stdout.write(f"watcher started (backends: {', '.join(settings.COMPUTE_BACKENDS)})")
         start_watches(stop, changed)
         last_heartbeat = 0.0
@@ -85,21 +112,14 @@ class Command(BaseCommand):
                     last_heartbeat = time.monotonic()
                 if time.monotonic() - last_full_pass >= settings.WATCHER_INTERVAL:
                     last_full_pass = time.monotonic()
-                    for name in settings.COMPUTE_BACKENDS:
-                        try:
-                            jobs_observe(backend_name=name)
-                        except BackendUnavailable as error:
-                            log.warning("%s backend unavailable: %s", name, error)
+                    observe_pass("full", dict.fromkeys(settings.COMPUTE_BACKENDS))
                 else:
                     by_backend: dict[str, set[int]] = defaultdict(set)
                     for name, job_id in changed_ids:
                         if name:
                             by_backend[name].add(job_id)
-                    for name, job_ids in sorted(by_backend.items()):
-                        try:
-                            jobs_observe(backend_name=name, job_ids=job_ids)
-                        except BackendUnavailable as error:
-                            log.warning("%s backend unavailable: %s", name, error)
+                    if by_backend:
+                        observe_pass("changed", dict(sorted(by_backend.items())))
             except Exception:  # keep watching through a database blip
                 log.exception("watcher pass failed")
             wait = max(0.0, settings.WATCHER_INTERVAL - (time.monotonic() - last_full_pass))
