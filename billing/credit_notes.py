@@ -9,9 +9,11 @@ already covered it) becomes tenant credit, which the next invoices use.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from billing.credit_ledger import credit_balance_move
@@ -26,6 +28,7 @@ from billing.models import (
     NumberKind,
 )
 from console.models import User
+from console.queueing import enqueue_on_commit
 from console.services import ServiceError, audit_record
 
 ZERO = Decimal(0)
@@ -36,6 +39,7 @@ CREDITABLE = (InvoiceStatus.OPEN, InvoiceStatus.PAID, InvoiceStatus.UNCOLLECTIBL
 class CreditLine:
     description: str
     amount: Decimal
+    invoice_line_id: int | None = None  # the invoice line it credits, if it names one
 
 
 def _cents(amount: object, field: str) -> Decimal:
@@ -44,6 +48,35 @@ def _cents(amount: object, field: str) -> Decimal:
     if amount != amount.quantize(CENTS):
         raise ServiceError("A credit is in whole cents.", field=field)
     return amount.quantize(CENTS)
+
+
+def _check_line_credits(invoice: Invoice, lines: list[CreditLine]) -> None:
+    """A credit line tied to an invoice line credits at most what is left of that line
+    (its amount less earlier credits of it). The invoice is locked by the caller."""
+    asked: dict[int, Decimal] = {}
+    for line in lines:
+        if line.invoice_line_id is not None:
+            asked[line.invoice_line_id] = asked.get(line.invoice_line_id, ZERO) + line.amount
+    if not asked:
+        return
+    invoice_lines = {line.pk: line for line in invoice.lines.filter(pk__in=asked)}
+    credited = dict(
+        CreditNoteLine.objects.filter(invoice_line_id__in=asked)
+        .values("invoice_line")
+        .annotate(total=Sum("amount"))
+        .values_list("invoice_line", "total")
+    )
+    for line_id, amount in asked.items():
+        invoice_line = invoice_lines.get(line_id)
+        if invoice_line is None:
+            raise ServiceError(f"{invoice.number} has no line {line_id}.", field="lines")
+        left = invoice_line.amount - credited.get(line_id, ZERO)
+        if amount > left:
+            raise ServiceError(
+                f"Only {max(left, ZERO).quantize(CENTS, ROUND_DOWN)} {invoice.currency} is "
+                f"left to credit on “{invoice_line.description}”.",
+                field="lines",
+            )
 
 
 def credit_note_create(
@@ -64,6 +97,7 @@ def credit_note_create(
         CreditLine(
             description=(line.description or reason).strip()[:300],
             amount=_cents(line.amount, "amount" if amount is not None else "lines"),
+            invoice_line_id=line.invoice_line_id,
         )
         for line in credit_lines
     ]
@@ -82,6 +116,7 @@ def credit_note_create(
                 f"{locked.number}.",
                 field="amount",
             )
+        _check_line_credits(locked, parsed)
         reduced = ZERO if locked.status == InvoiceStatus.PAID else min(total, locked.amount_due)
         to_balance = total - reduced
         note = CreditNote.objects.create(
@@ -94,7 +129,12 @@ def credit_note_create(
             created_by=user,
         )
         CreditNoteLine.objects.bulk_create(
-            CreditNoteLine(credit_note=note, description=line.description, amount=line.amount)
+            CreditNoteLine(
+                credit_note=note,
+                description=line.description,
+                amount=line.amount,
+                invoice_line_id=line.invoice_line_id,
+            )
             for line in parsed
         )
         locked.amount_credited += total
@@ -110,6 +150,9 @@ def credit_note_create(
                 credit_note=note,
                 user=user,
             )
+        if settings.STRIPE_API_KEY:
+            # Sent as a Stripe credit note once this commits, if the invoice is at Stripe.
+            enqueue_on_commit("billing.tasks.credit_note_push_to_stripe", note.pk)
         audit_record(
             action="invoice.credit_note",
             tenant=locked.tenant,

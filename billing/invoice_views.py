@@ -13,6 +13,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from billing import credit_notes, invoicing
 from billing.invoice_forms import AdjustmentForm, CreditNoteForm, DraftForm
+from billing.invoice_pdf import invoice_pdf
 from billing.invoice_selectors import invoices_visible, ledger_invoice_mismatches
 from billing.models import Invoice
 from billing.payments.selectors import invoice_stripe_state
@@ -78,6 +79,15 @@ def invoice_lines_csv(request: HttpRequest, invoice_id: int) -> HttpResponse:
             [line.kind, line.description, line.gpu_type, line.tier, line.region, line.quantity,
              line.unit, line.unit_price, line.amount, invoice.currency]
         )  # fmt: skip
+    return response
+
+
+@capability_required(Capability.VIEW_INVOICES)
+def invoice_pdf_download(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    invoice = get_for_tenant_or_404(Invoice, request.tenant, pk=invoice_id)  # type: ignore[attr-defined]
+    response = HttpResponse(invoice_pdf(invoice=invoice), content_type="application/pdf")
+    name = invoice.number or f"draft-{invoice.pk}"
+    response["Content-Disposition"] = f'attachment; filename="{name}.pdf"'
     return response
 
 

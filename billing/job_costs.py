@@ -5,14 +5,25 @@ Registered with jobs as its cost provider (`BillingConfig.ready`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
 from operator import attrgetter
 
-from django.db.models import Count, Min, QuerySet, Sum, prefetch_related_objects
+from django.db.models import (
+    Count,
+    F,
+    Min,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Sum,
+    prefetch_related_objects,
+)
 from django.utils import timezone
 
 from billing.metering.spans import billed_spans
+from billing.models import UsageRecord
 from jobs.models import BILLED_STATUSES, Job, JobEvent
 from jobs.selectors import job_events
 from marketplace.pricing import PricingError, estimate_cost
@@ -121,14 +132,38 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
     return costs
 
 
-def _ledger_and_meters(jobs: list[Job]) -> tuple[dict[int, Decimal], dict[int, datetime]]:
-    """Each job's ledger total and metering cursor, in one query (a job page's cost)."""
-    rows = (
-        Job.objects.filter(pk__in=[job.pk for job in jobs])
-        .values_list("pk", "meter__metered_until")
-        .annotate(total=Sum("usage_records__amount"))
+# A list page reads each job's ledger total and metering cursor with its row
+# (`with_cost_inputs`) instead of in a query of its own.
+LEDGER_TOTAL = "cost_ledger_total"
+METERED_UNTIL = "cost_metered_until"
+
+
+def with_cost_inputs(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    ledger_total = (
+        UsageRecord.objects.filter(job=OuterRef("pk"))
         .order_by()
+        .values("job")
+        .annotate(total=Sum("amount"))
+        .values("total")
     )
+    return jobs.annotate(
+        **{LEDGER_TOTAL: Subquery(ledger_total), METERED_UNTIL: F("meter__metered_until")}
+    )
+
+
+def _ledger_and_meters(jobs: list[Job]) -> tuple[dict[int, Decimal], dict[int, datetime]]:
+    """Each job's ledger total and metering cursor: read with the rows, or in one query
+    (a job page's cost)."""
+    rows: Iterable[tuple[int, datetime | None, Decimal | None]]
+    if all(hasattr(job, LEDGER_TOTAL) for job in jobs):
+        rows = [(job.pk, getattr(job, METERED_UNTIL), getattr(job, LEDGER_TOTAL)) for job in jobs]
+    else:
+        rows = (
+            Job.objects.filter(pk__in=[job.pk for job in jobs])
+            .values_list("pk", "meter__metered_until")
+            .annotate(total=Sum("usage_records__amount"))
+            .order_by()
+        )
     ledger: dict[int, Decimal] = {job.pk: Decimal(0) for job in jobs}
     meters: dict[int, datetime] = {}
     for pk, metered_until, amount in rows:
@@ -138,12 +173,11 @@ def _ledger_and_meters(jobs: list[Job]) -> tuple[dict[int, Decimal], dict[int, d
     return ledger, meters
 
 
-def job_cost_to_date(job: Job, events: list[JobEvent] | None = None) -> Decimal:
-    return jobs_costs_to_date([job])[job.pk]
-
-
 class BillingJobCosts:
     """jobs.extensions.JobCostProvider, answered from the ledger and the price book."""
+
+    def with_cost_inputs(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        return with_cost_inputs(jobs)
 
     def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
         return jobs_costs_to_date(jobs)

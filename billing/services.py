@@ -26,6 +26,7 @@ from django.utils import timezone
 from billing.job_costs import total_run_rate
 from billing.metering.tick import meter_tick
 from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
+from billing.prometheus import BUDGET_ENFORCEMENT_LAG
 from billing.realtime import publish_budget_alert
 from billing.webhooks import webhook_post, webhook_url_validate
 from console.crypto import decrypt_json, encrypt_json
@@ -189,7 +190,8 @@ def budget_webhook_secret_rotate(*, budget: Budget, user: User | None, request=N
     """Give the budget a new webhook signing secret and return it: the only time it is
     readable. The old secret stops verifying at once (signatures use the stored one)."""
     if not budget.webhook_url:
-        raise ServiceError("Set a webhook URL first.", field="webhook_url")
+        # The budget's state, not the (empty) request, is what refuses: a conflict.
+        raise ServiceError("Set a webhook URL first.", code="conflict", field="webhook_url")
     new_secret = _new_webhook_secret()
     with transaction.atomic():
         Budget.objects.filter(pk=budget.pk).update(
@@ -450,6 +452,7 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
                     continue  # paused already, by someone else
             except ServiceError:
                 continue  # it finished or changed meanwhile
+            BUDGET_ENFORCEMENT_LAG.observe(max(0.0, (timezone.now() - now).total_seconds()))
             paused.append(job)
             audit_record(
                 action="job.paused_by_budget",
@@ -474,7 +477,9 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
 
 
 def meter_and_enforce(*, now: datetime | None = None) -> None:
-    """One metering tick, then budget enforcement for every tenant with budgets."""
+    """One metering tick, then budget enforcement for every tenant with budgets, both as
+    of the tick's `now` (so the enforcement lag counts the tick's own run time)."""
+    now = now or timezone.now()
     result = meter_tick(now=now)
     tenants = set(result.tenants) | set(Budget.objects.values_list("tenant_id", flat=True))
     for tenant in Tenant.objects.filter(pk__in=tenants):

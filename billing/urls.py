@@ -23,6 +23,11 @@ urlpatterns = [
         invoice_views.invoice_lines_csv,
         name="invoice_lines_csv",
     ),
+    path(
+        "invoices/<int:invoice_id>/invoice.pdf",
+        invoice_views.invoice_pdf_download,
+        name="invoice_pdf",
+    ),
     path("finance/", finance_views.finance_invoices, name="finance_invoices"),
     path("finance/invoices.csv", finance_views.finance_invoices_csv, name="finance_invoices_csv"),
     path("finance/revenue/", finance_views.finance_revenue, name="finance_revenue"),

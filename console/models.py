@@ -149,11 +149,16 @@ class ApiTokenQuerySet(TenantScopedQuerySet):
 
 
 class ApiToken(TenantOwnedModel):
-    """A bearer token for scripts: one user in one tenant, stored only as a hash."""
+    """A bearer token for scripts: one user in one tenant, stored only as a hash.
+
+    A platform staff user's token may have no tenant (staff automation): it acts on the
+    staff endpoints only, never on an organisation's data."""
 
     PREFIX = "ggt_"
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="api_tokens"
+    )
     user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100)
     # The first characters of the token, kept in clear so people can tell tokens apart.
@@ -174,6 +179,10 @@ class ApiToken(TenantOwnedModel):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    @property
+    def is_staff_token(self) -> bool:
+        return self.tenant_id is None
 
 
 class AuditEventQuerySet(TenantScopedQuerySet):

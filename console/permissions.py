@@ -14,6 +14,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
 from rest_framework.permissions import BasePermission
 
 
@@ -36,6 +37,7 @@ class Capability(enum.StrEnum):
     VIEW_AUDIT = "view_audit"
     VIEW_BILLING = "view_billing"
     VIEW_INVOICES = "view_invoices"  # the organisation's invoices and credit notes
+    BUY_CREDIT = "buy_credit"  # pay for prepaid credit (Stripe Checkout): the owner only
     MANAGE_BUDGETS = "manage_budgets"
     MANAGE_PRIVATE_IMAGES = "manage_private_images"
     MANAGE_SECRETS = "manage_secrets"
@@ -44,7 +46,7 @@ class Capability(enum.StrEnum):
 _EVERYONE = {Capability.VIEW_TENANT, Capability.USE_API_TOKENS}
 ROLE_CAPABILITIES: dict[str, frozenset[Capability]] = {
     Role.OWNER: frozenset(Capability),
-    Role.ADMIN: frozenset(Capability),
+    Role.ADMIN: frozenset(Capability) - {Capability.BUY_CREDIT},
     Role.MEMBER: frozenset(_EVERYONE | {Capability.LAUNCH_JOBS, Capability.VIEW_BILLING}),
     Role.VIEWER: frozenset(_EVERYONE),
     Role.FINANCE: frozenset(
@@ -116,6 +118,9 @@ def staff_required(view: Callable) -> Callable:
     return wrapper
 
 
+STAFF_TOKEN_REFUSAL = "This token has no organisation; it can only call staff endpoints."
+
+
 class IsTenantMember(BasePermission):
     """Default for the API: authenticated and a member of the request's tenant.
 
@@ -132,6 +137,8 @@ class IsTenantMember(BasePermission):
             return False
         membership = getattr(request, "membership", None)
         if membership is None:
+            if getattr(request.auth, "is_staff_token", False):
+                raise ApiPermissionDenied(STAFF_TOKEN_REFUSAL, code="staff_token")
             return False
         per_action = getattr(view, "required_capabilities", {})
         capability = per_action.get(getattr(view, "action", None)) or getattr(
@@ -154,6 +161,8 @@ class IsPlatformStaffElseNotFound(IsPlatformStaff):
     advertised, so a signed-in non-staff caller gets 404 (anonymous callers 401/403)."""
 
     def has_permission(self, request, view) -> bool:
+        if not hasattr(view, request.method.lower()):
+            return True  # a method the endpoint lacks: the view answers 405, as everywhere
         if request.user and request.user.is_authenticated and not request.user.is_staff:
             raise NotFound()
         return super().has_permission(request, view)

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
@@ -439,15 +439,19 @@ def membership_remove(
 
 @transaction.atomic
 def api_token_create(
-    *, user: User, tenant: Tenant, name: str, request: HttpRequest | None = None
+    *, user: User, tenant: Tenant | None, name: str, request: HttpRequest | None = None
 ) -> tuple[ApiToken, str]:
-    """Create a token; the raw value is returned once and never stored."""
+    """Create a token; the raw value is returned once and never stored. Without a
+    tenant: a staff automation token, for platform staff only."""
     name = (name or "").strip()
     if not name:
         raise ServiceError("Give the token a name, e.g. “ci-pipeline”.", field="name")
     if len(name) > 100:
         raise ServiceError("Keep the name under 100 characters.", field="name")
-    if not Membership.objects.for_tenant(tenant).filter(user=user).exists():
+    if tenant is None:
+        if not user.is_staff:
+            raise ServiceError("You are not a member of any organisation.", code="forbidden")
+    elif not Membership.objects.for_tenant(tenant).filter(user=user).exists():
         raise ServiceError("You are not a member of this organisation.", code="forbidden")
     raw = ApiToken.PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
@@ -487,21 +491,21 @@ def api_token_revoke(
 LAST_USED_RESOLUTION_SECONDS = 60
 
 
-def api_token_authenticate(raw: str) -> tuple[ApiToken, Membership] | None:
+def api_token_authenticate(raw: str) -> tuple[ApiToken, Membership | None] | None:
     """The active token with this value and its user's membership of the token's
-    tenant (one query: every API request pays for it), or None."""
+    tenant (one query: every API request pays for it), or None. A staff automation
+    token (no tenant) has no membership, and works only while its user is staff."""
     if not raw or not raw.startswith(ApiToken.PREFIX):
         return None
     token = (
         ApiToken.objects.active()
         .select_related("user", "tenant")
+        .filter(key_hash=sha256_hex(raw), user__is_active=True)
         .filter(
-            key_hash=sha256_hex(raw),
-            user__is_active=True,
-            tenant__is_active=True,
-            tenant__memberships__user=F("user"),
+            Q(tenant__isnull=True, user__is_staff=True)
+            | Q(tenant__is_active=True, tenant__memberships__user=F("user"))
         )
-        # The same join as the filter's: the token's user's membership.
+        # The same (outer) join as the filter's: the token's user's membership, if any.
         .annotate(
             membership_pk=F("tenant__memberships__pk"),
             membership_role=F("tenant__memberships__role"),
@@ -511,6 +515,15 @@ def api_token_authenticate(raw: str) -> tuple[ApiToken, Membership] | None:
     )
     if token is None:
         return None
+    now = timezone.now()
+    if (
+        token.last_used_at is None
+        or (now - token.last_used_at).total_seconds() > LAST_USED_RESOLUTION_SECONDS
+    ):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    if token.tenant_id is None:
+        return token, None
     membership = Membership.from_db(
         token._state.db,
         ["id", "tenant_id", "user_id", "role", "created_at"],
@@ -523,13 +536,6 @@ def api_token_authenticate(raw: str) -> tuple[ApiToken, Membership] | None:
         ],
     )
     membership.tenant, membership.user = token.tenant, token.user
-    now = timezone.now()
-    if (
-        token.last_used_at is None
-        or (now - token.last_used_at).total_seconds() > LAST_USED_RESOLUTION_SECONDS
-    ):
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        token.last_used_at = now
     return token, membership
 
 

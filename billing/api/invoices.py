@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, time
 
-from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -17,6 +16,7 @@ from rest_framework.response import Response
 from billing import credit_notes, invoicing
 from billing.invoice_selectors import invoices_visible
 from billing.models import CreditNote, Invoice, InvoiceLine
+from billing.payments.selectors import STRIPE_SYNC_STATUSES, invoice_stripe_state
 from console.models import Tenant
 from console.permissions import Capability, has_capability
 
@@ -62,7 +62,12 @@ class CreditNoteSerializer(serializers.ModelSerializer):
 
     def get_lines(self, note: CreditNote) -> list[dict]:
         return [
-            {"description": ln.description, "amount": str(ln.amount)} for ln in note.lines.all()
+            {
+                "description": ln.description,
+                "amount": str(ln.amount),
+                "invoice_line": ln.invoice_line_id,
+            }
+            for ln in note.lines.all()
         ]
 
 
@@ -83,16 +88,33 @@ class InvoiceSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
+class InvoiceStripeSerializer(serializers.Serializer):
+    """The invoice at Stripe, read-only (`billing.payments.selectors.StripeState`)."""
+
+    sync_status = serializers.ChoiceField(choices=STRIPE_SYNC_STATUSES, read_only=True)
+    stripe_invoice_id = serializers.CharField(
+        read_only=True, help_text="Empty until the invoice is created at Stripe."
+    )
+    hosted_invoice_url = serializers.CharField(
+        read_only=True, help_text="Stripe's payment page; empty until sent."
+    )
+
+
 class InvoiceDetailSerializer(InvoiceSerializer):
     lines = InvoiceLineSerializer(many=True, read_only=True)
     credit_notes = CreditNoteSerializer(many=True, read_only=True)
+    stripe = serializers.SerializerMethodField()
 
     class Meta(InvoiceSerializer.Meta):
-        fields = [*InvoiceSerializer.Meta.fields, "lines", "credit_notes"]
+        fields = [*InvoiceSerializer.Meta.fields, "lines", "credit_notes", "stripe"]
+
+    @extend_schema_field(InvoiceStripeSerializer)
+    def get_stripe(self, invoice: Invoice) -> dict:
+        return InvoiceStripeSerializer(invoice_stripe_state(invoice=invoice)).data
 
 
 class InvoiceCreateSerializer(serializers.Serializer):
-    tenant = serializers.SlugField()
+    tenant = serializers.SlugRelatedField(slug_field="slug", queryset=Tenant.objects.all())
     period_start = serializers.DateField()
     period_end = serializers.DateField(help_text="Exclusive")
 
@@ -100,6 +122,11 @@ class InvoiceCreateSerializer(serializers.Serializer):
 class CreditLineSerializer(serializers.Serializer):
     description = serializers.CharField(max_length=300, required=False, allow_blank=True)
     amount = serializers.DecimalField(max_digits=18, decimal_places=2)
+    invoice_line = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="Id of the invoice line it credits: at most what is left of that line.",
+    )
 
 
 class CreditNoteCreateSerializer(serializers.Serializer):
@@ -138,9 +165,8 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def create(self, request: Request) -> Response:
         body = InvoiceCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        tenant = get_object_or_404(Tenant, slug=body.validated_data["tenant"])
         invoice = invoicing.invoice_draft_create(
-            tenant=tenant,
+            tenant=body.validated_data["tenant"],
             period_start=_midnight(body.validated_data["period_start"]),
             period_end=_midnight(body.validated_data["period_end"]),
             user=request.user,
@@ -173,7 +199,11 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         body.is_valid(raise_exception=True)
         data = body.validated_data
         lines = [
-            credit_notes.CreditLine(description=ln.get("description", ""), amount=ln["amount"])
+            credit_notes.CreditLine(
+                description=ln.get("description", ""),
+                amount=ln["amount"],
+                invoice_line_id=ln.get("invoice_line"),
+            )
             for ln in data.get("lines", [])
         ]
         credit_notes.credit_note_create(

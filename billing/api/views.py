@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -13,8 +14,8 @@ from rest_framework.views import APIView
 from billing import selectors, services
 from billing.models import Budget, BudgetAction
 from console.api.base import TenantScopedViewSet
+from console.api.params import query_params
 from console.permissions import Capability
-from console.services import ServiceError
 from jobs.models import Job
 
 
@@ -26,48 +27,49 @@ class UsageRowSerializer(serializers.Serializer):
     currency = serializers.CharField()
 
 
-def _parse_day(value: str, field: str) -> datetime:
-    try:
-        return datetime.combine(datetime.fromisoformat(value).date(), time.min, tzinfo=UTC)
-    except ValueError:
-        raise ServiceError(f"{field} is a date like 2026-11-01.", field=field) from None
+class UsagePageSerializer(serializers.Serializer):
+    """Every row at once, in the page envelope of the other lists."""
+
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = UsageRowSerializer(many=True)
+
+
+def _filter_text(**kwargs) -> serializers.CharField:
+    return serializers.CharField(required=False, default="", allow_blank=True, **kwargs)
+
+
+class UsageQuerySerializer(serializers.Serializer):
+    start = serializers.DateField(required=False, help_text="First day; default: this month's")
+    end = serializers.DateField(required=False, help_text="Last day (inclusive); default: today")
+    group_by = serializers.ChoiceField(choices=list(selectors.GROUP_BY), default="gpu_type")
+    gpu_type = _filter_text(max_length=40)
+    tier = _filter_text(max_length=40)
+    region = _filter_text(max_length=40)
+    job = _filter_text(max_length=100, help_text="Part of a job's name")
+
+
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
 
 
 class UsageView(APIView):
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("start", str),
-            OpenApiParameter("end", str),
-            OpenApiParameter("group_by", str, enum=list(selectors.GROUP_BY)),
-            OpenApiParameter("gpu_type", str),
-            OpenApiParameter("tier", str),
-            OpenApiParameter("region", str),
-            OpenApiParameter("job", str),
-        ],
-        responses=UsageRowSerializer(many=True),
-    )
+    @extend_schema(parameters=[UsageQuerySerializer], responses=UsagePageSerializer)
     def get(self, request):
-        params = request.query_params
+        params = query_params(UsageQuerySerializer, request)
         now = datetime.now(UTC)
-        start = (
-            _parse_day(params["start"], "start")
-            if params.get("start")
-            else services.period_start(now)
-        )
+        start = _midnight(params["start"]) if "start" in params else services.period_start(now)
         # `end` is inclusive (a day); without it, up to today.
-        end = (
-            _parse_day(params["end"], "end")
-            if params.get("end")
-            else datetime.combine(now.date(), time.min, tzinfo=UTC)
-        ) + timedelta(days=1)
+        end = _midnight(params.get("end") or now.date()) + timedelta(days=1)
         query = selectors.CostQuery(
             start=start,
             end=end,
-            group_by=params.get("group_by") or "gpu_type",
-            gpu_type=params.get("gpu_type", ""),
-            region=params.get("region", ""),
-            tier=params.get("tier", ""),
-            job_contains=params.get("job", ""),
+            group_by=params["group_by"],
+            gpu_type=params["gpu_type"],
+            region=params["region"],
+            tier=params["tier"],
+            job_contains=params["job"],
         )
         rows = selectors.usage_rows(tenant=request.tenant, query=query)
         return Response(
@@ -80,15 +82,39 @@ class UsageView(APIView):
         )
 
 
+def _decimal_text() -> serializers.CharField:
+    # Written with str(Decimal): as many places as the value has, so no fixed pattern.
+    return serializers.CharField(help_text="A decimal number, as text")
+
+
+class BudgetStatusSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    amount = _decimal_text()
+    spend = _decimal_text()
+    percent = _decimal_text()
+    forecast = _decimal_text()
+    status = serializers.ChoiceField(choices=["ok", "exhausted"])
+    project = serializers.CharField(allow_blank=True)
+    action = serializers.ChoiceField(choices=BudgetAction.choices)
+
+
+class CostSummarySerializer(serializers.Serializer):
+    period_start = serializers.DateTimeField()
+    month_to_date = _decimal_text()
+    run_rate_per_hour = _decimal_text()
+    forecast = _decimal_text()
+    currency = serializers.CharField()
+    budgets = BudgetStatusSerializer(many=True)
+
+
 class CostSummaryView(APIView):
-    @extend_schema(responses=None)
+    @extend_schema(responses=CostSummarySerializer)
     def get(self, request):
         now = datetime.now(UTC)
         _days, cumulative = selectors.cumulative_month(tenant=request.tenant, now=now)
         month_to_date = cumulative[-1] if cumulative else 0
         hours_left = (services.period_end(now) - now).total_seconds() / 3600
-        from decimal import Decimal
-
         rate = services.run_rate(Job.objects.for_tenant(request.tenant))
         forecast = Decimal(month_to_date) + rate * Decimal(str(hours_left))
         budgets = [

@@ -6,8 +6,9 @@ Checkout, our invoices' copies at Stripe, and the Stripe webhook events received
   movements are its history and sum to it (from the opening balance on).
 - Every Stripe call that creates something carries an idempotency key that is stored on
   our row before the call (`CreditPurchase.idempotency_key`, `StripeInvoice.*_key`,
-  `StripeInvoiceItem.idempotency_key`): a retry after a timeout sends the same key, and
-  Stripe answers with the object it already made instead of a second one.
+  `StripeInvoiceItem.idempotency_key`, `StripeCreditNote.idempotency_key`): a retry
+  after a timeout sends the same key, and Stripe answers with the object it already
+  made instead of a second one.
 - A webhook event is stored once (`StripeEvent.event_id` is unique): a duplicate delivery,
   even a concurrent one, fails that insert and changes nothing.
 """
@@ -126,7 +127,20 @@ class CreditPurchase(TenantOwnedModel):
         return f"{self.amount} {self.currency} credit ({self.get_status_display().lower()})"
 
 
-class StripeInvoice(models.Model):
+class StripePush(models.Model):
+    """How sending one of our rows to Stripe went: done (`sent_at`), tries, last error."""
+
+    sent_at = models.DateTimeField(null=True, blank=True)  # made (and finalized) at Stripe
+    attempts = models.PositiveIntegerField(default=0)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+
+
+class StripeInvoice(StripePush):
     """Our finalized invoice's copy at Stripe: the keys of its calls (stored before the
     first one), the ids Stripe gave, and how the push went."""
 
@@ -135,11 +149,6 @@ class StripeInvoice(models.Model):
     finalize_idempotency_key = models.CharField(max_length=255, unique=True)
     stripe_invoice_id = models.CharField(max_length=255, blank=True, db_index=True)
     hosted_invoice_url = models.URLField(max_length=2000, blank=True)
-    sent_at = models.DateTimeField(null=True, blank=True)  # finalized at Stripe
-    attempts = models.PositiveIntegerField(default=0)
-    last_attempt_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.CharField(max_length=500, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_field = "invoice__tenant"
@@ -173,6 +182,25 @@ class StripeInvoiceItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.description}: {Decimal(self.amount_cents) / 100}"
+
+
+class StripeCreditNote(StripePush):
+    """Our credit note's copy at Stripe, against the Stripe invoice of its invoice; its
+    key (from our credit-note number) is stored before the first call.
+
+    `in_invoice`: the note existed when the invoice's Stripe items were planned, so the
+    Stripe invoice already bills it (its "Credit notes" item) and nothing is sent."""
+
+    credit_note = models.OneToOneField(CreditNote, on_delete=models.CASCADE, related_name="stripe")
+    idempotency_key = models.CharField(max_length=255, unique=True)
+    in_invoice = models.BooleanField(default=False)
+    stripe_credit_note_id = models.CharField(max_length=255, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "credit_note__invoice__tenant"
+
+    def __str__(self) -> str:
+        return f"{self.credit_note} at Stripe ({self.stripe_credit_note_id or 'not created'})"
 
 
 class StripeEvent(models.Model):

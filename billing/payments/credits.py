@@ -35,7 +35,8 @@ from billing.payments.client import (
     stripe_configured,
 )
 from billing.payments.stripe_sync import stripe_customer_for
-from console.models import Tenant, User
+from console.models import Membership, Tenant, User
+from console.permissions import Capability, has_capability
 from console.services import ServiceError, audit_record
 
 log = logging.getLogger(__name__)
@@ -44,13 +45,20 @@ NOT_CONFIGURED = (
     "Buying credit needs Stripe, and this installation has no STRIPE_API_KEY. "
     "Ask platform staff to add credit for you."
 )
+ONLY_OWNER = "Only the organisation's owner can buy credit."
 
 
 def credit_checkout_start(
     *, tenant: Tenant, pack: CreditPack, user: User, success_url: str, cancel_url: str
 ) -> CreditPurchase:
     """A purchase of `pack` and its Stripe Checkout Session; the caller redirects the
-    user to `purchase.checkout_url`. Without a Stripe key nothing is created."""
+    user to `purchase.checkout_url`. Without a Stripe key nothing is created.
+
+    Only a member with the buy-credit capability (the owner) may spend the
+    organisation's money; checked here too, whoever calls."""
+    membership = Membership.objects.for_tenant(tenant).filter(user=user).first()
+    if not has_capability(membership, Capability.BUY_CREDIT):
+        raise ServiceError(ONLY_OWNER, code="forbidden")
     if not stripe_configured():
         raise ServiceError(NOT_CONFIGURED, code="conflict")
     if not pack.active:

@@ -63,11 +63,26 @@ class StripeState:
     pay_url: str
     last_error: str
     stripe_invoice_id: str
+    hosted_invoice_url: str
+
+    @property
+    def sync_status(self) -> str:
+        """One word for scripts: `sent` (finalized at Stripe), `pending` (to be sent;
+        retried), `not_applicable` (nothing to collect online), `not_configured`."""
+        if self.sent:
+            return "sent"
+        if not self.configured:
+            return "not_configured"
+        return "pending" if self.applies else "not_applicable"
+
+
+STRIPE_SYNC_STATUSES = ("sent", "pending", "not_applicable", "not_configured")
 
 
 def invoice_stripe_state(*, invoice: Invoice) -> StripeState:
     pushed = StripeInvoice.objects.filter(invoice=invoice).first()
     return StripeState(
+        hosted_invoice_url=pushed.hosted_invoice_url if pushed is not None else "",
         configured=stripe_configured(),
         applies=(invoice.status == InvoiceStatus.OPEN and invoice.amount_due > 0)
         or pushed is not None,

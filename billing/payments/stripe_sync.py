@@ -32,8 +32,10 @@ from django.db.models import F, Q
 from billing.invoicing import billing_profile_for
 from billing.models import (
     CENTS,
+    CreditNote,
     Invoice,
     InvoiceStatus,
+    StripeCreditNote,
     StripeInvoice,
     StripeInvoiceItem,
     TenantBillingProfile,
@@ -147,6 +149,15 @@ def _plan(invoice: Invoice) -> StripeInvoice:
                 position=position,
             )
             for position, item in enumerate(invoice_stripe_items(locked))
+        )
+        # Credit notes made so far are billed by the "Credit notes" item: never sent again.
+        StripeCreditNote.objects.bulk_create(
+            StripeCreditNote(
+                credit_note=note,
+                in_invoice=True,
+                idempotency_key=idempotency_key("credit-note", note.number),
+            )
+            for note in locked.credit_notes.all()
         )
     return pushed
 
@@ -274,6 +285,99 @@ def invoice_status_push(*, invoice: Invoice) -> None:
         ),
     }
     stripe_call(calls[action])
+
+
+# --- credit notes ---
+
+
+class InvoiceNotYetAtStripe(StripeUnavailable):
+    """The credit note's invoice is still on its way to Stripe: push the note later."""
+
+
+def credit_note_push(*, credit_note: CreditNote) -> StripeCreditNote | None:
+    """A credit note made after its invoice's Stripe items were planned, created at Stripe
+    as a Stripe credit note (once: its key, from our number, is stored first). Notes made
+    before are billed by the Stripe invoice itself, and an invoice never pushed (no key,
+    nothing to collect) gets none: both return without a call.
+
+    Raises StripeUnavailable (retry later, the same key) while Stripe is unreachable or the
+    invoice isn't finalized there yet; a refusal is recorded and logged, not retried."""
+    if not stripe_configured():
+        return None
+    with transaction.atomic():
+        # The invoice's lock orders this with `_plan`: either the plan saw the note, or
+        # the note's row is made here, after the plan.
+        Invoice.objects.select_for_update().get(pk=credit_note.invoice_id)
+        pushed_invoice = StripeInvoice.objects.filter(invoice_id=credit_note.invoice_id).first()
+        if pushed_invoice is None:
+            return None
+        pushed, _ = StripeCreditNote.objects.get_or_create(
+            credit_note=credit_note,
+            defaults={"idempotency_key": idempotency_key("credit-note", credit_note.number)},
+        )
+    if pushed.in_invoice or pushed.sent_at is not None:
+        return pushed
+    if pushed_invoice.sent_at is None:
+        raise InvoiceNotYetAtStripe(f"{credit_note.invoice} is not finalized at Stripe yet")
+    StripeCreditNote.objects.filter(pk=pushed.pk).update(
+        attempts=F("attempts") + 1, last_attempt_at=datetime.now(UTC)
+    )
+    try:
+        made = stripe_call(
+            lambda client: client.v1.credit_notes.create(
+                params=_credit_note_params(credit_note, pushed_invoice),
+                options={"idempotency_key": pushed.idempotency_key},
+            )
+        )
+    except (StripeUnavailable, StripeRefused) as error:
+        StripeCreditNote.objects.filter(pk=pushed.pk).update(last_error=str(error)[:500])
+        if isinstance(error, StripeUnavailable):
+            raise
+        log.error("Stripe refused credit note %s: %s", credit_note.number, error)
+    else:
+        StripeCreditNote.objects.filter(pk=pushed.pk).update(
+            stripe_credit_note_id=made.id, sent_at=datetime.now(UTC), last_error=""
+        )
+    pushed.refresh_from_db()
+    return pushed
+
+
+def _credit_note_params(
+    note: CreditNote, pushed_invoice: StripeInvoice
+) -> stripe.params.CreditNoteCreateParams:
+    """Fixed by the note alone, so a retry sends the same parameters. The part that
+    reduced the amount due lowers what Stripe collects (a pre-payment note); a note on
+    a paid invoice became GpuGeek credit, which Stripe records as credited out of band.
+    What exceeded the amount due of an open invoice is GpuGeek credit only: Stripe's
+    invoice never billed it."""
+    params: stripe.params.CreditNoteCreateParams = {
+        "invoice": pushed_invoice.stripe_invoice_id,
+        "memo": f"GpuGeek credit note {note.number}: {note.reason}"[:500],
+        "metadata": {**_metadata(note.invoice), "gpugeek_credit_note": note.number},
+    }
+    if note.reduced_amount_due > ZERO:
+        params["amount"] = _cents(note.reduced_amount_due)
+    else:
+        params["amount"] = params["out_of_band_amount"] = _cents(note.total)
+    return params
+
+
+def credit_notes_awaiting_push(*, now: datetime) -> list[int]:
+    """Credit notes to send that no push is retrying (like `invoices_awaiting_push`):
+    made after their invoice reached Stripe, not sent, not tried in the last hour."""
+    if not stripe_configured():
+        return []
+    quiet = now - RECONCILE_AFTER
+    return list(
+        CreditNote.objects.filter(invoice__stripe__sent_at__isnull=False)
+        .filter(
+            Q(stripe__isnull=True, created_at__lt=now - timedelta(minutes=10))
+            | Q(stripe__in_invoice=False, stripe__sent_at__isnull=True)
+            & (Q(stripe__last_attempt_at__lt=quiet) | Q(stripe__last_attempt_at__isnull=True))
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
 
 
 def _invoice_item_create(

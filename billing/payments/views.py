@@ -58,7 +58,7 @@ def credit(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@capability_required(Capability.VIEW_INVOICES)
+@capability_required(Capability.BUY_CREDIT)
 def credit_buy(request: HttpRequest) -> HttpResponse:
     form = BuyCreditForm(request.POST)
     if not form.is_valid():

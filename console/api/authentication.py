@@ -1,4 +1,5 @@
-"""`Authorization: Bearer <token>` for scripts and CI; the token fixes the tenant."""
+"""`Authorization: Bearer <token>` for scripts and CI; the token fixes the tenant (none
+for a staff automation token, which reaches the staff endpoints only)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             # Unknown, revoked or expired, or its user is no longer a member.
             raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
         token, membership = found
-        # The request's tenant is the token's, whatever the session says.
+        # The request's tenant is the token's, whatever the session says (a staff
+        # token's is None: it is refused by every tenant-scoped view).
         request._request.tenant = token.tenant
         request._request.membership = membership
         return token.user, token

@@ -2,7 +2,11 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from types import SimpleNamespace
 
-from billing.models import LiveUsageRollup
+from django.db import transaction
+
+from billing.credit_ledger import credit_balance_move
+from billing.invoicing import billing_profile_for
+from billing.models import CreditMovementKind, LiveUsageRollup
 from jobs.actors import SYSTEM
 from jobs.models import JobStatus
 from tests.jobs_helpers import advance_to, at_time, submit
@@ -26,6 +30,17 @@ def set_status(job, to, at, attempt=None):
 
 
 T0 = datetime(2026, 11, 2, 10, 0, 0, tzinfo=UTC)
+
+
+def give_credit(tenant, amount: str, kind=CreditMovementKind.OPENING) -> None:
+    """Put `amount` on the tenant's credit balance, through the credit ledger."""
+    with transaction.atomic():
+        credit_balance_move(
+            profile=billing_profile_for(tenant=tenant, lock=True),
+            amount=Decimal(amount),
+            kind=kind,
+            description=kind.label,
+        )
 
 
 ROLLUP_SUMS = ("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")

@@ -11,10 +11,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing import selectors
+from billing.job_costs import job_run_rate
 from billing.metering import meter_tick
 from billing.models import Budget, UsageRecord
 from billing.selectors import CostQuery
-from billing.services import period_start
+from billing.services import period_start, run_rate
+from jobs.models import Job
 from tests.billing.conftest import S, make_job, set_status
 from tests.conftest import token_client
 
@@ -317,9 +319,6 @@ def test_cost_summary(apis, world, catalog):
 def test_run_rate_prices_each_configuration_once(world, catalog, django_assert_max_num_queries):
     """The forecast's run rate sums every running job's rate, in the same few queries
     however many jobs share a configuration."""
-    from billing.job_costs import job_run_rate
-    from billing.services import run_rate
-    from jobs.models import Job
 
     def running(n: int, cpus: int) -> None:
         for i in range(n):
@@ -334,3 +333,27 @@ def test_run_rate_prices_each_configuration_once(world, catalog, django_assert_m
     running(5, cpus=1)
     with django_assert_max_num_queries(len(few.captured_queries)):
         assert run_rate(jobs) == Decimal("0.0125") * 9
+
+
+# --- a job's cost in the jobs API ----
+
+
+def test_jobs_api_cost_of_a_finished_job_is_its_ledger(world, apis):
+    """The list reads each row's ledger total with the row; the detail reads it apart:
+    both answer the ledger's sum (to the micro-dollar)."""
+    start = datetime(2026, 11, 2, 10, 0, 0, tzinfo=UTC)
+    jobs = []
+    for number, seconds in enumerate((125, 3700)):
+        job = make_job(world, name=f"ran {number}", cpus=2, start=start)
+        set_status(job, S.RUNNING, start)
+        set_status(job, S.SUCCEEDED, start + timedelta(seconds=seconds))
+        jobs.append(job)
+    meter_tick(now=start + timedelta(hours=2))
+    listed = {row["id"]: row for row in apis["member"].get("/api/v1/jobs").json()["results"]}
+    for job in jobs:
+        ledger = sum(r.amount for r in UsageRecord.objects.filter(job=job))
+        assert ledger > 0
+        detail = apis["member"].get(f"/api/v1/jobs/{job.pk}").json()
+        expected = ledger.quantize(Decimal("0.000001"))
+        assert Decimal(listed[job.pk]["cost_to_date"]) == expected
+        assert Decimal(detail["cost_to_date"]) == expected

@@ -10,19 +10,17 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.credit_ledger import credit_balance_move
 from billing.finance_selectors import month_start, tenant_money
-from billing.invoicing import billing_profile_for, invoice_finalize
+from billing.invoicing import invoice_finalize
 from billing.metering import meter_tick
-from billing.models import CreditMovementKind, TenantBillingProfile, UsageRecord
+from billing.models import TenantBillingProfile, UsageRecord
 from billing.profiles import billing_profile_update
 from console.models import AuditEvent
 from console.services import ServiceError
-from tests.billing.conftest import S, make_job, set_status
+from tests.billing.conftest import S, give_credit, make_job, set_status
 from tests.billing.test_finance_console import make_invoice, month, page_text
 from tests.conftest import make_world, signed_in_client
 from tests.factories import UserFactory
@@ -43,13 +41,7 @@ def money(world, other_world, catalog):
     set_status(job, S.SUCCEEDED, start + timedelta(minutes=40))
     meter_tick(now=start + timedelta(minutes=41))
     invoice = make_invoice(world.tenant, start=month(2026, 3), amount="42.42")
-    with transaction.atomic():
-        credit_balance_move(
-            profile=billing_profile_for(tenant=world.tenant, lock=True),
-            amount=Decimal("12.50"),
-            kind=CreditMovementKind.OPENING,
-            description="Opening balance",
-        )
+    give_credit(world.tenant, "12.50")
     spend = sum(UsageRecord.objects.filter(tenant=world.tenant).values_list("amount", flat=True))
     assert spend > 0
     return {"spend": spend, "invoice": invoice}

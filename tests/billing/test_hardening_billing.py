@@ -124,6 +124,9 @@ def test_the_cost_explorer_figures_carry_no_link_from_a_job_name(world, catalog)
                 "group_by": group_by,
             },
         ).content.decode()
+        # The grouped table (written by a tag, not the template loop) escapes it too.
+        assert "<td>&lt;a href=&quot;https://evil&quot;&gt;x&lt;/a&gt;" in html, group_by
+        assert '<a href="https://evil">' not in html
         for figure_id in ("fig-daily", "fig-top"):
             found = re.search(
                 rf'<script id="{figure_id}" type="application/json">(.*?)</script>', html, re.S

@@ -4,9 +4,14 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+from rest_framework.test import APIClient
 
 from billing.invoicing import invoice_adjustment_add, invoice_draft_create, invoice_finalize
 from billing.models import Invoice
+from billing.payments import stripe_sync
+from billing.payments.client import StripeUnavailable
+from console.services import api_token_create
+from tests.billing.stripe_helpers import fake_stripe_configured
 from tests.billing.test_invoices import DEC, NOV, T0, run_job
 from tests.conftest import make_world, token_client
 from tests.factories import MembershipFactory, UserFactory
@@ -14,16 +19,22 @@ from tests.factories import MembershipFactory, UserFactory
 URL = "/api/v1/invoices"
 
 
-@pytest.fixture
-def staff(world):
-    """Platform staff, also a member of `world` so it can hold an API token."""
+@pytest.fixture(params=["member-token", "staff-token"])
+def staff(request, world):
+    """Platform staff's API client: with a token of an organisation staff belong to, and
+    with a staff automation token (no organisation)."""
     user = UserFactory(email="staff@gpugeek.test", is_staff=True)
+    if request.param == "staff-token":
+        _, raw = api_token_create(user=user, tenant=None, name="automation")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+        return client
     MembershipFactory(tenant=world.tenant, user=user, role="member")
     return token_client(user, world.tenant)
 
 
-def open_invoice(world, amount=Decimal("100")):
-    draft = invoice_draft_create(tenant=world.tenant, period_start=NOV, period_end=DEC)
+def open_invoice(world, amount=Decimal("100"), period=(NOV, DEC)):
+    draft = invoice_draft_create(tenant=world.tenant, period_start=period[0], period_end=period[1])
     invoice_adjustment_add(invoice=draft, description="Fee", amount=amount, reason="r", user=None)
     return invoice_finalize(invoice=draft, user=None)
 
@@ -126,3 +137,74 @@ def test_list_query_count_is_flat(world, catalog, staff, django_assert_max_num_q
         )
     with django_assert_max_num_queries(12):
         assert staff.get(URL).json()["count"] == 7
+
+
+def stripe_fields(client, invoice) -> dict:
+    return client.get(f"{URL}/{invoice.pk}").json()["stripe"]
+
+
+@pytest.fixture
+def stripe_api(settings):
+    yield from fake_stripe_configured(settings)
+
+
+def test_detail_says_whether_and_where_the_invoice_is_at_stripe(world, stripe_api, settings):
+    finance = token_client(world.finance, world.tenant)
+    draft = invoice_draft_create(tenant=world.tenant, period_start=NOV, period_end=DEC)
+    assert stripe_fields(finance, draft) == {
+        "sync_status": "not_applicable",  # a draft: nothing to collect
+        "stripe_invoice_id": "",
+        "hosted_invoice_url": "",
+    }
+    invoice = open_invoice(world, Decimal("80"), period=(DEC, DEC.replace(month=1, year=2027)))
+    assert stripe_fields(finance, invoice)["sync_status"] == "pending"
+    stripe_api.fail_next(1)
+    with pytest.raises(StripeUnavailable):
+        stripe_sync.invoice_push(invoice=invoice)
+    assert stripe_fields(finance, invoice)["sync_status"] == "pending"  # retried later
+    stripe_sync.invoice_push(invoice=invoice)
+    (at_stripe,) = stripe_api.invoices.values()
+    assert stripe_fields(finance, invoice) == {
+        "sync_status": "sent",
+        "stripe_invoice_id": at_stripe["id"],
+        "hosted_invoice_url": at_stripe["hosted_invoice_url"],
+    }
+    assert "stripe" not in finance.get(URL).json()["results"][0]  # detail only
+    settings.STRIPE_API_KEY = ""
+    assert stripe_fields(finance, draft)["sync_status"] == "not_configured"
+
+
+def test_credit_lines_tied_to_invoice_lines_credit_at_most_what_is_left(world, catalog, staff):
+    draft = invoice_draft_create(tenant=world.tenant, period_start=NOV, period_end=DEC)
+    for amount in ("30", "70"):
+        invoice_adjustment_add(
+            invoice=draft,
+            description=f"Fee {amount}",
+            amount=Decimal(amount),
+            reason="r",
+            user=None,
+        )
+    invoice = invoice_finalize(invoice=draft, user=None)
+    small, big = invoice.lines.order_by("amount")
+    url = f"{URL}/{invoice.pk}/credit_notes"
+
+    def credit_lines(*lines):
+        return staff.post(url, {"reason": "outage", "lines": list(lines)}, format="json")
+
+    response = credit_lines({"amount": "20.00", "invoice_line": small.pk})
+    assert response.status_code == 201, response.json()
+    (note,) = response.json()["credit_notes"]
+    assert note["lines"][0]["invoice_line"] == small.pk
+    # 10 left on the small line: two lines of one note count together.
+    response = credit_lines(
+        {"amount": "6.00", "invoice_line": small.pk}, {"amount": "6.00", "invoice_line": small.pk}
+    )
+    assert response.status_code == 400 and "Only 10.00 USD" in response.json()["detail"]
+    other = open_invoice(make_world("other"))
+    response = credit_lines({"amount": "1.00", "invoice_line": other.lines.get().pk})
+    assert response.status_code == 400 and "has no line" in response.json()["detail"]
+    response = credit_lines(
+        {"amount": "10.00", "invoice_line": small.pk}, {"amount": "70.00", "invoice_line": big.pk}
+    )
+    assert response.status_code == 201
+    assert staff.get(f"{URL}/{invoice.pk}").json()["amount_credited"] == "100.00"

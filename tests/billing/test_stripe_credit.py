@@ -17,7 +17,8 @@ from billing.models import (
     CreditPurchase,
     CreditPurchaseStatus,
 )
-from billing.payments import stripe_sync
+from billing.payments import credits, stripe_sync
+from console.services import ServiceError
 from tests.billing.stripe_helpers import (
     WEBHOOK_SECRET,
     deliver,
@@ -25,6 +26,7 @@ from tests.billing.stripe_helpers import (
     finalized_with,
 )
 from tests.conftest import signed_in_client, token_client
+from tests.factories import MembershipFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -212,10 +214,31 @@ def test_another_tenants_invoice_with_its_stripe_link_is_404(world, other_world,
 
 
 def test_buying_credit_is_for_the_signed_in_tenant_only(world, other_world, stripe_api):
-    buy(signed_in_client(world.finance, world.tenant), CreditPack.objects.first())
+    MembershipFactory(tenant=other_world.tenant, user=world.owner, role="owner")
+    buy(signed_in_client(world.owner, world.tenant), CreditPack.objects.first())
     purchase = CreditPurchase.objects.get()
-    assert purchase.tenant == world.tenant and purchase.created_by == world.finance
+    assert purchase.tenant == world.tenant and purchase.created_by == world.owner
     assert not CreditPurchase.objects.for_tenant(other_world.tenant).exists()
+
+
+@pytest.mark.parametrize("role", ["admin", "finance"])
+def test_only_the_owner_buys_credit(world, stripe_api, role):
+    client = signed_in_client(getattr(world, role), world.tenant)
+    page = client.get(reverse("billing:credit")).content.decode()
+    assert 'data-testid="credit-owner-only"' in page and "Pay with Stripe" not in page
+    assert buy(client, CreditPack.objects.first()).status_code == 403
+    with pytest.raises(ServiceError) as refused:
+        credits.credit_checkout_start(
+            tenant=world.tenant,
+            pack=CreditPack.objects.first(),
+            user=getattr(world, role),
+            success_url="https://x.test/ok",
+            cancel_url="https://x.test/",
+        )
+    assert refused.value.code == "forbidden"
+    assert not CreditPurchase.objects.exists() and stripe_api.requests == []
+    owner_page = signed_in_client(world.owner, world.tenant).get(reverse("billing:credit"))
+    assert "Pay with Stripe" in owner_page.content.decode()
 
 
 def test_an_inactive_or_unknown_pack_is_refused(world, stripe_api):

@@ -3,7 +3,7 @@
 
 Endpoints: POST /v1/customers, /v1/invoiceitems, /v1/invoices,
 /v1/invoices/{id}/finalize, /void, /mark_uncollectible, /pay (out of band only),
-/v1/checkout/sessions; GET /v1/invoices/{id}, /v1/checkout/sessions/{id}.
+/v1/checkout/sessions, /v1/credit_notes; GET /v1/invoices/{id}, /v1/checkout/sessions/{id}.
 
 Fidelity to Stripe (what the code under test relies on):
 - Idempotency (docs.stripe.com/api/idempotent_requests): the first response to a key is
@@ -19,6 +19,10 @@ Fidelity to Stripe (what the code under test relies on):
 - Money is integer minor units; an invoice's total is the sum of its items, computed
   when it is finalized; finalizing twice is a 400, items can't be added to a finalized
   invoice.
+- Credit notes (docs.stripe.com/api/credit_notes/create): only on an open, paid or
+  uncollectible invoice. On an unpaid one it lowers `amount_due`/`amount_remaining`
+  (at most what remains; the invoice becomes paid at 0) and takes no refund, credit or
+  out-of-band amount; on a paid one those three must sum to the note's amount.
 
 Not modelled: expansion, lists and search, real payments (tests move objects with
 `pay_invoice`, `void_invoice`, … and build the matching events with `event`), keys
@@ -116,6 +120,7 @@ class FakeStripe:
         self.invoices: dict[str, dict] = {}
         self.invoice_items: dict[str, dict] = {}
         self.sessions: dict[str, dict] = {}
+        self.credit_notes: dict[str, dict] = {}
         self._stored: dict[str, _Stored] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -278,6 +283,7 @@ class FakeStripe:
             ("GET", r"/v1/invoices/(?P<id>[^/]+)", self._invoice_get),
             ("POST", r"/v1/checkout/sessions", self._session_create),
             ("GET", r"/v1/checkout/sessions/(?P<id>[^/]+)", self._session_get),
+            ("POST", r"/v1/credit_notes", self._credit_note_create),
         ]
         for route_method, pattern, action in routes:
             match = re.fullmatch(pattern, path)
@@ -448,6 +454,57 @@ class FakeStripe:
         if session is None:
             raise StripeFault(404, "invalid_request_error", f"No such checkout.session: '{id}'")
         return copy.deepcopy(session)
+
+    def _credit_note_create(self, params: dict) -> dict:
+        self._require(params, "invoice", "amount")
+        invoice = self._invoice_get({}, params["invoice"])
+        if invoice["status"] not in ("open", "paid", "uncollectible"):
+            raise StripeFault(
+                400,
+                "invalid_request_error",
+                f"You can't create a credit note on a {invoice['status']} invoice.",
+                "invoice_unexpected_state",
+            )
+        amount = int(params["amount"])
+        post_payment = sum(
+            int(params.get(name, 0))
+            for name in ("refund_amount", "credit_amount", "out_of_band_amount")
+        )
+        stored = self.invoices[invoice["id"]]
+        if invoice["status"] == "paid":
+            if post_payment != amount:
+                raise StripeFault(
+                    400,
+                    "invalid_request_error",
+                    "The sum of refund, credit and out of band amounts must equal the "
+                    "credit note amount for a paid invoice.",
+                )
+        elif post_payment or not 0 < amount <= invoice["amount_remaining"]:
+            raise StripeFault(
+                400,
+                "invalid_request_error",
+                "A credit note on an unpaid invoice lowers what remains to pay: at most "
+                f"{invoice['amount_remaining']}, with no refund, credit or out of band amount.",
+            )
+        else:
+            stored["amount_due"] -= amount
+            stored["amount_remaining"] -= amount
+            if stored["amount_remaining"] == 0:
+                stored.update(status="paid", paid=True)
+        note = {
+            "id": self._id("cn"),
+            "object": "credit_note",
+            "invoice": invoice["id"],
+            "customer": invoice["customer"],
+            "amount": amount,
+            "out_of_band_amount": int(params.get("out_of_band_amount", 0)) or None,
+            "type": "post_payment" if invoice["status"] == "paid" else "pre_payment",
+            "memo": params.get("memo"),
+            "metadata": params.get("metadata", {}),
+            "status": "issued",
+        }
+        self.credit_notes[note["id"]] = note
+        return copy.deepcopy(note)
 
 
 class _Handler(BaseHTTPRequestHandler):
