@@ -12,12 +12,13 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.db.models import Sum
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from console import registration, selectors, services
+from console.api.errors import json_error
 from console.forms import EmailAuthenticationForm, SignupForm, WorkerPasswordResetForm
 from console.views import _service_error_to_form, _use_tenant
 
@@ -70,7 +71,7 @@ def lockout_response(request: HttpRequest, original_response=None, credentials=N
         f"Too many failed sign-in attempts{whom} from your address. Try again in {minutes} minutes."
     )
     if request.path.startswith("/api/"):
-        return JsonResponse({"detail": detail}, status=429)
+        return json_error(429, detail, "locked_out")
     form = EmailAuthenticationForm(request)
     context = {"form": form, "lockout": detail, "signup_policy": settings.SIGNUP}
     return render(request, "registration/login.html", context, status=429)

@@ -1,12 +1,14 @@
-"""Request middleware: the tenant of a browser request, and the API body size limit."""
+"""Request middleware: the tenant of a browser request, the API body size limit, and no
+NUL in an API URL."""
 
 from __future__ import annotations
 
 import io
 
 from django.conf import settings
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest
 
+from console.api.errors import json_error
 from console.selectors import resolve_membership
 from console.tenancy import SESSION_TENANT_KEY
 
@@ -41,12 +43,8 @@ class ApiBodyLimitMiddleware:
         if request.path.startswith("/api/") and request.method not in ("GET", "HEAD", "OPTIONS"):
             limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
             if limit is not None and not self._within(request, limit):
-                return JsonResponse(
-                    {
-                        "detail": f"The request body is larger than {limit} bytes.",
-                        "code": "payload_too_large",
-                    },
-                    status=413,
+                return json_error(
+                    413, f"The request body is larger than {limit} bytes.", "payload_too_large"
                 )
         return self.get_response(request)
 
@@ -67,3 +65,25 @@ class ApiBodyLimitMiddleware:
         request._stream = io.BytesIO(body)
         request.META["CONTENT_LENGTH"] = str(len(body))
         return True
+
+
+class ApiNulMiddleware:
+    """Refuses an API URL with a NUL character (in its path or a query value) with 400.
+
+    PostgreSQL text can't hold NUL: a slug or filter carrying one would fail in the
+    database as a 500 rather than be refused; SQLite would quietly match nothing. JSON
+    bodies are checked by `console.api.parsers.JSONParser`."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest):
+        if request.path.startswith("/api/") and (
+            "\x00" in request.path
+            or any(
+                "\x00" in key or any("\x00" in value for value in values)
+                for key, values in request.GET.lists()
+            )
+        ):
+            return json_error(400, "The URL contains a NUL character.", "invalid")
+        return self.get_response(request)

@@ -52,6 +52,11 @@ def api_tokens_visible_to(*, membership: Membership) -> QuerySet[ApiToken]:
     return tokens.filter(user=membership.user)
 
 
+def staff_api_tokens_of(*, user: User) -> QuerySet[ApiToken]:
+    """A staff user's automation tokens: no organisation, so no tenant to scope by."""
+    return ApiToken.objects.filter(user=user, tenant__isnull=True).select_related("user")
+
+
 def audit_events_for_tenant(
     *, tenant: Tenant, action_prefix: str | None = None, actor_query: str | None = None
 ) -> QuerySet[AuditEvent]:

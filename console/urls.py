@@ -80,6 +80,7 @@ urlpatterns = [
     path("django-admin/", admin.site.urls),
 ]
 
+handler400 = "console.errors.bad_request"
 handler404 = "console.errors.page_not_found"
 handler500 = "console.errors.server_error"
 handler403 = "console.errors.permission_denied"

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 from django.dispatch import Signal
 
 if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
     from console.models import Tenant
     from jobs.models import Job
     from jobs.services.spec import JobSpec
@@ -31,6 +33,11 @@ class LaunchPolicy(Protocol):
 
 
 class JobCostProvider(Protocol):
+    def with_cost_inputs(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        """`jobs` reading what `costs_to_date` needs along with each row, so that a list
+        page costs no extra query for its costs."""
+        ...
+
     def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
         """Each job's cost so far (by id), in a constant number of queries."""
         ...
@@ -43,6 +50,9 @@ class JobCostProvider(Protocol):
 class _NoCosts:
     """Before anything registers (or in an installation without billing): nothing is
     priced, and every job costs zero."""
+
+    def with_cost_inputs(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        return jobs
 
     def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
         return {job.pk: Decimal(0) for job in jobs}

@@ -11,27 +11,54 @@ there, for clients written against the page-number envelope.
 
 from __future__ import annotations
 
+import re
+
+from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
 
 COUNT_CAP = 10_000
+PAGE_SIZE_MAXIMUM = 500
 
 
-class PageSizePagination(PageNumberPagination):
-    """The one page envelope of every API list: {count, next, previous, results}."""
+class StrictPageSize:
+    """`page` and `page_size` as the schema says: whole numbers from 1 (400 otherwise,
+    where DRF would quietly use the first page or the default size); a page size above
+    the maximum is cut to the maximum, a page past the end is DRF's 404."""
 
     page_size = 50
     page_size_query_param = "page_size"
-    max_page_size = 500
+    max_page_size = PAGE_SIZE_MAXIMUM
+
+    def get_page_size(self, request) -> int:
+        page = request.query_params.get("page")
+        if page is not None and not re.fullmatch(r"[0-9]+|last", page):
+            raise ValidationError({"page": ["A whole number from 1."]})
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        if not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1:
+            raise ValidationError({self.page_size_query_param: ["A whole number from 1."]})
+        return min(int(raw), self.max_page_size)
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)  # type: ignore[misc]
+        for parameter in parameters:
+            if parameter["name"] in (self.page_size_query_param, "page"):
+                parameter["schema"]["minimum"] = 1
+            if parameter["name"] == self.page_size_query_param:
+                parameter["description"] = f"Results per page (at most {self.max_page_size})."
+        return parameters
 
 
-class CursorCountPagination(CursorPagination):
+class PageSizePagination(StrictPageSize, PageNumberPagination):
+    """The one page envelope of every API list: {count, next, previous, results}."""
+
+
+class CursorCountPagination(StrictPageSize, CursorPagination):
     """Cursor pages of a list ordered by `ordering` (newest first by default), with a
     capped count; `?page=N` falls back to page numbers."""
 
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 500
     ordering = ("-created_at", "-id")
 
     def paginate_queryset(self, queryset, request, view=None):
@@ -89,7 +116,7 @@ class CursorCountPagination(CursorPagination):
                 "required": False,
                 "in": "query",
                 "description": "A page number instead of a cursor (the count is then exact).",
-                "schema": {"type": "integer"},
+                "schema": {"type": "integer", "minimum": 1},
             },
         ]
 

@@ -10,7 +10,12 @@ class TokenLoginSerializer(serializers.Serializer):
     email = serializers.EmailField()
     password = serializers.CharField(trim_whitespace=False, style={"input_type": "password"})
     tenant = serializers.SlugField(
-        required=False, allow_blank=True, help_text="Slug of the organisation; default: your first."
+        required=False,
+        allow_blank=True,
+        help_text=(
+            "Slug of the organisation; default: your first. Platform staff who leave it out"
+            " get a staff automation token: staff endpoints only, no organisation's data."
+        ),
     )
     name = serializers.CharField(
         max_length=100,
@@ -24,7 +29,7 @@ class RawTokenSerializer(serializers.Serializer):
     token = serializers.CharField(help_text="Shown once. Send as `Authorization: Bearer …`.")
     id = serializers.IntegerField()
     name = serializers.CharField()
-    tenant = serializers.SlugField()
+    tenant = serializers.SlugField(allow_null=True, help_text="None for a staff automation token.")
 
 
 class TenantMembershipSerializer(serializers.ModelSerializer):
@@ -133,6 +138,16 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
+
+
+class AuditQuerySerializer(serializers.Serializer):
+    action = serializers.CharField(
+        required=False,
+        default="",
+        allow_blank=True,
+        max_length=100,
+        help_text="Actions starting with this, e.g. api_token.",
+    )
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -15,8 +15,11 @@ from rest_framework.viewsets import GenericViewSet
 from console import selectors, services, tenant_admin
 from console.api import serializers as s
 from console.api.base import TenantScopedViewSet
+from console.api.errors import error_response
+from console.api.params import query_params
+from console.api.schema import ErrorSerializer
 from console.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
-from console.permissions import Capability, IsPlatformStaffElseNotFound
+from console.permissions import Capability, IsPlatformStaff, IsPlatformStaffElseNotFound
 
 
 class TokenLoginView(APIView):
@@ -25,7 +28,16 @@ class TokenLoginView(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
-    @extend_schema(request=s.TokenLoginSerializer, responses={201: s.RawTokenSerializer}, auth=[])
+    @extend_schema(
+        request=s.TokenLoginSerializer,
+        responses={
+            201: s.RawTokenSerializer,
+            401: ErrorSerializer,
+            403: ErrorSerializer,
+            429: ErrorSerializer,
+        },
+        auth=[],
+    )
     def post(self, request):
         data = s.TokenLoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -37,27 +49,37 @@ class TokenLoginView(APIView):
         if getattr(request._request, "axes_locked_out", False):
             return Response(status=429)  # replaced by AxesMiddleware with the lockout body
         if user is None:
-            return Response(
-                {"detail": "E-mail or password is wrong."}, status=status.HTTP_401_UNAUTHORIZED
+            return error_response(
+                status.HTTP_401_UNAUTHORIZED,
+                "E-mail or password is wrong.",
+                "authentication_failed",
             )
-        memberships = selectors.memberships_of_user(user=user)
         slug = data.validated_data.get("tenant")
-        membership = memberships.filter(tenant__slug=slug).first() if slug else memberships.first()
-        if membership is None:
-            detail = (
-                f"You are not a member of “{slug}”."
-                if slug
-                else "You are not a member of any organisation."
+        if user.is_staff and not slug:
+            tenant = None  # staff automation: the staff endpoints, no organisation's data
+        else:
+            memberships = selectors.memberships_of_user(user=user)
+            membership = (
+                memberships.filter(tenant__slug=slug).first() if slug else memberships.first()
             )
-            return Response({"detail": detail}, status=status.HTTP_403_FORBIDDEN)
+            if membership is None:
+                detail = (
+                    f"You are not a member of “{slug}”."
+                    if slug
+                    else "You are not a member of any organisation."
+                )
+                return error_response(status.HTTP_403_FORBIDDEN, detail, "permission_denied")
+            tenant = membership.tenant
         token, raw = services.api_token_create(
-            user=user,
-            tenant=membership.tenant,
-            name=data.validated_data["name"],
-            request=request._request,
+            user=user, tenant=tenant, name=data.validated_data["name"], request=request._request
         )
         return Response(
-            {"token": raw, "id": token.pk, "name": token.name, "tenant": membership.tenant.slug},
+            {
+                "token": raw,
+                "id": token.pk,
+                "name": token.name,
+                "tenant": tenant.slug if tenant else None,
+            },
             status=status.HTTP_201_CREATED,
         )
 
@@ -154,6 +176,11 @@ class InvitationViewSet(
             s.InvitationCreatedSerializer(invitation).data, status=status.HTTP_201_CREATED
         )
 
+    @extend_schema(
+        responses={200: s.InvitationSerializer},
+        description="Revokes the invitation. It stays readable, for the record: GET "
+        'answers it with state "revoked".',
+    )
     def destroy(self, request, *args, **kwargs):
         invitation = services.invitation_revoke(
             invitation=self.get_object(), by_user=request.user, request=request._request
@@ -168,11 +195,22 @@ class ApiTokenViewSet(
     mixins.DestroyModelMixin,
     TenantScopedViewSet,
 ):
+    """The caller's tokens (owners and admins: the organisation's). Called with a staff
+    automation token: that staff user's own tokens without organisation."""
+
     queryset = ApiToken.objects.all()
     serializer_class = s.ApiTokenSerializer
     required_capability = Capability.USE_API_TOKENS
 
+    def _staff_token(self) -> bool:
+        return getattr(self.request.auth, "is_staff_token", False)
+
+    def get_permissions(self):
+        return [IsPlatformStaff()] if self._staff_token() else super().get_permissions()
+
     def get_queryset(self):
+        if self._staff_token():
+            return selectors.staff_api_tokens_of(user=self.request.user)
         return selectors.api_tokens_visible_to(membership=self.request.membership)
 
     @extend_schema(responses={201: s.ApiTokenCreatedSerializer})
@@ -188,7 +226,11 @@ class ApiTokenViewSet(
         token.token = raw
         return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses=s.ApiTokenSerializer)
+    @extend_schema(
+        responses={200: s.ApiTokenSerializer},
+        description="Revokes the token at once. A revoked token stays readable, for the "
+        "record: GET answers it with is_active false and its revoked_at.",
+    )
     def destroy(self, request, *args, **kwargs):
         token = services.api_token_revoke(
             token=self.get_object(), by_user=request.user, request=request._request
@@ -202,8 +244,12 @@ class AuditEventViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     required_capability = Capability.VIEW_AUDIT
 
     def scope_queryset(self, queryset):
-        prefix = self.request.query_params.get("action")
+        prefix = query_params(s.AuditQuerySerializer, self.request)["action"]
         return queryset.filter(action__startswith=prefix) if prefix else queryset
+
+    @extend_schema(parameters=[s.AuditQuerySerializer])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
 
 class StaffTenantViewSet(

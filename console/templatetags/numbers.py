@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django import template
 
 register = template.Library()
+
+
+@functools.cache
+def _quantum(places: int) -> Decimal:
+    return Decimal(1).scaleb(-places)
 
 
 @register.filter
@@ -18,7 +24,7 @@ def decimals(value, places: int = 2) -> str:
         return ""
     try:
         number = value if isinstance(value, Decimal) else Decimal(str(value))
-        rounded = number.quantize(Decimal(1).scaleb(-int(places)), rounding=ROUND_HALF_UP)
+        rounded = number.quantize(_quantum(int(places)), rounding=ROUND_HALF_UP)
     except (InvalidOperation, ValueError, TypeError):
         return ""
     return f"{rounded.copy_abs() if rounded.is_zero() else rounded:f}"

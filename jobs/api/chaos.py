@@ -9,6 +9,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api.schema import ErrorSerializer
 from console.permissions import IsPlatformStaffElseNotFound
 from jobs.services import chaos
 from marketplace.models import NodePool
@@ -27,12 +28,13 @@ class ChaosView(APIView):
 
 class SandboxNodesView(ChaosView):
     @extend_schema(
-        responses=inline_serializer(
-            "SandboxNodes",
-            fields={
-                "nodes": serializers.ListField(child=serializers.DictField()),
-            },
-        )
+        responses={
+            200: inline_serializer(
+                "SandboxNodes",
+                fields={"nodes": serializers.ListField(child=serializers.DictField())},
+            ),
+            409: ErrorSerializer,  # no sandbox cluster runs
+        }
     )
     def get(self, request):
         return Response({"nodes": chaos.chaos_nodes()})

@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from jobs import selectors, services
 from jobs.extensions import job_costs
-from jobs.models import Job, JobEvent, Priority, TenantSecret
+from jobs.models import Job, JobEvent, JobStatus, Priority, TenantSecret
 from jobs.services.spec import MAX_COMMAND_ARGS
 
 
@@ -167,6 +167,17 @@ RELATED_SLUGS = {
 }
 
 
+# The columns a row shows or prices from (and what a queue position reads): a list
+# page loads nothing else.
+ROW_COLUMNS = (
+    "id", "tenant_id", "name", "project", "labels", "image_reference", "command", "env",
+    "secret_env_names", "gpu_type_id", "gpus_per_node", "cpus", "nodes", "region_id",
+    "spot_ratio", "priority", "max_runtime_minutes", "checkpoint_path", "auto_release",
+    "backend", "spot_nodes", "on_demand_nodes", "pool_id", "spot_pool_id", "status",
+    "status_reason", "attempt", "exit_code", "created_at", "started_at", "finished_at",
+)  # fmt: skip
+
+
 def _related_slug(job: Job, relation: str) -> str | None:
     if hasattr(job, f"{relation}_slug"):
         return getattr(job, f"{relation}_slug")
@@ -223,6 +234,19 @@ def job_row(job: Job) -> dict:
     return job_rows([job])[0]
 
 
+class JobQuerySerializer(serializers.Serializer):
+    """The job list's filter (a query parameter)."""
+
+    status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
+
+
+class LogQuerySerializer(serializers.Serializer):
+    """Which log lines to read (query parameters); out-of-range numbers are clamped."""
+
+    since_line = serializers.IntegerField(default=0, help_text="First line number (from 0)")
+    limit = serializers.IntegerField(default=1000, help_text="Lines to return, 1 to 5000")
+
+
 class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
@@ -251,7 +275,8 @@ class TenantSecretSerializer(serializers.ModelSerializer):
 class TenantSecretSetSerializer(serializers.Serializer):
     """Create or replace a secret (the value is write-only: it is never read back)."""
 
-    name = serializers.CharField(max_length=100)
+    # An environment variable name (and not GPUGEEK_…, which the service refuses).
+    name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_]*\Z", max_length=100)
     value = serializers.CharField(write_only=True, trim_whitespace=False, max_length=32 * 1024)
     projects = serializers.ListField(
         child=serializers.CharField(max_length=100),

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 from django.http import StreamingHttpResponse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api.params import query_params
 from console.permissions import Capability
 from console.tenancy import get_for_tenant_or_404
 from jobs import alerts, metrics
@@ -65,22 +65,22 @@ class JobMetricsSerializer(serializers.Serializer):
     alerts = serializers.ListField(child=serializers.DictField())
 
 
+class MetricsQuerySerializer(serializers.Serializer):
+    since = serializers.DateTimeField(
+        required=False, help_text="ISO 8601; without a zone, UTC. Default: 15 minutes ago."
+    )
+
+
 class JobMetricsView(_JobView):
     """GPU samples of a job since `since` (ISO 8601; default: the last 15 minutes):
     raw for the last hour, 1-minute means before."""
 
-    @extend_schema(
-        parameters=[OpenApiParameter("since", str, description="ISO 8601 date-time")],
-        responses=JobMetricsSerializer,
-    )
+    @extend_schema(parameters=[MetricsQuerySerializer], responses=JobMetricsSerializer)
     def get(self, request, pk: int):
         job = self.job(pk)
-        raw_since = request.query_params.get("since")
-        since = parse_datetime(raw_since) if raw_since else timezone.now() - timedelta(minutes=15)
-        if since is None:
-            return Response({"detail": "since must be an ISO 8601 date-time."}, status=400)
-        if timezone.is_naive(since):
-            since = timezone.make_aware(since, timezone.UTC)
+        since = query_params(MetricsQuerySerializer, request).get("since") or (
+            timezone.now() - timedelta(minutes=15)
+        )
         recent_alerts = JobAlert.objects.filter(job=job).order_by("-at")[:20]
         samples = metrics.job_samples(job=job, since=since)
         return Response(

@@ -1,13 +1,18 @@
 from django.urls import path
 
 from console.api.routers import OptionalSlashRouter
-from jobs.api import chaos, streams, views
+from jobs.api import chaos, log_stream, streams, views
 
 router = OptionalSlashRouter()
 router.register("jobs", views.JobViewSet, basename="api-job")
 router.register("secrets", views.TenantSecretViewSet, basename="api-secret")
 
 urlpatterns = [
+    path(
+        "jobs/<int:pk>/logs/stream",
+        log_stream.JobLogStreamView.as_view(),
+        name="api-job-log-stream",
+    ),
     path("jobs/<int:pk>/metrics", streams.JobMetricsView.as_view(), name="api-job-metrics"),
     path(
         "jobs/<int:pk>/log.txt", streams.JobLogDownloadView.as_view(), name="api-job-log-download"

@@ -9,12 +9,15 @@ from rest_framework.response import Response
 
 from console.api.base import TenantScopedViewSet
 from console.api.pagination import CursorCountPagination, EventCursorPagination
+from console.api.params import query_params
+from console.api.schema import ErrorSerializer
 from console.permissions import Capability
 from jobs import selectors, services
 from jobs.actors import Actor
 from jobs.api import serializers as s
+from jobs.extensions import job_costs
 from jobs.logs.reading import read_lines
-from jobs.models import Job, JobStatus, TenantSecret
+from jobs.models import Job, TenantSecret
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -32,21 +35,21 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return self.get_queryset().select_related(None)
 
     def scope_queryset(self, queryset):
-        wanted = self.request.query_params.get("status")
-        if wanted:
-            queryset = queryset.filter(status=wanted)
-        return queryset
+        if self.action != "list":
+            return queryset
+        wanted = query_params(s.JobQuerySerializer, self.request).get("status")
+        return queryset.filter(status=wanted) if wanted else queryset
 
-    @extend_schema(parameters=[OpenApiParameter("status", str, enum=JobStatus.values)])
+    @extend_schema(parameters=[s.JobQuerySerializer])
     def list(self, request, *args, **kwargs):
         # A row shows only the slugs of its image, GPU type and region: read with the
         # job rather than building three more objects per row; what a row doesn't show
         # stays in the database. Every job here is the request's tenant's.
-        jobs = (
+        jobs = job_costs().with_cost_inputs(
             self.get_queryset()
             .select_related(None)
             .annotate(**s.RELATED_SLUGS)
-            .defer("secret_env_encrypted", "ports", "assigned_devices")
+            .only(*s.ROW_COLUMNS)
         )
         page = list(self.paginate_queryset(jobs))
         for job in page:
@@ -58,7 +61,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
     @extend_schema(
         request=s.JobCreateSerializer,
-        responses={201: s.JobSerializer},
+        responses={201: s.JobSerializer, 402: ErrorSerializer},
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
     )
     def create(self, request, *args, **kwargs):
@@ -93,7 +96,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     def cancel(self, request, pk=None):
         return self._act(services.job_cancel)
 
-    @extend_schema(request=None, responses={201: s.JobSerializer})
+    @extend_schema(request=None, responses={201: s.JobSerializer, 402: ErrorSerializer})
     @action(detail=True, methods=["post"])
     def clone(self, request, pk=None):
         job = services.job_clone(job=self.get_object(), user=request.user, request=request._request)
@@ -111,15 +114,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(s.JobEventSerializer(page, many=True).data)
 
-    @extend_schema(parameters=[OpenApiParameter("since_line", int), OpenApiParameter("limit", int)])
+    @extend_schema(parameters=[s.LogQuerySerializer])
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         job = self.get_object()
-        try:
-            since = max(0, int(request.query_params.get("since_line", 0)))
-            limit = min(5000, max(1, int(request.query_params.get("limit", 1000))))
-        except ValueError:
-            return Response({"detail": "since_line and limit are integers."}, status=400)
+        params = query_params(s.LogQuerySerializer, request)
+        since = max(0, params["since_line"])
+        limit = min(5000, max(1, params["limit"]))
         # Masked secret values, a read time per line, archived logs after the job ends.
         return Response(read_lines(job, since_line=since, limit=limit))
 

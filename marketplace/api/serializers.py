@@ -8,13 +8,16 @@ from console.crypto import mask
 from marketplace.models import (
     GpuType,
     Image,
+    ImageKind,
     NodePool,
     PriceVersion,
     Region,
     RegistryCredential,
     Tier,
 )
+from marketplace.selectors import SORTS
 from marketplace.services.catalog import NODE_POOL_EDITABLE_FIELDS
+from marketplace.services.images import COMPATIBLE_VALUES
 
 
 class GpuTypeSerializer(serializers.ModelSerializer):
@@ -74,6 +77,29 @@ class OfferSerializer(serializers.Serializer):
 
     def get_available_vcpus(self, offer) -> int | None:
         return offer.available if offer.is_cpu else None
+
+
+class OfferQuerySerializer(serializers.Serializer):
+    """The offers list's filters (query parameters); empty text filters nothing."""
+
+    gpu_type = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
+    vendor = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
+    region = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
+    tier = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
+    min_memory_gib = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000)
+    available = serializers.BooleanField(default=False, help_text="Only offers with free GPUs")
+    sort = serializers.ChoiceField(choices=list(SORTS), default="price")
+    include_cpu = serializers.BooleanField(default=True)
+
+
+class ImageQuerySerializer(serializers.Serializer):
+    """The image list's filters (query parameters); empty filters nothing."""
+
+    q = serializers.CharField(
+        required=False, default="", allow_blank=True, max_length=100, help_text="Search text"
+    )
+    kind = serializers.ChoiceField(choices=ImageKind.choices, required=False, default="")
+    vendor = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
 
 
 def _decimal(value, places: str) -> str | None:
@@ -165,6 +191,8 @@ class EstimateSerializer(serializers.Serializer):
 
 
 class ImageSerializer(serializers.ModelSerializer):
+    # Catalog slugs may hold dots ("python-3.11"); new ones follow ImageCreateSerializer.
+    slug = serializers.CharField(max_length=80)
     public = serializers.BooleanField(source="is_public", read_only=True)
 
     class Meta:
@@ -188,6 +216,28 @@ class ImageSerializer(serializers.ModelSerializer):
             "is_active",
         ]
         read_only_fields = ["id", "public", "is_active"]
+
+
+class PortSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=40)
+    port = serializers.IntegerField(min_value=1, max_value=65535)
+
+
+class ImageCreateSerializer(ImageSerializer):
+    """A new private image, its lists typed as the service checks them. The slug is
+    slugified by the service, so it needs a letter or digit (one of only dashes and
+    underscores would come out empty)."""
+
+    slug = serializers.RegexField(r"^[-a-zA-Z0-9_]*[a-zA-Z0-9][-a-zA-Z0-9_]*\Z", max_length=80)
+    compatible_with = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(COMPATIBLE_VALUES)), allow_empty=False
+    )
+    default_command = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        default=list,
+    )
+    ports = PortSerializer(many=True, required=False, default=list)
 
 
 class NodePoolSerializer(serializers.ModelSerializer):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from django.db.models import Prefetch
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.base import TenantScopedViewSet
+from console.api.params import query_params
 from console.permissions import Capability, IsPlatformStaff, IsTenantMember
 from console.services import ServiceError
 from marketplace import selectors, services
@@ -29,49 +30,38 @@ class GpuTypeViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = GpuType.objects.filter(is_active=True)
     serializer_class = s.GpuTypeSerializer
     lookup_field = "slug"
+    # Staff first: a staff automation token (no organisation) reads the catalog too.
+    permission_classes = [IsPlatformStaff | IsTenantMember]
 
 
 class RegionViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = Region.objects.filter(is_active=True)
     serializer_class = s.RegionSerializer
     lookup_field = "slug"
+    # Staff first: a staff automation token (no organisation) reads the catalog too.
+    permission_classes = [IsPlatformStaff | IsTenantMember]
 
 
 class OfferViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = s.OfferSerializer
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("gpu_type", str),
-            OpenApiParameter("vendor", str),
-            OpenApiParameter("region", str),
-            OpenApiParameter("tier", str),
-            OpenApiParameter("min_memory_gib", int),
-            OpenApiParameter("available", bool),
-            OpenApiParameter("sort", str, enum=list(selectors.SORTS)),
-            OpenApiParameter("include_cpu", bool),
-        ]
-    )
+    @extend_schema(parameters=[s.OfferQuerySerializer])
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(s.offer_rows(page))
 
     def get_queryset(self):
-        params = self.request.query_params
-        try:
-            min_memory = int(params["min_memory_gib"]) if params.get("min_memory_gib") else None
-        except ValueError:
-            min_memory = None
+        params = query_params(s.OfferQuerySerializer, self.request)
         return selectors.offers(
             tenant=self.request.tenant,
-            vendor=params.get("vendor") or None,
-            gpu_type=params.get("gpu_type") or None,
-            min_memory_gib=min_memory,
-            region=params.get("region") or None,
-            tier=params.get("tier") or None,
-            available_only=params.get("available", "").lower() in ("1", "true", "yes"),
-            include_cpu=params.get("include_cpu", "true").lower() not in ("0", "false", "no"),
-            sort=params.get("sort") or "price",
+            vendor=params["vendor"] or None,
+            gpu_type=params["gpu_type"] or None,
+            min_memory_gib=params.get("min_memory_gib"),
+            region=params["region"] or None,
+            tier=params["tier"] or None,
+            available_only=params["available"],
+            include_cpu=params["include_cpu"],
+            sort=params["sort"],
         )
 
 
@@ -118,18 +108,25 @@ class ImageViewSet(
     }
 
     def scope_queryset(self, queryset):
-        params = self.request.query_params
         if self.action == "destroy":
             return queryset.owned_by(self.request.tenant)
+        if self.action != "list":
+            return selectors.images_for_tenant(tenant=self.request.tenant)
+        params = query_params(s.ImageQuerySerializer, self.request)
         return selectors.images_for_tenant(
             tenant=self.request.tenant,
-            query=params.get("q", ""),
-            kind=params.get("kind", ""),
-            vendor=params.get("vendor", ""),
+            query=params["q"],
+            kind=params["kind"],
+            vendor=params["vendor"],
         )
 
+    @extend_schema(parameters=[s.ImageQuerySerializer])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(request=s.ImageCreateSerializer, responses={201: s.ImageSerializer})
     def create(self, request, *args, **kwargs):
-        data = s.ImageSerializer(data=request.data)
+        data = s.ImageCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         image = services.image_create(
@@ -142,6 +139,11 @@ class ImageViewSet(
         )
         return Response(s.ImageSerializer(image).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(
+        responses={200: s.ImageSerializer},
+        description="Retires the image: it answers with is_active false, and is gone from "
+        "the list and from GET.",
+    )
     def destroy(self, request, *args, **kwargs):
         image = services.image_deactivate(
             image=self.get_object(), user=request.user, request=request._request
@@ -230,7 +232,7 @@ class PriceVersionViewSet(
     def get_permissions(self):
         if self.action == "create":
             return [IsPlatformStaff()]
-        return [IsTenantMember()]
+        return [(IsPlatformStaff | IsTenantMember)()]  # staff tokens read the price book
 
     @extend_schema(request=s.PriceVersionInSerializer, responses={201: s.PriceVersionSerializer})
     def create(self, request, *args, **kwargs):

@@ -15,10 +15,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from console.crypto import decrypt_json
 from jobs import services
 from jobs.actors import BACKEND
 from jobs.backends.local import LocalBackend
 from jobs.models import Job, JobStatus
+from jobs.state import job_transition
 from marketplace.models import NodePool
 from tests.conftest import token_client
 
@@ -60,8 +62,6 @@ def local_cpu_pool() -> NodePool:
 
 def set_status(job_id: int, *path: str) -> Job:
     """Walk a job through the state machine, as the backend would report it."""
-    from jobs.state import job_transition
-
     job = Job.objects.get(pk=job_id)
     for to in path:
         job = job_transition(job=job, to=to, actor=BACKEND, reason=to)
@@ -333,8 +333,6 @@ def test_clone_is_a_new_job_with_the_same_spec(member_api):
     assert clone["status"] in (S.DISPATCHING, S.QUEUED)
     for key in ("image", "command", "env", "secret_env", "labels", "cpus", "priority"):
         assert clone[key] == job[key], key
-    from console.crypto import decrypt_json
-
     assert decrypt_json(Job.objects.get(pk=clone["id"]).secret_env_encrypted) == {"TOKEN": "s3cret"}
 
 

@@ -28,6 +28,9 @@ def test_rows_equal_the_serializer_for_every_kind_of_job(member_api, world):
     assert {job.status for job in jobs} >= {S.RUNNING, S.QUEUED, S.SUCCEEDED}
     expected = [dict(row) for row in JobSerializer(jobs, many=True).data]
     assert job_rows(jobs) == expected
+    # The list reads only a row's columns, with its ledger total and metering cursor.
+    listed = member_api.get(f"{JOBS}?page_size=50").json()["results"]
+    assert sorted(listed, key=lambda row: row["id"]) == sorted(expected, key=lambda r: r["id"])
     assert any(row["queue_position"] == 1 for row in expected)
     assert any(row["secret_env"] == {"HF_TOKEN": "••••••"} for row in expected)
     assert all(Decimal(row["cost_to_date"]) >= 0 for row in expected)

@@ -7,8 +7,10 @@ import os
 import stat
 import subprocess
 import sys
+from decimal import Decimal
 
 import pytest
+from gpugeek.cli import main
 
 from tests.sdk.conftest import SRC, dispatch
 
@@ -18,8 +20,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def cli(gg, tmp_path, monkeypatch, capsys):
     """Run `gpugeek ARGS…` in-process: (exit code, stdout, stderr)."""
-    from gpugeek.cli import main
-
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
     def run(*argv: str) -> tuple[int, str, str]:
@@ -158,3 +158,40 @@ def test_launch_wait_times_out_with_exit_5(cli):
                        "--region", "local", "--cpus", "1", "--", "true")  # fmt: skip
     assert code == 5 and "Timeout" in err
     assert "job " in err.splitlines()[0]  # the progress line before it
+
+
+def test_budget_set_creates_changes_and_deletes(cli):
+    code, out, _ = cli("--json", "budget", "set", "GPU spend", "--amount", "1500",
+                       "--action", "warn", "--thresholds", "50, 90")  # fmt: skip
+    assert code == 0
+    budget = json.loads(out)
+    assert (budget["name"], Decimal(budget["amount"]), budget["action"], budget["thresholds"]) == (
+        "GPU spend", Decimal(1500), "alert_only", [50, 90]
+    )  # fmt: skip
+    assert budget["period"] == "monthly"
+    code, out, _ = cli("--json", "budget", "set", "GPU spend", "--action", "pause",
+                       "--project", "vision", "--period", "monthly")  # fmt: skip
+    changed = json.loads(out)
+    assert code == 0 and changed["id"] == budget["id"]
+    assert (changed["action"], changed["project"], Decimal(changed["amount"])) == (
+        "pause_non_critical", "vision", Decimal(1500)
+    )  # fmt: skip
+    code, out, _ = cli("budgets")
+    assert code == 0 and out.splitlines()[0].split()[:5] == ["ID", "NAME", "AMOUNT", "CURRENCY",
+                                                             "PERIOD"]  # fmt: skip
+    assert "GPU spend" in out and "50 90" in out
+    code, out, _ = cli("budget", "set", "GPU spend", "--amount", "2000")  # a human summary
+    assert code == 0 and "2000" in out and "pause_non_critical" in out
+
+    assert cli("budget", "set", "GPU spend", "--thresholds", "fifty")[0] == 2
+    assert cli("budget", "set", "GPU spend", "--action", "explode")[0] == 2
+    code, _, err = cli("--json", "budget", "set", "Other", "--amount", "-5")
+    assert code == 1 and "amount" in json.loads(err)["errors"]
+    code, _, err = cli("budget", "set", "Other")  # a new budget needs an amount
+    assert code == 1 and "amount" in err
+
+    code, out, _ = cli("budget", "delete", "GPU spend")
+    assert code == 0 and "GPU spend" in out
+    assert cli("--json", "budgets") == (0, "[]\n", "")
+    code, _, err = cli("budget", "delete", "GPU spend")
+    assert code == 4 and "NotFound" in err

@@ -4,13 +4,12 @@ two can't drift: every model field is a property of its component and vice versa
 from __future__ import annotations
 
 import pytest
+from gpugeek.models import SCHEMA_COMPONENTS
 
 pytestmark = pytest.mark.integration
 
 
 def test_models_match_the_served_openapi_schema(gg):
-    from gpugeek.models import SCHEMA_COMPONENTS
-
     schema = gg.http.get("schema/", format="json")
     components = schema["components"]["schemas"]
     checked = []
@@ -36,6 +35,7 @@ def test_job_endpoints_the_sdk_calls_are_in_the_schema(gg):
         "/api/v1/jobs/",
         "/api/v1/jobs/{id}/",
         "/api/v1/jobs/{id}/logs/",
+        "/api/v1/jobs/{id}/logs/stream",
         "/api/v1/jobs/{id}/pause/",
         "/api/v1/jobs/{id}/resume/",
         "/api/v1/jobs/{id}/cancel/",

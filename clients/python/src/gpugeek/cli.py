@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpugeek import completion as completion_scripts
 from gpugeek import config, output
 from gpugeek.client import Client
 from gpugeek.cluster import Cluster
@@ -43,6 +44,11 @@ JOB_COLUMNS = ["id", "name", "status", "gpu_type", "nodes", "gpus_per_node", "re
                "cost_to_date", "created_at"]  # fmt: skip
 OFFER_COLUMNS = ["gpu_type", "region", "tier", "price_per_gpu_hour", "price_per_vcpu_hour",
                  "available_gpus", "total_gpus", "currency"]  # fmt: skip
+BUDGET_COLUMNS = ["id", "name", "amount", "currency", "period", "thresholds", "action", "project"]
+BUDGET_ACTIONS = {
+    "pause": "pause_non_critical", "warn": "alert_only",
+    "pause_non_critical": "pause_non_critical", "alert_only": "alert_only",
+}  # fmt: skip
 INVOICE_COLUMNS = ["number", "status", "period_start", "period_end", "total", "amount_due",
                    "currency"]  # fmt: skip
 
@@ -107,6 +113,28 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("costs", help="cost summary")
     sub.add_parser("invoices", help="list invoices")
     sub.add_parser("budgets", help="list budgets")
+    budget = sub.add_parser("budget", help="create, change or delete a budget")
+    budget_sub = budget.add_subparsers(dest="budget_command", required=True, metavar="ACTION")
+    budget_set = budget_sub.add_parser(
+        "set", help="create the budget NAME, or change the options given of the one there is"
+    )
+    budget_set.add_argument("name")
+    budget_set.add_argument("--amount", help="per period, e.g. 1500 (needed to create)")
+    budget_set.add_argument("--period", choices=["monthly"])
+    budget_set.add_argument(
+        "--action", choices=list(BUDGET_ACTIONS), help="at 100 %%: pause non-critical jobs, "
+        "or only warn (pause_non_critical and alert_only are the API's names)",
+    )  # fmt: skip
+    budget_set.add_argument(
+        "--thresholds", metavar="PERCENTS", help="alert at these percents, e.g. 50,80,100"
+    )
+    budget_set.add_argument("--project", help='only this project\'s jobs ("" for all)')
+    budget_set.add_argument("--webhook-url", help='POST alerts here (signed; "" for none)')
+    budget_delete = budget_sub.add_parser("delete", help="delete the budget NAME")
+    budget_delete.add_argument("name")
+
+    completion = sub.add_parser("completion", help="print a shell completion script")
+    completion.add_argument("shell", choices=list(completion_scripts.SHELLS))
     return parser
 
 
@@ -207,7 +235,19 @@ def _wait(cluster: Cluster, timeout: float, quiet: bool) -> None:
         time.sleep(1)
 
 
+def _percents(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise UsageError(f"--thresholds {text!r}: whole percents, e.g. 50,80,100") from None
+
+
 def _run(args) -> int:
+    if args.command == "completion":
+        print(completion_scripts.SHELLS[args.shell](_parser()), end="")
+        return OK
     if args.command == "login":
         url = args.login_url or args.url or os.environ.get("GPUGEEK_URL") or "http://127.0.0.1:8000"
         token = args.login_token or args.token
@@ -279,8 +319,18 @@ def _dispatch(args, client: Client) -> int:
         output.dump(rows) if args.json else output.table(rows, INVOICE_COLUMNS)
     elif cmd == "budgets":
         rows = [b.to_dict() for b in client.budgets()]
-        columns = ["id", "name", "amount", "currency", "project", "action"]
-        output.dump(rows) if args.json else output.table(rows, columns)
+        output.dump(rows) if args.json else output.table(rows, BUDGET_COLUMNS)
+    elif cmd == "budget" and args.budget_command == "set":
+        budget = client.set_budget(
+            args.name, amount=args.amount, period=args.period,
+            action=BUDGET_ACTIONS[args.action] if args.action else None,
+            thresholds=_percents(args.thresholds), project=args.project,
+            webhook_url=args.webhook_url,
+        ).to_dict()  # fmt: skip
+        output.dump(budget) if args.json else output.pairs(budget)
+    elif cmd == "budget":
+        client.delete_budget(args.name)
+        output.dump({"deleted": args.name}) if args.json else print(f"Deleted {args.name!r}")
     return OK
 
 

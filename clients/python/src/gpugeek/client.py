@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any
 
 import httpx
 
+from gpugeek import cluster as cluster_module
+from gpugeek.cluster import Cluster
+from gpugeek.errors import Conflict, NotFound
 from gpugeek.http import Transport, env_url
 from gpugeek.models import Budget, Estimate, GpuType, Invoice, Job, NodePool, Offer
+from gpugeek.spec import resolve_gpu_type, split_count
 
 _default: Client | None = None
 
@@ -64,8 +69,6 @@ class Client:
     def estimate(self, **request: Any) -> Estimate:
         """POST /estimates: gpu_type, gpus_per_node (or cpus), nodes, region, spot_ratio,
         hours, tier, reserved_months. `count` is split like a launch's."""
-        from gpugeek.spec import resolve_gpu_type, split_count
-
         body = {k: (str(v) if k in ("spot_ratio", "hours") else v) for k, v in request.items()}
         if body.get("gpu_type"):
             body["gpu_type"] = resolve_gpu_type(self, body["gpu_type"])
@@ -86,14 +89,12 @@ class Client:
     def job(self, job_id: int) -> Job:
         return Job.from_dict(self.http.get(f"jobs/{int(job_id)}"))
 
-    def create_cluster(self, spec: dict[str, Any], *, idempotency_key: str | None = None):
-        from gpugeek.cluster import Cluster
-
+    def create_cluster(
+        self, spec: dict[str, Any], *, idempotency_key: str | None = None
+    ) -> Cluster:
         return Cluster.create(spec, client=self, idempotency_key=idempotency_key)
 
-    def cluster(self, job_id: int):
-        from gpugeek.cluster import Cluster
-
+    def cluster(self, job_id: int) -> Cluster:
         return Cluster(self, self.job(job_id))
 
     @contextmanager
@@ -113,6 +114,50 @@ class Client:
     def budgets(self) -> list[Budget]:
         return [Budget.from_dict(row) for row in self.http.paginate("budgets")]
 
+    def budget(self, name: str) -> Budget | None:
+        """The budget called `name` (names are unique in a tenant), or None."""
+        return next((b for b in self.budgets() if b.name == name), None)
+
+    def set_budget(
+        self,
+        name: str,
+        *,
+        amount: Decimal | str | int | None = None,
+        period: str | None = None,
+        action: str | None = None,
+        thresholds: list[int] | None = None,
+        project: str | None = None,
+        webhook_url: str | None = None,
+    ) -> Budget:
+        """Create the budget called `name`, or change the given fields of the one that
+        exists. `action`: "pause_non_critical" (at 100 %) or "alert_only"; `thresholds`:
+        alert percents, e.g. [50, 80, 100]. A new webhook's signing secret is in the
+        result's `extra["webhook_secret"]`, this once."""
+        fields = {
+            "amount": None if amount is None else str(amount),
+            "period": period, "action": action, "thresholds": thresholds,
+            "project": project, "webhook_url": webhook_url,
+        }  # fmt: skip
+        changes = {k: v for k, v in fields.items() if v is not None}
+        existing = self.budget(name)
+        if existing is None:
+            try:
+                body = self.http.post("budgets", {"name": name, **changes}, create=True)
+                return Budget.from_dict(body)
+            except Conflict:
+                # Made meanwhile, or by an earlier try of this POST whose answer was lost.
+                existing = self.budget(name)
+                if existing is None:
+                    raise
+        body = self.http.request("PATCH", f"budgets/{existing.id}", json=changes)
+        return Budget.from_dict(body)
+
+    def delete_budget(self, name: str) -> None:
+        existing = self.budget(name)
+        if existing is None:
+            raise NotFound(f"no budget called {name!r}", status=404, code="not_found")
+        self.http.request("DELETE", f"budgets/{existing.id}")
+
     def invoices(self) -> list[Invoice]:
         return [Invoice.from_dict(row) for row in self.http.paginate("invoices")]
 
@@ -131,3 +176,6 @@ def _param(value: Any) -> Any:
 
 def default_client() -> Client:
     return _default if _default is not None else Client()
+
+
+cluster_module.default_client = default_client

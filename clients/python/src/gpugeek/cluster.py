@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from gpugeek.errors import ConnectionFailed, ServerError, Timeout
+from gpugeek.errors import Conflict, ConnectionFailed, NotFound, ServerError, Timeout
 from gpugeek.http import new_idempotency_key
 from gpugeek.models import FINISHED_STATUSES, Job, LogLine, decimal
 from gpugeek.spec import job_payload
 
 if TYPE_CHECKING:
     from gpugeek.client import Client
+
+# How long a log stream may stay silent (the server sends a heartbeat every 10 s) before
+# it counts as a dropped link.
+STREAM_READ_TIMEOUT = 45.0
+# What `Cluster.create` uses without a `client=`: set by gpugeek.client (which imports
+# this module, so this one doesn't import it back).
+default_client: Callable[[], Client] | None = None
 
 
 class Cluster:
@@ -42,9 +49,10 @@ class Cluster:
     ) -> Cluster:
         """Launch a job. One idempotency key covers every retry of this call, so it
         creates one job; pass your own key to make a re-run of a script idempotent too."""
-        from gpugeek.client import default_client
-
-        client = client or default_client()
+        if client is None:
+            # Set by then: importing this module imports the package, hence gpugeek.client.
+            assert default_client is not None
+            client = default_client()
         body = job_payload(client, spec)
         key = idempotency_key or new_idempotency_key()
         return cls(client, Job.from_dict(client.http.post("jobs", body, create=True, key=key)))
@@ -75,8 +83,6 @@ class Cluster:
     ) -> Cluster:
         """Poll until the job reaches `status` (or one of several). Raises `Timeout`, or
         `Conflict` if it finishes in another status first."""
-        from gpugeek.errors import Conflict
-
         wanted = (status,) if isinstance(status, str) else tuple(status)
         deadline = time.monotonic() + timeout
         while True:
@@ -102,16 +108,79 @@ class Cluster:
         limit: int = 1000,
         timeout: float | None = None,
         reconnects: int = 20,
+        stream: bool = True,
     ) -> Iterator[LogLine]:
         """The job's log lines after `since_line`.
 
-        With `follow`, keeps polling `GET /jobs/<id>/logs?since_line=N` until the job has
-        finished and its log is drained. Every request resumes after the last line
-        yielded, so a dropped connection or a 5xx (beyond the transport's own retries:
-        up to `reconnects` in a row, `poll` seconds apart) leaves no gap and no
-        duplicate."""
-        since = since_line
+        With `follow`, keeps reading until the job has finished and its log is drained:
+        over the streaming endpoint (`GET /jobs/<id>/logs/stream`, NDJSON) unless
+        `stream=False` or the server has none, else by polling `GET /jobs/<id>/logs`
+        every `poll` seconds. Each reconnect (a dropped link, a 5xx: up to `reconnects`
+        in a row, `poll` seconds apart) resumes after the last line yielded, so there is
+        no gap and no duplicate. `Timeout` once `timeout` seconds have passed."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if follow and stream:
+            yield from self._follow_stream(since_line, deadline, poll, limit, reconnects)
+        else:
+            yield from self._follow_poll(since_line, deadline, poll, limit, reconnects, follow)
+
+    def _follow_stream(
+        self, since: int, deadline: float | None, poll: float, limit: int, reconnects: int
+    ) -> Iterator[LogLine]:
+        failures = 0
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise self._timed_out()
+            heard = False
+            try:
+                for message in self.client.http.stream(
+                    f"jobs/{self.job.id}/logs/stream", since_line=since,
+                    read_timeout=STREAM_READ_TIMEOUT if left is None
+                    else max(0.1, min(STREAM_READ_TIMEOUT, left)),
+                ):  # fmt: skip
+                    heard = True
+                    kind = message.get("type")
+                    if kind == "log":
+                        for row in message.get("lines") or ():
+                            line = LogLine.from_dict(row)
+                            if line.line_no > since:  # never one twice, whatever comes
+                                since = line.line_no
+                                yield line
+                    elif kind == "status" and message.get("status"):
+                        self.job.status = message["status"]
+                    elif kind == "end":
+                        self.job.status = message.get("status") or self.job.status
+                        return
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise self._timed_out()
+            except NotFound:
+                # No such job (refresh raises NotFound again), or a server without the
+                # streaming endpoint: follow by polling instead.
+                self.refresh()
+                yield from self._follow_poll(since, deadline, poll, limit, reconnects, True)
+                return
+            except (ConnectionFailed, ServerError):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self._timed_out() from None
+            # Here the stream broke or ended without its "end": resume after `since`.
+            failures = 0 if heard else failures + 1
+            if failures > reconnects:
+                raise ConnectionFailed(
+                    f"log stream of job {self.job.id}: no answer in {failures} tries"
+                )
+            if not heard:
+                time.sleep(poll)
+
+    def _follow_poll(
+        self,
+        since: int,
+        deadline: float | None,
+        poll: float,
+        limit: int,
+        reconnects: int,
+        follow: bool,
+    ) -> Iterator[LogLine]:
         failures = 0
         while True:
             try:
@@ -136,8 +205,11 @@ class Cluster:
             if not follow or finished:
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                raise Timeout(f"job {self.job.id} still {self.job.status} after {timeout}s")
+                raise self._timed_out()
             time.sleep(poll)
+
+    def _timed_out(self) -> Timeout:
+        return Timeout(f"job {self.job.id} still {self.job.status} after its log timeout")
 
     def _read_logs(self, since: int, limit: int) -> list[LogLine]:
         """The lines after `since` (never one at or before it, whatever the server sends)."""

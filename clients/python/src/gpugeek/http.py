@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json as jsonlib
 import os
 import random
 import time
@@ -15,6 +16,7 @@ from gpugeek.errors import ConnectionFailed, error_for
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 USER_AGENT = "gpugeek-python/0.1"
+NDJSON = "application/x-ndjson"
 
 
 class Transport:
@@ -97,6 +99,31 @@ class Transport:
             key = new_idempotency_key()
         return self.request("POST", path, json=json, idempotency_key=key)
 
+    def stream(self, path: str, *, read_timeout: float, **params: Any) -> Iterator[dict]:
+        """One GET of an NDJSON stream: each complete line, decoded, as it arrives.
+
+        No retries here (the caller knows where to resume). A line cut off by a dropped
+        link is never yielded: only text up to a newline counts."""
+        clean = {k: v for k, v in params.items() if v is not None}
+        timeout = self.http.timeout.as_dict() | {"read": read_timeout}
+        try:
+            with self.http.stream(
+                "GET", self._path(path), params=clean or None,
+                headers={"Accept": f"{NDJSON}, application/json"},
+                timeout=httpx.Timeout(**timeout),
+            ) as response:  # fmt: skip
+                if response.status_code >= 400:
+                    response.read()
+                    _decode(response)
+                pending = b""
+                for chunk in response.iter_bytes():
+                    *complete, pending = (pending + chunk).split(b"\n")
+                    for line in complete:
+                        if line.strip():
+                            yield _ndjson_object(line)
+        except httpx.TransportError as error:
+            raise ConnectionFailed(f"stream from {self.url} broke: {error!r}") from error
+
     def paginate(self, path: str, **params: Any) -> Iterator[dict]:
         """Every row of a list, following `next` links (page numbers or cursors)."""
         body = self.get(path, **params)
@@ -123,6 +150,16 @@ def _decode(response: httpx.Response) -> Any:
     if response.status_code >= 400:
         raise error_for(response.status_code, body)
     return body
+
+
+def _ndjson_object(line: bytes) -> dict:
+    try:
+        message = jsonlib.loads(line)
+    except ValueError:
+        message = None
+    if not isinstance(message, dict):  # garbled on the way: resume as after a drop
+        raise ConnectionFailed(f"not an NDJSON object: {line[:80]!r}")
+    return message
 
 
 def env_url() -> str:
