@@ -8,6 +8,7 @@ password, given to it on stdin.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 # Plain Python and httpx: importing it (and the console package's lazy Celery app) reads
@@ -80,4 +82,25 @@ def pytest_unconfigure(config):
             process.kill()
     data_dir = _state.pop("data_dir", None)
     if data_dir:
+        _stop_local_jobs_left_running(Path(data_dir))
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _stop_local_jobs_left_running(data_dir: Path) -> None:
+    """Local jobs of this session still running at its end (one that never ends, or a
+    test that failed before cancelling it) would outlive it, orphaned: stop each job's
+    supervisor (it runs from the session's data dir) and everything it started."""
+    jobs_dir = str(data_dir / "jobs")
+    for process in psutil.process_iter(["cmdline"]):
+        argv = process.info["cmdline"] or []
+        if not any(arg.endswith("local_supervisor.py") for arg in argv[:3]):
+            continue
+        if not any(arg.startswith(jobs_dir) for arg in argv):
+            continue
+        try:
+            family = [*process.children(recursive=True), process]
+        except psutil.NoSuchProcess:
+            continue
+        for member in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
