@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
@@ -494,18 +494,21 @@ LAST_USED_RESOLUTION_SECONDS = 60
 def api_token_authenticate(raw: str) -> tuple[ApiToken, Membership | None] | None:
     """The active token with this value and its user's membership of the token's
     tenant (one query: every API request pays for it), or None. A staff automation
-    token (no tenant) has no membership, and works only while its user is staff."""
+    token (no tenant) has no membership, and works only while its user is staff: it is
+    looked for second, as an OR of both kinds in one query costs every request more."""
     if not raw or not raw.startswith(ApiToken.PREFIX):
         return None
+    key_hash = sha256_hex(raw)
     token = (
         ApiToken.objects.active()
         .select_related("user", "tenant")
-        .filter(key_hash=sha256_hex(raw), user__is_active=True)
         .filter(
-            Q(tenant__isnull=True, user__is_staff=True)
-            | Q(tenant__is_active=True, tenant__memberships__user=F("user"))
+            key_hash=key_hash,
+            user__is_active=True,
+            tenant__is_active=True,
+            tenant__memberships__user=F("user"),
         )
-        # The same (outer) join as the filter's: the token's user's membership, if any.
+        # The same join as the filter's: the token's user's membership.
         .annotate(
             membership_pk=F("tenant__memberships__pk"),
             membership_role=F("tenant__memberships__role"),
@@ -513,6 +516,15 @@ def api_token_authenticate(raw: str) -> tuple[ApiToken, Membership | None] | Non
         )
         .first()
     )
+    if token is None:
+        token = (
+            ApiToken.objects.active()
+            .select_related("user")
+            .filter(
+                key_hash=key_hash, tenant__isnull=True, user__is_active=True, user__is_staff=True
+            )
+            .first()
+        )
     if token is None:
         return None
     now = timezone.now()

@@ -8,7 +8,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q, Subquery
+from django.db.models import Q
 from django.utils import timezone
 
 from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
@@ -129,26 +129,6 @@ class PriceVersionQuerySet(models.QuerySet):
     def in_force(self, at=None) -> PriceVersion | None:
         at = at or timezone.now()
         return self.filter(effective_from__lte=at).order_by("-effective_from", "-pk").first()
-
-    def in_force_and_next(self, at=None) -> tuple[PriceVersion | None, PriceVersion | None]:
-        """The version in force and the one published to follow it (`in_force`, then
-        `upcoming_price_version`), in one query: the versions starting at either time."""
-        at = at or timezone.now()
-        starts = self.filter(effective_from__lte=at).order_by("-effective_from")
-        current_start = Subquery(starts.values("effective_from")[:1])
-        next_start = Subquery(
-            self.filter(effective_from__gt=current_start)
-            .order_by("effective_from")
-            .values("effective_from")[:1]
-        )
-        versions = list(
-            self.filter(Q(effective_from=current_start) | Q(effective_from=next_start)).order_by(
-                "effective_from", "pk"
-            )
-        )
-        current = [v for v in versions if v.effective_from <= at]
-        upcoming = [v for v in versions if v.effective_from > at]
-        return (current[-1] if current else None), (upcoming[0] if upcoming else None)
 
 
 class PriceVersion(models.Model):

@@ -93,10 +93,11 @@ def offers(
     sort: str = "price",
     at: datetime | None = None,
 ) -> list[Offer]:
-    version, upcoming = PriceVersion.objects.in_force_and_next(at)
+    version = PriceVersion.objects.in_force(at)
     if version is None:
         return []
     discount = tenant_discount_percent(tenant)
+    upcoming = upcoming_price_version(version)
     upcoming_entries = (
         {(e.gpu_type_id, e.region_id): e for e in upcoming.entries.all()} if upcoming else {}
     )

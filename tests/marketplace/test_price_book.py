@@ -15,7 +15,6 @@ from console.services import ServiceError
 from marketplace import services
 from marketplace.models import NodePool, PriceVersion
 from marketplace.pricing import estimate_cost, price_entry_in_force
-from marketplace.selectors import upcoming_price_version
 from tests.conftest import signed_in_client, token_client
 
 D = Decimal
@@ -387,22 +386,3 @@ def test_staff_patches_a_pool_but_not_its_capacity(catalog, staff_user, world):
     pool.refresh_from_db()
     assert (pool.name, pool.total_gpus, pool.is_active) == ("Renamed", total, False)
     assert AuditEvent.objects.filter(action="node_pool.changed").exists()
-
-
-def test_in_force_and_next_agrees_with_in_force_and_upcoming(catalog):
-    """The offers page reads both versions in one query: the same two as asked apart,
-    also with versions published for the same instant."""
-    now = timezone.now()
-    for hours in (1, 1, 3, 3, 7):
-        PriceVersion.objects.create(
-            effective_from=now + timedelta(hours=hours),
-            spot_discount_percent=D(50),
-            reserved_1m_discount_percent=D(15),
-            reserved_3m_discount_percent=D(25),
-            reserved_12m_discount_percent=D(40),
-        )
-    for hours in (-1, 0, 1, 2, 3, 5, 7, 9):
-        at = now + timedelta(hours=hours, minutes=1)
-        current = PriceVersion.objects.in_force(at)
-        upcoming = upcoming_price_version(current) if current else None
-        assert PriceVersion.objects.in_force_and_next(at) == (current, upcoming), hours
