@@ -47,6 +47,8 @@ def test_launch_status_ls_cancel_json(cli):
     assert code == 0 and json.loads(out)["id"] == job["id"]
     code, out, _ = cli("--json", "ls")
     assert code == 0 and [row["id"] for row in json.loads(out)] == [job["id"]]
+    code, out, _ = cli("ls", "--json")  # also after the command
+    assert code == 0 and [row["id"] for row in json.loads(out)] == [job["id"]]
     code, out, _ = cli("ls")  # a human table
     assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "NAME", "STATUS"]
     assert "from cli" in out
@@ -137,6 +139,12 @@ def test_as_a_process(asgi_server, api_token, tmp_path):
     assert done.returncode == 4 and "NotFound" in done.stderr
     done = subprocess.run([*run, "--help"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "Exit codes" in done.stdout
+    # A reader that has gone away (`gpugeek ls | head -1`): no traceback, success.
+    child = subprocess.Popen([*run, "ls"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    child.stdout.close()  # before the child writes its table
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 0 and "Traceback" not in err, err
 
 
 def test_yaml_spec_without_pyyaml_says_so(cli, tmp_path, monkeypatch):

@@ -373,8 +373,32 @@ def exit_code(error: BaseException) -> int:
     return API_ERROR
 
 
+def _json_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """`--json` also after the command (`gpugeek ls --json`), where scripts tend to put
+    it; absent there, the value given before the command stands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.add_argument(
+                    "--json",
+                    action="store_true",
+                    default=argparse.SUPPRESS,
+                    help="machine-readable output",
+                )
+                _json_after_the_command(command)
+
+
+def _stdout_closed() -> int:
+    """The reader went away (`gpugeek ls | head`): stop quietly, as Unix tools do, and
+    keep Python from complaining while it flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
+    _json_after_the_command(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:
@@ -396,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
 
 
 if __name__ == "__main__":
