@@ -10,7 +10,12 @@ from rest_framework.views import APIView
 
 from console.api.base import TenantScopedViewSet
 from console.api.params import query_params
-from console.permissions import Capability, IsPlatformStaff, IsTenantMember
+from console.permissions import (
+    Capability,
+    IsPlatformStaff,
+    IsPlatformStaffElseNotFound,
+    IsTenantMember,
+)
 from console.services import ServiceError
 from marketplace import selectors, services
 from marketplace.api import serializers as s
@@ -201,10 +206,20 @@ class NodePoolViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         return selectors.pools_for_tenant(self.request.tenant).select_related("region", "gpu_type")
 
 
-class StaffNodePoolViewSet(mixins.UpdateModelMixin, viewsets.GenericViewSet):
-    queryset = NodePool.objects.select_related("region", "gpu_type")
+class StaffNodePoolViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Every pool (inactive ones and those on the console's host too), for platform
+    staff: read, and change what the staff pool page changes."""
+
+    queryset = NodePool.objects.select_related("region", "gpu_type").order_by(
+        "region__slug", "slug"
+    )
     serializer_class = s.NodePoolSerializer
-    permission_classes = [IsPlatformStaff]
+    permission_classes = [IsPlatformStaffElseNotFound]
 
     def perform_update(self, serializer):
         # The serializer's writable fields are exactly the service's editable ones.

@@ -106,6 +106,13 @@ def test_staff_token_acts_on_staff_endpoints(world, catalog, staff, password):
     pool = NodePool.objects.first()
     response = api.patch(f"/api/v1/staff/pools/{pool.pk}", {"name": "Renamed"}, format="json")
     assert response.status_code == 200, response.content
+    NodePool.objects.filter(pk=pool.pk).update(is_active=False)
+    listed = api.get("/api/v1/staff/pools?page_size=500").json()
+    assert listed["count"] == NodePool.objects.count()  # inactive ones too
+    assert {row["id"] for row in listed["results"]} == set(
+        NodePool.objects.values_list("pk", flat=True)
+    )
+    assert api.get(f"/api/v1/staff/pools/{pool.pk}").json()["name"] == "Renamed"
     assert api.get(reverse("api-price-version-list")).json()["results"]
     assert api.get(reverse("api-gpu-type-list")).json()["results"]
     assert api.get(reverse("api-region-list")).json()["results"]
@@ -160,3 +167,37 @@ def test_member_token_still_lists_only_organisation_tokens(world, staff, passwor
     )
     names = {row["name"] for row in member_api.get(TOKENS).json()["results"]}
     assert names == {"own"}
+
+
+@pytest.mark.parametrize(
+    ("selector", "accepted"),
+    [
+        ({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": "h100"}, True),
+        ({"gpugeek.io/pool": ""}, True),
+        (None, False),
+        (["pool"], False),
+        ({"pool": 7}, False),
+        ({"": "x"}, False),
+        ({"Bad Key": "x"}, False),
+        ({"UPPER.example.com/pool": "x"}, False),
+        ({"pool": "-starts-with-dash"}, False),
+        ({"pool": "x" * 64}, False),
+        ({f"k{n}": "v" for n in range(21)}, False),
+    ],
+)
+def test_staff_pool_node_selector_takes_kubernetes_label_syntax(
+    catalog, staff, password, selector, accepted
+):
+    api = bearer(staff_token(staff, password)["token"])
+    pool = NodePool.objects.first()
+    before = pool.node_selector
+    response = api.patch(
+        f"/api/v1/staff/pools/{pool.pk}", {"node_selector": selector}, format="json"
+    )
+    pool.refresh_from_db()
+    if accepted:
+        assert response.status_code == 200, response.content
+        assert pool.node_selector == selector
+    else:
+        assert response.status_code == 400, response.content
+        assert "node_selector" in response.json() and pool.node_selector == before

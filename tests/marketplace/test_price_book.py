@@ -361,9 +361,11 @@ def test_staff_api_writes_are_403_for_non_staff(catalog, world, role):
         PRICE_VERSIONS_API, api_body(timezone.now() + timedelta(days=1)), format="json"
     )
     patched = api.patch(f"/api/v1/staff/pools/{pool.pk}", {"name": "mine"}, format="json")
+    listed = api.get("/api/v1/staff/pools")
 
-    for response in (published, patched):
-        assert response.status_code == 403
+    # The staff pool endpoints hide themselves (404), like every staff-only endpoint.
+    for response, status in ((published, 403), (patched, 404), (listed, 404)):
+        assert response.status_code == status
         assert response["Content-Type"].startswith("application/json")
         assert "detail" in response.json()
     assert PriceVersion.objects.count() == 1
