@@ -6,7 +6,7 @@ from django.conf import settings
 from django.utils import timezone
 from django_celery_beat.schedulers import DatabaseScheduler
 
-from console.services import heartbeat_record
+from console.heartbeats import heartbeat_record
 
 logger = logging.getLogger(__name__)
 

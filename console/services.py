@@ -7,15 +7,13 @@ transaction, so the log can't miss a change that happened.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
-import socket
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F
 from django.http import HttpRequest
 from django.utils import timezone
@@ -24,7 +22,6 @@ from django.utils.text import slugify
 from console.models import (
     ApiToken,
     AuditEvent,
-    Heartbeat,
     Invitation,
     Membership,
     Notification,
@@ -585,25 +582,3 @@ def notifications_mark_read(*, user: User, tenant: Tenant, notification_id: int 
     if notification_id is not None:
         unread = unread.filter(pk=notification_id)
     return unread.update(read_at=timezone.now())
-
-
-# --- heartbeats ----
-
-
-def heartbeat_record(*, component: str) -> None:
-    """Note that a background component is alive (read by /healthz)."""
-    now = timezone.now()
-    updated = Heartbeat.objects.filter(component=component).update(
-        last_seen=now, hostname=socket.gethostname(), pid=os.getpid()
-    )
-    if not updated:
-        try:
-            with transaction.atomic():
-                Heartbeat.objects.create(
-                    component=component,
-                    last_seen=now,
-                    hostname=socket.gethostname(),
-                    pid=os.getpid(),
-                )
-        except IntegrityError:  # created concurrently by a second process of this component
-            Heartbeat.objects.filter(component=component).update(last_seen=now)

@@ -13,7 +13,7 @@ from celery import Celery, bootsteps
 from django.conf import settings
 from django.db import close_old_connections
 
-from console.services import heartbeat_record
+from console.heartbeats import heartbeat_record
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from console import health, services
+from console import health, heartbeats
 from tests.conftest import signed_in_client
 from tests.factories import UserFactory
 
@@ -16,7 +16,7 @@ TOKEN = "healthz-test-token-0123456789"
 @pytest.fixture
 def beating(db, settings):
     settings.HEALTHZ_TOKEN = TOKEN
-    services.heartbeat_record(component="worker")  # records this host and pid
+    heartbeats.heartbeat_record(component="worker")  # records this host and pid
 
 
 def test_an_anonymous_caller_gets_the_status_only(beating):

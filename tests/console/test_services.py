@@ -9,7 +9,7 @@ import pytest
 from django.test import RequestFactory
 from django.utils import timezone
 
-from console import registration, services
+from console import heartbeats, registration, services
 from console.models import (
     ApiToken,
     AuditEvent,
@@ -659,9 +659,9 @@ def test_client_ip_ignores_forwarded_for_unless_a_proxy_is_trusted(settings):
 
 
 def test_heartbeat_record_creates_then_updates_one_row(db):
-    services.heartbeat_record(component="worker")
+    heartbeats.heartbeat_record(component="worker")
     first = Heartbeat.objects.get(component="worker").last_seen
-    services.heartbeat_record(component="worker")
+    heartbeats.heartbeat_record(component="worker")
 
     assert Heartbeat.objects.filter(component="worker").count() == 1
     assert Heartbeat.objects.get(component="worker").last_seen >= first

@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from console import services
+from console import heartbeats, services
 from console.models import (
     ApiToken,
     AuditEvent,
@@ -660,7 +660,7 @@ def detailed_healthz(client, settings):
 
 
 def test_healthz_shape(client, db, settings):
-    services.heartbeat_record(component="worker")
+    heartbeats.heartbeat_record(component="worker")
 
     response = detailed_healthz(client, settings)
 
@@ -677,7 +677,7 @@ def test_healthz_shape(client, db, settings):
 
 
 def test_healthz_reports_a_stale_component_without_failing(client, db, settings):
-    services.heartbeat_record(component="beat")
+    heartbeats.heartbeat_record(component="beat")
     Heartbeat.objects.filter(component="beat").update(
         last_seen=timezone.now() - timedelta(seconds=settings.HEARTBEAT_STALE_AFTER + 30)
     )

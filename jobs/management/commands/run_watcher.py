@@ -20,8 +20,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from console.heartbeats import heartbeat_record
 from console.metrics import counted_metrics_serve_configured
-from console.services import heartbeat_record
 from jobs.backends import BackendUnavailable, configured_backends
 from jobs.prometheus import (
     WATCHER_BACKEND_UNAVAILABLE,
