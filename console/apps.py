@@ -1,5 +1,8 @@
 from django.apps import AppConfig
 
+from console.api.fields import json_types_as_documented
+from console.metrics import celery_signals_connect
+
 
 class ConsoleConfig(AppConfig):
     name = "console"
@@ -7,11 +10,6 @@ class ConsoleConfig(AppConfig):
 
     def ready(self) -> None:
         from console import signals  # noqa: F401  (connects the sign-in audit receivers)
-        from console.api.fields import json_types_as_documented
-        from console.celery import app as celery_app
-        from console.metrics import celery_signals_connect
-        from console.worker import worker_heartbeat_install
 
         celery_signals_connect()
-        worker_heartbeat_install(celery_app)
         json_types_as_documented()

@@ -1,15 +1,15 @@
 """The Celery worker's heartbeat, which lets /healthz see a dead worker.
 
-It writes a model, so it needs Django set up: ConsoleConfig.ready() adds it to the
-worker's steps. Celery's Django fixup runs django.setup() (and so ready()) before a
-worker builds its blueprint from those steps.
+It writes a model, so it needs Django set up: console/celery.py names this step by its
+path, and Celery imports it when a worker builds its blueprint, after its Django fixup
+has run django.setup().
 """
 
 from __future__ import annotations
 
 import logging
 
-from celery import Celery, bootsteps
+from celery import bootsteps
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -42,8 +42,3 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
             heartbeat_record(component="worker")
         except Exception:  # a DB blip must not kill the worker's timer; /healthz shows it
             logger.exception("worker heartbeat failed")
-
-
-def worker_heartbeat_install(app: Celery) -> None:
-    """Adds the heartbeat to the steps of every worker the app starts (idempotent)."""
-    app.steps["worker"].add(WorkerHeartbeat)
