@@ -203,6 +203,28 @@ class JobLogCursor:
             await self.fill_to(last_line)
 
 
+class LogInbox:
+    """A log reader's queue of hub messages. A slow reader's log batches beyond
+    MAX_QUEUED are dropped, remembering the last line they carried; once the reader has
+    caught up, `fill_dropped` reads those lines from the store instead."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.dropped_last_line = 0
+
+    def put(self, message: dict) -> None:
+        if message.get("type") == "log" and self.queue.qsize() >= MAX_QUEUED:
+            lines = message.get("lines") or ()
+            last = message.get("last_line") or (lines[-1]["line_no"] if lines else 0)
+            self.dropped_last_line = max(self.dropped_last_line, last)
+            return
+        self.queue.put_nowait(message)
+
+    async def fill_dropped(self, cursor: JobLogCursor) -> None:
+        if self.queue.empty() and self.dropped_last_line > cursor.last_sent:
+            await cursor.fill_to(self.dropped_last_line)
+
+
 def _encoded_batch(message: dict) -> str:
     """The browser's form of a published log batch, JSON-encoded once per process (the
     hub hands the same dict to every socket of the job)."""
@@ -235,8 +257,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             return
         self.job = job
         self.group = realtime.job_group(job.pk)
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.dropped_last_line = 0
+        self.inbox = LogInbox()
         self.idle = False  # the pump waits for a message (after the backfill)
         self.first_message = asyncio.Event()
         self.resume_from: int | None = None
@@ -260,19 +281,14 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         self.pump = asyncio.ensure_future(self._pump())
 
     def _enqueue(self, message: dict):
-        if message.get("type") == "log" and self.idle and self.queue.empty():
+        if message.get("type") == "log" and self.idle and self.inbox.queue.empty():
             # Fast path (most batches): the pump waits and the batch continues exactly
             # where this socket stands, so it is sent now, without a task switch.
             batch = message.get("lines")
             if batch and batch[0]["line_no"] == self.cursor.last_sent + 1:
                 self.cursor.last_sent = batch[-1]["line_no"]
                 return self._send_text(_encoded_batch(message))
-        if message.get("type") == "log" and self.queue.qsize() >= MAX_QUEUED:
-            lines = message.get("lines") or ()
-            last = message.get("last_line") or (lines[-1]["line_no"] if lines else 0)
-            self.dropped_last_line = max(self.dropped_last_line, last)
-            return
-        self.queue.put_nowait(message)
+        self.inbox.put(message)
         return None
 
     async def _send_text(self, text: str) -> None:
@@ -291,12 +307,12 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             else:
                 await self.cursor.backfill()
             while True:
-                if self.queue.empty():
+                if self.inbox.queue.empty():
                     self.idle = True
-                    message = await self.queue.get()
+                    message = await self.inbox.queue.get()
                     self.idle = False
                 else:
-                    message = self.queue.get_nowait()
+                    message = self.inbox.queue.get_nowait()
                 kind = message.get("type")
                 if kind == "log":
                     await self.cursor.deliver(message)
@@ -315,8 +331,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     await self.cursor.fill_to(None)
                 else:
                     await self.send_json(message)
-                if self.queue.empty() and self.dropped_last_line > self.cursor.last_sent:
-                    await self.cursor.fill_to(self.dropped_last_line)
+                await self.inbox.fill_dropped(self.cursor)
         except asyncio.CancelledError:
             raise
         except Exception as error:
@@ -337,7 +352,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             self.resume_from = since_line
             self.first_message.set()
         else:
-            self.queue.put_nowait({"type": "_resume", "since_line": since_line})
+            self.inbox.queue.put_nowait({"type": "_resume", "since_line": since_line})
 
     async def _revoke(self) -> None:
         """Access is gone: send nothing more, then close."""

@@ -31,8 +31,8 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 
 from jobs import realtime
-from jobs.api.streams import _JobView
-from jobs.consumers import MAX_QUEUED, AccessWatch, JobLogCursor
+from jobs.api.streams import JobView
+from jobs.consumers import AccessWatch, JobLogCursor, LogInbox
 from jobs.logs.follower import followers
 from jobs.models import Job
 
@@ -53,7 +53,7 @@ class LogStreamQuerySerializer(serializers.Serializer):
     )
 
 
-class JobLogStreamView(_JobView):
+class JobLogStreamView(JobView):
     """The job's log lines after `since_line`, then each new one as it is written, until
     the job has finished: NDJSON objects `log` (`lines`), `status`, `heartbeat` (every
     10 s of silence) and, last, `end` (`status`, `last_line`). A stream that stops without
@@ -119,27 +119,16 @@ async def _produce(job: Job, since_line: int, user, outbox: asyncio.Queue) -> No
 
 async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
     job_id = cursor.job.pk
-    inbox: asyncio.Queue[dict] = asyncio.Queue()
-    dropped_last_line = 0
-
-    def enqueue(message: dict) -> None:
-        nonlocal dropped_last_line
-        if message.get("type") == "log" and inbox.qsize() >= MAX_QUEUED:
-            # A slow client: drop the batch, fill from the store once caught up.
-            lines = message.get("lines") or ()
-            last = message.get("last_line") or (lines[-1]["line_no"] if lines else 0)
-            dropped_last_line = max(dropped_last_line, last)
-            return
-        inbox.put_nowait(message)
+    inbox = LogInbox()  # a slow client's batches are read from the store once caught up
 
     async def revoke() -> None:
-        inbox.put_nowait({"type": "_revoked"})
+        inbox.queue.put_nowait({"type": "_revoked"})
 
     group = realtime.job_group(job_id)
     access = AccessWatch(user, cursor.job.tenant_id, revoke)
     # Subscribed before the first read: a line written meanwhile is in the read or in
     # the inbox (or both: the cursor drops the repeat).
-    await realtime.hub().subscribe(group, enqueue)
+    await realtime.hub().subscribe(group, inbox.put)
     followers.watch(job_id)
     try:
         if not await access.start():
@@ -153,7 +142,7 @@ async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
             wait = deadline - loop.time()
             try:
                 message = await asyncio.wait_for(
-                    inbox.get(), min(wait, SETTLE_SECONDS) if finished else wait
+                    inbox.queue.get(), min(wait, SETTLE_SECONDS) if finished else wait
                 )
             except TimeoutError:
                 if finished:
@@ -172,11 +161,10 @@ async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
                     await outbox.put(message)
                 else:  # the hub may have missed batches
                     await cursor.fill_to(None)
-            if inbox.empty() and dropped_last_line > cursor.last_sent:
-                await cursor.fill_to(dropped_last_line)
+            await inbox.fill_dropped(cursor)
     finally:
         await access.stop()
-        await realtime.hub().unsubscribe(group, enqueue)
+        await realtime.hub().unsubscribe(group, inbox.put)
         await followers.unwatch(job_id)
 
 

@@ -21,7 +21,7 @@ from jobs.logs.reading import download_chunks
 from jobs.models import Job, JobAlert, JobMonitor
 
 
-class _JobView(APIView):
+class JobView(APIView):
     required_capabilities: dict = {}
 
     def initial(self, request, *args, **kwargs):
@@ -33,7 +33,7 @@ class _JobView(APIView):
         return get_for_tenant_or_404(Job, self.request.tenant, pk=pk)
 
 
-class JobLogDownloadView(_JobView):
+class JobLogDownloadView(JobView):
     """The job's whole log as text (secret values masked)."""
 
     @extend_schema(responses={(200, "text/plain"): bytes})
@@ -71,7 +71,7 @@ class MetricsQuerySerializer(serializers.Serializer):
     )
 
 
-class JobMetricsView(_JobView):
+class JobMetricsView(JobView):
     """GPU samples of a job since `since` (ISO 8601; default: the last 15 minutes):
     raw for the last hour, 1-minute means before."""
 
@@ -107,7 +107,7 @@ class JobMonitorSerializer(serializers.Serializer):
     idle_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, allow_null=True)
 
 
-class JobMonitorView(_JobView):
+class JobMonitorView(JobView):
     """The job's GPU-idle auto-stop: pause the job when its GPUs stay idle."""
 
     required_capabilities = {"put": Capability.LAUNCH_JOBS}

@@ -376,3 +376,33 @@ def test_secret_values_are_masked_in_streamed_lines(world, catalog):
         "pin 12",  # too short to mask without blanking ordinary text
         "again: ••••••••••••",
     ]
+
+
+def test_a_slow_readers_inbox_drops_log_batches_past_its_bound_and_fills_them_later():
+    """The job socket and the API log stream share one bound: past MAX_QUEUED, log
+    batches are dropped (other messages never are) and read from the store once the
+    reader has caught up."""
+
+    class Cursor:  # what LogInbox asks of a JobLogCursor
+        last_sent = 0
+        filled: list[int] = []
+
+        async def fill_to(self, line: int) -> None:
+            self.filled.append(line)
+            self.last_sent = line
+
+    inbox = consumers.LogInbox()
+    for n in range(1, consumers.MAX_QUEUED + 6):
+        inbox.put({"type": "log", "lines": [{"line_no": n, "text": f"line {n}"}]})
+    inbox.put({"type": "status", "status": "running"})
+    assert inbox.queue.qsize() == consumers.MAX_QUEUED + 1
+    assert inbox.dropped_last_line == consumers.MAX_QUEUED + 5
+
+    cursor = Cursor()
+    async_to_sync(inbox.fill_dropped)(cursor)
+    assert cursor.filled == []  # not while the reader is behind
+    while not inbox.queue.empty():
+        inbox.queue.get_nowait()
+    async_to_sync(inbox.fill_dropped)(cursor)
+    async_to_sync(inbox.fill_dropped)(cursor)
+    assert cursor.filled == [consumers.MAX_QUEUED + 5]
