@@ -7,6 +7,7 @@ events and passes (`manage.py run_watcher`, which serves them on METRICS_WORKER_
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 
 from django.db.models import Count, Min
 from django.utils import timezone
@@ -53,15 +54,19 @@ WATCHER_BACKEND_UNAVAILABLE = Counter(
 )
 
 
-def dispatch_latency_observe(*, job: Job, backend_name: str) -> None:
-    """Count the dispatch that has just moved `job` out of dispatching. Admission is read
-    from the timeline: a retried dispatch touches status_changed_at, never the events."""
-    admitted_at = (
-        JobEvent.objects.filter(job=job, to_status=JobStatus.DISPATCHING)
-        .order_by("-at", "-id")
-        .values_list("at", flat=True)
-        .first()
-    )
+def dispatch_latency_observe(
+    *, job: Job, backend_name: str, admitted_at: datetime | None = None
+) -> None:
+    """Count the dispatch that has just moved `job` out of dispatching. `admitted_at` is
+    when it became dispatching, if the caller knows; else (a retry note touched
+    status_changed_at since) it is read from the timeline, which retries never touch."""
+    if admitted_at is None:
+        admitted_at = (
+            JobEvent.objects.filter(job=job, to_status=JobStatus.DISPATCHING)
+            .order_by("-at", "-id")
+            .values_list("at", flat=True)
+            .first()
+        )
     if admitted_at is None:  # a row put in dispatching around jobs.state: nothing to time
         return
     latency = (job.status_changed_at - admitted_at).total_seconds()

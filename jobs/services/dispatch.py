@@ -21,7 +21,7 @@ from django.db.models import F
 
 from jobs.actors import SYSTEM, Actor
 from jobs.backends import BackendRejected, BackendUnavailable, ComputeBackend, get_backend
-from jobs.models import Job, JobStatus
+from jobs.models import Job, JobStatus, WaitKind
 from jobs.prometheus import dispatch_latency_observe
 from jobs.state import IllegalTransition, job_retry_note, job_transition
 
@@ -81,6 +81,8 @@ def _after_start(job: Job, backend: ComputeBackend, to: str, reason: str, source
     """Record that the backend call started the attempt, unless the job left `source`
     meanwhile (`job_transition` locks and re-reads the row); a job cancelled or failed
     meanwhile has what was just started undone."""
+    # When the job became `source`, unless a retry note has touched that time since.
+    entered_source_at = job.status_changed_at if job.wait_kind != WaitKind.RETRY else None
     try:
         started = job_transition(
             job=job, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({source})
@@ -89,7 +91,9 @@ def _after_start(job: Job, backend: ComputeBackend, to: str, reason: str, source
         job.refresh_from_db()
     else:
         if source == S.DISPATCHING:
-            dispatch_latency_observe(job=started, backend_name=backend.name)
+            dispatch_latency_observe(
+                job=started, backend_name=backend.name, admitted_at=entered_source_at
+            )
         return started
     if job.status in UNDO_AFTER:
         _undo(job, backend)
