@@ -36,6 +36,11 @@ def memberships_of_user(*, user: User) -> QuerySet[Membership]:
     )
 
 
+def membership_of(*, user: User, tenant: Tenant) -> Membership | None:
+    """The user's membership of `tenant` (None: not a member), for a capability check."""
+    return Membership.objects.for_tenant(tenant).filter(user=user).first()
+
+
 def members_for_tenant(*, tenant: Tenant) -> QuerySet[Membership]:
     return Membership.objects.for_tenant(tenant).select_related("user").order_by("user__email")
 

@@ -32,6 +32,7 @@ from console.models import (
 from console.permissions import Capability, Role, can_assign_role, has_capability
 from console.queueing import enqueue_now
 from console.realtime import publish_membership_changed
+from console.selectors import membership_of
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +261,7 @@ def _inviter_may_grant(invitation: Invitation) -> bool:
         return False
     if inviter.is_staff:
         return True
-    membership = Membership.objects.for_tenant(invitation.tenant).filter(user=inviter).first()
+    membership = membership_of(user=inviter, tenant=invitation.tenant)
     return has_capability(membership, Capability.MANAGE_MEMBERS) and can_assign_role(
         membership, invitation.role
     )

@@ -35,8 +35,9 @@ from billing.payments.client import (
     stripe_configured,
 )
 from billing.payments.stripe_sync import stripe_customer_for
-from console.models import Membership, Tenant, User
+from console.models import Tenant, User
 from console.permissions import Capability, has_capability
+from console.selectors import membership_of
 from console.services import ServiceError, audit_record
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def credit_checkout_start(
 
     Only a member with the buy-credit capability (the owner) may spend the
     organisation's money; checked here too, whoever calls."""
-    membership = Membership.objects.for_tenant(tenant).filter(user=user).first()
+    membership = membership_of(user=user, tenant=tenant)
     if not has_capability(membership, Capability.BUY_CREDIT):
         raise ServiceError(ONLY_OWNER, code="forbidden")
     if not stripe_configured():

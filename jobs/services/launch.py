@@ -8,8 +8,9 @@ from decimal import Decimal
 from django.db import IntegrityError, transaction
 
 from console.crypto import encrypt_json
-from console.models import Membership, Tenant, User
+from console.models import Tenant, User
 from console.permissions import Capability, has_capability
+from console.selectors import membership_of
 from console.services import ServiceError, audit_record
 from console.tenant_admin import TenantSuspended
 from jobs.actors import SYSTEM, Actor
@@ -123,7 +124,7 @@ def _check_priority_allowed(*, tenant: Tenant, user: User | None, priority: str)
     (no user) are not limited."""
     if priority != Priority.CRITICAL or user is None:
         return
-    membership = Membership.objects.for_tenant(tenant).filter(user=user).first()
+    membership = membership_of(user=user, tenant=tenant)
     if not has_capability(membership, Capability.LAUNCH_CRITICAL):
         raise ServiceError(
             "Only owners and admins may launch with priority critical; choose normal or low.",

@@ -14,8 +14,9 @@ from dataclasses import replace
 from django.db import transaction
 
 from console.crypto import decrypt_json, encrypt_json
-from console.models import Membership, Tenant, User
+from console.models import Tenant, User
 from console.permissions import Capability, has_capability
+from console.selectors import membership_of
 from console.services import audit_record
 from jobs.models import TenantSecret
 from jobs.services.spec import ENV_NAME_RE, RESERVED_ENV_PREFIXES, JobSpec, invalid
@@ -29,7 +30,7 @@ def _may_use_any_secret(*, tenant: Tenant, user: User | None) -> bool:
     the roles that manage secrets (they can set any value anyway)."""
     if user is None:
         return False
-    membership = Membership.objects.for_tenant(tenant).filter(user=user).first()
+    membership = membership_of(user=user, tenant=tenant)
     return has_capability(membership, Capability.MANAGE_SECRETS)
 
 
