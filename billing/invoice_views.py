@@ -3,8 +3,6 @@ actions on every tenant's. Thin: parse, call invoicing / credit_notes, render.""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, time
-
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -17,6 +15,7 @@ from billing.invoice_pdf import invoice_pdf
 from billing.invoice_selectors import invoices_visible, ledger_invoice_mismatches
 from billing.models import Invoice
 from billing.payments.selectors import invoice_stripe_state
+from billing.selectors import utc_midnight
 from console.confirm import confirm_then_act
 from console.csv import csv_writer
 from console.permissions import Capability, capability_required, staff_required
@@ -103,8 +102,8 @@ def staff_invoices(request: HttpRequest) -> HttpResponse:
         try:
             invoice = invoicing.invoice_draft_create(
                 tenant=data["tenant"],
-                period_start=datetime.combine(data["period_start"], time.min, tzinfo=UTC),
-                period_end=datetime.combine(data["period_end"], time.min, tzinfo=UTC),
+                period_start=utc_midnight(data["period_start"]),
+                period_end=utc_midnight(data["period_end"]),
                 user=request.user,  # type: ignore[arg-type]
             )
         except ServiceError as error:

@@ -66,14 +66,17 @@ class CostQuery:
     project: str = ""
 
 
+def utc_midnight(day: date) -> datetime:
+    """The start of `day` in UTC: where usage periods and invoice periods begin."""
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
 def date_range(
     preset: str, *, start: date | None = None, end: date | None = None, today: date | None = None
 ) -> tuple[datetime, datetime]:
     """[start, end) in UTC for a preset; `end` of a custom range is inclusive."""
     today = today or timezone.now().astimezone(UTC).date()
-
-    def at(day: date) -> datetime:
-        return datetime.combine(day, time.min, tzinfo=UTC)
+    at = utc_midnight
 
     if preset == "this_month":
         return at(today.replace(day=1)), at(today + timedelta(days=1))

@@ -3,8 +3,6 @@ tenant's and drive the lifecycle. Another tenant's invoice is a 404."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, time
-
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -17,6 +15,7 @@ from billing import credit_notes, invoicing
 from billing.invoice_selectors import invoices_visible
 from billing.models import CreditNote, Invoice, InvoiceLine
 from billing.payments.selectors import STRIPE_SYNC_STATUSES, invoice_stripe_state
+from billing.selectors import utc_midnight
 from console.models import Tenant
 from console.permissions import Capability, has_capability
 
@@ -135,10 +134,6 @@ class CreditNoteCreateSerializer(serializers.Serializer):
     lines = CreditLineSerializer(many=True, required=False)
 
 
-def _midnight(day) -> datetime:
-    return datetime.combine(day, time.min, tzinfo=UTC)
-
-
 class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     permission_classes = [CanViewInvoices]
     lookup_value_regex = r"\d+"
@@ -167,8 +162,8 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         body.is_valid(raise_exception=True)
         invoice = invoicing.invoice_draft_create(
             tenant=body.validated_data["tenant"],
-            period_start=_midnight(body.validated_data["period_start"]),
-            period_end=_midnight(body.validated_data["period_end"]),
+            period_start=utc_midnight(body.validated_data["period_start"]),
+            period_end=utc_midnight(body.validated_data["period_end"]),
             user=request.user,
         )
         return self._detail(invoice, status.HTTP_201_CREATED)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from drf_spectacular.utils import extend_schema
@@ -50,18 +50,18 @@ class UsageQuerySerializer(serializers.Serializer):
     job = _filter_text(max_length=100, help_text="Part of a job's name")
 
 
-def _midnight(day: date) -> datetime:
-    return datetime.combine(day, time.min, tzinfo=UTC)
-
-
 class UsageView(APIView):
     @extend_schema(parameters=[UsageQuerySerializer], responses=UsagePageSerializer)
     def get(self, request):
         params = query_params(UsageQuerySerializer, request)
         now = datetime.now(UTC)
-        start = _midnight(params["start"]) if "start" in params else services.period_start(now)
+        start = (
+            selectors.utc_midnight(params["start"])
+            if "start" in params
+            else services.period_start(now)
+        )
         # `end` is inclusive (a day); without it, up to today.
-        end = _midnight(params.get("end") or now.date()) + timedelta(days=1)
+        end = selectors.utc_midnight(params.get("end") or now.date()) + timedelta(days=1)
         query = selectors.CostQuery(
             start=start,
             end=end,
