@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import re
 from decimal import ROUND_HALF_UP, Decimal
 
 from rest_framework import serializers
@@ -17,7 +16,7 @@ from marketplace.models import (
     Tier,
 )
 from marketplace.selectors import SORTS
-from marketplace.services.catalog import NODE_POOL_EDITABLE_FIELDS
+from marketplace.services.catalog import LABEL_VALUE, NODE_POOL_EDITABLE_FIELDS
 from marketplace.services.images import COMPATIBLE_VALUES
 
 
@@ -241,23 +240,12 @@ class ImageCreateSerializer(ImageSerializer):
     ports = PortSerializer(many=True, required=False, default=list)
 
 
-# A node selector is matched against Kubernetes node labels, so it takes their syntax: a
-# value is up to 63 characters of letters, digits, "-", "_" and ".", beginning and ending
-# with a letter or digit (or empty); a key is a name like that (not empty), optionally
-# after a DNS-subdomain prefix and "/".
-LABEL_VALUE = r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
-LABEL_KEY = re.compile(
-    r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
-NODE_SELECTOR_MAX_LABELS = 20
-
-
 class NodePoolSerializer(serializers.ModelSerializer):
     node_selector = serializers.DictField(
         child=serializers.RegexField(LABEL_VALUE, max_length=63, allow_blank=True),
         required=False,
-        help_text="Node labels the pool's pods must match (Kubernetes label syntax).",
+        help_text="Node labels the pool's pods must match (Kubernetes label syntax, checked "
+        "by the pool service).",
     )
     region = serializers.CharField(source="region.slug", read_only=True)
     gpu_type = serializers.CharField(source="gpu_type.slug", read_only=True, allow_null=True)
@@ -286,19 +274,6 @@ class NodePoolSerializer(serializers.ModelSerializer):
             "is_active",
         ]
         read_only_fields = [f for f in fields if f not in NODE_POOL_EDITABLE_FIELDS]
-
-    def validate_node_selector(self, selector: dict[str, str]) -> dict[str, str]:
-        if len(selector) > NODE_SELECTOR_MAX_LABELS:
-            raise serializers.ValidationError(
-                f"At most {NODE_SELECTOR_MAX_LABELS} labels in a node selector."
-            )
-        for key in selector:
-            if not LABEL_KEY.match(key) or len(key.rpartition("/")[0]) > 253:
-                raise serializers.ValidationError(
-                    f"{key!r} is not a Kubernetes label key (e.g. "
-                    "“nvidia.com/gpu.product” or “pool”)."
-                )
-        return selector
 
 
 class PriceEntryInSerializer(serializers.Serializer):

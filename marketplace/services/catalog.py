@@ -5,6 +5,7 @@ the same transaction.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db import transaction
@@ -31,6 +32,34 @@ GPU_TYPE_EDITABLE_FIELDS = (
     "is_active",
 )
 NODE_POOL_EDITABLE_FIELDS = ("name", "tier", "node_selector", "is_active")
+
+# A pool's node selector goes into its pods' specs, matched against Kubernetes node
+# labels, so it takes their syntax: a value is up to 63 characters of letters, digits,
+# "-", "_" and ".", beginning and ending with a letter or digit (or empty); a key is a
+# name like that (not empty), optionally after a DNS-subdomain prefix and "/".
+LABEL_VALUE = r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+LABEL_KEY = (
+    r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+NODE_SELECTOR_MAX_LABELS = 20
+
+
+def node_selector_check(selector: object) -> None:
+    """Refuse a node selector Kubernetes wouldn't take (ServiceError on `node_selector`)."""
+
+    def refuse(message: str) -> ServiceError:
+        return ServiceError(message, field="node_selector")
+
+    if not isinstance(selector, dict):
+        raise refuse('A node selector maps label keys to values, e.g. {"pool": "h100"}.')
+    if len(selector) > NODE_SELECTOR_MAX_LABELS:
+        raise refuse(f"At most {NODE_SELECTOR_MAX_LABELS} labels in a node selector.")
+    for key, value in selector.items():
+        if not re.match(LABEL_KEY, key) or len(key.rpartition("/")[0]) > 253:
+            raise refuse(f"{key!r} is not a Kubernetes label key (e.g. “nvidia.com/gpu.product”).")
+        if not isinstance(value, str) or not re.match(LABEL_VALUE, value):
+            raise refuse(f"{value!r} is not a Kubernetes label value (63 characters at most).")
 
 
 def _catalog_row_update(
@@ -88,6 +117,8 @@ def node_pool_update(
 ) -> NodePool:
     """Staff edit of a pool's name, tier, node selector or availability; its capacity is
     written only by `capacity_sync`."""
+    if "node_selector" in changes:
+        node_selector_check(changes["node_selector"])
     _catalog_row_update(
         row=pool,
         changes=changes,

@@ -119,6 +119,33 @@ def test_staff_pages_add_and_remove_a_registry_and_edit_a_pool(catalog, staff_us
     ]
 
 
+@pytest.mark.parametrize(
+    "selector",
+    [
+        '["pool"]',
+        '{"Bad Key": "x"}',
+        '{"pool": "-dash"}',
+        '{"pool": 7}',
+        '{"pool": "%s"}' % ("x" * 64),
+    ],
+)
+def test_the_staff_pool_page_refuses_a_node_selector_kubernetes_would_not_take(
+    catalog, staff_user, selector
+):
+    """The rule lives in the pool service: the page is held to it as the API is."""
+    client = signed_in_client(staff_user)
+    pool = NodePool.objects.filter(gpu_type__isnull=False).first()
+    before = pool.node_selector
+    page = client.post(
+        reverse("marketplace:staff_pool_edit", args=[pool.pk]),
+        {"name": pool.name, "tier": pool.tier, "node_selector": selector, "is_active": "on"},
+    )
+    assert page.status_code == 200  # the form again, with the error
+    assert page.context["form"].errors["node_selector"]
+    assert NodePool.objects.get(pk=pool.pk).node_selector == before
+    assert not AuditEvent.objects.filter(action="node_pool.changed").exists()
+
+
 # --- default region ----
 
 
