@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 
-from gpugeek import cluster as cluster_module
 from gpugeek.cluster import Cluster
 from gpugeek.errors import Conflict, NotFound
 from gpugeek.http import Transport, env_url
@@ -176,6 +175,3 @@ def _param(value: Any) -> Any:
 
 def default_client() -> Client:
     return _default if _default is not None else Client()
-
-
-cluster_module.default_client = default_client

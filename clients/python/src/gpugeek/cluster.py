@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+# The module, not its names: gpugeek.client imports this module (Client makes clusters),
+# and this one needs the default client only when a cluster is created.
+from gpugeek import client as client_module
 from gpugeek.errors import Conflict, ConnectionFailed, NotFound, ServerError, Timeout
 from gpugeek.http import new_idempotency_key
 from gpugeek.models import FINISHED_STATUSES, Job, LogLine, decimal
@@ -18,9 +21,6 @@ if TYPE_CHECKING:
 # How long a log stream may stay silent (the server sends a heartbeat every 10 s) before
 # it counts as a dropped link.
 STREAM_READ_TIMEOUT = 45.0
-# What `Cluster.create` uses without a `client=`: set by gpugeek.client (which imports
-# this module, so this one doesn't import it back).
-default_client: Callable[[], Client] | None = None
 
 
 class Cluster:
@@ -49,10 +49,7 @@ class Cluster:
     ) -> Cluster:
         """Launch a job. One idempotency key covers every retry of this call, so it
         creates one job; pass your own key to make a re-run of a script idempotent too."""
-        if client is None:
-            # Set by then: importing this module imports the package, hence gpugeek.client.
-            assert default_client is not None
-            client = default_client()
+        client = client or client_module.default_client()
         body = job_payload(client, spec)
         key = idempotency_key or new_idempotency_key()
         return cls(client, Job.from_dict(client.http.post("jobs", body, create=True, key=key)))

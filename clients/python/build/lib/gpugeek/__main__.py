@@ -1,0 +1,5 @@
+import sys
+
+from gpugeek.cli import main
+
+sys.exit(main())

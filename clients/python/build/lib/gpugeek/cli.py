@@ -1,0 +1,428 @@
+"""`gpugeek`: the command line. Exit codes (see EXIT_CODES) are stable for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpugeek import completion as completion_scripts
+from gpugeek import config, output
+from gpugeek.client import Client
+from gpugeek.cluster import Cluster
+from gpugeek.errors import (
+    AuthenticationError,
+    BudgetExceeded,
+    Conflict,
+    ConnectionFailed,
+    GpuGeekError,
+    NotFound,
+    QuotaExceeded,
+    Timeout,
+    ValidationError,
+)
+from gpugeek.models import FINISHED_STATUSES
+
+OK, API_ERROR, USAGE, AUTH, NOT_FOUND, TIMEOUT, CONFLICT, LIMIT, UNREACHABLE = range(9)
+EXIT_CODES = {
+    OK: "success",
+    API_ERROR: "the API refused the request (validation or other error)",
+    USAGE: "bad command line or spec file",
+    AUTH: "not logged in, invalid token, or not allowed (401/403)",
+    NOT_FOUND: "no such job or object (404)",
+    TIMEOUT: "a --wait/--timeout ran out",
+    CONFLICT: "the job's state doesn't allow this (409)",
+    LIMIT: "budget or quota exceeded (402)",
+    UNREACHABLE: "the server could not be reached",
+}
+JOB_COLUMNS = ["id", "name", "status", "gpu_type", "nodes", "gpus_per_node", "region",
+               "cost_to_date", "created_at"]  # fmt: skip
+OFFER_COLUMNS = ["gpu_type", "region", "tier", "price_per_gpu_hour", "price_per_vcpu_hour",
+                 "available_gpus", "total_gpus", "currency"]  # fmt: skip
+BUDGET_COLUMNS = ["id", "name", "amount", "currency", "period", "thresholds", "action", "project"]
+BUDGET_ACTIONS = {
+    "pause": "pause_non_critical", "warn": "alert_only",
+    "pause_non_critical": "pause_non_critical", "alert_only": "alert_only",
+}  # fmt: skip
+INVOICE_COLUMNS = ["number", "status", "period_start", "period_end", "total", "amount_due",
+                   "currency"]  # fmt: skip
+
+
+class UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpugeek",
+        description="GpuGeek console from the command line.",
+        epilog="Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()),
+    )
+    parser.add_argument("--url", help="console URL (else GPUGEEK_URL, else the stored login)")
+    parser.add_argument("--token", help="API token (else GPUGEEK_TOKEN, else the stored login)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    login = sub.add_parser("login", help="store the URL and token in ~/.config/gpugeek")
+    login.add_argument("--url", dest="login_url")
+    login.add_argument("--token", dest="login_token", help="else read from stdin/prompt")
+
+    offers = sub.add_parser("offers", help="list offers")
+    offers.add_argument("--gpu-type")
+    offers.add_argument("--region")
+    offers.add_argument("--tier")
+    offers.add_argument("--available", action="store_true", help="only with free capacity")
+    offers.add_argument("--no-cpu", action="store_true", help="leave out CPU offers")
+
+    estimate = sub.add_parser("estimate", help="price a job")
+    _shape_args(estimate)
+    estimate.add_argument("--hours", default="1")
+    estimate.add_argument("--tier")
+
+    launch = sub.add_parser("launch", help="launch a job (flags or -f spec.yaml)")
+    launch.add_argument("-f", "--file", help="spec file (YAML needs PyYAML; or JSON)")
+    launch.add_argument("--name")
+    launch.add_argument("--project")
+    launch.add_argument("--image")
+    _shape_args(launch)
+    launch.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    launch.add_argument("--priority")
+    launch.add_argument("--idempotency-key")
+    launch.add_argument("--wait", action="store_true", help="wait until running")
+    launch.add_argument("--timeout", type=float, default=600)
+    launch.add_argument("argv", nargs="*", metavar="-- COMMAND", help="the job's command")
+
+    ls = sub.add_parser("ls", help="list jobs")
+    ls.add_argument("--status")
+
+    for name, text in (("status", "show a job"), ("pause", "pause a job"),
+                       ("resume", "resume a job"), ("cancel", "cancel a job")):  # fmt: skip
+        one = sub.add_parser(name, help=text)
+        one.add_argument("id", type=int)
+    logs = sub.add_parser("logs", help="print a job's log")
+    logs.add_argument("id", type=int)
+    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("--since-line", type=int, default=0)
+    logs.add_argument("--timeout", type=float)
+
+    sub.add_parser("costs", help="cost summary")
+    sub.add_parser("invoices", help="list invoices")
+    sub.add_parser("budgets", help="list budgets")
+    budget = sub.add_parser("budget", help="create, change or delete a budget")
+    budget_sub = budget.add_subparsers(dest="budget_command", required=True, metavar="ACTION")
+    budget_set = budget_sub.add_parser(
+        "set", help="create the budget NAME, or change the options given of the one there is"
+    )
+    budget_set.add_argument("name")
+    budget_set.add_argument("--amount", help="per period, e.g. 1500 (needed to create)")
+    budget_set.add_argument("--period", choices=["monthly"])
+    budget_set.add_argument(
+        "--action", choices=list(BUDGET_ACTIONS), help="at 100 %%: pause non-critical jobs, "
+        "or only warn (pause_non_critical and alert_only are the API's names)",
+    )  # fmt: skip
+    budget_set.add_argument(
+        "--thresholds", metavar="PERCENTS", help="alert at these percents, e.g. 50,80,100"
+    )
+    budget_set.add_argument("--project", help='only this project\'s jobs ("" for all)')
+    budget_set.add_argument("--webhook-url", help='POST alerts here (signed; "" for none)')
+    budget_delete = budget_sub.add_parser("delete", help="delete the budget NAME")
+    budget_delete.add_argument("name")
+
+    completion = sub.add_parser("completion", help="print a shell completion script")
+    completion.add_argument("shell", choices=list(completion_scripts.SHELLS))
+    return parser
+
+
+def _shape_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpu-type", help='slug or name, e.g. "A100-80GB"')
+    parser.add_argument("--count", type=int, help="total GPUs (split over nodes)")
+    parser.add_argument("--nodes", type=int)
+    parser.add_argument("--gpus-per-node", type=int)
+    parser.add_argument("--cpus", type=int)
+    parser.add_argument("--region")
+    parser.add_argument("--spot-ratio")
+
+
+def _client(args) -> Client:
+    stored = config.load()
+    url = args.url or os.environ.get("GPUGEEK_URL") or stored.get("url")
+    token = args.token or os.environ.get("GPUGEEK_TOKEN") or stored.get("token")
+    if not token:
+        raise AuthenticationError("Not logged in: run `gpugeek login` or set GPUGEEK_TOKEN.")
+    return Client(url=url, token=token)
+
+
+def _shape(args) -> dict[str, Any]:
+    keys = ("gpu_type", "count", "nodes", "gpus_per_node", "cpus", "region", "spot_ratio")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def _load_spec(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error}") from None
+    if path.endswith(".json"):
+        try:
+            spec = json.loads(text)
+        except ValueError as error:
+            raise UsageError(f"{path}: {error}") from None
+    else:
+        try:
+            import yaml  # PyYAML is optional: only spec files need it
+        except ImportError:
+            raise UsageError(
+                "reading a YAML spec needs PyYAML: pip install 'gpugeek[yaml]' (or use JSON)"
+            ) from None
+        try:
+            spec = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise UsageError(f"{path}: {error}") from None
+    if not isinstance(spec, dict):
+        raise UsageError(f"{path}: a spec is a mapping of fields")
+    return spec
+
+
+def _launch_spec(args) -> dict[str, Any]:
+    spec = _load_spec(args.file) if args.file else {}
+    spec.update(_shape(args))
+    for key in ("name", "project", "image", "priority"):
+        if getattr(args, key):
+            spec[key] = getattr(args, key)
+    if args.argv:
+        spec["command"] = list(args.argv)
+    if args.env:
+        env = dict(spec.get("env") or {})
+        for item in args.env:
+            if "=" not in item:
+                raise UsageError(f"--env {item!r}: expected KEY=VALUE")
+            key, value = item.split("=", 1)
+            env[key] = value
+        spec["env"] = env
+    if not spec.get("image") or not spec.get("command"):
+        raise UsageError("launch needs an image and a command (flags or -f spec)")
+    return spec
+
+
+def _print_job(args, job) -> None:
+    if args.json:
+        output.dump(job.to_dict())
+    else:
+        output.pairs(job.to_dict())
+
+
+def _wait(cluster: Cluster, timeout: float, quiet: bool) -> None:
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        status = cluster.refresh().status
+        if status != last and not quiet:
+            reason = cluster.job.status_reason
+            print(f"job {cluster.id}: {status}" + (f" ({reason})" if reason else ""),
+                  file=sys.stderr)  # fmt: skip
+            last = status
+        if status == "running":
+            return
+        if status in FINISHED_STATUSES:
+            raise Conflict(f"job {cluster.id} finished as {status}", code="finished")
+        if time.monotonic() >= deadline:
+            raise Timeout(f"job {cluster.id} is {status} after {timeout:g}s")
+        time.sleep(1)
+
+
+def _percents(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise UsageError(f"--thresholds {text!r}: whole percents, e.g. 50,80,100") from None
+
+
+def _run(args) -> int:
+    if args.command == "completion":
+        print(completion_scripts.SHELLS[args.shell](_parser()), end="")
+        return OK
+    if args.command == "login":
+        url = args.login_url or args.url or os.environ.get("GPUGEEK_URL") or "http://127.0.0.1:8000"
+        token = args.login_token or args.token
+        if not token:
+            token = getpass.getpass("API token: ") if sys.stdin.isatty() else sys.stdin.readline()
+        token = token.strip()
+        if not token:
+            raise UsageError("no token given")
+        with Client(url=url, token=token) as client:
+            me = client.me()
+        path = config.save(url, token)
+        if args.json:
+            output.dump({"url": url, "config": str(path), "me": me})
+        else:
+            who = _who(me)
+            print(f"Logged in to {url}{' as ' + who if who else ''}; saved to {path}")
+        return OK
+    with _client(args) as client:
+        return _dispatch(args, client)
+
+
+def _dispatch(args, client: Client) -> int:
+    cmd = args.command
+    if cmd == "offers":
+        offers = client.list_offers(
+            gpu_type=args.gpu_type, region=args.region, tier=args.tier,
+            available=args.available or None, include_cpu=False if args.no_cpu else None,
+        )  # fmt: skip
+        rows = [o.to_dict() for o in offers]
+        output.dump(rows) if args.json else output.table(rows, OFFER_COLUMNS)
+    elif cmd == "estimate":
+        request = _shape(args)
+        request["hours"] = args.hours
+        if args.tier:
+            request["tier"] = args.tier
+        if "region" not in request:
+            raise UsageError("estimate needs --region")
+        result = client.estimate(**request).to_dict()
+        output.dump(result) if args.json else output.pairs(result)
+    elif cmd == "launch":
+        cluster = Cluster.create(
+            _launch_spec(args), client=client, idempotency_key=args.idempotency_key
+        )
+        if args.wait:
+            _wait(cluster, args.timeout, quiet=args.json)
+        _print_job(args, cluster.job)
+    elif cmd == "ls":
+        rows = [job.to_dict() for job in client.jobs(status=args.status)]
+        output.dump(rows) if args.json else output.table(rows, JOB_COLUMNS)
+    elif cmd == "status":
+        _print_job(args, client.job(args.id))
+    elif cmd in ("pause", "resume", "cancel"):
+        cluster = client.cluster(args.id)
+        getattr(cluster, cmd)()
+        _print_job(args, cluster.job)
+    elif cmd == "logs":
+        cluster = client.cluster(args.id)
+        for line in cluster.logs(follow=args.follow, since_line=args.since_line,
+                                 timeout=args.timeout):  # fmt: skip
+            if args.json:
+                print(json.dumps(line.to_dict()), flush=True)
+            else:
+                print(line.text, flush=True)
+    elif cmd == "costs":
+        summary = client.cost_summary()
+        output.dump(summary) if args.json else output.pairs(_flat(summary))
+    elif cmd == "invoices":
+        rows = [i.to_dict() for i in client.invoices()]
+        output.dump(rows) if args.json else output.table(rows, INVOICE_COLUMNS)
+    elif cmd == "budgets":
+        rows = [b.to_dict() for b in client.budgets()]
+        output.dump(rows) if args.json else output.table(rows, BUDGET_COLUMNS)
+    elif cmd == "budget" and args.budget_command == "set":
+        budget = client.set_budget(
+            args.name, amount=args.amount, period=args.period,
+            action=BUDGET_ACTIONS[args.action] if args.action else None,
+            thresholds=_percents(args.thresholds), project=args.project,
+            webhook_url=args.webhook_url,
+        ).to_dict()  # fmt: skip
+        output.dump(budget) if args.json else output.pairs(budget)
+    elif cmd == "budget":
+        client.delete_budget(args.name)
+        output.dump({"deleted": args.name}) if args.json else print(f"Deleted {args.name!r}")
+    return OK
+
+
+def _who(me: Any) -> str:
+    if not isinstance(me, dict):
+        return ""
+    user = me.get("user")
+    return str(me.get("email") or (user.get("email") if isinstance(user, dict) else "") or "")
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix or "value": data}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            flat.update(_flat(value, name))
+        else:
+            flat[name] = json.dumps(value) if isinstance(value, list) and value and isinstance(
+                value[0], dict) else value  # fmt: skip
+    return flat
+
+
+def exit_code(error: BaseException) -> int:
+    if isinstance(error, UsageError):
+        return USAGE
+    if isinstance(error, AuthenticationError):
+        return AUTH
+    if isinstance(error, NotFound):
+        return NOT_FOUND
+    if isinstance(error, Timeout):
+        return TIMEOUT
+    if isinstance(error, Conflict):
+        return CONFLICT
+    if isinstance(error, BudgetExceeded | QuotaExceeded):
+        return LIMIT
+    if isinstance(error, ConnectionFailed):
+        return UNREACHABLE
+    return API_ERROR
+
+
+def _json_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """`--json` also after the command (`gpugeek ls --json`), where scripts tend to put
+    it; absent there, the value given before the command stands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.add_argument(
+                    "--json",
+                    action="store_true",
+                    default=argparse.SUPPRESS,
+                    help="machine-readable output",
+                )
+                _json_after_the_command(command)
+
+
+def _stdout_closed() -> int:
+    """The reader went away (`gpugeek ls | head`): stop quietly, as Unix tools do, and
+    keep Python from complaining while it flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    _json_after_the_command(parser)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    try:
+        return _run(args)
+    except (GpuGeekError, UsageError) as error:
+        code = exit_code(error)
+        if args.json:
+            body = {"error": type(error).__name__, "detail": str(error), "exit_code": code}
+            if isinstance(error, GpuGeekError):
+                body.update(code=error.code, status=error.status, errors=error.errors)
+            print(json.dumps(body), file=sys.stderr)
+        else:
+            print(f"gpugeek: {type(error).__name__}: {error}", file=sys.stderr)
+            if isinstance(error, ValidationError) and error.errors:
+                for field, messages in error.errors.items():
+                    print(f"  {field}: {' '.join(messages)}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Typed models of the API's documents. Hand-written; tests/sdk checks them against the
+OpenAPI schema served at /api/v1/schema/ so they can't drift."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, TypeVar
+
+T = TypeVar("T", bound="Model")
+
+FINISHED_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+@dataclass
+class Model:
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)
+
+    @classmethod
+    def api_fields(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+
+    @classmethod
+    def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+        names = set(cls.api_fields())
+        known = {k: v for k, v in data.items() if k in names}
+        for name in names - known.keys():
+            known[name] = None
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in self.api_fields()}
+        out.update(self.extra)
+        return out
+
+
+def decimal(value: Any) -> Decimal | None:
+    return None if value is None or value == "" else Decimal(str(value))
+
+
+@dataclass
+class Job(Model):
+    id: int
+    name: str
+    project: str
+    labels: dict[str, str]
+    image: str
+    image_reference: str
+    command: list[str]
+    env: dict[str, str]
+    secret_env: dict[str, str]
+    gpu_type: str | None
+    gpus_per_node: int
+    cpus: int | None
+    nodes: int
+    region: str
+    spot_ratio: str
+    priority: str
+    max_runtime_minutes: int
+    checkpoint_path: str
+    auto_release: bool
+    backend: str
+    spot_nodes: int
+    on_demand_nodes: int
+    status: str
+    status_reason: str
+    queue_position: int | None
+    attempt: int
+    exit_code: int | None
+    cost_to_date: str
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+
+    @property
+    def total_gpus(self) -> int:
+        return (self.gpus_per_node or 0) * (self.nodes or 0)
+
+    @property
+    def is_active(self) -> bool:
+        return self.status not in FINISHED_STATUSES
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+@dataclass
+class Offer(Model):
+    gpu_type: str | None
+    region: str
+    tier: str
+    currency: str
+    price_per_gpu_hour: str | None
+    price_per_vcpu_hour: str | None
+    available_gpus: int
+    total_gpus: int
+    available_vcpus: int | None
+    memory_gib: int | None
+    tflops: str | None
+    price_per_pflop_hour: str | None
+    vcpus_per_node: int
+    memory_gib_per_node: int
+    price_version: int
+    simulated: bool
+
+
+@dataclass
+class GpuType(Model):
+    slug: str
+    vendor: str
+    model: str
+    memory_gib: int
+    architecture: str
+    interconnect: str
+    peak_tflops: Any
+    node_label_key: str
+    node_label_value: str
+    resource_name: str
+
+
+@dataclass
+class NodePool(Model):
+    id: int
+    slug: str
+    name: str
+    region: str
+    backend: str
+    tier: str
+    gpu_type: str | None
+    node_selector: dict[str, str]
+    node_count: int
+    gpus_per_node: int
+    total_gpus: int
+    allocatable_gpus: int
+    in_use_gpus: int
+    available_gpus: int
+    vcpus_per_node: int
+    memory_gib_per_node: int
+    last_synced_at: str | None
+    is_active: bool
+
+
+@dataclass
+class Estimate(Model):
+    hourly: str
+    total: str
+    currency: str
+    spot_share: str
+    on_demand_share: str
+    price_version: int
+    units: int
+    unit: str
+    unit_price_spot: str
+    unit_price_base: str
+    tenant_discount_percent: str
+
+
+@dataclass
+class Budget(Model):
+    id: int
+    name: str
+    amount: str
+    currency: str
+    period: str
+    thresholds: list[int]
+    action: str
+    project: str
+    webhook_url: str
+    created_at: str
+
+
+@dataclass
+class Invoice(Model):
+    id: int
+    number: str
+    tenant: str
+    status: str
+    period_start: str
+    period_end: str
+    currency: str
+    subtotal: str
+    discount: str
+    discount_percent: str
+    tax: str
+    tax_label: str
+    tax_rate_percent: str
+    rounding: str
+    total: str
+    credits_applied: str
+    amount_credited: str
+    amount_due: str
+    due_at: str | None
+    finalized_at: str | None
+    paid_at: str | None
+    voided_at: str | None
+    created_at: str
+
+
+@dataclass
+class LogLine(Model):
+    line_no: int
+    rank: int
+    text: str
+
+
+# OpenAPI component name of each model (tests/sdk/test_schema.py).
+SCHEMA_COMPONENTS: dict[type[Model], str] = {
+    Job: "Job",
+    Offer: "Offer",
+    GpuType: "GpuType",
+    NodePool: "NodePool",
+    Estimate: "Estimate",
+    Budget: "Budget",
+    Invoice: "Invoice",
+    LogLine: "LogLine",
+}

@@ -1,0 +1,114 @@
+"""Turning the documented launch spelling into the API's job fields.
+
+`{"gpu_type": "A100-80GB", "count": 16, ...}` becomes `gpu_type: "a100-80gb"`,
+`nodes: 2, gpus_per_node: 8` (on 8-GPU nodes): the GPU type is matched against the
+catalog (`GET /gpu-types`), the per-node GPU count read from the pools that offer it
+(`GET /pools`). The API's own fields pass through unchanged."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from gpugeek.errors import ValidationError
+
+if TYPE_CHECKING:
+    from gpugeek.client import Client
+
+JOB_FIELDS = frozenset(
+    {
+        "name", "project", "labels", "image", "command", "env", "secret_env", "gpu_type",
+        "gpus_per_node", "cpus", "nodes", "region", "spot_ratio", "priority",
+        "max_runtime_minutes", "checkpoint_path", "auto_release", "ports", "secrets",
+    }
+)  # fmt: skip
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def resolve_gpu_type(client: Client, name: str) -> str:
+    """The catalog slug for a GPU type spelled as a slug, "A100-80GB" or "A100 80GB SXM"."""
+    types = client.gpu_types()
+    for gpu in types:
+        if gpu.slug == name:
+            return gpu.slug
+    wanted = _norm(name)
+    for gpu in types:
+        if _norm(gpu.slug) == wanted or _norm(gpu.model) == wanted:
+            return gpu.slug
+    prefixed = [g.slug for g in types if _norm(g.model).startswith(wanted)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    known = ", ".join(sorted(g.slug for g in types))
+    raise ValidationError(
+        f"Unknown GPU type {name!r} (known: {known}).",
+        code="invalid",
+        errors={"gpu_type": [f"Unknown GPU type {name!r}."]},
+    )
+
+
+def split_count(client: Client, gpu_type: str, count: int, region: str | None) -> tuple[int, int]:
+    """(nodes, gpus_per_node) for `count` GPUs of `gpu_type` on the pools that offer it."""
+    if count < 1:
+        raise ValidationError("count is at least 1.", errors={"count": ["At least 1."]})
+    pools = [p for p in client.pools() if p.gpu_type == gpu_type and p.gpus_per_node]
+    if region:
+        pools = [p for p in pools if p.region == region]
+    if not pools:
+        where = f" in {region}" if region else ""
+        raise ValidationError(
+            f"No pool offers {gpu_type}{where}.", errors={"gpu_type": [f"Not offered{where}."]}
+        )
+    sizes = sorted({p.gpus_per_node for p in pools}, reverse=True)
+    for per_node in sizes:
+        if count <= per_node:
+            continue
+        if count % per_node == 0:
+            return count // per_node, per_node
+    fitting = [s for s in sizes if count <= s]
+    if fitting:
+        return 1, count
+    raise ValidationError(
+        f"{count} GPUs don't split evenly over nodes of {', '.join(map(str, sizes))} GPUs.",
+        errors={"count": [f"A multiple of {sizes[0]} above {sizes[0]}."]},
+    )
+
+
+def job_payload(client: Client, spec: dict[str, Any]) -> dict[str, Any]:
+    """The POST /jobs body for a spec in either spelling."""
+    spec = dict(spec)
+    count = spec.pop("count", None)
+    unknown = set(spec) - JOB_FIELDS
+    if unknown:
+        raise ValidationError(
+            f"Unknown field(s): {', '.join(sorted(unknown))}.",
+            errors={k: ["Unknown field."] for k in sorted(unknown)},
+        )
+    if isinstance(spec.get("command"), str):
+        spec["command"] = shlex.split(spec["command"])
+    if spec.get("gpu_type"):
+        spec["gpu_type"] = resolve_gpu_type(client, str(spec["gpu_type"]))
+    if count is not None:
+        if not spec.get("gpu_type"):
+            raise ValidationError(
+                "count needs a gpu_type.", errors={"count": ["Give gpu_type with count."]}
+            )
+        if "nodes" in spec or "gpus_per_node" in spec:
+            raise ValidationError(
+                "Give count, or nodes and gpus_per_node, not both.",
+                errors={"count": ["Not with nodes/gpus_per_node."]},
+            )
+        spec["nodes"], spec["gpus_per_node"] = split_count(
+            client, spec["gpu_type"], int(count), spec.get("region")
+        )
+    elif spec.get("gpu_type") and not spec.get("gpus_per_node"):
+        spec["gpus_per_node"] = 1
+    if "spot_ratio" in spec and spec["spot_ratio"] is not None:
+        spec["spot_ratio"] = str(spec["spot_ratio"])
+    if not spec.get("name"):
+        base = spec.get("image") or "job"
+        spec["name"] = f"{base}-sdk"[:100]
+    return spec
