@@ -158,12 +158,8 @@ def _ledger_and_meters(jobs: list[Job]) -> tuple[dict[int, Decimal], dict[int, d
     if all(hasattr(job, LEDGER_TOTAL) for job in jobs):
         rows = [(job.pk, getattr(job, METERED_UNTIL), getattr(job, LEDGER_TOTAL)) for job in jobs]
     else:
-        rows = (
-            Job.objects.filter(pk__in=[job.pk for job in jobs])
-            .values_list("pk", "meter__metered_until")
-            .annotate(total=Sum("usage_records__amount"))
-            .order_by()
-        )
+        read = with_cost_inputs(Job.objects.filter(pk__in=[job.pk for job in jobs]))
+        rows = read.values_list("pk", METERED_UNTIL, LEDGER_TOTAL)
     ledger: dict[int, Decimal] = {job.pk: Decimal(0) for job in jobs}
     meters: dict[int, datetime] = {}
     for pk, metered_until, amount in rows:
