@@ -60,3 +60,26 @@ def cpu_spec(program: str, **extra) -> dict:
         "command": ["python", "-c", program],
         **extra,
     }
+
+
+def counting_program(lines: int, *, pause_every: int, pause: float) -> str:
+    """A job printing "line 1" … "line N", pausing `pause` s every `pause_every` lines
+    (batches that the log follower publishes separately)."""
+    return f"""
+import time
+for n in range(1, {lines + 1}):
+    print(f"line {{n}}", flush=True)
+    if n % {pause_every} == 0:
+        time.sleep({pause})
+"""
+
+
+# A job that never ends on its own (the test cancels it).
+PRINTS_FOREVER = """
+import time
+n = 0
+while True:
+    n += 1
+    print(f"tick {n}", flush=True)
+    time.sleep(0.1)
+"""

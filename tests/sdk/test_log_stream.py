@@ -12,26 +12,13 @@ import pytest
 from gpugeek import AuthenticationError, Client, Cluster, Timeout
 
 from console.services import api_token_create, membership_remove
-from tests.sdk.conftest import cpu_spec, dispatch
+from tests.sdk.conftest import PRINTS_FOREVER, counting_program, cpu_spec, dispatch
 from tests.sdk.proxy import LossyProxy
 
 pytestmark = pytest.mark.integration
 
-COUNT_LINES = """
-import time
-for n in range(1, 301):
-    print(f"line {n}", flush=True)
-    if n % 10 == 0:  # batches of about 10 lines: many chances to break a stream
-        time.sleep(0.08)
-"""
-FOREVER = """
-import time
-n = 0
-while True:
-    n += 1
-    print(f"tick {n}", flush=True)
-    time.sleep(0.1)
-"""
+# Batches of about 10 lines: many chances to break a stream.
+COUNT_LINES = counting_program(300, pause_every=10, pause=0.08)
 
 
 def read_stream(url: str, token: str, job_id: int, since: int = 0, objects=None) -> list[dict]:
@@ -91,7 +78,7 @@ def test_stream_resumes_through_broken_links_without_gaps_or_repeats(
 def test_stream_is_tenant_scoped_and_closes_when_access_goes(
     gg, watcher_process, asgi_server, api_token, world, other_world
 ):
-    cluster = Cluster.create(cpu_spec(FOREVER))
+    cluster = Cluster.create(cpu_spec(PRINTS_FOREVER))
     dispatch(cluster.id)
     url = f"{asgi_server.url}/api/v1/jobs/{cluster.id}/logs/stream"
     _, stranger = api_token_create(user=other_world.owner, tenant=other_world.tenant, name="x")
@@ -128,7 +115,7 @@ def test_stream_is_tenant_scoped_and_closes_when_access_goes(
 
 
 def test_follow_timeout_and_polling_fallback(gg, watcher_process, asgi_server, api_token):
-    cluster = Cluster.create(cpu_spec(FOREVER))
+    cluster = Cluster.create(cpu_spec(PRINTS_FOREVER))
     dispatch(cluster.id)
     started = time.monotonic()
     got = []

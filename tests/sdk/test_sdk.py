@@ -23,26 +23,12 @@ from gpugeek.errors import error_for
 from gpugeek.spec import job_payload
 
 from jobs.models import Job
-from tests.sdk.conftest import cpu_spec, dispatch
+from tests.sdk.conftest import PRINTS_FOREVER, counting_program, cpu_spec, dispatch
 from tests.sdk.proxy import LossyProxy
 
 pytestmark = pytest.mark.integration
 
-COUNT_LINES = """
-import time
-for n in range(1, 301):
-    print(f"line {n}", flush=True)
-    if n % 50 == 0:
-        time.sleep(0.5)
-"""
-FOREVER = """
-import time
-n = 0
-while True:
-    n += 1
-    print(f"tick {n}", flush=True)
-    time.sleep(0.1)
-"""
+COUNT_LINES = counting_program(300, pause_every=50, pause=0.5)
 
 
 def test_documented_spelling_resolves_slug_and_node_split(gg):
@@ -270,7 +256,7 @@ def test_cpu_job_lifecycle_wait_logs_follow(gg, watcher_process, asgi_server, ap
 
 
 def test_session_cancels_on_exit(gg, watcher_process):
-    with gg.session(cpu_spec(FOREVER)) as cluster:
+    with gg.session(cpu_spec(PRINTS_FOREVER)) as cluster:
         dispatch(cluster.id)
         cluster.wait("running", timeout=60, poll=0.3)
         first = next(iter(cluster.logs(follow=True, poll=0.3, timeout=30)))
