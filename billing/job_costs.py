@@ -25,7 +25,7 @@ from django.utils import timezone
 from billing.metering.spans import billed_spans
 from billing.models import UsageRecord
 from jobs.models import BILLED_STATUSES, Job, JobEvent
-from jobs.selectors import job_events
+from jobs.selectors import job_events, job_from_row
 from marketplace.pricing import PricingError, estimate_cost
 
 COST_QUANTUM = Decimal("0.000001")
@@ -111,11 +111,7 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
         return {job.pk: Decimal(0).quantize(COST_QUANTUM) for job in jobs}
     now = now or timezone.now()
     ledger, meters = _ledger_and_meters(jobs)
-    live = [
-        j
-        for j in jobs
-        if j.started_at is not None and (j.status in BILLED_STATUSES or j.pk not in meters)
-    ]
+    live = [j for j in jobs if not _settled(j.started_at, j.status, meters.get(j.pk))]
     events: dict[int, list[JobEvent]] = {j.pk: [] for j in live}
     for event in JobEvent.objects.filter(job__in=live).order_by("job_id", "at", "pk"):
         events[event.job_id].append(event)
@@ -129,6 +125,26 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
             )
             total += (rates[job.pk] or Decimal(0)) * Decimal(str(round(seconds, 3))) / 3600
         costs[job.pk] = total.quantize(COST_QUANTUM)
+    return costs
+
+
+def _settled(started_at: datetime | None, status: str, metered_until: datetime | None) -> bool:
+    """Whether the ledger alone is the job's cost: it never ran, or it stopped paying
+    and metering has closed its time (else the time since is priced live)."""
+    return started_at is None or (status not in BILLED_STATUSES and metered_until is not None)
+
+
+def rows_costs_to_date(rows: list[dict]) -> dict[int, Decimal]:
+    """`jobs_costs_to_date` of a list page's `values()` rows read `with_cost_inputs`:
+    a settled job's cost is its ledger total; only the others become model instances
+    (a page of finished jobs costs no query and no instance)."""
+    costs, live = {}, []
+    for row in rows:
+        if _settled(row["started_at"], row["status"], row[METERED_UNTIL]):
+            costs[row["id"]] = Decimal(row[LEDGER_TOTAL] or 0).quantize(COST_QUANTUM)
+        else:
+            live.append(job_from_row(row))
+    costs.update(jobs_costs_to_date(live))
     return costs
 
 
@@ -172,11 +188,16 @@ def _ledger_and_meters(jobs: list[Job]) -> tuple[dict[int, Decimal], dict[int, d
 class BillingJobCosts:
     """jobs.extensions.JobCostProvider, answered from the ledger and the price book."""
 
+    cost_columns = ("id", "status", "started_at", *PRICED_BY, "on_demand_nodes")
+
     def with_cost_inputs(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         return with_cost_inputs(jobs)
 
     def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
         return jobs_costs_to_date(jobs)
+
+    def row_costs(self, rows: list[dict]) -> dict[int, Decimal]:
+        return rows_costs_to_date(rows)
 
     def run_rate(self, job: Job) -> Decimal | None:
         return job_run_rate(job)

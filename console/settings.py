@@ -144,7 +144,21 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so a worker or ASGI subprocess in a test sees the test DB.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-gpugeek.sqlite3")}
 else:
+    # (With the pool below, Django has the pool check a connection before handing it out.)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # The web server keeps a pool of connections per process (console/asgi.py turns it
+    # on): a new PostgreSQL connection per request cost more than most pages' queries.
+    # Workers connect per task as before (Celery's prefork closes a pool after each).
+    if env_bool("DATABASE_POOL", False):
+        DATABASES["default"]["OPTIONS"] = {
+            "pool": {
+                "min_size": 2,
+                "max_size": env_int("DATABASE_POOL_MAX_SIZE", 10),
+                "timeout": 10,
+            },
+            "server_side_binding": True,
+            "prepare_threshold": 2,
+        }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Accounts ----

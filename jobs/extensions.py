@@ -33,6 +33,9 @@ class LaunchPolicy(Protocol):
 
 
 class JobCostProvider(Protocol):
+    # The job columns `row_costs` reads from a values() row.
+    cost_columns: tuple[str, ...]
+
     def with_cost_inputs(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         """`jobs` reading what `costs_to_date` needs along with each row, so that a list
         page costs no extra query for its costs."""
@@ -40,6 +43,10 @@ class JobCostProvider(Protocol):
 
     def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
         """Each job's cost so far (by id), in a constant number of queries."""
+        ...
+
+    def row_costs(self, rows: list[dict]) -> dict[int, Decimal]:
+        """`costs_to_date` of a list page's `values()` rows (read `with_cost_inputs`)."""
         ...
 
     def run_rate(self, job: Job) -> Decimal | None:
@@ -51,11 +58,16 @@ class _NoCosts:
     """Before anything registers (or in an installation without billing): nothing is
     priced, and every job costs zero."""
 
+    cost_columns: tuple[str, ...] = ("id",)
+
     def with_cost_inputs(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         return jobs
 
     def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
         return {job.pk: Decimal(0) for job in jobs}
+
+    def row_costs(self, rows: list[dict]) -> dict[int, Decimal]:
+        return {row["id"]: Decimal(0) for row in rows}
 
     def run_rate(self, job: Job) -> Decimal | None:
         return None

@@ -97,9 +97,7 @@ class LaunchForm(forms.Form):
         # refused) is left out: the slug names the public image, here and in the spec.
         active = Image.objects.for_tenant(tenant).filter(is_active=True)
         public_slugs = active.filter(tenant__isnull=True).values("slug")
-        self.fields["image"].queryset = active.exclude(
-            tenant__isnull=False, slug__in=public_slugs
-        )
+        self.fields["image"].queryset = active.exclude(tenant__isnull=False, slug__in=public_slugs)
         # "This host" is offered only to tenants staff allow to run on it.
         regions = regions_for_tenant(tenant)
         self.fields["region"].queryset = regions

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
 
 from console.permissions import Capability, has_capability
@@ -11,20 +12,29 @@ S = JobStatus
 
 
 def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") -> QuerySet[Job]:
-    """The tenant's jobs as the jobs page lists them: the slugs it shows instead of whole
-    catalog rows, and none of the columns it doesn't show (the spec's JSON)."""
-    jobs = Job.objects.for_tenant(tenant).annotate(
-        gpu_type_slug=F("gpu_type__slug"), region_slug=F("region__slug")
-    )
-    jobs = jobs.defer(
-        "labels", "command", "env", "secret_env_encrypted", "secret_env_names", "ports",
-        "assigned_devices", "image_reference", "checkpoint_path",
-    )  # fmt: skip
+    """The tenant's jobs the jobs page lists, filtered: what its pages count. Read a
+    page's rows with `list_page_rows`."""
+    jobs = Job.objects.for_tenant(tenant)
     if status:
         jobs = jobs.filter(status=status)
     if query:
         jobs = jobs.filter(name__icontains=query)
     return jobs
+
+
+# What a row of the jobs page shows (with the slugs of its GPU type and region).
+LIST_PAGE_COLUMNS = (
+    "id", "name", "project", "status", "status_reason", "gpu_type_id", "gpus_per_node",
+    "cpus", "nodes", "created_at",
+)  # fmt: skip
+
+
+def list_page_rows(jobs: QuerySet[Job], *, also: tuple[str, ...] = ()) -> QuerySet[Job, dict]:
+    """The jobs page's rows as values (no model instance, no catalog object per row),
+    with the `also` columns (what its costs read)."""
+    return jobs.annotate(gpu_type_slug=F("gpu_type__slug"), region_slug=F("region__slug")).values(
+        *dict.fromkeys((*LIST_PAGE_COLUMNS, *also)), "gpu_type_slug", "region_slug"
+    )
 
 
 def jobs_for_tenant(*, tenant, status: str | None = None, query: str = "") -> QuerySet[Job]:
@@ -85,6 +95,20 @@ def queued_behind(job: Job) -> QuerySet[Job]:
         priority=job.priority,
     )
     return queued_in_pools(pools).filter(later).exclude(pk=job.pk)
+
+
+def job_from_row(row: dict) -> Job:
+    """A job from a list page's `values()` row (its model columns; the rest deferred),
+    as the database would have built it, plus the row's other keys as attributes."""
+    # from_db wants the values in the model's field order.
+    columns = [name for name in _JOB_COLUMNS if name in row]
+    job = Job.from_db(DEFAULT_DB_ALIAS, columns, [row[name] for name in columns])
+    for name in row.keys() - set(columns):
+        setattr(job, name, row[name])
+    return job
+
+
+_JOB_COLUMNS = tuple(field.attname for field in Job._meta.concrete_fields)
 
 
 def queue_positions(jobs: list[Job]) -> dict[int, int]:

@@ -53,6 +53,9 @@ def child_env(**extra: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    # Importing console.asgi here (websocket tests) turns the pool on for this process
+    # only: a web child turns it on for itself; a worker child must not inherit it.
+    env.pop("DATABASE_POOL", None)
     env.update(extra)
     return env
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 import websocket
+from django.db import connection
 
+from console.services import api_token_create
 from tests.factories import DEFAULT_PASSWORD
 from tests.integration.helpers import sign_in
 
@@ -72,3 +74,31 @@ def test_websockets_are_refused(asgi_server):
     # Allowed origin, unknown path: no route, so the handshake fails (Channels answers 500).
     assert _websocket_refusal_status(url, origin=asgi_server.url) >= 400
     assert asgi_server.process.poll() is None, "daphne died on a refused WebSocket"
+
+
+def test_the_web_server_reuses_pooled_database_connections(asgi_server, world):
+    """console.asgi turns the connection pool on: on PostgreSQL, requests reuse the
+    server's connections instead of opening one each (what a request spent connecting
+    cost more than most pages' queries)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("connection pooling is PostgreSQL's (SQLite opens a file)")
+    _, token = api_token_create(user=world.member, tenant=world.tenant, name="pool")
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def server_connections() -> set[int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return {pid for (pid,) in cursor.fetchall()}
+
+    with httpx.Client(base_url=asgi_server.url, timeout=10, headers=auth) as client:
+        for _ in range(5):
+            assert client.get("/api/v1/jobs").status_code == 200, asgi_server.log()
+        held = server_connections()
+        for _ in range(20):
+            assert client.get("/api/v1/jobs").status_code == 200
+        # Still open after the requests ended, and no new one opened for the 20 requests.
+        assert held and server_connections() == held
+        assert len(held) <= 10  # DATABASE_POOL_MAX_SIZE's default
