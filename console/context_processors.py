@@ -53,7 +53,11 @@ def console(request) -> dict:
             else None
         ),
         "current_membership": membership,
-        "my_memberships": memberships_of_user(user=request.user),
+        "my_memberships": (
+            request.my_memberships
+            if hasattr(request, "my_memberships")
+            else memberships_of_user(user=request.user)
+        ),
         "can": {cap.value: has_capability(membership, cap) for cap in Capability},
         "unread_notifications": (
             Notification.objects.for_tenant(membership.tenant)

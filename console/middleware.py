@@ -9,7 +9,7 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from console.api.errors import json_error
-from console.selectors import resolve_membership
+from console.selectors import memberships_and_current
 from console.tenancy import SESSION_TENANT_KEY
 
 
@@ -20,7 +20,10 @@ class CurrentTenantMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest):
-        membership = resolve_membership(request.user, request.session.get(SESSION_TENANT_KEY))
+        memberships, membership = memberships_and_current(
+            request.user, request.session.get(SESSION_TENANT_KEY)
+        )
+        request.my_memberships = memberships  # the tenant switcher's list
         request.membership = membership
         request.tenant = membership.tenant if membership else None
         return self.get_response(request)

@@ -111,12 +111,16 @@ def heartbeat_status(*, now=None) -> dict[str, dict[str, Any]]:
 
 def resolve_membership(user: Any, tenant_id: int | None) -> Membership | None:
     """The user's membership in `tenant_id`, else their first one; None if they have none."""
+    return memberships_and_current(user, tenant_id)[1]
+
+
+def memberships_and_current(
+    user: Any, tenant_id: int | None
+) -> tuple[list[Membership], Membership | None]:
+    """All the user's memberships (the tenant switcher's list, in one query) and the one
+    in `tenant_id`, else their first one."""
     if not user.is_authenticated:
-        return None
-    memberships = Membership.objects.select_related("tenant").filter(
-        user=user, tenant__is_active=True
-    )
-    membership = None
-    if tenant_id is not None:
-        membership = memberships.filter(tenant_id=tenant_id).first()
-    return membership or memberships.order_by("tenant__name").first()
+        return [], None
+    memberships = list(memberships_of_user(user=user))
+    current = next((m for m in memberships if m.tenant_id == tenant_id), None)
+    return memberships, current or (memberships[0] if memberships else None)
