@@ -46,21 +46,32 @@ def relay_envelope(group: str, payload: dict) -> dict:
 
 def send_to_group(group: str, payload: dict) -> None:
     """Send now (sync code), logging instead of raising when the layer is unreachable."""
+    send_to_groups([group], payload)
+
+
+def send_to_groups(groups: list[str], payload: dict) -> None:
+    """`send_to_group` to several groups in one hop from sync to async code (each hop
+    costs more than a send)."""
     try:
         layer = get_channel_layer()
         if layer is None:
             return
-        send = async_to_sync(layer.group_send)
+
+        async def send_all() -> None:
+            for group in groups:
+                await layer.group_send(group, relay_envelope(group, dict(payload)))
+
+        send = async_to_sync(send_all)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            send(group, relay_envelope(group, payload))
+            send()
         else:
             # Sync code running in an event loop's thread: send from a helper thread.
             with ThreadPoolExecutor(1) as helper:
-                helper.submit(send, group, relay_envelope(group, payload)).result(timeout=10)
+                helper.submit(send).result(timeout=10)
     except Exception:
-        log.warning("realtime publish to %s failed", group, exc_info=True)
+        log.warning("realtime publish to %s failed", ", ".join(groups), exc_info=True)
 
 
 def publish_membership_changed(*, tenant_id: int, user_id: int) -> None:

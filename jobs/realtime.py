@@ -24,7 +24,8 @@ from typing import NotRequired, TypedDict
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from console.realtime import relay_envelope, send_to_group  # the one envelope and sender
+# The one envelope and sender.
+from console.realtime import relay_envelope, send_to_group, send_to_groups
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +141,7 @@ def publish_job_status(job) -> None:
     tenant_id = job.tenant_id
 
     def send() -> None:
-        send_to_group(job_group(job.pk), dict(message))
-        send_to_group(tenant_group(tenant_id), dict(message))
+        send_to_groups([job_group(job.pk), tenant_group(tenant_id)], dict(message))
 
     transaction.on_commit(send)
 
@@ -191,8 +191,7 @@ def publish_job_alert(job, *, kind: str, severity: str, message: str, at: dateti
     tenant_id = job.tenant_id
 
     def send() -> None:
-        send_to_group(job_group(job.pk), dict(payload))
-        send_to_group(tenant_group(tenant_id), dict(payload))
+        send_to_groups([job_group(job.pk), tenant_group(tenant_id)], dict(payload))
 
     transaction.on_commit(send)
 

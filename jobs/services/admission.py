@@ -167,7 +167,9 @@ def job_admit_submitted(*, job: Job) -> bool:
     already waiting for its pools, a full pass follows.
     """
     pool_ids = sorted(pid for pid in (job.pool_id, job.spot_pool_id) if pid)
-    with transaction.atomic():
+    # Part of the launch's transaction (job_submit): no savepoint of its own, as a
+    # failure here rolls the whole launch back anyway.
+    with transaction.atomic(savepoint=False):
         # The same row locks as jobs_admit (pools, in pk order) serialise admissions of a
         # pool; the tenant's quota rows serialise its admissions across pools.
         pools = {
