@@ -176,8 +176,8 @@ ROW_COLUMNS = (
     "backend", "spot_nodes", "on_demand_nodes", "pool_id", "spot_pool_id", "status",
     "status_reason", "attempt", "exit_code", "created_at", "started_at", "finished_at",
 )  # fmt: skip
-# What a list page reads per row: the columns, the related slugs (`RELATED_SLUGS`) and
-# the cost provider's inputs (`JobCostProvider.with_cost_inputs`).
+# What a list page reads per row: the columns and the related slugs (`RELATED_SLUGS`);
+# the cost provider adds its inputs (`JobCostProvider.with_cost_inputs`).
 ROW_VALUES = (*ROW_COLUMNS, *RELATED_SLUGS)
 
 

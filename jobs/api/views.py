@@ -35,6 +35,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return self.get_queryset().select_related(None)
 
     def scope_queryset(self, queryset):
+        if self.action == "retrieve":  # its cost's inputs read with the job
+            return job_costs().with_cost_inputs(queryset)
         if self.action != "list":
             return queryset
         wanted = query_params(s.JobQuerySerializer, self.request).get("status")

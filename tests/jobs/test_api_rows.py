@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from jobs.api.serializers import JobSerializer, job_rows
+from django.utils import timezone
+
+from jobs.api.serializers import ROW_COLUMNS, JobSerializer, job_rows
+from jobs.extensions import job_costs
 from jobs.models import Job, JobStatus
 from jobs.services import tenant_secret_set
 from tests.jobs.test_api import JOBS, launch, local_cpu_pool, member_api
@@ -16,7 +19,7 @@ __all__ = ["member_api"]  # the fixture, imported for these tests
 S = JobStatus
 
 
-def test_rows_equal_the_serializer_for_every_kind_of_job(member_api, world):
+def test_rows_equal_the_serializer_for_every_kind_of_job(member_api, world, monkeypatch):
     tenant_secret_set(tenant=world.tenant, user=world.owner, name="HF_TOKEN", value="hf_x")
     running = launch(member_api, name="running", labels={"team": "nlp"}, env={"A": "1"})
     finished = launch(member_api, name="finished")
@@ -26,11 +29,17 @@ def test_rows_equal_the_serializer_for_every_kind_of_job(member_api, world):
     launch(member_api, name="queued", secret_env={"HF_TOKEN": "hf_y"}, project="p")
     jobs = list(Job.objects.select_related("gpu_type", "region", "image", "tenant"))
     assert {job.status for job in jobs} >= {S.RUNNING, S.QUEUED, S.SUCCEEDED}
+    # One instant for every reading: a running job's cost grows by the microdollar.
+    instant = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: instant)
     expected = [dict(row) for row in JobSerializer(jobs, many=True).data]
     assert job_rows(jobs) == expected
     # The list reads only a row's columns, with its ledger total and metering cursor.
     listed = member_api.get(f"{JOBS}?page_size=50").json()["results"]
     assert sorted(listed, key=lambda row: row["id"]) == sorted(expected, key=lambda r: r["id"])
+    # A job's page reads its cost's inputs with the job, and writes the same document.
+    for row in expected:
+        assert member_api.get(f"{JOBS}/{row['id']}").json() == row
     assert any(row["queue_position"] == 1 for row in expected)
     assert any(row["secret_env"] == {"HF_TOKEN": "••••••"} for row in expected)
     assert all(Decimal(row["cost_to_date"]) >= 0 for row in expected)
@@ -53,3 +62,8 @@ def test_the_list_pages_by_cursor_with_a_capped_count(member_api):
     assert [row["name"] for row in numbered["results"]] == ["job 2", "job 1"]
     assert "count_capped" not in numbered
     assert member_api.get(f"{JOBS}?cursor=garbage").status_code == 404
+
+
+def test_a_list_row_reads_every_column_its_cost_reads():
+    # Else each priced configuration would load a deferred column with a query of its own.
+    assert set(job_costs().cost_columns) <= set(ROW_COLUMNS)
