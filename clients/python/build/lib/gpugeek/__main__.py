@@ -1,5 +1,0 @@
-import sys
-
-from gpugeek.cli import main
-
-sys.exit(main())
