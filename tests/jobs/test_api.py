@@ -23,6 +23,7 @@ from jobs.models import Job, JobStatus
 from jobs.state import job_transition
 from marketplace.models import NodePool
 from tests.conftest import token_client
+from tests.jobs_helpers import advance_to
 
 S = JobStatus
 JOBS = "/api/v1/jobs"
@@ -349,25 +350,19 @@ def test_list_query_count_does_not_grow_with_jobs(member_api, world, django_asse
     add_jobs(2)
     # A running job's cost is priced live (a query of its own): running ones from the start.
     running = launch(member_api, name="running")
-    to_running(Job.objects.get(pk=running["id"]))
+    advance_to(Job.objects.get(pk=running["id"]), S.RUNNING)
     member_api.get(JOBS)  # warm-up: the token's first use writes its last use
     with CaptureQueriesContext(connection) as few:
         assert member_api.get(JOBS).status_code == 200
     few_jobs_queries = len(few)  # now: later requests reset the connection's query log
     add_jobs(30)
     for job in Job.objects.filter(name__in=[f"bulk {n}" for n in range(0, 30, 3)]):
-        to_running(job)
+        advance_to(job, S.RUNNING)
     with django_assert_max_num_queries(few_jobs_queries):
         response = member_api.get(JOBS)
     statuses = [job["status"] for job in response.json()["results"]]
     assert len(statuses) == 34
     assert statuses.count(S.RUNNING) >= 11 and statuses.count(S.QUEUED) >= 19
-
-
-def to_running(job: Job) -> Job:
-    for to in ([S.DISPATCHING] if job.status == S.QUEUED else []) + [S.RUNNING]:
-        job = job_transition(job=job, to=to, actor=BACKEND, reason=f"now {to}")
-    return job
 
 
 # --- lifecycle with real processes --------------------------------------------------------------

@@ -20,6 +20,7 @@ from jobs.services import JobSpec
 from jobs.state import job_transition
 from marketplace.models import NodePool
 from tests.conftest import signed_in_client
+from tests.jobs_helpers import advance_to
 
 S = JobStatus
 LAUNCH = reverse("jobs:launch")
@@ -69,12 +70,6 @@ def make_job(world, name: str = "job", *path: str, tenant_world=None, **spec) ->
         tenant=owner.tenant, user=owner.member, spec=JobSpec(name=name, **values)
     )
     for to in path:
-        job = job_transition(job=job, to=to, actor=BACKEND, reason=f"now {to}")
-    return job
-
-
-def to_running(job: Job) -> Job:
-    for to in ([S.DISPATCHING] if job.status == S.QUEUED else []) + [S.RUNNING]:
         job = job_transition(job=job, to=to, actor=BACKEND, reason=f"now {to}")
     return job
 
@@ -259,7 +254,7 @@ def test_list_query_count_does_not_grow_with_jobs(member, world, django_assert_m
     make_job(world, "filler", cpus=local_cpu_vcpus() - 1)
     make_job(world, "first")
     make_job(world, "queued")
-    to_running(make_job(world, "running"))  # its cost is priced live: a query of its own
+    advance_to(make_job(world, "running"), S.RUNNING)  # its cost is priced live: a query of its own
     member.get(LIST)
     with CaptureQueriesContext(connection) as few:
         assert member.get(LIST).status_code == 200
@@ -267,7 +262,7 @@ def test_list_query_count_does_not_grow_with_jobs(member, world, django_assert_m
     for n in range(30):
         job = make_job(world, f"bulk {n}")
         if n % 3 == 0:
-            to_running(job)
+            advance_to(job, S.RUNNING)
     with django_assert_max_num_queries(few_jobs_queries):
         rows = member.get(LIST).context["rows"]
     assert len(rows) == 34
