@@ -394,6 +394,14 @@ class LocalBackend(ComputeBackend):
         return True
 
     def observe(self, job) -> Observation:
+        observation = self._observe_once(job)
+        if observation.phase == "missing":
+            # The supervisor writes exit_code and exits between our reads of the files and
+            # of its pid: read once more before calling a job that just ended lost.
+            observation = self._observe_once(job)
+        return observation
+
+    def _observe_once(self, job) -> Observation:
         run_dir = self.run_dir(job)
         code = _read_int(run_dir / "exit_code")
         intent = _read_text(run_dir / "intent")

@@ -319,3 +319,29 @@ def test_with_a_job_user_the_job_works_and_cannot_read_the_data_dir(world, catal
     workdir = LocalBackend().workdir(job)
     assert workdir.stat().st_uid == job_user.pw_uid
     assert (workdir / "note").stat().st_uid == job_user.pw_uid
+
+
+@pytest.mark.django_db
+def test_a_job_whose_supervisor_exits_between_reads_is_not_called_lost(world, catalog, monkeypatch):
+    """The supervisor writes exit_code and exits between observe's read of the file and its
+    check of the supervisor's pid: the job succeeded, it is not 'missing' (seen on a slow CI)."""
+    job = services.job_submit(
+        tenant=world.tenant, user=world.member, spec=spec(["python", "-c", "print(1)"])
+    )
+    backend = LocalBackend()
+    run_dir = backend.run_dir(job)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # a pid that no longer runs, for both the child and the supervisor
+    (run_dir / "child.pid").write_text(str(ended.pid))
+    (run_dir / "supervisor.pid").write_text(str(ended.pid))
+    real_alive = _alive
+
+    def supervisor_exits_now(pid):
+        if pid == ended.pid and not (run_dir / "exit_code").exists():
+            (run_dir / "exit_code").write_text("0")
+        return real_alive(pid)
+
+    monkeypatch.setattr("jobs.backends.local._alive", supervisor_exits_now)
+    observed = backend.observe(job)
+    assert (observed.phase, observed.exit_code) == ("succeeded", 0)
