@@ -76,6 +76,11 @@ class Region(models.Model):
         return self.name
 
 
+def free_capacity(allocatable: int, in_use: int) -> int:
+    """What a pool can still give: a node going unschedulable can leave more in use."""
+    return max(0, allocatable - in_use)
+
+
 class NodePool(models.Model):
     """A group of like nodes: one backend, region, tier and GPU type (none: CPU-only).
 
@@ -118,11 +123,11 @@ class NodePool(models.Model):
 
     @property
     def available_gpus(self) -> int:
-        return max(0, self.allocatable_gpus - self.in_use_gpus)
+        return free_capacity(self.allocatable_gpus, self.in_use_gpus)
 
     @property
     def available_vcpus(self) -> int:
-        return max(0, self.allocatable_vcpus - self.in_use_vcpus)
+        return free_capacity(self.allocatable_vcpus, self.in_use_vcpus)
 
 
 class PriceVersionQuerySet(models.QuerySet):
@@ -198,6 +203,17 @@ class PriceEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_type or 'CPU'} in {self.region}: {self.on_demand_price}"
+
+
+class CatalogRevision(models.Model):
+    """One row whose token changes, in the same transaction, with every change to what
+    offers show (price versions and entries, GPU types, regions): processes that keep
+    the price book in memory check it with one cheap read (marketplace.price_book)."""
+
+    token = models.CharField(max_length=32)
+
+    def __str__(self) -> str:
+        return f"catalog revision {self.token}"
 
 
 class TenantPricing(models.Model):

@@ -21,10 +21,18 @@ from marketplace.models import (
     Region,
     RegistryCredential,
     Tier,
+    free_capacity,
 )
-from marketplace.pricing import _off, tenant_discount_percent, unit_prices
+from marketplace.price_book import price_book
+from marketplace.pricing import _off, tenant_discount_percent
 
 THOUSAND = Decimal(1000)
+MICRO = Decimal("0.000001")
+POOL_CAPACITY_FIELDS = (
+    "region_id", "gpu_type_id", "tier", "on_console_host", "allocatable_gpus", "in_use_gpus",
+    "total_gpus", "allocatable_vcpus", "in_use_vcpus", "vcpus_per_node",
+    "memory_gib_per_node", "simulated", "node_count",
+)  # fmt: skip
 SORTS = {
     "price": lambda o: (o.unit_price, o.gpu_label),
     "price_per_tflop": lambda o: (o.price_per_pflop_hour or Decimal("Infinity"), o.unit_price),
@@ -93,58 +101,49 @@ def offers(
     sort: str = "price",
     at: datetime | None = None,
 ) -> list[Offer]:
-    version = PriceVersion.objects.in_force(at)
-    if version is None:
+    book = price_book(at)
+    if book is None:
         return []
+    version, upcoming = book.version, book.upcoming
     discount = tenant_discount_percent(tenant)
-    upcoming = upcoming_price_version(version)
-    upcoming_entries = (
-        {(e.gpu_type_id, e.region_id): e for e in upcoming.entries.all()} if upcoming else {}
-    )
-    capacity: dict[tuple, dict[str, int]] = defaultdict(
-        lambda: {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0}
-    )
-    hidden_regions = set(host_only_region_ids(tenant))
-    for pool in pools_for_tenant(tenant):
-        bucket = capacity[(pool.gpu_type_id, pool.region_id, pool.tier)]
-        if pool.gpu_type_id:
-            bucket["available"] += pool.available_gpus
-            bucket["total"] += pool.total_gpus
+    empty = {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0}
+    capacity: dict[tuple, dict[str, int]] = defaultdict(lambda: dict(empty))
+    on_host: set[int] = set()
+    elsewhere: set[int] = set()
+    allowed_on_host = may_run_on_host(tenant)
+    # Every active pool in one read: capacity of those the tenant may use, and regions
+    # whose only pools are on the console's host (host_only_region_ids, without a query).
+    pools = NodePool.objects.filter(is_active=True).order_by().values(*POOL_CAPACITY_FIELDS)
+    for pool in pools:
+        (on_host if pool["on_console_host"] else elsewhere).add(pool["region_id"])
+        if pool["on_console_host"] and not allowed_on_host:
+            continue
+        bucket = capacity[(pool["gpu_type_id"], pool["region_id"], pool["tier"])]
+        if pool["gpu_type_id"]:
+            bucket["available"] += free_capacity(pool["allocatable_gpus"], pool["in_use_gpus"])
+            bucket["total"] += pool["total_gpus"]
         else:
-            bucket["available"] += pool.available_vcpus
-            bucket["total"] += pool.allocatable_vcpus
-        bucket["vcpus"] = max(bucket["vcpus"], pool.vcpus_per_node)
-        bucket["memory"] = max(bucket["memory"], pool.memory_gib_per_node)
-        bucket["simulated"] |= pool.simulated and pool.node_count > 0
+            bucket["available"] += free_capacity(pool["allocatable_vcpus"], pool["in_use_vcpus"])
+            bucket["total"] += pool["allocatable_vcpus"]
+        bucket["vcpus"] = max(bucket["vcpus"], pool["vcpus_per_node"])
+        bucket["memory"] = max(bucket["memory"], pool["memory_gib_per_node"])
+        bucket["simulated"] |= pool["simulated"] and pool["node_count"] > 0
+    hidden_regions = set() if allowed_on_host else on_host - elsewhere
 
-    entries = (
-        version.entries.select_related("gpu_type", "region")
-        .filter(region__is_active=True)
-        .filter(Q(gpu_type__isnull=True) | Q(gpu_type__is_active=True))
-    )
     rows = []
-    for entry in entries:
+    for priced in book.entries:
+        entry = priced.entry
         if entry.region_id in hidden_regions:
             continue
-        prices = unit_prices(entry, version)
-        next_entry = upcoming_entries.get((entry.gpu_type_id, entry.region_id))
-        next_prices = (
-            unit_prices(next_entry, upcoming)
-            if upcoming and next_entry and upcoming.currency == version.currency
-            else None
-        )
         for tier_value in Tier.values:
-            bucket = capacity.get(
-                (entry.gpu_type_id, entry.region_id, tier_value),
-                {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0},
-            )
-            unit_price = _off(prices.for_tier(tier_value), discount).quantize(Decimal("0.000001"))
+            bucket = capacity.get((entry.gpu_type_id, entry.region_id, tier_value), empty)
+            unit_price = _off(priced.prices.for_tier(tier_value), discount).quantize(MICRO)
             next_price = (
-                _off(next_prices.for_tier(tier_value), discount).quantize(Decimal("0.000001"))
-                if next_prices
+                _off(priced.next_prices.for_tier(tier_value), discount).quantize(MICRO)
+                if priced.next_prices
                 else None
             )
-            changed = next_prices is not None and next_price != unit_price
+            changed = priced.next_prices is not None and next_price != unit_price
             rows.append(
                 Offer(
                     gpu_type=entry.gpu_type,
@@ -182,15 +181,6 @@ def offers(
         return not (available_only and offer.available <= 0)
 
     return sorted(filter(keep, rows), key=SORTS.get(sort, SORTS["price"]))
-
-
-def upcoming_price_version(version: PriceVersion) -> PriceVersion | None:
-    """The price version published to take effect after `version` (the next one only)."""
-    return (
-        PriceVersion.objects.filter(effective_from__gt=version.effective_from)
-        .order_by("effective_from", "pk")
-        .first()
-    )
 
 
 def gpu_types_active() -> QuerySet[GpuType]:
