@@ -14,7 +14,6 @@ from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
@@ -33,6 +32,7 @@ from console.permissions import Capability, Role, can_assign_role, has_capabilit
 from console.queueing import enqueue_now
 from console.realtime import publish_membership_changed
 from console.selectors import membership_of
+from console.token_lookup import organisation_token
 
 logger = logging.getLogger(__name__)
 
@@ -497,23 +497,8 @@ def api_token_authenticate(raw: str) -> tuple[ApiToken, Membership | None] | Non
     if not raw or not raw.startswith(ApiToken.PREFIX):
         return None
     key_hash = sha256_hex(raw)
-    token = (
-        ApiToken.objects.active()
-        .select_related("user", "tenant")
-        .filter(
-            key_hash=key_hash,
-            user__is_active=True,
-            tenant__is_active=True,
-            tenant__memberships__user=F("user"),
-        )
-        # The same join as the filter's: the token's user's membership.
-        .annotate(
-            membership_pk=F("tenant__memberships__pk"),
-            membership_role=F("tenant__memberships__role"),
-            membership_created_at=F("tenant__memberships__created_at"),
-        )
-        .first()
-    )
+    found = organisation_token(key_hash)
+    token, membership = found if found else (None, None)
     if token is None:
         token = (
             ApiToken.objects.active()
@@ -532,20 +517,6 @@ def api_token_authenticate(raw: str) -> tuple[ApiToken, Membership | None] | Non
     ):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
-    if token.tenant_id is None:
-        return token, None
-    membership = Membership.from_db(
-        token._state.db,
-        ["id", "tenant_id", "user_id", "role", "created_at"],
-        [
-            token.membership_pk,
-            token.tenant_id,
-            token.user_id,
-            token.membership_role,
-            token.membership_created_at,
-        ],
-    )
-    membership.tenant, membership.user = token.tenant, token.user
     return token, membership
 
 
