@@ -17,7 +17,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
 
-COUNT_CAP = 10_000
+from console.paging import COUNT_CAP, OVER_CAP_KEPT_SECONDS, capped_count
+
 PAGE_SIZE_MAXIMUM = 500
 
 
@@ -72,8 +73,7 @@ class CursorCountPagination(StrictPageSize, CursorPagination):
             # however long the list); the pages after it don't count again. A view whose
             # rows carry joins for display counts its plain queryset instead.
             counting = view.count_queryset() if hasattr(view, "count_queryset") else queryset
-            counted = counting.order_by()[: COUNT_CAP + 1].count()
-            self.count, self.count_capped = min(counted, COUNT_CAP), counted > COUNT_CAP
+            self.count, self.count_capped = capped_count(counting)
         return super().paginate_queryset(queryset, request, view)
 
     def get_paginated_response(self, data):
@@ -101,7 +101,8 @@ class CursorCountPagination(StrictPageSize, CursorPagination):
             "count_capped": {
                 "type": "boolean",
                 "nullable": True,
-                "description": f"on the first page: true when there are more than {COUNT_CAP}",
+                "description": f"on the first page: true when there are more than {COUNT_CAP}"
+                f" (that answer may be up to {OVER_CAP_KEPT_SECONDS} s old)",
             },
             **envelope["properties"],
         }
