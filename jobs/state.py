@@ -53,7 +53,6 @@ def can_transition(current: str, to: str) -> bool:
     return to in TRANSITIONS.get(current, frozenset())
 
 
-@transaction.atomic
 def job_transition(
     *,
     job: Job,
@@ -61,11 +60,42 @@ def job_transition(
     actor: Actor,
     reason: str = "",
     expected_from: frozenset[str] | None = None,
+    fresh: bool = False,
     **changes,
 ) -> Job:
     """Move `job` to `to`. The row is locked and re-read, so two racing callers can't both
-    apply a change; `expected_from` lets a caller act only from given statuses."""
-    locked = Job.objects.select_for_update().get(pk=job.pk)
+    apply a change; `expected_from` lets a caller act only from given statuses. `fresh`:
+    the caller inserted the row in its still-open transaction, where no one else can see
+    it, so it is changed as given (no re-read, lock or savepoint: a launch's admission)."""
+    if fresh:
+        return _transition(job, job, to, actor, reason, expected_from, changes)
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        return _transition(locked, job, to, actor, reason, expected_from, changes)
+
+
+# What a transition writes besides the caller's `changes`.
+TRANSITION_FIELDS = (
+    "status",
+    "status_reason",
+    "status_changed_at",
+    "started_at",
+    "finished_at",
+    "wait_kind",
+    "run_seconds",
+    "running_since",
+)
+
+
+def _transition(
+    locked: Job,
+    job: Job,
+    to: str,
+    actor: Actor,
+    reason: str,
+    expected_from: frozenset[str] | None,
+    changes: dict,
+) -> Job:
     if expected_from is not None and locked.status not in expected_from:
         raise IllegalTransition(locked, to)
     if not can_transition(locked.status, to):
@@ -89,7 +119,7 @@ def job_transition(
         locked.finished_at = now
     for field, value in changes.items():
         setattr(locked, field, value)
-    locked.save()
+    locked.save(update_fields=[*TRANSITION_FIELDS, *changes])
     JobEvent.objects.create(
         job=locked,
         at=now,
@@ -102,17 +132,7 @@ def job_transition(
     realtime.publish_job_status(locked)
     job_status_notify(locked, to, actor, reason)
     # Keep the caller's instance current too.
-    for field in (
-        "status",
-        "status_reason",
-        "status_changed_at",
-        "started_at",
-        "finished_at",
-        "wait_kind",
-        "run_seconds",
-        "running_since",
-        *changes,
-    ):
+    for field in (*TRANSITION_FIELDS, *changes):
         setattr(job, field, getattr(locked, field))
     return locked
 

@@ -130,8 +130,8 @@ def _wait(job: Job, wait: Wait) -> None:
     job_wait_update(job=job, kind=wait.kind, reason=wait.message)
 
 
-def _admit(job: Job) -> None:
-    job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason="admitted")
+def _admit(job: Job, *, fresh: bool = False) -> None:
+    job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason="admitted", fresh=fresh)
     enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
 
 
@@ -203,7 +203,7 @@ def job_admit_submitted(*, job: Job) -> bool:
             _wait(job, wait)
             others = queued_behind(job)
         else:
-            _admit(job)
+            _admit(job, fresh=True)  # inserted by this launch's transaction
             others = queued_in_pools(pool_ids)
         if others.exists():
             # It went past waiting jobs (a higher priority, or another tenant's quota

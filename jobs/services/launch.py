@@ -24,14 +24,6 @@ from jobs.state import job_note
 S = JobStatus
 
 
-# A job's columns except its launch-time relations (the spec never changes after launch).
-STATE_FIELDS = [
-    field.attname
-    for field in Job._meta.concrete_fields
-    if field.name not in ("id", "tenant", "created_by", "image", "gpu_type", "region")
-]
-
-
 def job_submit(
     *,
     tenant: Tenant,
@@ -103,9 +95,7 @@ def job_submit(
         if existing is None:
             raise
         return existing
-    # What admission changed; the spec's catalog rows are immutable and stay cached.
-    job.refresh_from_db(fields=STATE_FIELDS)
-    return job
+    return job  # admission changed this instance as it changed the row
 
 
 class SuspensionLaunchPolicy:
