@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils.text import Truncator
 
 from console.models import AuditEvent
 from jobs import services
@@ -235,6 +236,26 @@ def test_list_filters_by_status_and_name(member, world, other_world):
     assert listed(status="running", q="resnet") == {running.name}
     assert listed(status="not-a-status") == {running.name, done.name, other.name}
     assert "No job matches these filters." in text(member.get(LIST, {"q": "nothing"}))
+
+
+def test_list_rows_escape_what_users_typed(member, world):
+    job = make_job(world, '<script>alert("n")</script>', project="p&'q")
+    Job.objects.filter(pk=job.pk).update(status_reason='<img src=x onerror="r">')
+    page = text(member.get(LIST))
+    assert "<script>alert" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(&quot;n&quot;)&lt;/script&gt;" in page
+    assert "p&amp;&#x27;q" in page
+    assert "&lt;img src=x onerror=&quot;r&quot;&gt;" in page
+    assert f'<tr data-job="{job.pk}"><td><a href="{detail_url(job)}">' in page
+
+
+def test_list_rows_cut_long_reasons_as_truncatechars_does(member, world):
+    long_reason = "x" * 58 + "yz" + "w" * 40
+    job = make_job(world, "long")
+    Job.objects.filter(pk=job.pk).update(status_reason=long_reason)
+    page = text(member.get(LIST))
+    assert Truncator(long_reason).chars(60) == "x" * 58 + "y…"
+    assert '<span class="muted small">' + "x" * 58 + "y…</span>" in page
 
 
 def test_list_table_is_an_htmx_partial(member, world):
