@@ -320,6 +320,13 @@ def test_watch_delivers_events_and_survives_410(kube_api):
                 continue
         raise AssertionError(f"no event for job {job_id}")
 
+    def job_lists() -> list:
+        return [
+            r
+            for r in list(kube_api.requests)
+            if r.path == "/apis/batch/v1/jobs" and r.query.get("watch") not in ("true", "1", "True")
+        ]
+
     kube_api.create("jobs", managed_job(1), namespace="default")  # before: found by the list
     thread.start()
     try:
@@ -328,19 +335,18 @@ def test_watch_delivers_events_and_survives_410(kube_api):
         wait_for(2)
         kube_api.create("configmaps", {"metadata": {"name": "unrelated"}}, namespace="default")
         kube_api.expire_watch_history()  # the next watch request gets 410 Gone
-        time.sleep(1.5)
+        # The open watch ends within its 1 s timeout; the next one gets the 410 and the
+        # watcher lists again (waited for, not slept on: a slow host stretches the timing).
+        deadline = time.monotonic() + 15
+        while len(job_lists()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         kube_api.create("jobs", managed_job(3), namespace="default")
         wait_for(3)
     finally:
         stop.set()
         thread.join(timeout=10)
     assert not thread.is_alive()
-    lists = [
-        r
-        for r in kube_api.requests
-        if r.path == "/apis/batch/v1/jobs" and r.query.get("watch") not in ("true", "1", "True")
-    ]
-    assert len(lists) >= 2  # listed again after the 410
+    assert len(job_lists()) >= 2  # listed again after the 410
 
 
 def test_the_watcher_and_dispatch_are_counted_for_metrics(world, cluster, settings):
