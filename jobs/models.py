@@ -80,6 +80,11 @@ class JobQuerySet(TenantScopedQuerySet):
     def holding_compute(self):
         return self.filter(status__in=HOLDING_COMPUTE)
 
+    def with_backend_relations(self):
+        """With what a backend reads to start an attempt (pools, region, GPU type,
+        image), in the one query: lazily they would be four more per dispatch."""
+        return self.select_related("pool", "spot_pool", "region", "gpu_type", "image")
+
 
 class Job(TenantOwnedModel):
     tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="jobs")

@@ -31,10 +31,10 @@ RETRY = {
 # until DISPATCH_MAX_ATTEMPTS and then fails the job.
 @shared_task(**{**RETRY, "autoretry_for": (BackendUnavailable, DispatchRetry)})
 def job_dispatch_task(job_id: int) -> None:
-    job = Job.objects.filter(pk=job_id).first()
+    job = Job.objects.with_backend_relations().filter(pk=job_id).first()
     if job is None:  # deleted meanwhile: nothing to do
         return
-    services.job_dispatch(job=job)
+    services.job_dispatch(job=job, fresh=True)
 
 
 @shared_task(**RETRY)

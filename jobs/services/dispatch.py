@@ -36,9 +36,11 @@ class DispatchRetry(Exception):
     """An unexpected dispatch error, counted; the task retries it (with backoff)."""
 
 
-def job_dispatch(*, job: Job) -> Job:
-    """Start the admitted job's attempt on its backend. Safe to run twice."""
-    job.refresh_from_db()
+def job_dispatch(*, job: Job, fresh: bool = False) -> Job:
+    """Start the admitted job's attempt on its backend. Safe to run twice.
+    `fresh`: the caller has just read the job `with_backend_relations()`."""
+    if not fresh:
+        job.refresh_from_db(from_queryset=Job.objects.with_backend_relations())
     if job.status != S.DISPATCHING:
         return job  # done already, or cancelled meanwhile
     backend = get_backend(job.backend)
@@ -60,7 +62,7 @@ def job_dispatch(*, job: Job) -> Job:
 
 def job_backend_resume(*, job: Job) -> Job:
     """Task side of a resume: start the suspended attempt again on its backend."""
-    job.refresh_from_db()
+    job.refresh_from_db(from_queryset=Job.objects.with_backend_relations())
     if job.status != S.RESUMING:
         return job
     backend = get_backend(job.backend)
@@ -132,16 +134,18 @@ def _dispatch_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job
     raise DispatchRetry(described) from error
 
 
-@transaction.atomic
 def _assign_devices(job: Job, backend: ComputeBackend) -> None:
     """Hand the attempt GPU devices no other live job of its backend holds, where the
-    console assigns them (a host's GPUs), before the backend starts it.
+    console assigns them (a host's GPUs), before the backend starts it."""
+    if backend.assigns_devices and job.gpus_per_node and not job.assigned_devices:
+        _assign_free_devices(job, backend)
 
-    On PostgreSQL a transaction-scoped advisory lock per backend serialises assignments,
+
+@transaction.atomic
+def _assign_free_devices(job: Job, backend: ComputeBackend) -> None:
+    """On PostgreSQL a transaction-scoped advisory lock per backend serialises assignments,
     so two dispatches can't both read the same devices as free (SQLite serialises
     writers by itself)."""
-    if not backend.assigns_devices or not job.gpus_per_node or job.assigned_devices:
-        return
     if connection.vendor == "postgresql":
         key = zlib.crc32(f"gpugeek:devices:{job.backend}".encode())
         with connection.cursor() as cursor:

@@ -135,7 +135,9 @@ def test_an_unlabelled_object_of_the_same_name_is_not_adopted(world, cluster):
     cluster.create(
         "namespaces", {"metadata": {"name": namespace, "labels": manifests.managed_labels()}}
     )
-    job = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
+    # A job reached on a port gets a Service (a lone pod without ports gets none).
+    spec = gpu_spec(ports=[{"name": "jupyter", "port": 8888}])
+    job = services.job_submit(tenant=world.tenant, user=world.member, spec=spec)
     # Someone else's Service already holds the job's rendezvous name.
     cluster.create(
         "services",
@@ -160,7 +162,8 @@ def test_our_own_existing_objects_are_still_done_already(world, cluster):
 
 
 def test_another_console_neither_sees_nor_deletes_our_jobs(world, cluster, settings):
-    job = settle(cluster, launch(world, gpu_spec()), S.RUNNING)
+    spec = gpu_spec(ports=[{"name": "jupyter", "port": 8888}])  # so it has a Service too
+    job = settle(cluster, launch(world, spec), S.RUNNING)
     backend = get_backend("kubernetes")
 
     settings.GPUGEEK_INSTALLATION_ID = THEIRS  # the same job id, seen from the other console

@@ -164,10 +164,26 @@ def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
     assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
 
 
+def test_a_lone_pod_without_ports_gets_no_service_and_rendezvous_on_itself(world, cluster):
+    lone = settle(cluster, launch(world, gpu_spec(gpus_per_node=4)), S.RUNNING)
+    (pod,) = live_pods(cluster, lone)
+    env = {entry["name"]: entry.get("value") for entry in pod["spec"]["containers"][0]["env"]}
+
+    assert cluster.get("services", ns(lone), f"gg-{lone.pk}") is None
+    assert (env["MASTER_ADDR"], env["WORLD_SIZE"]) == ("localhost", "1")
+    assert "subdomain" not in pod["spec"]
+    # One with ports is reached through its Service, so it gets one.
+    served = launch(world, gpu_spec(gpus_per_node=4, ports=[{"name": "jupyter", "port": 8888}]))
+    service = cluster.get("services", ns(served), f"gg-{served.pk}")
+    assert [port["port"] for port in service["spec"]["ports"]][1:] == [8888]
+
+
 def test_cancel_leaves_nothing_behind(world, cluster):
-    job = launch(world, gpu_spec(secret_env={"HF_TOKEN": "hf_secret"}))
+    spec = gpu_spec(secret_env={"HF_TOKEN": "hf_secret"}, ports=[{"name": "ssh", "port": 2222}])
+    job = launch(world, spec)
     secret = cluster.get("secrets", ns(job), f"gg-{job.pk}-env")
     assert set(secret["data"]) == {"HF_TOKEN"}
+    assert cluster.get("services", ns(job), f"gg-{job.pk}") is not None
     job = settle(cluster, job, S.RUNNING)
 
     job = services.job_cancel(job=job, actor=SYSTEM)

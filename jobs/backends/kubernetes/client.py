@@ -15,6 +15,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -199,6 +202,40 @@ def api_client_from_settings() -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+# One API client per process and configuration (see shared_api_client).
+CLIENT_RELOAD_SECONDS = 60
+_shared_client: dict[tuple, tuple[float, client.ApiClient]] = {}
+_shared_client_lock = threading.Lock()
+
+
+def _configuration_key() -> tuple:
+    path = settings.KUBECONFIG
+    if not path:
+        return ("in-cluster",)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (path, None)  # loading it will say what is wrong
+    return (path, stat.st_mtime_ns, stat.st_size)
+
+
+def shared_api_client() -> client.ApiClient:
+    """The process's API client for the configured cluster, so every dispatch reuses one
+    connection pool instead of reading the kubeconfig and connecting again (4 ms and a
+    TCP handshake a launch). It is made again when the kubeconfig changes, and at least
+    every CLIENT_RELOAD_SECONDS, so rotated or short-lived credentials take effect."""
+    key = _configuration_key()
+    with _shared_client_lock:
+        kept = _shared_client.get(key)
+        if kept is not None and time.monotonic() - kept[0] < CLIENT_RELOAD_SECONDS:
+            return kept[1]
+    made = api_client_from_settings()
+    with _shared_client_lock:
+        _shared_client.clear()  # an older configuration's client is left to its users
+        _shared_client[key] = (time.monotonic(), made)
+    return made
+
+
 class ApiCalls:
     """The API groups' clients, and calls that sort errors into Backend* exceptions.
 
@@ -212,7 +249,7 @@ class ApiCalls:
     @property
     def api_client(self) -> client.ApiClient:
         if self._api_client is None:
-            self._api_client = api_client_from_settings()
+            self._api_client = shared_api_client()
         return self._api_client
 
     @functools.cached_property

@@ -33,13 +33,14 @@ class LifecycleMixin(ApiCalls):
                 namespace,
                 secret,
             )
-        service = manifests.service_manifest(job)
-        self._create(
-            f"service {service['metadata']['name']}",
-            self.core.create_namespaced_service,
-            namespace,
-            service,
-        )
+        if manifests.needs_service(job):
+            service = manifests.service_manifest(job)
+            self._create(
+                f"service {service['metadata']['name']}",
+                self.core.create_namespaced_service,
+                namespace,
+                service,
+            )
         pull_secrets = self.ensure_pull_secret(job, namespace)
         queue = self.kueue_queue()
         if self._gang(job, queue):

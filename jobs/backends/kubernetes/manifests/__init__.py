@@ -9,7 +9,9 @@ Layout of one job (`DESIGN.md`, "Kubernetes, precisely"):
 
 - the tenant's namespace `gg-t-<tenant>` with Pod Security "restricted", a
   ResourceQuota from the tenant's quota, a LimitRange and a default-deny NetworkPolicy;
-- a headless Service `gg-<job>` for rendezvous, shared by every attempt and tier;
+- a headless Service `gg-<job>` for rendezvous, shared by every attempt and tier, made
+  only for a job on more than one node or with ports (`needs_service`): a lone pod's
+  rank 0 is itself (MASTER_ADDR=localhost);
 - a Secret `gg-<job>-env` holding the secret environment variables (when any);
 - per registry the tenant stored a login for, a `kubernetes.io/dockerconfigjson` Secret
   `gg-pull-<registry>-<hash>` in its namespace, named in `imagePullSecrets` of the jobs
@@ -68,6 +70,7 @@ from jobs.backends.kubernetes.manifests.names import (
     managed_selector,
     master_addr,
     namespace_name,
+    needs_service,
     owner_labels,
     registry_secret_name,
     secret_name,
@@ -139,6 +142,7 @@ __all__ = [
     "namespace_manifest",
     "namespace_manifests",
     "namespace_name",
+    "needs_service",
     "network_policy_manifest",
     "owner_labels",
     "quota_hard",

@@ -148,7 +148,16 @@ def is_gang(job: Job, kueue_queue: str | None) -> bool:
     return bool(kueue_queue) and len(tiers(job)) > 1
 
 
+def needs_service(job: Job) -> bool:
+    """Whether the job gets its headless Service: for its pods to find each other (more
+    than one node) or to be reached on its ports. A lone pod without ports needs none,
+    which saves an object (and an API call) per launch."""
+    return job.nodes > 1 or bool(job.ports)
+
+
 def master_addr(job: Job, *, gang: bool = False) -> str:
+    if not needs_service(job):
+        return "localhost"  # rank 0 is the pod itself
     first_tier = tiers(job)[0][0]
     return f"{job_name(job, first_tier, gang=gang)}-0.{service_name(job)}"
 

@@ -38,6 +38,7 @@ from jobs.backends.kubernetes.manifests.names import (
     managed_labels,
     master_addr,
     namespace_name,
+    needs_service,
     owner_labels,
     registry_secret_name,
     secret_name,
@@ -273,7 +274,6 @@ def job_manifest(
         ]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "subdomain": service_name(job),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.JOB_TERMINATION_GRACE_SECONDS,
@@ -292,6 +292,8 @@ def job_manifest(
             {"name": "home", "emptyDir": {}},
         ],
     }
+    if needs_service(job):  # the pods' DNS names under the job's Service
+        pod_spec["subdomain"] = service_name(job)
     tolerations = _tolerations(job, tier)
     if tolerations:
         pod_spec["tolerations"] = tolerations
