@@ -52,6 +52,12 @@ def send_to_group(group: str, payload: dict) -> None:
 
 def send_to_groups(groups: list[str], payload: dict) -> None:
     """`send_to_group` to several groups in one hop from sync to async code."""
+    send_many([(groups, payload)])
+
+
+def send_many(messages: list[tuple[list[str], dict]]) -> None:
+    """Send each payload to its groups, all in one hop from sync to async code (a batch
+    of status changes costs one hop, not one each)."""
     try:
         publisher = _publisher()
         if publisher is None:
@@ -59,12 +65,14 @@ def send_to_groups(groups: list[str], payload: dict) -> None:
         loop, layer = publisher
 
         async def send_all() -> None:
-            for group in groups:
-                await layer.group_send(group, relay_envelope(group, dict(payload)))
+            for groups, payload in messages:
+                for group in groups:
+                    await layer.group_send(group, relay_envelope(group, dict(payload)))
 
         asyncio.run_coroutine_threadsafe(send_all(), loop).result(timeout=10)
     except Exception:
-        log.warning("realtime publish to %s failed", ", ".join(groups), exc_info=True)
+        groups = sorted({group for groups, _ in messages for group in groups})
+        log.warning("realtime publish to %s failed", ", ".join(groups[:10]), exc_info=True)
 
 
 # The process's publishing loop: (pid, the configured layer it follows, loop, own layer).

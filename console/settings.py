@@ -313,6 +313,8 @@ COMPUTE_BACKENDS = env_list(
 )
 KUBECONFIG = env_str("KUBECONFIG", SANDBOX_KUBECONFIG)  # empty: in-cluster config
 KUBERNETES_REQUEST_TIMEOUT = env_int("KUBERNETES_REQUEST_TIMEOUT", 10)
+# A batch dispatch creates this many jobs' objects at once (one thread each).
+KUBERNETES_DISPATCH_CONCURRENCY = env_int("KUBERNETES_DISPATCH_CONCURRENCY", 8)
 KUBERNETES_TTL_SECONDS_AFTER_FINISHED = env_int("KUBERNETES_TTL_SECONDS_AFTER_FINISHED", 3600)
 # Egress no job may reach: the metadata endpoint and private ranges (our DB, Redis, the
 # control plane); adjust to the cluster's network.
@@ -368,6 +370,8 @@ JOB_TERMINATION_GRACE_SECONDS = env_int("JOB_TERMINATION_GRACE_SECONDS", 30)
 WATCHER_INTERVAL = env_int("WATCHER_INTERVAL", 2)
 # A dispatch failing with an unexpected error is retried this often, then the job fails.
 DISPATCH_MAX_ATTEMPTS = env_int("DISPATCH_MAX_ATTEMPTS", 5)
+# Jobs one admission pass admits together are dispatched in batches of this many.
+DISPATCH_BATCH_SIZE = env_int("DISPATCH_BATCH_SIZE", 100)
 # DCGM exporter metrics of Kubernetes jobs (the sandbox serves a compatible API).
 PROMETHEUS_URL = env_str("PROMETHEUS_URL", f"{SANDBOX_URL}/prometheus" if SANDBOX_URL else "")
 LOG_ARCHIVE_DIR = env_str("LOG_ARCHIVE_DIR", "")  # default: <data dir>/log-archive

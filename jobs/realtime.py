@@ -25,7 +25,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 # The one envelope and sender.
-from console.realtime import relay_envelope, send_to_group, send_to_groups
+from console.realtime import relay_envelope, send_many, send_to_group, send_to_groups
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ async def _asend(group: str, message: dict) -> None:
         log.warning("realtime publish to %s failed", group, exc_info=True)
 
 
-def publish_job_status(job) -> None:
+def _status_message(job) -> tuple[list[str], dict]:
     message = JobStatusMessage(
         type="status",
         job_id=job.pk,
@@ -138,12 +138,18 @@ def publish_job_status(job) -> None:
         at=job.status_changed_at.isoformat(),
         is_finished=job.is_finished,
     )
-    tenant_id = job.tenant_id
+    return [job_group(job.pk), tenant_group(job.tenant_id)], dict(message)
 
-    def send() -> None:
-        send_to_groups([job_group(job.pk), tenant_group(tenant_id)], dict(message))
 
-    transaction.on_commit(send)
+def publish_job_status(job) -> None:
+    groups, message = _status_message(job)
+    transaction.on_commit(lambda: send_to_groups(groups, message))
+
+
+def publish_jobs_status(jobs) -> None:
+    """`publish_job_status` for many jobs, sent together after commit."""
+    messages = [_status_message(job) for job in jobs]
+    transaction.on_commit(lambda: send_many(messages))
 
 
 async def apublish_job_logs(

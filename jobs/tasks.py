@@ -37,6 +37,13 @@ def job_dispatch_task(job_id: int) -> None:
     services.job_dispatch(job=job, fresh=True)
 
 
+@shared_task(acks_late=True)
+def jobs_dispatch_task(job_ids: list[int]) -> None:
+    """Dispatch a batch of admitted jobs (a full admission pass queues one); a job that
+    fails in it is handed to its own job_dispatch_task."""
+    services.jobs_dispatch(job_ids=job_ids)
+
+
 @shared_task(**RETRY)
 def job_suspend_task(job_id: int) -> None:
     job = Job.objects.filter(pk=job_id).first()

@@ -182,6 +182,19 @@ class ComputeBackend(abc.ABC):
     def submit(self, job: Job) -> None:
         """Start the job's current attempt. Idempotent: an existing attempt is success."""
 
+    def submit_many(self, jobs: list[Job]) -> dict[int, Exception | None]:
+        """`submit` each job; returns each one's error, or None where it started. A
+        backend that can overlap the calls (Kubernetes) does them at once."""
+        outcomes: dict[int, Exception | None] = {}
+        for job in jobs:
+            try:
+                self.submit(job)
+            except Exception as error:
+                outcomes[job.pk] = error
+            else:
+                outcomes[job.pk] = None
+        return outcomes
+
     @abc.abstractmethod
     def suspend(self, job: Job) -> None:
         """Stop the attempt with notice (SIGTERM, grace period) and release its compute."""

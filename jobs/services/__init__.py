@@ -21,7 +21,7 @@ from jobs.services.actions import (
     job_resume,
 )
 from jobs.services.admission import job_admit_submitted, jobs_admit
-from jobs.services.dispatch import job_backend_resume, job_dispatch
+from jobs.services.dispatch import job_backend_resume, job_dispatch, jobs_dispatch
 from jobs.services.launch import job_clone, job_submit
 from jobs.services.observe import job_apply_observation, jobs_observe, jobs_reconcile
 from jobs.services.secrets import tenant_secret_delete, tenant_secret_set, tenant_secrets_resolve
@@ -56,6 +56,7 @@ __all__ = [
     "job_resume",
     "job_submit",
     "jobs_admit",
+    "jobs_dispatch",
     "jobs_observe",
     "jobs_reconcile",
     "launch_template_delete",

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 
@@ -130,9 +131,22 @@ def _wait(job: Job, wait: Wait) -> None:
     job_wait_update(job=job, kind=wait.kind, reason=wait.message)
 
 
-def _admit(job: Job, *, fresh: bool = False) -> None:
+def _admit(job: Job, *, fresh: bool = False, enqueue: bool = True) -> None:
     job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason="admitted", fresh=fresh)
-    enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
+    if enqueue:
+        enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
+
+
+def _enqueue_dispatches(jobs: list[Job]) -> None:
+    """One job: its own dispatch task. More (a pass that freed capacity for a backlog):
+    batches of DISPATCH_BATCH_SIZE, each dispatched together (`jobs_dispatch`)."""
+    if len(jobs) == 1:
+        enqueue_on_commit("jobs.tasks.job_dispatch_task", jobs[0].pk)
+        return
+    size = settings.DISPATCH_BATCH_SIZE
+    for start in range(0, len(jobs), size):
+        batch = [job.pk for job in jobs[start : start + size]]
+        enqueue_on_commit("jobs.tasks.jobs_dispatch_task", batch)
 
 
 def locked_admission_state(
@@ -248,6 +262,7 @@ def jobs_admit() -> list[Job]:
             _wait(job, wait)
             continue
         usage.add(job)
-        _admit(job)
+        _admit(job, enqueue=False)
         admitted.append(job)
+    _enqueue_dispatches(admitted)
     return admitted

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections import defaultdict
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 
+from console.queueing import enqueue_on_commit
 from jobs.actors import SYSTEM, Actor
 from jobs.backends import BackendRejected, BackendUnavailable, ComputeBackend, get_backend
 from jobs.models import Job, JobStatus, WaitKind
 from jobs.prometheus import dispatch_latency_observe
-from jobs.state import IllegalTransition, job_retry_note, job_transition
+from jobs.state import IllegalTransition, job_retry_note, job_transition, jobs_transition_many
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -58,6 +60,69 @@ def job_dispatch(*, job: Job, fresh: bool = False) -> Job:
     if backend.starts_immediately:
         return _after_start(job, backend, S.RUNNING, "started", S.DISPATCHING)
     return _after_start(job, backend, S.PROVISIONING, "submitted to the cluster", S.DISPATCHING)
+
+
+def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
+    """Dispatch many admitted jobs at once (`jobs.tasks.jobs_dispatch_task`): one read,
+    their backend's `submit_many` (Kubernetes creates their objects concurrently), and
+    one transaction moving those started. A job whose start fails here goes on alone
+    through `job_dispatch_task` (its retries, failure count and limit), so one job's
+    trouble never holds back or repeats the others'. Returns the jobs it started."""
+    jobs = Job.objects.with_backend_relations().filter(pk__in=job_ids, status=S.DISPATCHING)
+    by_backend: dict[str, list[Job]] = defaultdict(list)
+    for job in jobs.order_by("pk"):
+        by_backend[job.backend].append(job)
+    started: list[Job] = []
+    for name, group in by_backend.items():
+        backend = get_backend(name)
+        if backend.assigns_devices:  # devices are handed out one dispatch at a time
+            for job in group:
+                enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
+            continue
+        outcomes = backend.submit_many(group)
+        for job in group:
+            error = outcomes[job.pk]
+            if isinstance(error, BackendRejected):
+                transition_quietly(job, S.FAILED, SYSTEM, f"dispatch failed: {error}")
+            elif isinstance(error, BackendUnavailable):
+                job_retry_note(job=job, reason=f"retrying: {error}")
+                enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
+            elif error is not None:
+                try:
+                    _dispatch_failed(job, backend, error)
+                except DispatchRetry:
+                    enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
+        submitted = [job for job in group if outcomes[job.pk] is None]
+        started += _after_start_many(submitted, backend)
+    return started
+
+
+def _after_start_many(jobs: list[Job], backend: ComputeBackend) -> list[Job]:
+    """`_after_start` for a batch, in one transaction (`jobs_transition_many`)."""
+    if not jobs:
+        return []
+    to, reason = (
+        (S.RUNNING, "started")
+        if backend.starts_immediately
+        else (S.PROVISIONING, "submitted to the cluster")
+    )
+    admitted_at = {
+        job.pk: job.status_changed_at if job.wait_kind != WaitKind.RETRY else None for job in jobs
+    }
+    moved = jobs_transition_many(
+        jobs=jobs, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({S.DISPATCHING})
+    )
+    for job in moved:
+        dispatch_latency_observe(
+            job=job, backend_name=backend.name, admitted_at=admitted_at[job.pk]
+        )
+    moved_ids = {job.pk for job in moved}
+    for job in jobs:
+        if job.pk not in moved_ids:  # cancelled, failed or started by another meanwhile
+            job.refresh_from_db()
+            if job.status in UNDO_AFTER:
+                _undo(job, backend)
+    return moved
 
 
 def job_backend_resume(*, job: Job) -> Job:

@@ -206,6 +206,27 @@ def test_a_lost_dispatch_is_redone(world, catalog, dropped):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_batch_hands_local_jobs_to_their_own_dispatch_tasks(world, catalog, dropped):
+    """The host's GPU devices are handed out one dispatch at a time (`_assign_devices`),
+    so a batch (`jobs_dispatch`) starts none itself: each gets its own task."""
+    jobs = [
+        services.job_submit(tenant=world.tenant, user=world.member, spec=spec(SLEEP, name=f"l{n}"))
+        for n in range(2)
+    ]
+    dropped.sent.clear()  # their launches' own tasks, lost
+
+    assert services.jobs_dispatch(job_ids=[job.pk for job in jobs]) == []
+
+    assert [dropped.names(job.pk) for job in jobs] == [["jobs.tasks.job_dispatch_task"]] * 2
+    dropped.run()
+    jobs = [wait_for_status(job, {S.RUNNING}) for job in jobs]
+    for job in jobs:
+        services.job_cancel(job=job, actor=SYSTEM)
+    dropped.run()
+    settle(jobs)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_lost_pause_and_resume_are_redone(world, catalog, dropped):
     job = launch(world, spec(SLEEP))
     dropped.sent.clear()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
 
 from console.crypto import decrypt_json
 from jobs.backends.base import (
@@ -21,51 +25,130 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# One API call of an attempt's creation: what it creates (for messages), the client
+# method and its arguments.
+Create = tuple[str, Callable[..., Any], tuple]
+
+
 class LifecycleMixin(ApiCalls):
     def _create_attempt(self, job: Job, *, resumed: bool) -> None:
-        namespace = self.ensure_namespace(job.tenant_id)
+        self._run_creates(self._attempt_creates(job, resumed=resumed))
+
+    def _attempt_creates(
+        self,
+        job: Job,
+        *,
+        resumed: bool,
+        namespace: str | None = None,
+        pull_secrets: list[str] | None = None,
+    ) -> list[Create]:
+        """Set up what the attempt needs first (its namespace, image pull Secret: these
+        read the database) and return the creates of its own objects, in order: env
+        Secret, Service, then its Job(s) or JobSet. They call only the API server, so a
+        batch can run them in other threads."""
+        namespace = namespace or self.ensure_namespace(job.tenant_id)
+        creates: list[Create] = []
         if job.secret_env_names:
             values = decrypt_json(job.secret_env_encrypted) or {}
             secret = manifests.secret_manifest(job, values)
-            self._create(
-                f"secret {secret['metadata']['name']}",
-                self.core.create_namespaced_secret,
-                namespace,
-                secret,
+            creates.append(
+                (
+                    f"secret {secret['metadata']['name']}",
+                    self.core.create_namespaced_secret,
+                    (namespace, secret),
+                )
             )
         if manifests.needs_service(job):
             service = manifests.service_manifest(job)
-            self._create(
-                f"service {service['metadata']['name']}",
-                self.core.create_namespaced_service,
-                namespace,
-                service,
+            creates.append(
+                (
+                    f"service {service['metadata']['name']}",
+                    self.core.create_namespaced_service,
+                    (namespace, service),
+                )
             )
-        pull_secrets = self.ensure_pull_secret(job, namespace)
+        if pull_secrets is None:
+            pull_secrets = self.ensure_pull_secret(job, namespace)
         queue = self.kueue_queue()
         if self._gang(job, queue):
             jobset = manifests.jobset_manifest(
                 job, kueue_queue=queue, resumed=resumed, pull_secrets=pull_secrets
             )
-            self._create(
-                f"JobSet {jobset['metadata']['name']}",
-                self.custom.create_namespaced_custom_object,
-                manifests.JOBSET_GROUP,
-                manifests.JOBSET_VERSION,
-                namespace,
-                "jobsets",
-                jobset,
+            creates.append(
+                (
+                    f"JobSet {jobset['metadata']['name']}",
+                    self.custom.create_namespaced_custom_object,
+                    (
+                        manifests.JOBSET_GROUP,
+                        manifests.JOBSET_VERSION,
+                        namespace,
+                        "jobsets",
+                        jobset,
+                    ),
+                )
             )
-            return
+            return creates
         for manifest in manifests.job_manifests(
             job, resumed=resumed, pull_secrets=pull_secrets, kueue_queue=queue
         ):
-            self._create(
-                f"Job {manifest['metadata']['name']}",
-                self.batch.create_namespaced_job,
-                namespace,
-                manifest,
+            creates.append(
+                (
+                    f"Job {manifest['metadata']['name']}",
+                    self.batch.create_namespaced_job,
+                    (namespace, manifest),
+                )
             )
+        return creates
+
+    def _run_creates(self, creates: list[Create]) -> None:
+        for what, create, args in creates:
+            self._create(what, create, *args)
+
+    def submit_many(self, jobs: list[Job]) -> dict[int, Exception | None]:
+        """Start first attempts of many jobs: what reads the database (namespaces, once per
+        tenant; pull Secrets, once per tenant and image) here, then each job's creates in up to
+        KUBERNETES_DISPATCH_CONCURRENCY threads at once. Returns each job's error, or
+        None where its objects exist now. A later attempt goes through `submit` (it
+        removes the earlier attempts' Jobs first)."""
+        outcomes: dict[int, Exception | None] = {}
+        namespaces: dict[int, str] = {}
+        pull_secrets: dict[tuple[int, str], list[str]] = {}  # per tenant and image
+        prepared: list[tuple[Job, list[Create]]] = []
+        for job in jobs:
+            try:
+                if job.attempt > 1:
+                    self.submit(job)
+                    outcomes[job.pk] = None
+                    continue
+                if job.tenant_id not in namespaces:
+                    namespaces[job.tenant_id] = self.ensure_namespace(job.tenant_id)
+                namespace = namespaces[job.tenant_id]
+                image = (job.tenant_id, job.image_reference)
+                if image not in pull_secrets:
+                    pull_secrets[image] = self.ensure_pull_secret(job, namespace)
+                creates = self._attempt_creates(
+                    job, resumed=False, namespace=namespace, pull_secrets=pull_secrets[image]
+                )
+                prepared.append((job, creates))
+            except Exception as error:
+                outcomes[job.pk] = error
+                self.forget_namespace(job.tenant_id)
+
+        def run(creates: list[Create]) -> Exception | None:
+            try:
+                self._run_creates(creates)
+            except Exception as error:
+                return error
+            return None
+
+        workers = max(1, min(settings.KUBERNETES_DISPATCH_CONCURRENCY, len(prepared)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="kube-create") as pool:
+            results = pool.map(run, [creates for _, creates in prepared])
+            for (job, _), error in zip(prepared, results, strict=True):
+                outcomes[job.pk] = error
+                if error is not None:
+                    self.forget_namespace(job.tenant_id)
+        return outcomes
 
     def _jobs_of(self, job: Job) -> list[Any]:
         """Every Kubernetes Job of this job, all attempts and tiers."""
