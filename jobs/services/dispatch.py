@@ -3,7 +3,7 @@ Runs in Celery tasks after commit; safe to run twice.
 
 Invariants:
 - A cancel that lands while the backend call runs never leaves work running: the status
-  change after the call re-reads the job under its row lock (`job_transition`), and a
+  change after the call re-reads the job under its row lock (`jobs_transition_many`), and a
   job cancelled (or failed) meanwhile has what this call started undone.
 - An unexpected error is counted (`Job.dispatch_failures`) and retried; after
   DISPATCH_MAX_ATTEMPTS the job fails with the error, so it never holds capacity forever.
@@ -49,17 +49,29 @@ def job_dispatch(*, job: Job, fresh: bool = False) -> Job:
     try:
         _assign_devices(job, backend)
         backend.submit(job)
-    except BackendUnavailable as error:
-        job_retry_note(job=job, reason=f"retrying: {error}")
-        raise
-    except BackendRejected as error:
-        return transition_quietly(job, S.FAILED, SYSTEM, f"dispatch failed: {error}")
     except Exception as error:
-        return _dispatch_failed(job, backend, error)
-    # A process starts at once; pods still have to be scheduled.
+        return _start_failed(job, backend, error)
+    return _after_start(job, backend, *_started_as(backend), S.DISPATCHING)
+
+
+def _started_as(backend: ComputeBackend) -> tuple[str, str]:
+    """The status (and reason) a dispatched job has: a process starts at once, pods
+    still have to be scheduled."""
     if backend.starts_immediately:
-        return _after_start(job, backend, S.RUNNING, "started", S.DISPATCHING)
-    return _after_start(job, backend, S.PROVISIONING, "submitted to the cluster", S.DISPATCHING)
+        return S.RUNNING, "started"
+    return S.PROVISIONING, "submitted to the cluster"
+
+
+def _start_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job:
+    """What a failed dispatch leaves: a rejected job fails; an unavailable backend gets a
+    retry note and is raised again; an unexpected error is counted (`_dispatch_failed`,
+    which raises DispatchRetry until the limit)."""
+    if isinstance(error, BackendRejected):
+        return transition_quietly(job, S.FAILED, SYSTEM, f"dispatch failed: {error}")
+    if isinstance(error, BackendUnavailable):
+        job_retry_note(job=job, reason=f"retrying: {error}")
+        raise error
+    return _dispatch_failed(job, backend, error)
 
 
 def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
@@ -82,47 +94,16 @@ def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
         outcomes = backend.submit_many(group)
         for job in group:
             error = outcomes[job.pk]
-            if isinstance(error, BackendRejected):
-                transition_quietly(job, S.FAILED, SYSTEM, f"dispatch failed: {error}")
-            elif isinstance(error, BackendUnavailable):
-                job_retry_note(job=job, reason=f"retrying: {error}")
+            if error is None:
+                continue
+            try:
+                _start_failed(job, backend, error)
+            except (BackendUnavailable, DispatchRetry):
                 enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
-            elif error is not None:
-                try:
-                    _dispatch_failed(job, backend, error)
-                except DispatchRetry:
-                    enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
         submitted = [job for job in group if outcomes[job.pk] is None]
-        started += _after_start_many(submitted, backend)
+        if submitted:
+            started += _after_start_many(submitted, backend, *_started_as(backend), S.DISPATCHING)
     return started
-
-
-def _after_start_many(jobs: list[Job], backend: ComputeBackend) -> list[Job]:
-    """`_after_start` for a batch, in one transaction (`jobs_transition_many`)."""
-    if not jobs:
-        return []
-    to, reason = (
-        (S.RUNNING, "started")
-        if backend.starts_immediately
-        else (S.PROVISIONING, "submitted to the cluster")
-    )
-    admitted_at = {
-        job.pk: job.status_changed_at if job.wait_kind != WaitKind.RETRY else None for job in jobs
-    }
-    moved = jobs_transition_many(
-        jobs=jobs, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({S.DISPATCHING})
-    )
-    for job in moved:
-        dispatch_latency_observe(
-            job=job, backend_name=backend.name, admitted_at=admitted_at[job.pk]
-        )
-    moved_ids = {job.pk for job in moved}
-    for job in jobs:
-        if job.pk not in moved_ids:  # cancelled, failed or started by another meanwhile
-            job.refresh_from_db()
-            if job.status in UNDO_AFTER:
-                _undo(job, backend)
-    return moved
 
 
 def job_backend_resume(*, job: Job) -> Job:
@@ -145,26 +126,37 @@ def job_backend_resume(*, job: Job) -> Job:
 
 
 def _after_start(job: Job, backend: ComputeBackend, to: str, reason: str, source: str) -> Job:
-    """Record that the backend call started the attempt, unless the job left `source`
-    meanwhile (`job_transition` locks and re-reads the row); a job cancelled or failed
-    meanwhile has what was just started undone."""
-    # When the job became `source`, unless a retry note has touched that time since.
-    entered_source_at = job.status_changed_at if job.wait_kind != WaitKind.RETRY else None
-    try:
-        started = job_transition(
-            job=job, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({source})
-        )
-    except IllegalTransition:
-        job.refresh_from_db()
-    else:
-        if source == S.DISPATCHING:
+    """`_after_start_many` for one job: the job as started, or as it is now."""
+    started = _after_start_many([job], backend, to, reason, source)
+    return started[0] if started else job
+
+
+def _after_start_many(
+    jobs: list[Job], backend: ComputeBackend, to: str, reason: str, source: str
+) -> list[Job]:
+    """Record that the backend calls started the jobs' attempts, except for jobs that
+    left `source` meanwhile (`jobs_transition_many` locks and re-reads the rows): those
+    are read again, and one cancelled or failed meanwhile has what was just started
+    undone (others were e.g. a duplicate dispatch, or the watcher got there first)."""
+    # When each job became `source`, unless a retry note has touched that time since.
+    entered_source_at = {
+        job.pk: job.status_changed_at if job.wait_kind != WaitKind.RETRY else None for job in jobs
+    }
+    started = jobs_transition_many(
+        jobs=jobs, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({source})
+    )
+    if source == S.DISPATCHING:
+        for job in started:
             dispatch_latency_observe(
-                job=started, backend_name=backend.name, admitted_at=entered_source_at
+                job=job, backend_name=backend.name, admitted_at=entered_source_at[job.pk]
             )
-        return started
-    if job.status in UNDO_AFTER:
-        _undo(job, backend)
-    return job  # e.g. a duplicate dispatch, or the watcher, got there first
+    started_ids = {job.pk for job in started}
+    for job in jobs:
+        if job.pk not in started_ids:
+            job.refresh_from_db()
+            if job.status in UNDO_AFTER:
+                _undo(job, backend)
+    return started
 
 
 def _undo(job: Job, backend: ComputeBackend) -> None:
