@@ -45,6 +45,22 @@ def relay_envelope(group: str, payload: dict) -> dict:
     return {"type": "relay", "group": group, "payload": payload}
 
 
+# Every process's hub joins this group. A batch (e.g. 100 jobs dispatched together, two
+# groups each) goes there as one "relay_many" envelope, each hub handing each payload to
+# its own subscribers of its groups: one Redis send instead of one per job and group
+# (two round trips each, even for a group nobody watches).
+BROADCAST_GROUP = "relay.broadcast"
+BROADCAST_FROM = 8  # messages in one send_many; fewer go group by group
+BROADCAST_CHUNK = 100  # messages per envelope, so that none grows large
+
+
+def relay_many_envelope(messages: list[tuple[list[str], dict]]) -> dict:
+    return {
+        "type": "relay_many",
+        "messages": [{"groups": list(groups), "payload": dict(p)} for groups, p in messages],
+    }
+
+
 def send_to_group(group: str, payload: dict) -> None:
     """Send now (sync code), logging instead of raising when the layer is unreachable."""
     send_to_groups([group], payload)
@@ -65,6 +81,11 @@ def send_many(messages: list[tuple[list[str], dict]]) -> None:
         loop, layer = publisher
 
         async def send_all() -> None:
+            if len(messages) >= BROADCAST_FROM:
+                for start in range(0, len(messages), BROADCAST_CHUNK):
+                    envelope = relay_many_envelope(messages[start : start + BROADCAST_CHUNK])
+                    await layer.group_send(BROADCAST_GROUP, envelope)
+                return
             for groups, payload in messages:
                 for group in groups:
                     await layer.group_send(group, relay_envelope(group, dict(payload)))

@@ -2,23 +2,17 @@
 
 The ORM query (token, user, organisation and the user's membership, one join) took
 Django longer to compile and turn into instances (~2 ms) than PostgreSQL takes to run
-it (~0.3 ms), on every request. It is written once as an ORM query, compiled once per
-thread with a placeholder for the key's hash, and run with Django's own cursor and
-column converters; rows become instances through Model.from_db, as the ORM's do."""
+it (~0.3 ms), on every request. It is written once as an ORM query and compiled once per
+thread (console.compiled); rows become instances through Model.from_db, as the ORM's do."""
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
-from typing import Any
-
 from django.db import connection
 from django.db.models import F, Model
-from django.db.models.sql.compiler import SQLCompiler
 
+from console.compiled import compiled
 from console.models import ApiToken, Membership, Tenant, User
 
-PLACEHOLDER = "\x00key-hash\x00"
 # Each model's concrete fields, by the path from the token.
 MODELS: tuple[tuple[type[Model], str], ...] = (
     (ApiToken, ""),
@@ -28,31 +22,13 @@ MODELS: tuple[tuple[type[Model], str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class _Compiled:
-    sql: str
-    params: tuple[Any, ...]
-    slot: int  # where the key's hash goes in params
-    compiler: SQLCompiler
-    converters: dict
-
-
-_per_thread = threading.local()
-
-
 def organisation_token(key_hash: str) -> tuple[ApiToken, Membership] | None:
     """The active organisation token with this hash, whose user is active and a member of
     its active organisation, with its user, organisation and membership; or None."""
-    compiled = _compiled()
-    params = list(compiled.params)
-    params[compiled.slot] = key_hash
-    with connection.cursor() as cursor:
-        cursor.execute(compiled.sql, params)
-        rows = cursor.fetchall()
+    lookup = compiled("organisation-token", lambda at: organisation_token_query(at.text("hash")))
+    rows = lookup.rows(hash=key_hash)
     if not rows:
         return None
-    if compiled.converters:
-        rows = list(compiled.compiler.apply_converters(rows, compiled.converters))
     instances, start = [], 0
     for model, _ in MODELS:
         names = _attnames(model)
@@ -79,19 +55,6 @@ def organisation_token_query(key_hash: str):
         .order_by()
         .values_list(*paths)[:1]
     )
-
-
-def _compiled() -> _Compiled:
-    kept = getattr(_per_thread, "compiled", None)
-    if kept is not None and kept[0] == connection.vendor:
-        return kept[1]
-    compiler = organisation_token_query(PLACEHOLDER).query.get_compiler(connection=connection)
-    sql, params = compiler.as_sql()
-    slot = params.index(PLACEHOLDER)
-    converters = compiler.get_converters([column[0] for column in compiler.select])
-    compiled = _Compiled(sql, tuple(params), slot, compiler, converters)
-    _per_thread.compiled = (connection.vendor, compiled)
-    return compiled
 
 
 def _attnames(model: type[Model]) -> list[str]:

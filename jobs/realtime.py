@@ -25,7 +25,13 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 # The one envelope and sender.
-from console.realtime import relay_envelope, send_many, send_to_group, send_to_groups
+from console.realtime import (
+    BROADCAST_GROUP,
+    relay_envelope,
+    send_many,
+    send_to_group,
+    send_to_groups,
+)
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +255,7 @@ class GroupHub:
                 # "specific." channels through one Redis list; another prefix would make a
                 # second list, and receivers on both would take turns (seconds of delay).
                 self.channel = await self.layer.new_channel()
+                await self.layer.group_add(BROADCAST_GROUP, self.channel)
                 self._reader = asyncio.ensure_future(self._read())
                 self._refresher = asyncio.ensure_future(self._refresh())
 
@@ -296,10 +303,16 @@ class GroupHub:
                 # our groups): rejoin, and tell every socket to catch up from the truth.
                 log.warning("realtime hub receive failed (%s); resyncing", error)
                 await asyncio.sleep(0.5)
-                for group in list(self.subscribers):
+                for group in [BROADCAST_GROUP, *self.subscribers]:
                     with contextlib.suppress(Exception):
                         await self.layer.group_add(group, self.channel)
                 self._fan_out_all({"type": RESYNC})
+                continue
+            if message.get("type") == "relay_many":
+                for entry in message.get("messages") or []:
+                    for group in entry.get("groups") or []:
+                        if group in self.subscribers:
+                            await self.deliver_local(group, dict(entry.get("payload") or {}))
                 continue
             group, payload = message.get("group"), message.get("payload")
             if not group or payload is None:
@@ -338,7 +351,7 @@ class GroupHub:
     async def _refresh(self) -> None:
         while True:
             await asyncio.sleep(self.REFRESH_SECONDS)
-            for group in list(self.subscribers):
+            for group in [BROADCAST_GROUP, *self.subscribers]:
                 with contextlib.suppress(Exception):
                     await self.layer.group_add(group, self.channel)
 

@@ -74,27 +74,26 @@ def queued_in_pools(pool_ids: list[int]) -> QuerySet[Job]:
     )
 
 
-def queued_ahead_of(job: Job) -> QuerySet[Job]:
-    """Queued jobs before `job` in admission order (priority, then FIFO) that want one of
-    its pools; an indexed filter, so its cost doesn't grow with the rest of the queue."""
-    pools = [pid for pid in (job.pool_id, job.spot_pool_id) if pid]
+def before_in_queue(job: Job) -> Q:
+    """The jobs before `job` in admission order (priority, then FIFO); the others
+    (but `job`) come after it."""
     rank = PRIORITY_ORDER.index(job.priority)
-    earlier = Q(priority__in=PRIORITY_ORDER[:rank]) | Q(
+    return Q(priority__in=PRIORITY_ORDER[:rank]) | Q(
         Q(created_at__lt=job.created_at) | Q(created_at=job.created_at, pk__lt=job.pk),
         priority=job.priority,
     )
-    return queued_in_pools(pools).filter(earlier).exclude(pk=job.pk)
 
 
-def queued_behind(job: Job) -> QuerySet[Job]:
-    """Queued jobs after `job` in admission order that want one of its pools."""
+def queued_with(job: Job) -> QuerySet[Job]:
+    """The other queued jobs that want one of `job`'s pools; an indexed filter, so its
+    cost doesn't grow with the rest of the queue."""
     pools = [pid for pid in (job.pool_id, job.spot_pool_id) if pid]
-    rank = PRIORITY_ORDER.index(job.priority)
-    later = Q(priority__in=PRIORITY_ORDER[rank + 1 :]) | Q(
-        Q(created_at__gt=job.created_at) | Q(created_at=job.created_at, pk__gt=job.pk),
-        priority=job.priority,
-    )
-    return queued_in_pools(pools).filter(later).exclude(pk=job.pk)
+    return queued_in_pools(pools).exclude(pk=job.pk)
+
+
+def queued_ahead_of(job: Job) -> QuerySet[Job]:
+    """Queued jobs before `job` in admission order that want one of its pools."""
+    return queued_with(job).filter(before_in_queue(job))
 
 
 def job_from_row(row: dict) -> Job:

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
-from django.db.models import F
+from django.db.models import F, QuerySet
 
+from console.compiled import StandIns, compiled_first
 from console.crypto import decrypt_json
 from console.models import Tenant
 from console.services import ServiceError
@@ -226,15 +227,24 @@ def spot_nodes_for(nodes: int, spot_ratio: Decimal) -> int:
 def _pick_pool(
     *, tenant: Tenant, gpu_type: GpuType | None, region: Region, tier: str
 ) -> NodePool | None:
-    pools = pools_for_tenant(tenant).filter(
-        gpu_type=gpu_type,
-        region=region,
-        tier=tier,
-        backend__in=settings.COMPUTE_BACKENDS,
+    backends = tuple(settings.COMPUTE_BACKENDS)
+
+    def build(at: StandIns) -> QuerySet[NodePool]:
+        pools = pools_for_tenant(tenant).filter(
+            gpu_type_id=at.int("gpu_type") if gpu_type else None,
+            region_id=at.int("region"),
+            tier=tier,
+            backend__in=backends,
+        )
+        if gpu_type is None:
+            return pools.order_by("-allocatable_vcpus", "pk")
+        return pools.order_by("-allocatable_gpus", "pk")
+
+    # The shape: what the tenant's pools depend on, CPU or GPU, the tier and the backends.
+    shape = ("launch-pool", tenant.may_run_on_host, gpu_type is None, tier, backends)
+    return compiled_first(
+        shape, NodePool, build, gpu_type=gpu_type.pk if gpu_type else None, region=region.pk
     )
-    if gpu_type is None:
-        return pools.order_by("-allocatable_vcpus", "pk").first()
-    return pools.order_by("-allocatable_gpus", "pk").first()
 
 
 @dataclass
@@ -286,7 +296,12 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
 
     gpu_type = None
     if spec.gpu_type:
-        gpu_type = GpuType.objects.filter(slug=spec.gpu_type, is_active=True).first()
+        gpu_type = compiled_first(
+            "launch-gpu-type",
+            GpuType,
+            lambda at: GpuType.objects.filter(slug=at.text("slug"), is_active=True),
+            slug=spec.gpu_type,
+        )
         if gpu_type is None:
             raise invalid(f"Unknown GPU type “{spec.gpu_type}”.", "gpu_type")
         if spec.gpus_per_node < 1:
@@ -296,7 +311,12 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
 
     if spec.region:
         # One query when the region is usable; telling why not costs a second.
-        region = regions_for_tenant(tenant).filter(slug=spec.region).first()
+        region = compiled_first(
+            ("launch-region", tenant.may_run_on_host),  # what the tenant's regions depend on
+            Region,
+            lambda at: regions_for_tenant(tenant).filter(slug=at.text("slug")),
+            slug=spec.region,
+        )
         if region is None:
             if Region.objects.filter(slug=spec.region, is_active=True).exists():
                 raise invalid(HOST_NOT_AVAILABLE, "region")
@@ -306,11 +326,16 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
         if region is None:
             raise invalid("Choose a region: none has a CPU pool by default.", "region")
 
-    image = (
-        Image.objects.for_tenant(tenant)
-        .filter(slug=spec.image, is_active=True)
-        .order_by(F("tenant").asc(nulls_first=True))  # a public image wins a slug clash
-        .first()
+    image = compiled_first(
+        "launch-image",
+        Image,
+        lambda at: (
+            Image.objects.for_tenant(Tenant(pk=at.int("tenant")))
+            .filter(slug=at.text("slug"), is_active=True)
+            .order_by(F("tenant").asc(nulls_first=True))
+        ),  # a public image wins a slug clash
+        tenant=tenant.pk,
+        slug=spec.image,
     )
     if image is None:
         raise invalid(f"Unknown image “{spec.image}”.", "image")

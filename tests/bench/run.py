@@ -25,7 +25,9 @@ from tests.bench.results import RESULTS
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = [
     ("api", "tests/bench/api/bench_api.py"),
+    ("launch", "tests/bench/api/bench_launch.py"),
     ("dispatch", "tests/bench/dispatch/bench_dispatch.py"),
+    ("dispatch", "tests/bench/dispatch/bench_dispatch_sustained.py"),
     ("metering", "tests/bench/metering/bench_metering.py"),
     ("costs", "tests/bench/costs/bench_cost_explorer.py"),
     ("costs", "tests/bench/costs/bench_budget_reaction.py"),

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import quote
 
 from django.conf import settings
 from kubernetes import client, config
@@ -54,6 +55,18 @@ ACTIVE_POD_PHASES = {"Pending", "Running", "Unknown"}
 API_GROUPS_CACHE: dict[str, tuple[float, frozenset[str]]] = {}
 API_GROUPS_TTL = 300.0
 MERGE_PATCH = "application/merge-patch+json"  # custom resources take no strategic merge
+# The collections `ApiCalls._create` posts to, by the typed client method that names them
+# (the paths kubernetes.client's own methods use); the arguments before the body fill them.
+CREATE_PATHS = {
+    "create_namespace": "/api/v1/namespaces",
+    "create_namespaced_secret": "/api/v1/namespaces/{}/secrets",
+    "create_namespaced_service": "/api/v1/namespaces/{}/services",
+    "create_namespaced_resource_quota": "/api/v1/namespaces/{}/resourcequotas",
+    "create_namespaced_limit_range": "/api/v1/namespaces/{}/limitranges",
+    "create_namespaced_network_policy": "/apis/networking.k8s.io/v1/namespaces/{}/networkpolicies",
+    "create_namespaced_job": "/apis/batch/v1/namespaces/{}/jobs",
+    "create_namespaced_custom_object": "/apis/{}/{}/namespaces/{}/{}",
+}
 
 
 def parse_millicores(quantity: str | None) -> int:
@@ -293,14 +306,44 @@ class ApiCalls:
             response.read()
             response.release_conn()
 
-    def _create(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Create; an existing object of that name is success (None) when this installation
-        made it, and BackendRejected when another console (or someone else) did: two
-        consoles sharing a cluster never adopt each other's objects."""
-        created = self._call(f"creating {what}", fn, *args, ok=(409,))
-        if created is None:
+    def _create(self, what: str, fn: Callable[..., Any], *args: Any) -> bool:
+        """Create; True when it was made now. An existing object of that name is success
+        (False) when this installation made it, and BackendRejected when another console
+        (or someone else) did: two consoles sharing a cluster never adopt each other's
+        objects."""
+        try:
+            self._post(fn, *args)
+        except ApiException as error:
+            if error.status != 409:
+                raise classify(error, f"creating {what}") from error
             self._check_owned(what, fn, *args)
-        return created
+            return False
+        except (HTTPError, OSError) as error:
+            raise BackendUnavailable(f"creating {what}: {error}") from error
+        return True
+
+    def _post(self, create: Callable[..., Any], *args: Any) -> None:
+        """`create(*args)` (a typed client method, e.g. BatchV1Api.create_namespaced_job)
+        as one POST of the manifest through the same ApiClient: its configuration, token
+        refresh, TLS and connection pool. The typed method would first validate the dict
+        into the client's pydantic models and dump them back, and parse the answer into
+        them again: half of a batch dispatch's CPU, for a manifest the API server
+        validates anyway and an answer nobody reads. Raises ApiException as it would."""
+        *scope, body = args
+        path = CREATE_PATHS[create.__name__].format(*(quote(part, safe="") for part in scope))
+        method, url, headers, _, _ = self.api_client.param_serialize(
+            method="POST",
+            resource_path=path,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(
+            method, url, headers, body, _request_timeout=settings.KUBERNETES_REQUEST_TIMEOUT
+        )
+        response.read()
+        response.response.release_conn()  # read to the end: the connection can be reused
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
 
     def _namespace_is_ours(self, tenant_id: int) -> bool:
         """Whether the tenant's namespace exists and this installation made it. The console

@@ -72,11 +72,8 @@ class NamespacesMixin(ApiCalls):
         ):
             return name
         self._create(f"namespace {name}", self.core.create_namespace, namespace)
-        if (
-            self._create(
-                f"resource quota in {name}", self.core.create_namespaced_resource_quota, name, quota
-            )
-            is None
+        if not self._create(
+            f"resource quota in {name}", self.core.create_namespaced_resource_quota, name, quota
         ):
             self._call(
                 f"updating the resource quota in {name}",

@@ -32,7 +32,7 @@ class PullSecretsMixin(ApiCalls):
         created = self._create(
             f"image pull secret {name}", self.core.create_namespaced_secret, namespace, secret
         )
-        if created is None:
+        if not created:
             self._call(
                 f"updating image pull secret {name}",
                 self.core.replace_namespaced_secret,

@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -46,33 +48,23 @@ ROUNDS = int(os.environ.get("GPUGEEK_BENCH_API_ROUNDS", 1 if SMOKE else 3))
 WORKERS = 2
 
 
-@pytest.fixture
-def server(transactional_db, tmp_path):
+@contextmanager
+def uvicorn_server(directory, **env: str) -> Iterator[str]:
+    """The console (production settings plus the baseline views) under uvicorn with
+    WORKERS workers on a free port; yields its URL."""
     port = free_loopback_port()
-    log_path = tmp_path / "uvicorn.log"
+    log_path = directory / "uvicorn.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "console.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                str(WORKERS),
-                "--no-access-log",
-                "--log-level",
-                "warning",
-            ],
+            [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+             "--port", str(port), "--workers", str(WORKERS), "--no-access-log",
+             "--log-level", "warning"],
             cwd=ROOT,
-            env=child_env(DJANGO_SETTINGS_MODULE="tests.bench.api.settings"),
+            env=child_env(DJANGO_SETTINGS_MODULE="tests.bench.api.settings", **env),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )
+        )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
     def answers() -> bool:
@@ -86,6 +78,12 @@ def server(transactional_db, tmp_path):
         yield url
     finally:
         stop_process_group(process)
+
+
+@pytest.fixture
+def server(transactional_db, tmp_path):
+    with uvicorn_server(tmp_path) as url:
+        yield url
 
 
 def test_api_against_bare_baselines(server):

@@ -9,8 +9,10 @@ import re
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -33,13 +35,20 @@ def _ms(text: str) -> float:
     return float(match[1]) * UNITS[match[2]]
 
 
-def with_wrk(url: str, headers: dict[str, str], seconds: float, connections: int) -> Load:
+def with_wrk(
+    url: str, headers: dict[str, str], seconds: float, connections: int, body: bytes | None
+) -> Load:
     argv = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
     for name, value in headers.items():
         argv += ["-H", f"{name}: {value}"]
-    out = subprocess.run(
-        [*argv, url], capture_output=True, text=True, timeout=seconds + 60, check=True
-    ).stdout
+    with tempfile.TemporaryDirectory() as directory:
+        if body is not None:  # every request the same POST (wrk's scripting)
+            script = Path(directory) / "post.lua"
+            script.write_text(f'wrk.method = "POST"\nwrk.body = [==[{body.decode()}]==]\n')
+            argv += ["-s", str(script)]
+        out = subprocess.run(
+            [*argv, url], capture_output=True, text=True, timeout=seconds + 60, check=True
+        ).stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])
     p50 = _ms(re.search(r"\s50%\s+(\S+)", out)[1])
     p99 = _ms(re.search(r"\s99%\s+(\S+)", out)[1])
@@ -50,7 +59,9 @@ def with_wrk(url: str, headers: dict[str, str], seconds: float, connections: int
     )
 
 
-def with_python(url: str, headers: dict[str, str], seconds: float, connections: int) -> Load:
+def with_python(
+    url: str, headers: dict[str, str], seconds: float, connections: int, body: bytes | None
+) -> Load:
     async def main() -> Load:
         latencies: list[float] = []
         errors = 0
@@ -62,7 +73,10 @@ def with_python(url: str, headers: dict[str, str], seconds: float, connections: 
                 nonlocal errors
                 while time.monotonic() < deadline:
                     started = time.perf_counter()
-                    response = await client.get(url)
+                    if body is None:
+                        response = await client.get(url)
+                    else:
+                        response = await client.post(url, content=body)
                     latencies.append((time.perf_counter() - started) * 1000)
                     errors += response.status_code >= 300
 
@@ -82,8 +96,10 @@ def load(
     seconds: float,
     warmup: float,
     connections: int = 16,
+    body: bytes | None = None,
 ) -> Load:
+    """GETs of `url`, or POSTs of `body` when one is given."""
     run = with_wrk if shutil.which("wrk") else with_python
     if warmup:
-        run(url, headers or {}, warmup, connections)
-    return run(url, headers or {}, seconds, connections)
+        run(url, headers or {}, warmup, connections, body)
+    return run(url, headers or {}, seconds, connections, body)

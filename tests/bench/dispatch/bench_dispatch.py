@@ -40,6 +40,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -148,15 +150,13 @@ class SandboxProcess:
         stop_process_group(self.process)
 
 
-@pytest.fixture
-def cluster(transactional_db, settings, tmp_path):
-    """Plenty of H100s for the launches (16 nodes × 64 GPUs), and one A100 node that a
-    running job fills, so the jobs queued for it stay queued in front of ours."""
+@contextmanager
+def simulated_cluster(settings, directory, nodes: list[dict]) -> Iterator[SandboxProcess]:
+    """The demo catalog with its pools replaced by `nodes` in a simulated API server of
+    its own process, which this process's settings point at."""
     seed_catalog()
     NodePool.objects.filter(slug__startswith="demo-").update(is_active=False)
-    nodes = [{"name": f"h100-{n}", "labels": H100, "allocatable": BIG_NODE} for n in range(16)]
-    nodes.append({"name": "a100-0", "labels": A100})
-    sandbox = SandboxProcess(tmp_path, nodes)
+    sandbox = SandboxProcess(directory, nodes)
     try:
         capacity_sync(backend=KubernetesBackend(sandbox.api_client))
         settings.COMPUTE_BACKENDS = ["kubernetes"]
@@ -166,6 +166,16 @@ def cluster(transactional_db, settings, tmp_path):
     finally:
         celery_app.control.purge()  # the dispatches job_submit enqueued; nobody consumed them
         sandbox.stop()
+
+
+@pytest.fixture
+def cluster(transactional_db, settings, tmp_path):
+    """Plenty of H100s for the launches (16 nodes × 64 GPUs), and one A100 node that a
+    running job fills, so the jobs queued for it stay queued in front of ours."""
+    nodes = [{"name": f"h100-{n}", "labels": H100, "allocatable": BIG_NODE} for n in range(16)]
+    nodes.append({"name": "a100-0", "labels": A100})
+    with simulated_cluster(settings, tmp_path, nodes) as sandbox:
+        yield sandbox
 
 
 def fill_queue(template: Job, length: int) -> None:

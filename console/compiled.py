@@ -1,0 +1,135 @@
+"""ORM queries compiled once per thread, then run with other values.
+
+Django compiles a query every time it runs it. On a hot path (every API request's token
+lookup, every launch's admission), compiling took longer than the database took to run
+the query. Such a query is still written with the ORM, once, with stand-in values
+(`StandIns`) where the request's values go; it is compiled once per thread, database and
+`key` (what changes its shape, e.g. the length of an IN list), and each run puts the real
+values where the stand-ins were and converts the columns as the ORM would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from django.db import connection
+from django.db.models import Model, QuerySet
+from django.db.models.sql.compiler import SQLCompiler
+
+ModelT = TypeVar("ModelT", bound=Model)
+# Far from any real id or time, so a stand-in is never mistaken for another parameter.
+_FIRST_INT = -(10**15)
+_FIRST_TIME = datetime(1901, 1, 1, tzinfo=UTC)
+
+
+class StandIns:
+    """Values a query is built with in place of the real ones, one per name."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def _add(self, name: str, value: Any) -> Any:
+        self.values[name] = value
+        return value
+
+    def int(self, name: str) -> int:
+        return self._add(name, _FIRST_INT - len(self.values))
+
+    def text(self, name: str) -> str:
+        return self._add(name, f"\x00{name}\x00")
+
+    def datetime(self, name: str) -> datetime:
+        return self._add(name, _FIRST_TIME + timedelta(microseconds=len(self.values) + 1))
+
+
+@dataclass(frozen=True)
+class CompiledQuery:
+    sql: str
+    params: tuple[Any, ...]
+    # Where each value goes: (parameter index, name, adapt it as a datetime).
+    slots: tuple[tuple[int, str, bool], ...]
+    compiler: SQLCompiler
+    converters: dict
+    columns: tuple[str, ...]
+
+    def first(self, **values: Any) -> dict[str, Any] | None:
+        """The first row for `values`, by column name, or None."""
+        rows = self.rows(**values)
+        return dict(zip(self.columns, rows[0], strict=True)) if rows else None
+
+    def rows(self, **values: Any) -> list[tuple]:
+        """The query's rows for `values` (one per stand-in name), columns converted."""
+        params = list(self.params)
+        for index, name, as_datetime in self.slots:
+            value = values[name]
+            params[index] = (
+                connection.ops.adapt_datetimefield_value(value) if as_datetime else value
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            rows = cursor.fetchall()
+        if self.converters:
+            rows = [tuple(row) for row in self.compiler.apply_converters(rows, self.converters)]
+        return rows
+
+
+_per_thread = threading.local()
+
+
+def compiled(key: Hashable, build: Callable[[StandIns], QuerySet]) -> CompiledQuery:
+    """The query `build` writes, compiled for this thread's database connection."""
+    kept: dict = _per_thread.__dict__.setdefault("queries", {})
+    full_key = (connection.alias, connection.vendor, key)
+    found = kept.get(full_key)
+    if found is not None:
+        return found
+    stand_ins = StandIns()
+    compiler = build(stand_ins).query.get_compiler(connection=connection)
+    sql, params = compiler.as_sql()
+    slots = []
+    for name, value in stand_ins.values.items():
+        adapted = (
+            connection.ops.adapt_datetimefield_value(value)
+            if isinstance(value, datetime)
+            else value
+        )
+        places = [
+            (index, name, param is not value and param == adapted)
+            for index, param in enumerate(params)
+            if param is value or (type(param) is type(adapted) and param == adapted)
+        ]
+        if not places:
+            raise ValueError(f"{name!r} is not a parameter of the compiled query: {sql}")
+        slots.extend(places)
+    converters = compiler.get_converters([column[0] for column in compiler.select])
+    columns = tuple(alias or "" for _, _, alias in compiler.select)
+    found = CompiledQuery(sql, tuple(params), tuple(slots), compiler, converters, columns)
+    kept[full_key] = found
+    return found
+
+
+def compiled_instances(
+    key: Hashable, model: type[ModelT], build: Callable[[StandIns], QuerySet], **values: Any
+) -> list[ModelT]:
+    """`list(build(…))` as instances of `model` (its own columns, no related objects),
+    compiled once (see `compiled`)."""
+    names = [field.attname for field in model._meta.concrete_fields]
+    rows = compiled((key, "rows"), lambda at: build(at).values_list(*names)).rows(**values)
+    return [model.from_db(connection.alias, names, row) for row in rows]
+
+
+def compiled_first(
+    key: Hashable, model: type[ModelT], build: Callable[[StandIns], QuerySet], **values: Any
+) -> ModelT | None:
+    """`build(…).first()` as an instance of `model`, compiled once (see `compiled`)."""
+
+    def first(at: StandIns) -> QuerySet:
+        queryset = build(at)
+        return (queryset if queryset.ordered else queryset.order_by("pk"))[:1]  # as first()
+
+    found = compiled_instances((key, "first"), model, first, **values)
+    return found[0] if found else None
