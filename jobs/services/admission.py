@@ -56,7 +56,11 @@ def held_usage(
     `tenants`, only the pools' usage is read (for a tenant that has no quota)."""
     usage = Usage()
     pool_ids = None if pool_ids is None else list(pool_ids)
-    for pool_field, nodes_field in (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes")):
+    # No pool: nothing to read (an empty IN can't be compiled).
+    pool_columns = (
+        () if pool_ids == [] else (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes"))
+    )
+    for pool_field, nodes_field in pool_columns:
 
         def by_pool(at: StandIns, pool_field=pool_field, nodes_field=nodes_field) -> QuerySet:
             rows = Job.objects.holding_compute().order_by()
@@ -70,8 +74,6 @@ def held_usage(
                 vcpus=Sum(F(nodes_field) * F("cpus")),
             )
 
-        if pool_ids == []:
-            break  # no pool: nothing to read (an empty IN can't be compiled)
         by_pool_shape = ("held-by-pool", pool_field, None if pool_ids is None else len(pool_ids))
         wanted = {f"pool{n}": pool_id for n, pool_id in enumerate(pool_ids or [])}
         for pool_id, gpus, vcpus in compiled(by_pool_shape, by_pool).rows(**wanted):
@@ -162,8 +164,9 @@ def _wait(job: Job, wait: Wait) -> None:
     job_wait_update(job=job, kind=wait.kind, reason=wait.message)
 
 
-def _admit(job: Job, *, fresh: bool = False) -> None:
-    job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason=ADMITTED, fresh=fresh)
+def _admit_launched(job: Job) -> None:
+    """Admit the job its launch's transaction has just inserted (no re-read or lock)."""
+    job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason=ADMITTED, fresh=True)
     enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
 
 
@@ -306,7 +309,7 @@ def job_admit_submitted(*, job: Job) -> bool:
         if wait:
             _wait(job, wait)
         else:
-            _admit(job, fresh=True)  # inserted by this launch's transaction
+            _admit_launched(job)
         if queued["behind"] if wait else queued["all"]:
             # It went past waiting jobs (a higher priority, or another tenant's quota
             # wait): that can change what holds them back, so a full pass re-sorts them.

@@ -19,6 +19,7 @@ from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Ti
 from marketplace.selectors import (
     HOST_NOT_AVAILABLE,
     default_region,
+    may_run_on_host,
     pools_for_tenant,
     regions_for_tenant,
 )
@@ -241,7 +242,7 @@ def _pick_pool(
         return pools.order_by("-allocatable_gpus", "pk")
 
     # The shape: what the tenant's pools depend on, CPU or GPU, the tier and the backends.
-    shape = ("launch-pool", tenant.may_run_on_host, gpu_type is None, tier, backends)
+    shape = ("launch-pool", may_run_on_host(tenant), gpu_type is None, tier, backends)
     return compiled_first(
         shape, NodePool, build, gpu_type=gpu_type.pk if gpu_type else None, region=region.pk
     )
@@ -312,7 +313,7 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
     if spec.region:
         # One query when the region is usable; telling why not costs a second.
         region = compiled_first(
-            ("launch-region", tenant.may_run_on_host),  # what the tenant's regions depend on
+            ("launch-region", may_run_on_host(tenant)),  # what the tenant's regions depend on
             Region,
             lambda at: regions_for_tenant(tenant).filter(slug=at.text("slug")),
             slug=spec.region,
