@@ -255,9 +255,13 @@ class GroupHub:
                 # "specific." channels through one Redis list; another prefix would make a
                 # second list, and receivers on both would take turns (seconds of delay).
                 self.channel = await self.layer.new_channel()
-                await self.layer.group_add(BROADCAST_GROUP, self.channel)
                 self._reader = asyncio.ensure_future(self._read())
                 self._refresher = asyncio.ensure_future(self._refresh())
+                try:
+                    await self.layer.group_add(BROADCAST_GROUP, self.channel)
+                except Exception as error:
+                    # Started all the same: the refresher joins it again.
+                    log.warning("realtime hub could not join %s (%s)", BROADCAST_GROUP, error)
 
     async def subscribe(self, group: str, subscriber: Subscriber) -> None:
         await self._start()

@@ -340,7 +340,10 @@ class _FollowerRegistry:
     def watch(self, job_id: int) -> None:
         key = self._key(job_id)
         self.viewers[key] = self.viewers.get(key, 0) + 1
-        if key not in self.followers:
+        running = self.followers.get(key)
+        if running is None or running.task is None or running.task.done():
+            # None yet, or one that stopped (it returns only when the job is gone): a new
+            # viewer must not wait on a follower that no longer reads.
             follower = LogFollower(job_id)
             follower.task = asyncio.ensure_future(follower.run())
             self.followers[key] = follower

@@ -15,8 +15,14 @@
 
   const csrfToken = () => (document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/) || [])[1] || "";
 
+  const FETCH_TIMEOUT_MS = 20000; // a fetch that hangs must not hold the log window's "busy" forever
+
   async function getJSON(url) {
-    const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    const response = await fetch(url, {
+      credentials: "same-origin",
+      headers: { Accept: "application/json" },
+      signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
+    });
     if (!response.ok) throw new Error(`${url}: ${response.status}`);
     return response.json();
   }

@@ -34,6 +34,7 @@ from console.queueing import enqueue_now
 from jobs import services
 from jobs.backends import get_backend
 from jobs.backends.kubernetes.sandbox import sandbox_nodes, write_sandbox_files
+from jobs.logs.reading import read_lines
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
 from marketplace.demo import seed_catalog
@@ -214,6 +215,23 @@ def wait_for_status(job: Job, status: str, stack: Stack, timeout: float = 30) ->
     return job
 
 
+def expect_in_log(page, pattern, *, job: Job, stack: Stack, timeout: int) -> None:
+    """`pattern` shows in the page's log within `timeout` ms; a failure says what the
+    store, the pods and the console's processes had, not only what the page showed."""
+    try:
+        expect(page.get_by_test_id("log")).to_contain_text(pattern, timeout=timeout)
+    except AssertionError as error:
+        job.refresh_from_db()
+        stored = [line["text"] for line in read_lines(job, limit=1000)["lines"]]
+        sources = get_backend(job.backend).log_sources(job)
+        socket = page.evaluate("document.documentElement.dataset.jobSocket || 'none'")
+        raise AssertionError(
+            f"{error}\n{job.status} attempt {job.attempt}; socket {socket}; log info: "
+            f"{page.locator('[data-log-info]').inner_text()}\nstored: {stored[-8:]}\n"
+            f"sources: {sources}\nbrowser: {page.problems.all()}\n{stack.logs()}"
+        ) from None
+
+
 def shown_lines(page) -> list[tuple[int, str]]:
     return page.eval_on_selector_all(
         "[data-log-lines] .log-line",
@@ -357,7 +375,7 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
         raise AssertionError(f"{error}\n{job.status} {job.status_reason}\n{stack.logs()}") from None
     expect(page.locator("#job-status h1 .badge-simulated")).to_be_visible()
     log = page.get_by_test_id("log")
-    expect(log).to_contain_text("[sandbox] Simulated workload", timeout=15_000)
+    expect_in_log(page, "[sandbox] Simulated workload", job=job, stack=stack, timeout=15_000)
     expect(log).to_contain_text("rank 0/1: 8 GPU(s) visible")
     page.evaluate("window.ggSameDocument = true")
     first_line = highest_line(page)
@@ -388,8 +406,11 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
     # Resume: it goes on from its last checkpoint, and finishes.
     page.locator("#job-status").get_by_role("button", name="Resume").click()
     expect(status).to_have_text("Running", timeout=STATUS_TIMEOUT_MS)
-    expect(log).to_contain_text(
+    expect_in_log(
+        page,
         re.compile(r"GPUGEEK_RESUMED=1: resuming from /ckpt/llama at step [1-9]\d*"),
+        job=job,
+        stack=stack,
         timeout=15_000,
     )
     expect(status).to_have_text("Succeeded", timeout=60_000)
@@ -578,8 +599,12 @@ def test_staff_reclaim_spot_capacity_and_the_job_resumes_as_a_new_attempt(
         timeline.locator("li", has_text="requeued as a new attempt from the checkpoint")
     ).to_contain_text("attempt 2")
     # The log goes on in the same window: the new attempt's lines follow the old ones.
-    expect(log).to_contain_text(
-        re.compile(r"GPUGEEK_RESUMED=1: resuming from /ckpt/run at step [1-9]\d*"), timeout=15_000
+    expect_in_log(
+        page,
+        re.compile(r"GPUGEEK_RESUMED=1: resuming from /ckpt/run at step [1-9]\d*"),
+        job=job,
+        stack=stack,
+        timeout=15_000,
     )
     rows = shown_lines(page)
     resumed_at = next(n for n, text in rows if "resuming from /ckpt/run" in text)
