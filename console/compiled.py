@@ -1,16 +1,20 @@
-"""ORM queries compiled once per thread, then run with other values.
+"""ORM queries compiled once per process, then run with other values.
 
 Django compiles a query every time it runs it. On a hot path (every API request's token
 lookup, every launch's admission), compiling took longer than the database took to run
 the query. Such a query is still written with the ORM, once, with stand-in values
-(`StandIns`) where the request's values go; it is compiled once per thread, database and
-`key` (what changes its shape, e.g. the length of an IN list), and each run puts the real
-values where the stand-ins were and converts the columns as the ORM would.
+(`StandIns`) where the request's values go; it is compiled once per process, database
+and `key` (what changes its shape, e.g. the length of an IN list), and each run puts the
+real values where the stand-ins were and converts the columns as the ORM would, on the
+running thread's connection.
+
+Per process, not per thread: under ASGI every request's sync code runs in a thread of
+its own (Django gives each request its own thread-sensitive context), so a per-thread
+cache compiled every query again on every request.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,7 +22,6 @@ from typing import Any, TypeVar
 
 from django.db import connection
 from django.db.models import Model, QuerySet
-from django.db.models.sql.compiler import SQLCompiler
 
 ModelT = TypeVar("ModelT", bound=Model)
 # Far from any real id or time, so a stand-in is never mistaken for another parameter.
@@ -52,8 +55,8 @@ class CompiledQuery:
     params: tuple[Any, ...]
     # Where each value goes: (parameter index, name, adapt it as a datetime).
     slots: tuple[tuple[int, str, bool], ...]
-    compiler: SQLCompiler
-    converters: dict
+    # Per column position: the ORM's converters and the expression they take.
+    converters: tuple[tuple[int, tuple[list, Any]], ...]
     columns: tuple[str, ...]
 
     def first(self, **values: Any) -> dict[str, Any] | None:
@@ -73,18 +76,28 @@ class CompiledQuery:
             cursor.execute(self.sql, params)
             rows = cursor.fetchall()
         if self.converters:
-            rows = [tuple(row) for row in self.compiler.apply_converters(rows, self.converters)]
+            rows = [self._convert(list(row)) for row in rows]
         return rows
 
+    def _convert(self, row: list) -> tuple:
+        # SQLCompiler.apply_converters, with this thread's connection.
+        for position, (converters, expression) in self.converters:
+            value = row[position]
+            for converter in converters:
+                value = converter(value, expression, connection)
+            row[position] = value
+        return tuple(row)
 
-_per_thread = threading.local()
+
+# (database alias, vendor, key) -> its compiled query. Filled under the GIL: two threads
+# compiling the same query at once both store an equal result.
+_kept: dict[tuple, CompiledQuery] = {}
 
 
 def compiled(key: Hashable, build: Callable[[StandIns], QuerySet]) -> CompiledQuery:
-    """The query `build` writes, compiled for this thread's database connection."""
-    kept: dict = _per_thread.__dict__.setdefault("queries", {})
+    """The query `build` writes, compiled for the current database connection's vendor."""
     full_key = (connection.alias, connection.vendor, key)
-    found = kept.get(full_key)
+    found = _kept.get(full_key)
     if found is not None:
         return found
     stand_ins = StandIns()
@@ -107,8 +120,8 @@ def compiled(key: Hashable, build: Callable[[StandIns], QuerySet]) -> CompiledQu
         slots.extend(places)
     converters = compiler.get_converters([column[0] for column in compiler.select])
     columns = tuple(alias or "" for _, _, alias in compiler.select)
-    found = CompiledQuery(sql, tuple(params), tuple(slots), compiler, converters, columns)
-    kept[full_key] = found
+    found = CompiledQuery(sql, tuple(params), tuple(slots), tuple(converters.items()), columns)
+    _kept[full_key] = found
     return found
 
 

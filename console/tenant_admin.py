@@ -52,10 +52,6 @@ def tenant_suspension_check(*, tenant_id: int) -> None:
         raise TenantSuspended(row)
 
 
-def tenant_is_suspended(*, tenant_id: int) -> bool:
-    return Tenant.objects.filter(pk=tenant_id, suspended_at__isnull=False).exists()
-
-
 def suspended_tenant_ids() -> set[int]:
     return set(Tenant.objects.filter(suspended_at__isnull=False).values_list("pk", flat=True))
 

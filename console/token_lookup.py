@@ -1,9 +1,9 @@
-"""The organisation-token lookup every API request makes, compiled once per thread.
+"""The organisation-token lookup every API request makes, compiled once per process.
 
 The ORM query (token, user, organisation and the user's membership, one join) took
 Django longer to compile and turn into instances (~2 ms) than PostgreSQL takes to run
 it (~0.3 ms), on every request. It is written once as an ORM query and compiled once per
-thread (console.compiled); rows become instances through Model.from_db, as the ORM's do."""
+process (console.compiled); rows become instances through Model.from_db, as the ORM's do."""
 
 from __future__ import annotations
 

@@ -68,10 +68,13 @@ def queued_in_order() -> QuerySet[Job]:
     )
 
 
+def wanting_pools(pool_ids: list[int]) -> Q:
+    """Jobs that want (or hold) one of the pools, on demand or on spot."""
+    return Q(pool_id__in=pool_ids) | Q(spot_pool_id__in=pool_ids)
+
+
 def queued_in_pools(pool_ids: list[int]) -> QuerySet[Job]:
-    return Job.objects.filter(status=S.QUEUED).filter(
-        Q(pool_id__in=pool_ids) | Q(spot_pool_id__in=pool_ids)
-    )
+    return Job.objects.filter(status=S.QUEUED).filter(wanting_pools(pool_ids))
 
 
 def before_in_queue(job: Job) -> Q:

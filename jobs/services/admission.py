@@ -4,20 +4,20 @@ against free capacity and each tenant's quota. The only writer of queue waits.""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, Q, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce
 
 from console.compiled import StandIns, compiled, compiled_instances
 from console.models import Tenant
 from console.queueing import enqueue_on_commit
-from console.tenant_admin import suspended_tenant_ids, tenant_is_suspended
+from console.tenant_admin import suspended_tenant_ids
 from jobs.actors import SYSTEM
-from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
-from jobs.selectors import before_in_queue, queued_in_order, queued_with
+from jobs.models import HOLDING_COMPUTE, QUOTA_WAITS, Job, JobStatus, WaitKind
+from jobs.selectors import before_in_queue, queued_in_order, wanting_pools
 from jobs.state import job_transition, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
@@ -48,39 +48,28 @@ class Usage:
         self.tenant_jobs[job.tenant_id] += 1
 
 
-def held_usage(
-    *, pool_ids: Iterable[int] | None = None, tenant_id: int | None = None, tenants: bool = True
-) -> Usage:
+def held_usage(*, tenant_id: int | None = None, pools: bool = True) -> Usage:
     """Compute held, summed in the database (one row per pool/tenant and GPU type, not per
-    job). `pool_ids`/`tenant_id` narrow it to what one admission decision reads; without
-    `tenants`, only the pools' usage is read (for a tenant that has no quota)."""
+    job): every pool's (unless not `pools`) and every tenant's, or `tenant_id`'s."""
     usage = Usage()
-    pool_ids = None if pool_ids is None else list(pool_ids)
-    # No pool: nothing to read (an empty IN can't be compiled).
-    pool_columns = (
-        () if pool_ids == [] else (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes"))
-    )
-    for pool_field, nodes_field in pool_columns:
+    for pool_field, nodes_field in (
+        (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes")) if pools else ()
+    ):
 
         def by_pool(at: StandIns, pool_field=pool_field, nodes_field=nodes_field) -> QuerySet:
             rows = Job.objects.holding_compute().order_by()
-            if pool_ids is None:
-                rows = rows.filter(**{f"{pool_field}__isnull": False})
-            else:
-                wanted = [at.int(f"pool{n}") for n in range(len(pool_ids))]
-                rows = rows.filter(**{f"{pool_field}__in": wanted})
-            return rows.values_list(pool_field).annotate(
-                gpus=Sum(F(nodes_field) * F("gpus_per_node")),
-                vcpus=Sum(F(nodes_field) * F("cpus")),
+            return (
+                rows.filter(**{f"{pool_field}__isnull": False})
+                .values_list(pool_field)
+                .annotate(
+                    gpus=Sum(F(nodes_field) * F("gpus_per_node")),
+                    vcpus=Sum(F(nodes_field) * F("cpus")),
+                )
             )
 
-        by_pool_shape = ("held-by-pool", pool_field, None if pool_ids is None else len(pool_ids))
-        wanted = {f"pool{n}": pool_id for n, pool_id in enumerate(pool_ids or [])}
-        for pool_id, gpus, vcpus in compiled(by_pool_shape, by_pool).rows(**wanted):
+        for pool_id, gpus, vcpus in compiled(("held-by-pool", pool_field), by_pool).rows():
             usage.pool_gpus[pool_id] += gpus or 0
             usage.pool_vcpus[pool_id] += vcpus or 0
-    if not tenants:
-        return usage
 
     def by_tenant(at: StandIns) -> QuerySet:
         rows = Job.objects.holding_compute().order_by()
@@ -202,46 +191,61 @@ def locked_admission_state(
 
 
 QUEUE_AROUND = ("others_capacity", "own_capacity", "own_quota", "behind", "all")
+# The job's pools, by the Job field that names them (the on-demand and the spot pool).
+POOL_FIELDS = ("pool_id", "spot_pool_id")
 
 
-def _queue_around(job: Job) -> dict[str, int]:
-    """The other queued jobs that want `job`'s pools: those ahead of it by what holds them,
-    those behind it, and all; one indexed query, compiled once per shape (a launch's
-    admission ran it; Django took longer to compile it than the database to run it)."""
+def _admission_view(job: Job) -> dict[str, int]:
+    """What a launch's admission reads once its pools are locked, in one indexed query
+    (each was a statement of its own, while the pool locks were held): the other queued
+    jobs that want `job`'s pools (ahead of it by what holds them, behind it, and all; see
+    QUEUE_AROUND), whether its tenant is suspended now, and the GPUs and vCPUs its pools
+    hold (`<field>_gpus`, `<field>_vcpus`). Compiled once per shape."""
+    pool_ids = {name: getattr(job, name) for name in POOL_FIELDS if getattr(job, name)}
 
     def build(at: StandIns) -> QuerySet:
         like = Job(
             pk=at.int("pk"),
             tenant_id=at.int("tenant"),
-            pool_id=at.int("pool") if job.pool_id else None,
-            spot_pool_id=at.int("spot_pool") if job.spot_pool_id else None,
             priority=job.priority,
             created_at=at.datetime("created_at"),
+            **{name: at.int(name) for name in pool_ids},
         )
+        pools = [getattr(like, name) for name in pool_ids]
         mine, quota_wait = Q(tenant_id=like.tenant_id), Q(wait_kind__in=OWN_TENANT_WAITS)
-        ahead = before_in_queue(like)
+        queued = Q(status=S.QUEUED) & wanting_pools(pools) & ~Q(pk=like.pk)
+        ahead = queued & before_in_queue(like)
+        holding = Q(status__in=HOLDING_COMPUTE)
+        held = {}
+        for name, pool_id in zip(pool_ids, pools, strict=True):
+            # A pool's usage, as held_usage sums it: its on-demand and its spot nodes.
+            on_demand, spot = holding & Q(pool_id=pool_id), holding & Q(spot_pool_id=pool_id)
+            for unit, per_node in (("gpus", "gpus_per_node"), ("vcpus", "cpus")):
+                held[f"{name}_{unit}"] = Coalesce(
+                    Sum(F("on_demand_nodes") * F(per_node), filter=on_demand), 0
+                ) + Coalesce(Sum(F("spot_nodes") * F(per_node), filter=spot), 0)
         return (
-            queued_with(like)
+            Job.objects.filter(queued | (holding & wanting_pools(pools)) | Q(pk=like.pk))
             .order_by()
             .values(one=Value(1))  # constant: no GROUP BY, one row
             .annotate(
                 others_capacity=Count("pk", filter=ahead & ~mine & ~quota_wait),
                 own_capacity=Count("pk", filter=ahead & mine & ~quota_wait),
                 own_quota=Count("pk", filter=ahead & mine & quota_wait),
-                behind=Count("pk", filter=~ahead),
-                all=Count("pk"),
+                behind=Count("pk", filter=queued & ~before_in_queue(like)),
+                all=Count("pk", filter=queued),
+                # Read after the locks, so a suspension committed meanwhile is seen.
+                suspended=Count("pk", filter=Q(pk=like.pk, tenant__suspended_at__isnull=False)),
+                **held,
             )
         )
 
-    shape = ("admission-queue", job.priority, bool(job.pool_id), bool(job.spot_pool_id))
+    shape = ("admission-view", job.priority, tuple(pool_ids))
     row = compiled(shape, build).first(
-        pk=job.pk,
-        tenant=job.tenant_id,
-        pool=job.pool_id,
-        spot_pool=job.spot_pool_id,
-        created_at=job.created_at,
+        pk=job.pk, tenant=job.tenant_id, created_at=job.created_at, **pool_ids
     )
-    return row or dict.fromkeys(QUEUE_AROUND, 0)
+    assert row is not None  # the job itself is a row of it
+    return row
 
 
 def _locked_pools(pool_ids: list[int]) -> list[NodePool]:
@@ -259,7 +263,7 @@ def _locked_pools(pool_ids: list[int]) -> list[NodePool]:
     )
 
 
-def job_admit_submitted(*, job: Job) -> bool:
+def job_admit_submitted(*, job: Job, tenant_has_quotas: bool = True) -> bool:
     """Admission of one just-queued job, at a cost independent of the queue's length.
 
     It keeps `jobs_admit`'s order: if a job ranked before it (higher priority, or same
@@ -270,6 +274,10 @@ def job_admit_submitted(*, job: Job) -> bool:
     cancelled, and in the reconciler), so every job already queued still doesn't fit.
     Returns whether it was admitted; its wait says why not. When it goes before jobs
     already waiting for its pools, a full pass follows.
+
+    `tenant_has_quotas=False` (the launch's validation just found none) skips locking
+    and reading quota rows: locking none serialises nothing anyway, and a quota created
+    in the milliseconds since then applies from the next launch on.
     """
     pool_ids = sorted(pid for pid in (job.pool_id, job.spot_pool_id) if pid)
     # Part of the launch's transaction (job_submit): no savepoint of its own, as a
@@ -279,38 +287,46 @@ def job_admit_submitted(*, job: Job) -> bool:
         # pool; the tenant's quota rows serialise its admissions across pools.
         pools = {pool.pk: pool for pool in _locked_pools(pool_ids)}
         quotas: dict[int, list[TenantQuota]] = defaultdict(list)
-        for quota in compiled_instances(
-            "admission-quotas",
-            TenantQuota,
-            lambda at: (
-                TenantQuota.objects.for_tenant(Tenant(pk=at.int("tenant")))
-                .select_for_update()
-                .order_by("pk")
-            ),
-            tenant=job.tenant_id,
-        ):
-            quotas[quota.tenant_id].append(quota)
-        if tenant_is_suspended(tenant_id=job.tenant_id):  # suspended since its launch check
+        if tenant_has_quotas:
+            for quota in compiled_instances(
+                "admission-quotas",
+                TenantQuota,
+                lambda at: (
+                    TenantQuota.objects.for_tenant(Tenant(pk=at.int("tenant")))
+                    .select_for_update()
+                    .order_by("pk")
+                ),
+                tenant=job.tenant_id,
+            ):
+                quotas[quota.tenant_id].append(quota)
+        view = _admission_view(job)
+        if view["suspended"]:  # suspended since its launch check
             _wait(job, SUSPENDED)
             return False
-        queued = _queue_around(job)
         # Another tenant's job held only by its quota blocks nobody else (as in jobs_admit).
         wait: Wait | None
-        if queued["others_capacity"] or queued["own_capacity"]:
+        if view["others_capacity"] or view["own_capacity"]:
             wait = BEHIND_IN_POOL
-        elif queued["own_quota"]:
+        elif view["own_quota"]:
             wait = BEHIND_OWN_QUOTA
         else:
             # A tenant without quotas needs no usage of its own (blocking_wait reads none).
-            usage = held_usage(
-                pool_ids=pool_ids, tenant_id=job.tenant_id, tenants=bool(quotas[job.tenant_id])
+            usage = (
+                held_usage(tenant_id=job.tenant_id, pools=False)
+                if quotas[job.tenant_id]
+                else Usage()
             )
+            for name in POOL_FIELDS:
+                pool_id = getattr(job, name)
+                if pool_id:
+                    usage.pool_gpus[pool_id] = view[f"{name}_gpus"]
+                    usage.pool_vcpus[pool_id] = view[f"{name}_vcpus"]
             wait = blocking_wait(job, pools, usage, quotas)
         if wait:
             _wait(job, wait)
         else:
             _admit_launched(job)
-        if queued["behind"] if wait else queued["all"]:
+        if view["behind"] if wait else view["all"]:
             # It went past waiting jobs (a higher priority, or another tenant's quota
             # wait): that can change what holds them back, so a full pass re-sorts them.
             # A launch into a pool where it is last, the common case, skips this.

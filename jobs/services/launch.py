@@ -89,7 +89,7 @@ def job_submit(
                 request=request,
                 metadata={"gpus": job.total_gpus, "nodes": job.nodes, "image": job.image_reference},
             )
-            job_admit_submitted(job=job)
+            job_admit_submitted(job=job, tenant_has_quotas=bool(resolved.quotas))
     except IntegrityError:
         existing = Job.objects.for_tenant(tenant).filter(idempotency_key=idempotency_key).first()
         if existing is None:

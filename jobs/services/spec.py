@@ -10,7 +10,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.db.models import F, QuerySet
 
-from console.compiled import StandIns, compiled_first
+from console.compiled import StandIns, compiled_first, compiled_instances
 from console.crypto import decrypt_json
 from console.models import Tenant
 from console.services import ServiceError
@@ -256,6 +256,7 @@ class ResolvedSpec:
     region: Region
     cpus: int
     placement: Placement
+    quotas: list[TenantQuota]  # the tenant's, as validation read them
 
 
 def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
@@ -398,11 +399,17 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
                 "cpus",
             )
     total_gpus = spec.nodes * spec.gpus_per_node
-    for quota in TenantQuota.objects.for_tenant(tenant).select_related("gpu_type"):
+    quotas = compiled_instances(
+        "launch-quotas",
+        TenantQuota,
+        lambda at: TenantQuota.objects.for_tenant(Tenant(pk=at.int("tenant"))).order_by("pk"),
+        tenant=tenant.pk,
+    )
+    for quota in quotas:
         if quota.max_gpus is None or not gpu_type:
             continue
         if (quota.gpu_type_id in (None, gpu_type.pk)) and total_gpus > quota.max_gpus:
-            scope = quota.gpu_type.slug if quota.gpu_type else "all GPU types"
+            scope = gpu_type.slug if quota.gpu_type_id else "all GPU types"  # its own type
             raise invalid(
                 f"Your organisation's quota allows at most {quota.max_gpus} GPUs "
                 f"({scope}); this job asks for {total_gpus}.",
@@ -421,6 +428,7 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
             spot_nodes=spot_nodes,
             on_demand_nodes=on_demand_nodes,
         ),
+        quotas=quotas,
     )
 
 

@@ -1,12 +1,14 @@
-"""Queries compiled once per thread (console.compiled) return what the ORM returns, for
+"""Queries compiled once per process (console.compiled) return what the ORM returns, for
 every value they are run with, on this database."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models import Count, Q, Value
 from django.utils import timezone
 
@@ -96,3 +98,32 @@ def test_a_stand_in_the_query_never_uses_is_refused():
             ("test-unused", uuid.uuid4().hex),
             lambda at: Tenant.objects.filter(pk=at.int("used"), name=str(at.int("unused"))),
         )
+
+
+@pytest.mark.django_db(transaction=True)  # the other thread must see the row
+def test_a_query_compiled_in_one_thread_runs_in_another_on_its_own_connection():
+    # Each ASGI request runs its sync code in a new thread: a query compiled by one
+    # request is reused by the next, converted on that thread's connection.
+    (tenant,) = tenants_made_at([1])
+    built = []
+
+    def build(at):
+        built.append(1)
+        return Tenant.objects.filter(pk=at.int("pk")).values_list("pk", "created_at")
+
+    key = ("test-threads", uuid.uuid4().hex)
+    here = compiled(key, build).rows(pk=tenant.pk)
+    there = []
+
+    def run_elsewhere():
+        try:
+            there.append(compiled(key, build).rows(pk=tenant.pk))
+        finally:
+            connection.close()  # that thread's own connection
+
+    thread = threading.Thread(target=run_elsewhere)
+    thread.start()
+    thread.join()
+    assert there == [here]
+    assert here == [(tenant.pk, tenant.created_at)]
+    assert len(built) == 1

@@ -1,4 +1,4 @@
-"""The organisation-token lookup compiled once per thread (console.token_lookup) loads
+"""The organisation-token lookup compiled once per process (console.token_lookup) loads
 exactly what the ORM loads, on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
@@ -70,4 +70,4 @@ def test_the_lookup_is_one_query_and_works_from_another_thread(world):
     thread = threading.Thread(target=look_up_elsewhere)
     thread.start()
     thread.join()
-    assert seen == [None]  # its own compiled query, on its own connection
+    assert seen == [None]  # the process's compiled query, on that thread's own connection

@@ -17,9 +17,11 @@ from itertools import product
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
+from console.models import Tenant
 from console.services import ServiceError
 from jobs import services
 from jobs.actors import BACKEND, SYSTEM
@@ -552,3 +554,14 @@ def test_spot_ratio_without_a_spot_pool_is_refused(world, pools):
     with pytest.raises(ServiceError) as refused:
         gpu_job(world, gpus=1, spot_ratio=Decimal("0.5"))
     assert refused.value.field == "spot_ratio"
+
+
+def test_a_suspension_after_the_launch_check_holds_the_job_back_at_admission(world, pools):
+    # world.tenant is the launch's view of the organisation from before the suspension;
+    # admission reads the row again once the pool is locked, and sees it.
+    Tenant.objects.filter(pk=world.tenant.pk).update(
+        suspended_at=timezone.now(), suspension_reason="unpaid invoice"
+    )
+    job = submit(world, "late", cpus=1)
+    assert (job.status, job.wait_kind) == (S.QUEUED, WaitKind.SUSPENDED)
+    assert not Job.objects.filter(status__in=HOLDING_COMPUTE).exists()
