@@ -87,6 +87,12 @@ def before_in_queue(job: Job) -> Q:
     )
 
 
+def ranked_below(job: Job) -> Q:
+    """The jobs of a lower priority than `job`'s (none below the lowest)."""
+    lower = PRIORITY_ORDER[PRIORITY_ORDER.index(job.priority) + 1 :]
+    return Q(priority__in=lower) if lower else Q(pk__in=[])
+
+
 def queued_with(job: Job) -> QuerySet[Job]:
     """The other queued jobs that want one of `job`'s pools; an indexed filter, so its
     cost doesn't grow with the rest of the queue."""

@@ -17,7 +17,7 @@ from console.queueing import enqueue_on_commit
 from console.tenant_admin import suspended_tenant_ids
 from jobs.actors import SYSTEM
 from jobs.models import HOLDING_COMPUTE, QUOTA_WAITS, Job, JobStatus, WaitKind
-from jobs.selectors import before_in_queue, queued_in_order, wanting_pools
+from jobs.selectors import before_in_queue, queued_in_order, ranked_below, wanting_pools
 from jobs.state import job_transition, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
@@ -232,7 +232,12 @@ def _admission_view(job: Job) -> dict[str, int]:
                 others_capacity=Count("pk", filter=ahead & ~mine & ~quota_wait),
                 own_capacity=Count("pk", filter=ahead & mine & ~quota_wait),
                 own_quota=Count("pk", filter=ahead & mine & quota_wait),
-                behind=Count("pk", filter=queued & ~before_in_queue(like)),
+                # Behind it by priority. A job of its own priority queued after it is a
+                # launch that committed first while this one waited for the lock: it was
+                # decided without seeing this job, and a full pass for it would only
+                # relabel its wait (from capacity to "behind earlier jobs"), at the cost
+                # of reading the whole queue on every concurrent launch into a full pool.
+                behind=Count("pk", filter=queued & ranked_below(like)),
                 all=Count("pk", filter=queued),
                 # Read after the locks, so a suspension committed meanwhile is seen.
                 suspended=Count("pk", filter=Q(pk=like.pk, tenant__suspended_at__isnull=False)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 from itertools import product
 
@@ -565,3 +566,30 @@ def test_a_suspension_after_the_launch_check_holds_the_job_back_at_admission(wor
     job = submit(world, "late", cpus=1)
     assert (job.status, job.wait_kind) == (S.QUEUED, WaitKind.SUSPENDED)
     assert not Job.objects.filter(status__in=HOLDING_COMPUTE).exists()
+
+
+def test_a_launch_that_waits_leaves_a_later_launch_of_its_priority_as_it_was_decided(world, pools):
+    # Two concurrent launches: the later one (created after) took the pool lock first and
+    # was decided without seeing the earlier one. When the earlier one then waits, the
+    # later one still waits too; no full pass over the queue relabels it.
+    gpu_job(world, "holder", gpus=8)
+    later = gpu_job(world, "later", gpus=8)
+    Job.objects.filter(pk=later.pk).update(created_at=timezone.now() + timedelta(seconds=5))
+    earlier = gpu_job(world, "earlier", gpus=8)
+    later.refresh_from_db()
+    assert (earlier.status, earlier.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
+    assert (later.status, later.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
+    # The next full pass (a job ends, the reconciler) says what holds it now.
+    services.jobs_admit()
+    later.refresh_from_db()
+    assert later.wait_kind == WaitKind.POOL_QUEUE
+
+
+def test_a_higher_priority_launch_that_waits_relabels_the_jobs_it_went_before(world, pools):
+    gpu_job(world, "holder", gpus=8)
+    normal = gpu_job(world, "normal", gpus=8)
+    assert normal.wait_kind == WaitKind.CAPACITY
+    critical = gpu_job(world, "critical", gpus=8, priority="critical")
+    normal.refresh_from_db()
+    assert (critical.status, critical.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
+    assert (normal.status, normal.wait_kind) == (S.QUEUED, WaitKind.POOL_QUEUE)
