@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
+from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Value, When
 
+from console.compiled import StandIns, compiled
 from console.permissions import Capability, has_capability
 from jobs.models import Job, JobEvent, JobStatus, Priority
 
@@ -126,7 +127,7 @@ def queue_positions(jobs: list[Job]) -> dict[int, int]:
     if not wanted:
         return {}
     if len(wanted) == 1:  # a job page or an API answer: one indexed count
-        return {wanted[0].pk: 1 + queued_ahead_of(wanted[0]).count()}
+        return {wanted[0].pk: 1 + _ahead_count(wanted[0])}
     wanted_ids = {j.pk for j in wanted}
     # A list: one pass over the queue beats a count per row.
     order = [
@@ -138,6 +139,27 @@ def queue_positions(jobs: list[Job]) -> dict[int, int]:
         if pk in wanted_ids:
             positions[pk] = 1 + sum(1 for _, other in order[:index] if other & pools)
     return positions
+
+
+def _ahead_count(job: Job) -> int:
+    """`queued_ahead_of(job).count()`, compiled once per shape (every queued launch's
+    answer shows its position)."""
+    pools = {name: getattr(job, name) for name in ("pool_id", "spot_pool_id") if getattr(job, name)}
+    if not pools:
+        return queued_ahead_of(job).count()
+
+    def build(at: StandIns) -> QuerySet:
+        like = Job(
+            pk=at.int("pk"),
+            priority=job.priority,
+            created_at=at.datetime("created_at"),
+            **{name: at.int(name) for name in pools},
+        )
+        return queued_ahead_of(like).order_by().values(one=Value(1)).annotate(ahead=Count("pk"))
+
+    shape = ("queue-ahead", job.priority, tuple(pools))
+    row = compiled(shape, build).first(pk=job.pk, created_at=job.created_at, **pools)
+    return row["ahead"] if row else 0
 
 
 def queue_position(job: Job) -> int | None:

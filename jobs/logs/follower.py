@@ -109,6 +109,7 @@ class _SpoolReader:
             if source.key in self.streams or source.key in self.done:
                 continue
             skip = held.get(source.key, 0)
+            log.info("job %s: following the log of %s from line %d", self.job.pk, source.key, skip)
             self.streams[source.key] = self.backend.open_log(
                 self.job, source, skip=skip, wake=self.wake
             )
@@ -127,6 +128,7 @@ class _SpoolReader:
             batches.append((stream.source, self.read_upto[key], lines))
             self.read_upto[key] += len(lines)
             if ended:
+                log.info("job %s: the log of %s ended", self.job.pk, key)
                 del self.streams[key]
                 if not stream.source.live:
                     self.done.add(key)

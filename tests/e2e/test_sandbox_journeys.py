@@ -34,6 +34,7 @@ from console.queueing import enqueue_now
 from jobs import services
 from jobs.backends import get_backend
 from jobs.backends.kubernetes.sandbox import sandbox_nodes, write_sandbox_files
+from jobs.logs.leases import followed
 from jobs.logs.reading import read_lines
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
@@ -106,7 +107,7 @@ class Stack:
 
     def logs(self) -> str:
         return "\n".join(
-            f"--- {name} log ---\n{process.log()[-3000:]}"
+            f"--- {name} log ---\n{process.log()[-6000:]}"
             for name, process in (
                 ("worker", self.worker),
                 ("watcher", self.watcher),
@@ -222,12 +223,14 @@ def expect_in_log(page, pattern, *, job: Job, stack: Stack, timeout: int) -> Non
         expect(page.get_by_test_id("log")).to_contain_text(pattern, timeout=timeout)
     except AssertionError as error:
         job.refresh_from_db()
+        is_followed = followed(job.pk)  # before read_lines, which may sync the spool itself
         stored = [line["text"] for line in read_lines(job, limit=1000)["lines"]]
         sources = get_backend(job.backend).log_sources(job)
         socket = page.evaluate("document.documentElement.dataset.jobSocket || 'none'")
         raise AssertionError(
-            f"{error}\n{job.status} attempt {job.attempt}; socket {socket}; log info: "
-            f"{page.locator('[data-log-info]').inner_text()}\nstored: {stored[-8:]}\n"
+            f"{error}\n{job.status} attempt {job.attempt}; socket {socket}; "
+            f"followed {is_followed}; log info: {page.locator('[data-log-info]').inner_text()}"
+            f"\nstored: {stored[-8:]}\n"
             f"sources: {sources}\nbrowser: {page.problems.all()}\n{stack.logs()}"
         ) from None
 
@@ -524,8 +527,8 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
     expect(timeline.locator("li", has_text="resuming")).to_contain_text(
         "budget no longer exhausted"
     )
-    expect(page.get_by_test_id("log")).to_contain_text(
-        "GPUGEEK_RESUMED=1: resuming from /ckpt/eval", timeout=30_000
+    expect_in_log(
+        page, "GPUGEEK_RESUMED=1: resuming from /ckpt/eval", job=job, stack=stack, timeout=30_000
     )
     screenshot(page, journey, "5-resumed")
     page.problems.assert_clean()
