@@ -69,6 +69,11 @@ def queued_in_order() -> QuerySet[Job]:
     )
 
 
+def job_pool_fields(job: Job) -> dict[str, int]:
+    """The job's pools by the field that names them (its on-demand and its spot pool)."""
+    return {name: getattr(job, name) for name in ("pool_id", "spot_pool_id") if getattr(job, name)}
+
+
 def wanting_pools(pool_ids: list[int]) -> Q:
     """Jobs that want (or hold) one of the pools, on demand or on spot."""
     return Q(pool_id__in=pool_ids) | Q(spot_pool_id__in=pool_ids)
@@ -144,7 +149,7 @@ def queue_positions(jobs: list[Job]) -> dict[int, int]:
 def _ahead_count(job: Job) -> int:
     """`queued_ahead_of(job).count()`, compiled once per shape (every queued launch's
     answer shows its position)."""
-    pools = {name: getattr(job, name) for name in ("pool_id", "spot_pool_id") if getattr(job, name)}
+    pools = job_pool_fields(job)
     if not pools:
         return queued_ahead_of(job).count()
 

@@ -17,7 +17,13 @@ from console.queueing import enqueue_on_commit
 from console.tenant_admin import suspended_tenant_ids
 from jobs.actors import SYSTEM
 from jobs.models import HOLDING_COMPUTE, QUOTA_WAITS, Job, JobStatus, WaitKind
-from jobs.selectors import before_in_queue, queued_in_order, ranked_below, wanting_pools
+from jobs.selectors import (
+    before_in_queue,
+    job_pool_fields,
+    queued_in_order,
+    ranked_below,
+    wanting_pools,
+)
 from jobs.state import job_transition, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
@@ -190,18 +196,13 @@ def locked_admission_state(
     return pools, quotas
 
 
-QUEUE_AROUND = ("others_capacity", "own_capacity", "own_quota", "behind", "all")
-# The job's pools, by the Job field that names them (the on-demand and the spot pool).
-POOL_FIELDS = ("pool_id", "spot_pool_id")
-
-
 def _admission_view(job: Job) -> dict[str, int]:
     """What a launch's admission reads once its pools are locked, in one indexed query
     (each was a statement of its own, while the pool locks were held): the other queued
-    jobs that want `job`'s pools (ahead of it by what holds them, behind it, and all; see
-    QUEUE_AROUND), whether its tenant is suspended now, and the GPUs and vCPUs its pools
-    hold (`<field>_gpus`, `<field>_vcpus`). Compiled once per shape."""
-    pool_ids = {name: getattr(job, name) for name in POOL_FIELDS if getattr(job, name)}
+    jobs that want `job`'s pools (ahead of it by what holds them, behind it, and all),
+    whether its tenant is suspended now, and the GPUs and vCPUs its pools hold
+    (`<field>_gpus`, `<field>_vcpus`). Compiled once per shape."""
+    pool_ids = job_pool_fields(job)
 
     def build(at: StandIns) -> QuerySet:
         like = Job(
@@ -321,11 +322,9 @@ def job_admit_submitted(*, job: Job, tenant_has_quotas: bool = True) -> bool:
                 if quotas[job.tenant_id]
                 else Usage()
             )
-            for name in POOL_FIELDS:
-                pool_id = getattr(job, name)
-                if pool_id:
-                    usage.pool_gpus[pool_id] = view[f"{name}_gpus"]
-                    usage.pool_vcpus[pool_id] = view[f"{name}_vcpus"]
+            for name, pool_id in job_pool_fields(job).items():
+                usage.pool_gpus[pool_id] = view[f"{name}_gpus"]
+                usage.pool_vcpus[pool_id] = view[f"{name}_vcpus"]
             wait = blocking_wait(job, pools, usage, quotas)
         if wait:
             _wait(job, wait)

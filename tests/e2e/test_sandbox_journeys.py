@@ -235,6 +235,12 @@ def expect_in_log(page, pattern, *, job: Job, stack: Stack, timeout: int) -> Non
         ) from None
 
 
+def expect_resumed_in_log(page, checkpoint: str, *, job: Job, stack: Stack) -> None:
+    """The resumed attempt says, in the page's log, that it goes on from a checkpointed step."""
+    pattern = rf"GPUGEEK_RESUMED=1: resuming from {re.escape(checkpoint)} at step [1-9]\d*"
+    expect_in_log(page, re.compile(pattern), job=job, stack=stack, timeout=15_000)
+
+
 def shown_lines(page) -> list[tuple[int, str]]:
     return page.eval_on_selector_all(
         "[data-log-lines] .log-line",
@@ -409,13 +415,7 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
     # Resume: it goes on from its last checkpoint, and finishes.
     page.locator("#job-status").get_by_role("button", name="Resume").click()
     expect(status).to_have_text("Running", timeout=STATUS_TIMEOUT_MS)
-    expect_in_log(
-        page,
-        re.compile(r"GPUGEEK_RESUMED=1: resuming from /ckpt/llama at step [1-9]\d*"),
-        job=job,
-        stack=stack,
-        timeout=15_000,
-    )
+    expect_resumed_in_log(page, "/ckpt/llama", job=job, stack=stack)
     expect(status).to_have_text("Succeeded", timeout=60_000)
     expect(log).to_contain_text("training complete")
     timeline = page.get_by_test_id("timeline")
@@ -602,13 +602,7 @@ def test_staff_reclaim_spot_capacity_and_the_job_resumes_as_a_new_attempt(
         timeline.locator("li", has_text="requeued as a new attempt from the checkpoint")
     ).to_contain_text("attempt 2")
     # The log goes on in the same window: the new attempt's lines follow the old ones.
-    expect_in_log(
-        page,
-        re.compile(r"GPUGEEK_RESUMED=1: resuming from /ckpt/run at step [1-9]\d*"),
-        job=job,
-        stack=stack,
-        timeout=15_000,
-    )
+    expect_resumed_in_log(page, "/ckpt/run", job=job, stack=stack)
     rows = shown_lines(page)
     resumed_at = next(n for n, text in rows if "resuming from /ckpt/run" in text)
     assert resumed_at > before
