@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from django.urls import NoReverseMatch, reverse
 
-from console.models import Notification
 from console.permissions import Capability, has_capability
-from console.selectors import memberships_of_user
+from console.selectors import memberships_of_user, unread_notification_count
 
 # (label, url name, capability). A section whose URL isn't registered yet is shown
 # disabled rather than linking to a 404; it lights up when its app provides the URL.
@@ -60,10 +59,7 @@ def console(request) -> dict:
         ),
         "can": {cap.value: has_capability(membership, cap) for cap in Capability},
         "unread_notifications": (
-            Notification.objects.for_tenant(membership.tenant)
-            .filter(user=request.user)
-            .unread()
-            .count()
+            unread_notification_count(user=request.user, tenant=membership.tenant)
             if membership
             else 0
         ),

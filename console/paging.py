@@ -4,13 +4,17 @@ so a tenant with 100,000 jobs doesn't pay a full COUNT on every page view (its p
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
 
 from django.core.paginator import Paginator
+from django.db import connection
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
+
+from console.compiled import CompiledValues
 
 COUNT_CAP = 10_000
 # "More than COUNT_CAP" stays true as a list grows (jobs, events and audit entries are
@@ -24,17 +28,21 @@ _over_cap: OrderedDict[tuple, float] = OrderedDict()
 _over_cap_lock = threading.Lock()
 
 
-def capped_count(queryset: QuerySet) -> tuple[int, bool]:
+def capped_count(rows: QuerySet | CompiledValues) -> tuple[int, bool]:
     """How many rows, at most COUNT_CAP, and whether there are more."""
-    capped = queryset.order_by()[: COUNT_CAP + 1]
-    sql, params = capped.query.sql_with_params()
-    key = (capped.db, sql, tuple(map(repr, params)))
+    if isinstance(rows, CompiledValues):  # no compiling, not even for the key
+        key: tuple = (connection.alias, rows.key, tuple(sorted(rows.values.items())))
+        count = functools.partial(rows.count, at_most=COUNT_CAP + 1)
+    else:
+        capped = rows.order_by()[: COUNT_CAP + 1]
+        sql, params = capped.query.sql_with_params()
+        key, count = (capped.db, sql, tuple(map(repr, params))), capped.count
     now = time.monotonic()
     with _over_cap_lock:
         until = _over_cap.get(key)
     if until is not None and now < until:
         return COUNT_CAP, True
-    counted = capped.count()
+    counted = count()
     if counted > COUNT_CAP:
         with _over_cap_lock:
             _over_cap[key] = now + OVER_CAP_KEPT_SECONDS

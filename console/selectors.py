@@ -6,9 +6,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Value
 from django.utils import timezone
 
+from console.compiled import StandIns, compiled, compiled_joined
 from console.models import (
     ApiToken,
     AuditEvent,
@@ -26,6 +27,17 @@ HEARTBEAT_COMPONENTS = ("worker", "beat", "watcher")
 
 def notifications_for(*, user: User, tenant: Tenant):
     return Notification.objects.for_tenant(tenant).filter(user=user)
+
+
+def unread_notification_count(*, user: User, tenant: Tenant) -> int:
+    """The bell's count on every page: compiled once per process (see console.compiled)."""
+
+    def build(at: StandIns) -> QuerySet:
+        mine = notifications_for(user=User(pk=at.int("user")), tenant=Tenant(pk=at.int("tenant")))
+        return mine.unread().order_by().values(one=Value(1)).annotate(unread=Count("pk"))
+
+    row = compiled("unread-notifications", build).first(user=user.pk, tenant=tenant.pk)
+    return row["unread"] if row else 0
 
 
 def memberships_of_user(*, user: User) -> QuerySet[Membership]:
@@ -121,6 +133,15 @@ def memberships_and_current(
     in `tenant_id`, else their first one."""
     if not user.is_authenticated:
         return [], None
-    memberships = list(memberships_of_user(user=user))
+    # Every page's middleware asks: compiled once per process (see console.compiled).
+    memberships = []
+    for membership, tenant in compiled_joined(
+        "memberships-of-user",
+        ((Membership, ""), (Tenant, "tenant__")),
+        lambda at: memberships_of_user(user=User(pk=at.int("user"))),
+        user=user.pk,
+    ):
+        membership.tenant = tenant
+        memberships.append(membership)
     current = next((m for m in memberships if m.tenant_id == tenant_id), None)
     return memberships, current or (memberships[0] if memberships else None)

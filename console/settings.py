@@ -465,6 +465,7 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GpuGeek <noreply@gpugeek.loc
 
 # --- Security ----
 SESSION_COOKIE_HTTPONLY = True
+SESSION_ENGINE = "console.sessions"  # Django's database sessions, read compiled
 CSRF_COOKIE_HTTPONLY = False  # htmx reads it for hx-headers
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True

@@ -7,10 +7,9 @@ process (console.compiled); rows become instances through Model.from_db, as the 
 
 from __future__ import annotations
 
-from django.db import connection
 from django.db.models import F, Model
 
-from console.compiled import compiled
+from console.compiled import compiled_joined
 from console.models import ApiToken, Membership, Tenant, User
 
 # Each model's concrete fields, by the path from the token.
@@ -25,25 +24,20 @@ MODELS: tuple[tuple[type[Model], str], ...] = (
 def organisation_token(key_hash: str) -> tuple[ApiToken, Membership] | None:
     """The active organisation token with this hash, whose user is active and a member of
     its active organisation, with its user, organisation and membership; or None."""
-    lookup = compiled("organisation-token", lambda at: organisation_token_query(at.text("hash")))
-    rows = lookup.rows(hash=key_hash)
+    rows = compiled_joined(
+        "organisation-token", MODELS, lambda at: organisation_token_query(at.text("hash")),
+        hash=key_hash,
+    )  # fmt: skip
     if not rows:
         return None
-    instances, start = [], 0
-    for model, _ in MODELS:
-        names = _attnames(model)
-        values = rows[0][start : start + len(names)]
-        instances.append(model.from_db(connection.alias, names, values))
-        start += len(names)
-    token, user, tenant, membership = instances
+    token, user, tenant, membership = rows[0]
     token.user, token.tenant = user, tenant
     membership.user, membership.tenant = user, tenant
     return token, membership  # type: ignore[return-value]
 
 
 def organisation_token_query(key_hash: str):
-    """The lookup as the ORM writes it (also what the compiled one is checked against)."""
-    paths = [f"{prefix}{name}" for model, prefix in MODELS for name in _attnames(model)]
+    """The lookup as the ORM writes it (the compiled one reads each model's columns)."""
     return (
         ApiToken.objects.active()
         .filter(
@@ -52,10 +46,5 @@ def organisation_token_query(key_hash: str):
             tenant__is_active=True,
             tenant__memberships__user=F("user"),
         )
-        .order_by()
-        .values_list(*paths)[:1]
+        .order_by()[:1]
     )
-
-
-def _attnames(model: type[Model]) -> list[str]:
-    return [field.attname for field in model._meta.concrete_fields]

@@ -20,7 +20,6 @@ import json
 import logging
 from urllib.parse import parse_qs
 
-from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
@@ -47,7 +46,8 @@ MAX_QUEUED = 200
 def _parallel_db(function):
     """Like database_sync_to_async, but not thread-sensitive: connects of many sockets
     check access in parallel (each worker thread has its own database connection)
-    instead of queueing on one thread."""
+    instead of queueing on one thread. (Not asgiref's sync_to_async: only this gives a
+    pooled connection back after each call; a thread holding one starves the pool.)"""
     return database_sync_to_async(function, thread_sensitive=False)
 
 
@@ -150,7 +150,7 @@ class JobLogCursor:
         self.first_sent = 1  # lines before it were never sent on this socket
 
     async def backfill(self, count: int = BACKFILL_LINES) -> None:
-        lines, last = await sync_to_async(tail_lines, thread_sensitive=False)(self.job, count)
+        lines, last = await _parallel_db(tail_lines)(self.job, count)
         if lines:
             await self.send_lines(lines)
         self.last_sent = last
@@ -176,9 +176,7 @@ class JobLogCursor:
         """Send every stored line after `last_sent` (up to `upto`, or all there are)."""
         while upto is None or self.last_sent < upto:
             limit = FILL_CHUNK if upto is None else min(FILL_CHUNK, upto - self.last_sent)
-            page = await sync_to_async(read_lines, thread_sensitive=False)(
-                self.job, since_line=self.last_sent, limit=limit
-            )
+            page = await _parallel_db(read_lines)(self.job, since_line=self.last_sent, limit=limit)
             lines = page["lines"]
             if not lines:
                 return

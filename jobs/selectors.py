@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Value, When
 
-from console.compiled import StandIns, compiled
+from console.compiled import CompiledValues, StandIns, compiled
+from console.models import Tenant
 from console.permissions import Capability, has_capability
 from jobs.models import Job, JobEvent, JobStatus, Priority
 
@@ -21,6 +24,29 @@ def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") ->
     if query:
         jobs = jobs.filter(name__icontains=query)
     return jobs
+
+
+def listed_jobs(
+    key: str,
+    shape: Callable[[QuerySet[Job]], QuerySet],
+    *,
+    tenant,
+    status: str | None = None,
+    query: str = "",
+) -> CompiledValues | QuerySet:
+    """`shape(jobs_for_list_page(…))` for a pager: compiled once per `key` (naming the
+    shape) and filter, unless searched by name (a LIKE pattern isn't a plain parameter,
+    and searches are rare)."""
+    if query or tenant is None:
+        return shape(jobs_for_list_page(tenant=tenant, status=status, query=query))
+
+    def scope(at: StandIns) -> QuerySet[Job]:
+        return jobs_for_list_page(
+            tenant=Tenant(pk=at.int("tenant")), status=at.text("status") if status else None
+        )
+
+    values = {"tenant": tenant.pk, **({"status": status} if status else {})}
+    return CompiledValues((key, bool(status)), Job, scope, shape, values)
 
 
 # What a row of the jobs page shows (with the slugs of its GPU type and region).

@@ -184,14 +184,24 @@ def job_list(request: HttpRequest) -> HttpResponse:
     if status not in JobStatus.values:
         status = ""
     query = request.GET.get("q", "").strip()
-    jobs = selectors.jobs_for_list_page(tenant=request.tenant, status=status or None, query=query)
     costs_provider = job_costs()
-    # Pages count the plain filtered jobs; a page reads its rows as values, with what
-    # their costs need, in one query.
-    rows_query = costs_provider.with_cost_inputs(
-        selectors.list_page_rows(jobs, also=costs_provider.cost_columns)
+    # A page reads its rows as values, with what their costs need, in one query
+    # compiled once per process; pages count the filtered jobs without those.
+    rows_query = selectors.listed_jobs(
+        "job-list-page",
+        lambda jobs: costs_provider.with_cost_inputs(
+            selectors.list_page_rows(jobs, also=costs_provider.cost_columns)
+        ),
+        tenant=request.tenant,
+        status=status or None,
+        query=query,
+    ).order_by(*Job._meta.ordering)
+    searched = (  # a search's rows are an ordinary queryset: count without their joins
+        selectors.jobs_for_list_page(tenant=request.tenant, status=status, query=query)
+        if query
+        else None
     )
-    paginator = CappedPaginator(rows_query, PAGE_SIZE, count_queryset=jobs)
+    paginator = CappedPaginator(rows_query, PAGE_SIZE, count_queryset=searched)
     page = paginator.get_page(request.GET.get("page"))
     jobs_on_page = list(page)
     rows = job_list_rows(jobs_on_page, costs_provider.row_costs(jobs_on_page))

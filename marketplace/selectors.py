@@ -108,14 +108,10 @@ def offers(
     discount = tenant_discount_percent(tenant)
     empty = {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0}
     capacity: dict[tuple, dict[str, int]] = defaultdict(lambda: dict(empty))
-    on_host: set[int] = set()
-    elsewhere: set[int] = set()
     allowed_on_host = may_run_on_host(tenant)
-    # Every active pool in one read: capacity of those the tenant may use, and regions
-    # whose only pools are on the console's host (host_only_region_ids, without a query).
+    # Every active pool in one read: the capacity of those the tenant may use.
     pools = NodePool.objects.filter(is_active=True).order_by().values(*POOL_CAPACITY_FIELDS)
     for pool in pools:
-        (on_host if pool["on_console_host"] else elsewhere).add(pool["region_id"])
         if pool["on_console_host"] and not allowed_on_host:
             continue
         bucket = capacity[(pool["gpu_type_id"], pool["region_id"], pool["tier"])]
@@ -128,7 +124,7 @@ def offers(
         bucket["vcpus"] = max(bucket["vcpus"], pool["vcpus_per_node"])
         bucket["memory"] = max(bucket["memory"], pool["memory_gib_per_node"])
         bucket["simulated"] |= pool["simulated"] and pool["node_count"] > 0
-    hidden_regions = set() if allowed_on_host else on_host - elsewhere
+    hidden_regions = set(host_only_region_ids(tenant))  # (no query for allowed tenants)
 
     rows = []
     for priced in book.entries:

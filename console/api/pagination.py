@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 
-from rest_framework.exceptions import ValidationError
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
 
+from console.compiled import CompiledValues
 from console.paging import COUNT_CAP, OVER_CAP_KEPT_SECONDS, capped_count
 
 PAGE_SIZE_MAXIMUM = 500
@@ -66,15 +68,29 @@ class CursorCountPagination(StrictPageSize, CursorPagination):
         self._by_page = None
         if "page" in request.query_params:
             self._by_page = PageSizePagination()
+            if isinstance(queryset, CompiledValues):  # a page number's Paginator counts
+                queryset = queryset.queryset()
             return self._by_page.paginate_queryset(queryset, request, view)
         self.count, self.count_capped = None, None
+        self._model = queryset.model
         if not request.query_params.get(self.cursor_query_param):
             # The first page counts, over at most COUNT_CAP + 1 rows (an index-only scan
-            # however long the list); the pages after it don't count again. A view whose
-            # rows carry joins for display counts its plain queryset instead.
-            counting = view.count_queryset() if hasattr(view, "count_queryset") else queryset
-            self.count, self.count_capped = capped_count(counting)
+            # however long the list); the pages after it don't count again. Compiled
+            # rows count their scope, without the joins their rows read for display.
+            self.count, self.count_capped = capped_count(queryset)
         return super().paginate_queryset(queryset, request, view)
+
+    def decode_cursor(self, request):
+        # A cursor is the client's to edit: a position that isn't a value of the ordering
+        # column is an invalid cursor (404, as DRF answers a garbled one), not a 500.
+        cursor = super().decode_cursor(request)
+        if cursor is not None and cursor.position is not None:
+            column = self._model._meta.get_field(self.ordering[0].lstrip("-"))
+            try:
+                column.to_python(cursor.position)
+            except DjangoValidationError:
+                raise NotFound(self.invalid_cursor_message) from None
+        return cursor
 
     def get_paginated_response(self, data):
         if self._by_page is not None:

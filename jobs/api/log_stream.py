@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -168,9 +168,12 @@ async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
         await followers.unwatch(job_id)
 
 
-@sync_to_async(thread_sensitive=False)
-def _reload(job_id: int) -> Job | None:
+def _reload_now(job_id: int) -> Job | None:
     return Job.objects.filter(pk=job_id).first()
+
+
+# Gives its pooled connection back after each call (asgiref's sync_to_async would not).
+_reload = database_sync_to_async(_reload_now, thread_sensitive=False)
 
 
 def _end(cursor: JobLogCursor) -> dict:

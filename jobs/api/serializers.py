@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import UTC
 from decimal import Decimal
 
 from django.db.models import F
@@ -198,6 +199,8 @@ def _row_of(job: Job) -> dict:
 
 def _documents(rows: list[dict], costs: dict, positions: dict) -> list[dict]:
     zone = timezone.get_current_timezone()
+    if getattr(zone, "key", None) == "UTC":  # the database's own zone: nothing to convert
+        zone = UTC
     return [
         {
             "id": row["id"],

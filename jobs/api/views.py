@@ -20,6 +20,11 @@ from jobs.logs.reading import read_lines
 from jobs.models import Job, TenantSecret
 
 
+def _list_row_shape(jobs):
+    """What a row of the jobs list reads (`job_rows_from_values`)."""
+    return job_costs().with_cost_inputs(jobs.annotate(**s.RELATED_SLUGS).values(*s.ROW_VALUES))
+
+
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = Job.objects.select_related("gpu_type", "region", "image", "tenant")
     serializer_class = s.JobSerializer
@@ -29,29 +34,21 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         for a in ("create", "pause", "resume", "cancel", "clone", "destroy")
     }
 
-    def count_queryset(self):
-        """What the list's count counts: the scoped, filtered jobs, without the joins
-        its rows read (see CursorCountPagination)."""
-        return self.get_queryset().select_related(None)
-
     def scope_queryset(self, queryset):
         if self.action == "retrieve":  # its cost's inputs read with the job
             return job_costs().with_cost_inputs(queryset)
-        if self.action != "list":
-            return queryset
-        wanted = query_params(s.JobQuerySerializer, self.request).get("status")
-        return queryset.filter(status=wanted) if wanted else queryset
+        return queryset
 
     @extend_schema(parameters=[s.JobQuerySerializer])
     def list(self, request, *args, **kwargs):
-        # A row shows only the slugs of its image, GPU type and region: read as values
-        # with the job (no model instance per row, no catalog objects); what a row
-        # doesn't show stays in the database. Every job here is the request's tenant's.
-        rows = job_costs().with_cost_inputs(
-            self.get_queryset()
-            .select_related(None)
-            .annotate(**s.RELATED_SLUGS)
-            .values(*s.ROW_VALUES)
+        # Rows are read as values with the job, with only the slugs of its image, GPU
+        # type and region (no model instance per row, no catalog objects), by a query
+        # compiled once per process. Every job here is the request's tenant's.
+        rows = selectors.listed_jobs(
+            "api-job-list",
+            _list_row_shape,
+            tenant=request.tenant,
+            status=query_params(s.JobQuerySerializer, request).get("status"),
         )
         return self.get_paginated_response(s.job_rows_from_values(self.paginate_queryset(rows)))
 

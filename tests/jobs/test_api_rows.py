@@ -3,6 +3,7 @@ schema) writes, for jobs in every kind of state; and the list pages by cursor.""
 
 from __future__ import annotations
 
+import base64
 from decimal import Decimal
 
 from django.utils import timezone
@@ -62,6 +63,13 @@ def test_the_list_pages_by_cursor_with_a_capped_count(member_api):
     assert [row["name"] for row in numbered["results"]] == ["job 2", "job 1"]
     assert "count_capped" not in numbered
     assert member_api.get(f"{JOBS}?cursor=garbage").status_code == 404
+    # A well-formed cursor whose position isn't a time: invalid too, not a server error.
+    edited = base64.b64encode(b"p=yesterday").decode()
+    answer = member_api.get(f"{JOBS}?cursor={edited}")
+    assert (answer.status_code, answer.json()["detail"]) == (404, "Invalid cursor")
+    # Back from the last page, the pages come again in order (a reversed cursor).
+    assert member_api.get(third["previous"]).json()["results"] == second["results"]
+    assert member_api.get(second["previous"]).json()["results"] == first["results"]
 
 
 def test_a_list_row_reads_every_column_its_cost_reads():
