@@ -199,7 +199,7 @@ def compiled_joined(
     """`build(…)`'s rows as one instance per (model, path) of `parts`: the queryset's
     own model first (path ""), then each joined one by its path from it (e.g.
     "tenant__"); compiled once (see `compiled`). Linking them is the caller's."""
-    names = [[field.attname for field in model._meta.concrete_fields] for model, _ in parts]
+    names = [[column.attname for column in model._meta.concrete_fields] for model, _ in parts]
     paths = [f"{path}{name}" for (_, path), own in zip(parts, names, strict=True) for name in own]
     rows = compiled((key, "joined"), lambda at: build(at).values_list(*paths)).rows(**values)
     joined = []

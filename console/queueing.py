@@ -12,9 +12,11 @@ import logging
 from typing import Any
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
 
 log = logging.getLogger(__name__)
+_clients: dict[str, Any] = {}
 
 
 def enqueue_now(task_name: str, *args: Any) -> bool:
@@ -33,3 +35,18 @@ def enqueue_now(task_name: str, *args: Any) -> bool:
 def enqueue_on_commit(task_name: str, *args: Any) -> None:
     """Send `task_name` once the current transaction commits (at once outside one)."""
     transaction.on_commit(lambda: enqueue_now(task_name, *args))
+
+
+def broker_redis():
+    """A client of the Redis the broker runs on (REDIS_URL), kept per process, for
+    hand-offs that ride beside the task queue. Short timeouts: an answer that takes
+    seconds is a lost connection."""
+    import redis
+
+    url = settings.REDIS_URL or "redis://127.0.0.1:1/0"
+    client = _clients.get(url)
+    if client is None:
+        client = _clients[url] = redis.Redis.from_url(
+            url, socket_connect_timeout=0.5, socket_timeout=5
+        )
+    return client

@@ -13,6 +13,7 @@ from jobs.logs.archive import logs_archive_finished
 from jobs.metrics import metrics_collect, metrics_downsample
 from jobs.models import Job, JobStatus
 from jobs.services.dispatch import DispatchRetry
+from jobs.services.launch_dispatch import dispatch_launched
 from marketplace.services import capacity_sync
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,14 @@ def jobs_dispatch_task(job_ids: list[int]) -> None:
     """Dispatch a batch of admitted jobs (a full admission pass queues one); a job that
     fails in it is handed to its own job_dispatch_task."""
     services.jobs_dispatch(job_ids=job_ids)
+
+
+@shared_task(bind=True, acks_late=True)
+def jobs_dispatch_launched_task(self) -> None:
+    """Dispatch the launches listed since the last sweep, in batches
+    (`jobs.services.launch_dispatch`); a redelivery of this task redoes its claimed
+    batch."""
+    dispatch_launched(sweep_id=self.request.id or "eager")
 
 
 @shared_task(**RETRY)

@@ -22,6 +22,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from console import queueing
 from console.celery import app as celery_app
 from console.launcher import free_loopback_port
 
@@ -143,11 +144,22 @@ class CeleryWorker:
         return self.log_path.read_text(errors="replace")
 
 
+def purge_queues() -> None:
+    """Drop the tasks earlier tests queued and nobody ran, and the launches they listed
+    for a dispatch sweep (jobs.services.launch_dispatch), with its "sweep queued" mark:
+    left, that mark would keep this test's launches from queueing their sweep."""
+    # Here, not at the top: this module is imported before Django is set up (fork server).
+    from jobs.services.launch_dispatch import pending_key, queued_key
+
+    celery_app.control.purge()
+    queueing.broker_redis().delete(pending_key(), queued_key())
+
+
 @pytest.fixture
 def celery_worker_process(transactional_db, tmp_path) -> Iterator[CeleryWorker]:
     """A real `celery worker` process (solo pool) consuming from the test Redis."""
     # Unit tests before this one may have queued e-mails: start from an empty queue.
-    celery_app.control.purge()
+    purge_queues()
     log_path = tmp_path / "worker.log"
     mail_dir = tmp_path / "mail"
     with log_path.open("wb") as log_file:

@@ -10,6 +10,8 @@ import weakref
 
 from django.conf import settings
 
+from console.queueing import broker_redis
+
 LEASE_SECONDS = 5.0
 REDIS_TIMEOUT_SECONDS = 5.0
 
@@ -48,7 +50,6 @@ class RedisClients:
 
 
 redis_clients = RedisClients()
-_SYNC_CLIENTS: dict[str, object] = {}
 
 
 def lease_key(job_id: int) -> str:
@@ -60,12 +61,8 @@ def followed(job_id: int) -> bool:
     current); False when Redis can't tell."""
     import redis
 
-    url = settings.REDIS_URL or "redis://127.0.0.1:1/0"
-    client = _SYNC_CLIENTS.get(url)
-    if client is None:
-        client = _SYNC_CLIENTS[url] = redis.Redis.from_url(url, socket_connect_timeout=0.5)
     try:
-        return bool(client.exists(lease_key(job_id)))
+        return bool(broker_redis().exists(lease_key(job_id)))
     except redis.RedisError:
         return False
 

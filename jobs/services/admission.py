@@ -24,6 +24,7 @@ from jobs.selectors import (
     ranked_below,
     wanting_pools,
 )
+from jobs.services.launch_dispatch import dispatch_launched_on_commit
 from jobs.state import job_transition, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
@@ -162,7 +163,7 @@ def _wait(job: Job, wait: Wait) -> None:
 def _admit_launched(job: Job) -> None:
     """Admit the job its launch's transaction has just inserted (no re-read or lock)."""
     job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason=ADMITTED, fresh=True)
-    enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
+    dispatch_launched_on_commit(job)
 
 
 def _enqueue_dispatches(jobs: list[Job]) -> None:

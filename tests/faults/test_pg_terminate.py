@@ -34,7 +34,6 @@ from django.test import override_settings
 
 from billing.metering import meter_tick
 from billing.models import LiveUsageRollup, UsageDailyTotal, UsageRecord
-from console.celery import app as celery_app
 from jobs.models import Job
 from jobs.services import JobSpec, job_submit
 from marketplace.models import GpuType, PriceVersion, Region
@@ -42,6 +41,7 @@ from marketplace.pricing import unit_prices
 from tests.billing.conftest import T0, S, make_job, set_status
 from tests.factories import PriceEntryFactory, PriceVersionFactory
 from tests.faults.helpers import report_counts
+from tests.servers import purge_queues
 
 pytestmark = [
     pytest.mark.integration,
@@ -72,7 +72,7 @@ def no_worker():
     """The jobs here are moved through their timeline by the test; the dispatches their
     submissions queued (after commit: this test commits) are dropped at the end."""
     yield
-    celery_app.control.purge()
+    purge_queues()
 
 
 def price_book() -> dict[str, PriceVersion]:

@@ -35,7 +35,6 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from console.celery import app as celery_app
 from jobs import services
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.models import Job, JobStatus
@@ -44,8 +43,13 @@ from marketplace.demo import seed_catalog
 from marketplace.models import NodePool
 from marketplace.services import capacity_sync
 from tests.faults.helpers import ApiTally, Workers, queue_length, report_counts, worker_env
-from tests.integration.helpers import WorkerProcess, forget_abandoned_messages, unacked_tags
-from tests.servers import wait_until
+from tests.integration.helpers import (
+    DISPATCH_TASK,
+    WorkerProcess,
+    forget_abandoned_messages,
+    unacked_tags,
+)
+from tests.servers import purge_queues, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -71,9 +75,7 @@ MAX_JOBS = 60
 LIVE_WORKERS = 3  # the next victim and two starting: a worker start is the slow part
 NODES_PER_TIER = 8  # 8 GPUs each: 64 one-GPU ranks per tier, more than MAX_JOBS
 LAUNCHED = {S.PROVISIONING, S.RUNNING}
-TASK_ENDED = re.compile(
-    r"Task jobs\.tasks\.job_dispatch_task\[[0-9a-f-]+\] (?:succeeded|retry|raised)"
-)
+TASK_ENDED = re.compile(rf"Task {DISPATCH_TASK}\[[0-9a-f-]+\] (?:succeeded|retry|raised)")
 H100 = {
     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
     "topology.kubernetes.io/region": "us-west",
@@ -105,7 +107,7 @@ def cluster(kube_api, settings, tmp_path):
 
 @pytest.fixture
 def workers(cluster, tmp_path):
-    celery_app.control.purge()  # earlier tests may have left messages on this queue
+    purge_queues()  # earlier tests may have left messages on this queue
     pool = Workers(
         tmp_path, forked=True, **worker_env(CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT))
     )
@@ -113,7 +115,7 @@ def workers(cluster, tmp_path):
         yield pool
     finally:
         pool.stop_all()
-        celery_app.control.purge()
+        purge_queues()
         forget_abandoned_messages(settings.CELERY_TASK_DEFAULT_QUEUE, settings.REDIS_URL)
 
 

@@ -39,7 +39,9 @@ def sign_in(client: httpx.Client, email: str, password: str) -> httpx.Response:
 # tests/faults/) --------------------------------------------------------------------------------
 
 
-DISPATCH_RECEIVED = re.compile(r"Task jobs\.tasks\.job_dispatch_task\[([0-9a-f-]+)\] received")
+# A launch's dispatch: its own task, or the sweep that dispatches launches in batches.
+DISPATCH_TASK = r"jobs\.tasks\.(?:job_dispatch_task|jobs_dispatch_launched_task)"
+DISPATCH_RECEIVED = re.compile(rf"Task {DISPATCH_TASK}\[([0-9a-f-]+)\] received")
 
 
 @dataclass(eq=False)  # one per process: compared and hashed by identity

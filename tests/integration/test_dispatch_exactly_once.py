@@ -20,7 +20,6 @@ from decimal import Decimal
 
 import pytest
 
-from console.celery import app as celery_app
 from jobs import services
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.models import Job, JobStatus
@@ -34,7 +33,7 @@ from tests.integration.helpers import (
     forget_abandoned_messages,
     start_worker_process,
 )
-from tests.servers import child_env, wait_until
+from tests.servers import child_env, purge_queues, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -57,7 +56,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Work
     its own process group, and every group is SIGKILLed at the end."""
     from django.conf import settings
 
-    celery_app.control.purge()  # earlier tests may have left messages on this session's queue
+    purge_queues()  # earlier tests may have left messages on this session's queue
     started: list[WorkerProcess] = []
 
     def start(count: int = 1) -> list[WorkerProcess]:
@@ -93,7 +92,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Work
             worker.signal_group()
         for worker in started:
             worker.kill_group()
-        celery_app.control.purge()
+        purge_queues()
         forget_abandoned_messages(settings.CELERY_TASK_DEFAULT_QUEUE, settings.REDIS_URL)
 
 

@@ -21,6 +21,7 @@ from jobs.services import JobSpec
 from jobs.state import job_transition
 from marketplace.models import NodePool
 from tests.conftest import signed_in_client
+from tests.factories import JobFactory
 from tests.jobs_helpers import advance_to
 
 S = JobStatus
@@ -236,6 +237,25 @@ def test_list_filters_by_status_and_name(member, world, other_world):
     assert listed(status="running", q="resnet") == {running.name}
     assert listed(status="not-a-status") == {running.name, done.name, other.name}
     assert "No job matches these filters." in text(member.get(LIST, {"q": "nothing"}))
+
+
+def test_list_pages_fifty_newest_first_with_a_count(member, world, other_world):
+    pool = NodePool.objects.get(backend="local", gpu_type=None, tier="on_demand")
+    jobs = JobFactory.create_batch(52, tenant=world.tenant, pool=pool)
+    JobFactory(tenant=other_world.tenant, pool=pool, name="theirs")
+
+    def names(response) -> list[str]:
+        assert response.status_code == 200
+        return [row["job"]["name"] for row in response.context["rows"]]
+
+    first = member.get(LIST)
+    assert names(first) == [job.name for job in reversed(jobs[2:])]
+    assert first.context["page"].paginator.count == 52
+    assert names(member.get(LIST, {"page": 2})) == [jobs[1].name, jobs[0].name]
+    past_the_end = member.get(LIST, {"page": 9})
+    assert past_the_end.context["page"].number == 2 and len(names(past_the_end)) == 2
+    assert names(member.get(LIST, {"status": "queued", "page": 2})) == [jobs[1].name, jobs[0].name]
+    assert names(member.get(LIST, {"status": "running"})) == []
 
 
 def test_list_rows_escape_what_users_typed(member, world):

@@ -18,7 +18,6 @@ import json
 import pytest
 from django.db import connection
 
-from console.celery import app as celery_app
 from console.services import api_token_create
 from jobs.models import Job
 from marketplace.demo import seed_catalog
@@ -27,6 +26,7 @@ from tests.bench.api.load import load
 from tests.bench.dispatch.bench_dispatch import LAUNCH
 from tests.bench.results import record
 from tests.conftest import make_world
+from tests.servers import purge_queues
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -40,7 +40,7 @@ def test_concurrent_launches(transactional_db, tmp_path):
     world = make_world("launch")
     _, raw = api_token_create(user=world.owner, tenant=world.tenant, name="bench")
     headers = {"Authorization": f"Bearer {raw}", "Content-Type": "application/json"}
-    celery_app.control.purge()
+    purge_queues()
     try:
         with uvicorn_server(tmp_path, COMPUTE_BACKENDS="kubernetes") as server:
             figure = load(
@@ -52,7 +52,7 @@ def test_concurrent_launches(transactional_db, tmp_path):
                 body=json.dumps({**LAUNCH, "name": "bench-launch"}).encode(),
             )
     finally:
-        celery_app.control.purge()  # the dispatch tasks the launches queued
+        purge_queues()  # the dispatch tasks the launches queued
 
     launched = Job.objects.filter(tenant=world.tenant).count()
     print(

@@ -50,7 +50,6 @@ from django.db import connection
 from django.utils import timezone
 from kubernetes import client as k8s
 
-from console.celery import app as celery_app
 from console.launcher import free_loopback_port, wait_for_http
 from jobs import services, tasks
 from jobs.backends.kubernetes import KubernetesBackend
@@ -61,7 +60,7 @@ from marketplace.models import NodePool
 from marketplace.services import capacity_sync
 from tests.bench.results import record
 from tests.conftest import token_client
-from tests.servers import stop_process_group
+from tests.servers import purge_queues, stop_process_group
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -161,10 +160,10 @@ def simulated_cluster(settings, directory, nodes: list[dict]) -> Iterator[Sandbo
         capacity_sync(backend=KubernetesBackend(sandbox.api_client))
         settings.COMPUTE_BACKENDS = ["kubernetes"]
         settings.KUBECONFIG = str(sandbox.kubeconfig)
-        celery_app.control.purge()
+        purge_queues()
         yield sandbox
     finally:
-        celery_app.control.purge()  # the dispatches job_submit enqueued; nobody consumed them
+        purge_queues()  # the dispatches job_submit enqueued; nobody consumed them
         sandbox.stop()
 
 
