@@ -37,6 +37,13 @@ def enqueue_on_commit(task_name: str, *args: Any) -> None:
     transaction.on_commit(lambda: enqueue_now(task_name, *args))
 
 
+def redis_prefix() -> str:
+    """What the console's own keys in Redis start with (the channel layer's prefix), so
+    that consoles sharing one Redis never meet."""
+    layer: dict[str, Any] = settings.CHANNEL_LAYERS["default"]
+    return str(layer.get("CONFIG", {}).get("prefix", "gpugeek"))
+
+
 def broker_redis():
     """A client of the Redis the broker runs on (REDIS_URL), kept per process, for
     hand-offs that ride beside the task queue. Short timeouts: an answer that takes

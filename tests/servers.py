@@ -148,11 +148,13 @@ def purge_queues() -> None:
     """Drop the tasks earlier tests queued and nobody ran, and the launches they listed
     for a dispatch sweep (jobs.services.launch_dispatch), with its "sweep queued" mark:
     left, that mark would keep this test's launches from queueing their sweep."""
-    # Here, not at the top: this module is imported before Django is set up (fork server).
-    from jobs.services.launch_dispatch import pending_key, queued_key
-
     celery_app.control.purge()
-    queueing.broker_redis().delete(pending_key(), queued_key())
+    client = queueing.broker_redis()
+    # (By pattern: this module is imported before Django is set up, by the fork server,
+    # so it can't import jobs.services.launch_dispatch, whose KEY_ROOT this is.)
+    listed = list(client.scan_iter(f"{queueing.redis_prefix()}:dispatch:*", count=1000))
+    if listed:
+        client.delete(*listed)
 
 
 @pytest.fixture

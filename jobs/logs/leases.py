@@ -10,14 +10,10 @@ import weakref
 
 from django.conf import settings
 
-from console.queueing import broker_redis
+from console.queueing import broker_redis, redis_prefix
 
 LEASE_SECONDS = 5.0
 REDIS_TIMEOUT_SECONDS = 5.0
-
-
-def redis_prefix() -> str:
-    return str(settings.CHANNEL_LAYERS["default"].get("CONFIG", {}).get("prefix", "gpugeek"))
 
 
 class RedisClients:

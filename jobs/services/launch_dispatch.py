@@ -23,7 +23,6 @@ from django.db import transaction
 
 from console import queueing
 from jobs.backends import get_backend
-from jobs.logs.leases import redis_prefix
 from jobs.models import Job
 from jobs.services.dispatch import jobs_dispatch
 
@@ -50,16 +49,20 @@ return ids
 """
 
 
+# Every key of these hand-offs starts with this (after the console's prefix).
+KEY_ROOT = "dispatch"
+
+
 def pending_key() -> str:
-    return f"{redis_prefix()}:dispatch:launched"
+    return f"{queueing.redis_prefix()}:{KEY_ROOT}:launched"
 
 
 def queued_key() -> str:
-    return f"{redis_prefix()}:dispatch:sweep-queued"
+    return f"{queueing.redis_prefix()}:{KEY_ROOT}:sweep-queued"
 
 
 def _claim_key(sweep_id: str) -> str:
-    return f"{redis_prefix()}:dispatch:claimed:{sweep_id}"
+    return f"{queueing.redis_prefix()}:{KEY_ROOT}:claimed:{sweep_id}"
 
 
 def dispatch_launched_on_commit(job: Job) -> None:
