@@ -37,8 +37,10 @@ ERROR_DESCRIPTIONS = {
 }
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 PAGE_PARAMETERS = frozenset({"page", "cursor"})
-# Non-blank text after DRF trims it: at least one character that isn't whitespace.
-NOT_ONLY_WHITESPACE = r"\S"
+# Non-blank text after DRF trims it (str.strip): at least one character that is
+# whitespace neither to Python nor to the schema's regex dialect (ECMA-262, whose \s
+# leaves out the separators U+001C-U+001F and NEL U+0085 that str.strip removes).
+NOT_ONLY_WHITESPACE = r"[^\s\x1c-\x1f\x85]"
 # A decimal as text with at least one digit: "12", "12.5", "12.", ".5", "-3.25".
 DECIMAL_PATTERN = r"^-?(?:\d{{1,{whole}}}(?:\.\d{{0,{places}}})?|\.\d{{1,{places}}})$"
 

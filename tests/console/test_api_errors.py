@@ -3,12 +3,15 @@ whatever refused it, and the schema documenting each operation's error answers."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client, RequestFactory
 from django.urls import reverse
 from rest_framework.test import APIClient
 
 from console import errors
+from console.api.schema import NOT_ONLY_WHITESPACE
 from tests.conftest import token_client
 
 pytestmark = pytest.mark.django_db
@@ -156,3 +159,12 @@ def test_request_constraints_match_the_validators(schema):
     links = schema["paths"]["/api/v1/jobs/"]["post"]["responses"]["201"]["links"]
     assert links["jobs_retrieve"]["parameters"] == {"id": "$response.body#/id"}
     assert {"jobs_pause_create", "jobs_destroy"} <= set(links)
+
+
+def test_the_schema_s_non_blank_pattern_refuses_what_drf_trims_to_blank():
+    # str.strip (DRF's trim) removes NEL and the separators U+001C-U+001F, which the
+    # schema's regex dialect doesn't count as whitespace: the pattern names them.
+    for blank in (" ", "\x85", " \x1c\x1f ", "\u3000", "\xa0\t"):
+        assert blank.strip() == "" and not re.search(NOT_ONLY_WHITESPACE, blank)
+    for text in ("a", " \ufeff", " x "):
+        assert re.search(NOT_ONLY_WHITESPACE, text)
