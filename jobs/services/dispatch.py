@@ -160,8 +160,15 @@ def _after_start_many(
 
 
 def _undo(job: Job, backend: ComputeBackend) -> None:
+    """Stop what a dispatch started for a job that ended meanwhile. An unreachable backend
+    hands the stop to `job_cancel_task`, which retries it: raising here would end a
+    sweep's batch early, and a retried dispatch skips a job no longer dispatching."""
     log.info("job %s became %s while it was being started: stopping it", job.pk, job.status)
-    backend.cancel(job)
+    try:
+        backend.cancel(job)
+    except BackendUnavailable as error:
+        log.warning("stopping job %s failed (%s): retried by its cancel task", job.pk, error)
+        enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
 
 
 def _dispatch_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job:

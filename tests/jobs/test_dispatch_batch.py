@@ -69,23 +69,54 @@ def test_a_batch_costs_the_same_statements_for_two_jobs_or_five(world, cluster):
     assert statements(2, "two") == statements(5, "five")  # 8 GPUs in all
 
 
-def test_a_job_cancelled_while_its_objects_are_made_is_undone(world, cluster, monkeypatch):
-    jobs = dispatching(world, 3)
-    victim = jobs[1]
+def cancel_while_submitted(monkeypatch, victim: Job, then=lambda: None) -> None:
+    """The batch's creates go through, then `victim` is cancelled (and `then` runs)
+    before the batch records what it started."""
     submit_many = KubernetesBackend.submit_many
 
     def submit_then_cancel(self, batch):
         outcomes = submit_many(self, batch)
         services.job_cancel(job=Job.objects.get(pk=victim.pk), actor=SYSTEM)
+        then()
         return outcomes
 
     monkeypatch.setattr(KubernetesBackend, "submit_many", submit_then_cancel)
+
+
+def test_a_job_cancelled_while_its_objects_are_made_is_undone(world, cluster, monkeypatch):
+    jobs = dispatching(world, 3)
+    victim = jobs[1]
+    cancel_while_submitted(monkeypatch, victim)
 
     started = services.jobs_dispatch(job_ids=[job.pk for job in jobs])
 
     assert sorted(job.pk for job in started) == [jobs[0].pk, jobs[2].pk]
     victim.refresh_from_db()
     assert victim.status == S.CANCELLED
+    assert kube_job_names(cluster, victim) == sorted(f"gg-{j.pk}-a1" for j in (jobs[0], jobs[2]))
+
+
+def test_an_undo_the_cluster_refuses_is_retried_by_a_cancel_task(
+    world, cluster, dropped, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The cluster errs while the batch stops a job cancelled meanwhile: the batch still
+    starts the others, and the stop goes on in the (retried) cancel task."""
+    jobs = dispatching(world, 3)
+    victim = jobs[1]
+    cancel_while_submitted(
+        monkeypatch,
+        victim,
+        then=lambda: cluster.fail_next("*", rf"/namespaces/{ns(victim)}$", times=None),
+    )
+
+    with django_capture_on_commit_callbacks(execute=True):
+        started = services.jobs_dispatch(job_ids=[job.pk for job in jobs])
+
+    assert sorted(job.pk for job in started) == [jobs[0].pk, jobs[2].pk]
+    assert f"gg-{victim.pk}-a1" in kube_job_names(cluster, victim)  # not stopped yet
+    cluster.clear_faults()
+    # The cancel's own task and the undo's: either would stop it; both are harmless.
+    assert set(dropped.run()) == {("jobs.tasks.job_cancel_task", (victim.pk,))}
     assert kube_job_names(cluster, victim) == sorted(f"gg-{j.pk}-a1" for j in (jobs[0], jobs[2]))
 
 
