@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import channel_layers, get_channel_layer
+from django.db.backends.signals import connection_created
 from django.urls import include, path, re_path
 
 from console.crypto import encrypt_json
@@ -405,6 +406,8 @@ def test_pod_log_streams_skip_follow_and_end_with_the_container(world, cluster):
         stream.close()
 
 
+# Committed: the follower reads the job from a thread of its own, on its own connection.
+@pytest.mark.django_db(transaction=True)
 def test_kubernetes_follower_streams_each_pod_once_for_all_viewers(world, cluster):  # noqa: F811
     cluster.pod_script = lambda pod: PodRun(logs=["started"], duration=None)
     job = launch_on_cluster(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5")))
@@ -513,7 +516,26 @@ def test_local_log_stream_numbers_lines_like_the_store(tmp_path):
     ahead.close()
 
 
-@pytest.mark.django_db
+@contextlib.asynccontextmanager
+async def following(job: Job):
+    """A follower of `job` running in this event loop (this process its only viewer),
+    stopped and its loop's hub closed on the way out."""
+    follower = log_follower.LogFollower(job.pk, process_id="this-process")
+    client = leases.redis_clients.get()
+    await client.delete(follower.viewers_key, follower.lease_key, follower.cursor_key)
+    follower.task = asyncio.ensure_future(follower.run())
+    try:
+        yield follower
+    finally:
+        follower.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower.task
+        await follower.release()
+        await log_follower.close_for_loop()
+        await realtime.close_hub()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_follower_uses_redis_only_while_another_process_has_viewers(world, catalog):
     job = make_job(world.tenant)
     write_log(job, ["line 1"])
@@ -534,11 +556,8 @@ def test_follower_uses_redis_only_while_another_process_has_viewers(world, catal
         await layer.group_add(group, probe)
         local: list[dict] = []
         await realtime.hub().subscribe(group, local.append)
-        follower = log_follower.LogFollower(job.pk, process_id="this-process")
-        client = leases.redis_clients.get()
-        await client.delete(follower.viewers_key, follower.lease_key, follower.cursor_key)
-        follower.task = asyncio.ensure_future(follower.run())
-        try:
+        async with following(job) as follower:
+            client = leases.redis_clients.get()
             await asyncio.sleep(0.5)
             write_log(job, ["line 2"])
             await asyncio.sleep(0.5)
@@ -546,21 +565,53 @@ def test_follower_uses_redis_only_while_another_process_has_viewers(world, catal
             through_redis = [m["payload"] for m in await drain(layer, probe)]
             assert all(not m["lines"] for m in through_redis)  # markers only
             # A viewer in another process: batches go through the group from now on.
-            import time as clock
-
-            await client.hset(follower.viewers_key, "other-process", clock.time())
+            await client.hset(follower.viewers_key, "other-process", time.time())
             await asyncio.sleep(1.3)
             write_log(job, ["line 3"])
             await asyncio.sleep(0.5)
             through_redis = [m["payload"] for m in await drain(layer, probe)]
             assert [ln["line_no"] for m in through_redis for ln in m["lines"]] == [3]
             assert any(m.get("last_line") == 2 and not m["lines"] for m in through_redis)
-        finally:
-            follower.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower.task
-            await follower.release()
-            await log_follower.close_for_loop()
-            await realtime.close_hub()
 
     async_to_sync(body)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_followers_reads_give_their_connection_back(world, catalog):
+    """Run as under an ASGI server (an event loop with no sync thread above it): the
+    follower's database reads close what they opened, so none holds a pooled connection
+    or keeps one a database restart has broken."""
+    job = make_job(world.tenant)
+    write_log(job, ["line 1"])
+    channel_layers.backends.clear()
+    opened: list = []
+
+    def note(sender, connection, **kwargs) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            opened.append(connection)
+
+    async def body():
+        async with following(job) as follower:
+            deadline = time.monotonic() + 10
+            while follower.cursor is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert follower.cursor == 1  # it has read the job and its log's length
+
+    connection_created.connect(note)
+    try:
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                asyncio.run(body())
+            except BaseException as error:  # reported in the test's thread
+                failure.append(error)
+
+        server = threading.Thread(target=serve)
+        server.start()
+        server.join(30)
+    finally:
+        connection_created.disconnect(note)
+    assert not server.is_alive() and not failure, failure
+    assert opened  # the reads ran in worker threads, on connections of their own
+    assert [wrapper for wrapper in opened if wrapper.connection is not None] == []
