@@ -20,7 +20,6 @@ import json
 import logging
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.permissions import Capability, has_capability
@@ -31,6 +30,7 @@ from jobs import realtime
 from jobs.logs.follower import followers
 from jobs.logs.reading import BACKFILL_LINES, read_lines, tail_lines
 from jobs.models import Job
+from jobs.realtime import parallel_db
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +43,13 @@ FILL_CHUNK = 1000
 MAX_QUEUED = 200
 
 
-def _parallel_db(function):
-    """Like database_sync_to_async, but not thread-sensitive: connects of many sockets
-    check access in parallel (each worker thread has its own database connection)
-    instead of queueing on one thread. (Not asgiref's sync_to_async: only this gives a
-    pooled connection back after each call; a thread holding one starves the pool.)"""
-    return database_sync_to_async(function, thread_sensitive=False)
-
-
 # What every socket of this module needs in its tenant, at connect and on each re-check.
 SOCKET_CAPABILITY = Capability.VIEW_TENANT
 # The close code of a socket whose access is gone (the handshake's refusal code).
 ACCESS_REVOKED = 4403
 
 
-@_parallel_db
+@parallel_db
 def _may_view(user, tenant_id: int) -> bool:
     membership = resolve_membership(user, tenant_id)
     return (
@@ -67,8 +59,8 @@ def _may_view(user, tenant_id: int) -> bool:
     )
 
 
-@_parallel_db
-def _reload(job_id: int) -> Job | None:
+@parallel_db
+def reload_job(job_id: int) -> Job | None:
     return Job.objects.filter(pk=job_id).first()
 
 
@@ -150,7 +142,7 @@ class JobLogCursor:
         self.first_sent = 1  # lines before it were never sent on this socket
 
     async def backfill(self, count: int = BACKFILL_LINES) -> None:
-        lines, last = await _parallel_db(tail_lines)(self.job, count)
+        lines, last = await parallel_db(tail_lines)(self.job, count)
         if lines:
             await self.send_lines(lines)
         self.last_sent = last
@@ -176,7 +168,7 @@ class JobLogCursor:
         """Send every stored line after `last_sent` (up to `upto`, or all there are)."""
         while upto is None or self.last_sent < upto:
             limit = FILL_CHUNK if upto is None else min(FILL_CHUNK, upto - self.last_sent)
-            page = await _parallel_db(read_lines)(self.job, since_line=self.last_sent, limit=limit)
+            page = await parallel_db(read_lines)(self.job, since_line=self.last_sent, limit=limit)
             lines = page["lines"]
             if not lines:
                 return
@@ -245,7 +237,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)
             return
         job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        job = await _reload(job_id)
+        job = await reload_job(job_id)
         if job is None:
             await self.close(code=4404)
             return
@@ -274,7 +266,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         # Read again now that we are subscribed: a change made between the first read and
         # the subscription would otherwise be lost, and the page (which stops polling
         # while its socket is open) would show the old status until it is reloaded.
-        self.job = job = await _reload(job_id) or job
+        self.job = job = await reload_job(job_id) or job
         await self.send_json(_status_message(job))
         self.pump = asyncio.ensure_future(self._pump())
 
@@ -321,7 +313,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     # job serves all of its sockets.
                     reloads = message.setdefault("jobs", {})
                     if self.job.pk not in reloads:
-                        reloads[self.job.pk] = asyncio.ensure_future(_reload(self.job.pk))
+                        reloads[self.job.pk] = asyncio.ensure_future(reload_job(self.job.pk))
                     job = await reloads[self.job.pk]
                     if job is not None:
                         self.job = self.cursor.job = job
@@ -373,7 +365,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await followers.unwatch(self.job.pk)
 
 
-@_parallel_db
+@parallel_db
 def _current_membership(user, session):
     tenant_id = session.get(SESSION_TENANT_KEY) if session is not None else None
     return resolve_membership(user, tenant_id)

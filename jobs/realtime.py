@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import NotRequired, TypedDict
 
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.db import transaction
 
@@ -34,6 +35,15 @@ from console.realtime import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def parallel_db(function):
+    """`function` (it reads the database) for the event loop: run in a worker thread of
+    its own, not asgiref's one thread-sensitive thread, so many sockets read in parallel,
+    and with the connection closed (or its pool slot given back) after each call, which
+    asgiref's sync_to_async never does: one kept open on a long-lived thread holds a pool
+    slot and is never checked after a database restart."""
+    return database_sync_to_async(function, thread_sensitive=False)
 
 
 # --- payloads (what the browser receives, JSON) -------------------------------------------

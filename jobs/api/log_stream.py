@@ -24,7 +24,6 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
-from channels.db import database_sync_to_async
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -32,7 +31,7 @@ from rest_framework import serializers
 
 from jobs import realtime
 from jobs.api.streams import JobView
-from jobs.consumers import AccessWatch, JobLogCursor, LogInbox
+from jobs.consumers import AccessWatch, JobLogCursor, LogInbox, reload_job
 from jobs.logs.follower import followers
 from jobs.models import Job
 
@@ -133,7 +132,7 @@ async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
     try:
         if not await access.start():
             return
-        cursor.job = await _reload(job_id) or cursor.job
+        cursor.job = await reload_job(job_id) or cursor.job
         await cursor.fill_to(None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STREAM_SECONDS
@@ -155,7 +154,7 @@ async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
             elif kind == "_revoked":
                 return
             elif kind in ("status", realtime.RESYNC):
-                cursor.job = await _reload(job_id) or cursor.job
+                cursor.job = await reload_job(job_id) or cursor.job
                 finished = cursor.job.is_finished
                 if kind == "status":
                     await outbox.put(message)
@@ -166,14 +165,6 @@ async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
         await access.stop()
         await realtime.hub().unsubscribe(group, inbox.put)
         await followers.unwatch(job_id)
-
-
-def _reload_now(job_id: int) -> Job | None:
-    return Job.objects.filter(pk=job_id).first()
-
-
-# Gives its pooled connection back after each call (asgiref's sync_to_async would not).
-_reload = database_sync_to_async(_reload_now, thread_sensitive=False)
 
 
 def _end(cursor: JobLogCursor) -> dict:

@@ -11,8 +11,6 @@ import logging
 import time
 import uuid
 
-from channels.db import database_sync_to_async
-
 from jobs import realtime
 from jobs.backends import BackendRejected, BackendUnavailable, get_backend
 from jobs.backends.base import LogStream
@@ -27,17 +25,9 @@ from jobs.logs.masking import SecretMasker, job_secret_values
 from jobs.logs.reading import line_count, masked_payload
 from jobs.logs.stores import LogSpool, StoredLine, spool_dir
 from jobs.models import Job
-from jobs.realtime import LogLinePayload
+from jobs.realtime import LogLinePayload, parallel_db
 
 log = logging.getLogger(__name__)
-
-
-def _db(function):
-    """A database read from the follower's loop, in a worker thread that gives its
-    connection back after each call. (asgiref's thread-sensitive sync_to_async runs on one
-    thread that lives as long as the process: its connection stayed open between calls,
-    holding a pool slot, and was never checked after a database restart.)"""
-    return database_sync_to_async(function, thread_sensitive=False)
 
 FLUSH_SECONDS = 0.1  # a batch is published at least this often while lines arrive
 FOLLOW_BATCH = 2000
@@ -150,7 +140,7 @@ class _SpoolReader:
     async def read(self) -> list[StoredLine]:
         listing = self._list_due()
         if listing:  # a new attempt has new pods
-            await _db(self.job.refresh_from_db)(fields=["attempt", "status"])
+            await parallel_db(self.job.refresh_from_db)(fields=["attempt", "status"])
         return await asyncio.to_thread(self._collect, listing)
 
     def close(self) -> None:
@@ -283,8 +273,8 @@ class LogFollower:
                     continue
                 try:
                     if reader is None or cursor is None:
-                        job = await _db(Job.objects.get)(pk=self.job_id)
-                        masker = SecretMasker(await _db(job_secret_values)(job))
+                        job = await parallel_db(Job.objects.get)(pk=self.job_id)
+                        masker = SecretMasker(await parallel_db(job_secret_values)(job))
                         end = await asyncio.to_thread(line_count, job)
                         stored = await client.get(self.cursor_key)
                         cursor = min(int(stored), end) if stored is not None else end

@@ -47,22 +47,24 @@ if #ids > 0 then
 end
 return ids
 """
-
-
 # Every key of these hand-offs starts with this (after the console's prefix).
 KEY_ROOT = "dispatch"
 
 
+def _key(name: str) -> str:
+    return f"{queueing.redis_prefix()}:{KEY_ROOT}:{name}"
+
+
 def pending_key() -> str:
-    return f"{queueing.redis_prefix()}:{KEY_ROOT}:launched"
+    return _key("launched")
 
 
 def queued_key() -> str:
-    return f"{queueing.redis_prefix()}:{KEY_ROOT}:sweep-queued"
+    return _key("sweep-queued")
 
 
 def _claim_key(sweep_id: str) -> str:
-    return f"{queueing.redis_prefix()}:{KEY_ROOT}:claimed:{sweep_id}"
+    return _key(f"claimed:{sweep_id}")
 
 
 def dispatch_launched_on_commit(job: Job) -> None:

@@ -206,7 +206,7 @@ def test_a_change_between_the_first_read_and_the_subscription_is_not_lost(
         reads.append(job_id)
         return found
 
-    monkeypatch.setattr(consumers, "_reload", database_sync_to_async(reload_then_change))
+    monkeypatch.setattr(consumers, "reload_job", database_sync_to_async(reload_then_change))
 
     async def body():
         socket = communicator(f"/ws/jobs/{job.pk}/", cookie=cookie)
