@@ -15,6 +15,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 
+from console.host_access import host_isolation
 from console.selectors import heartbeat_status
 
 
@@ -64,6 +65,12 @@ def healthz(request: HttpRequest) -> JsonResponse:
     components: dict = {"database": _check_database(), "redis": _check_redis()}
     if components["database"]["status"] == "ok":
         components.update(heartbeat_status())
+    isolation = host_isolation()
+    if isolation is not None:  # for staff: host jobs unsandboxed is a state, not an outage
+        components["host_sandbox"] = {
+            "status": "ok" if isolation.isolated else "degraded",
+            "note": isolation.note,
+        }
     failing = [name for name in ("database", "redis") if components[name]["status"] != "ok"]
     body: dict = {"status": "ok" if not failing else "error"}
     if _may_see_details(request):

@@ -127,30 +127,6 @@ def tenant_create(
     return tenant
 
 
-@transaction.atomic
-def tenant_set_may_run_on_host(
-    *, tenant: Tenant, allowed: bool, user: User, request: HttpRequest | None = None
-) -> Tenant:
-    """Staff allow (or stop) an organisation running jobs on the console's own machine,
-    which is no security boundary. Audited on the platform and the tenant's log; setting
-    the value it has already changes nothing."""
-    if not user.is_staff:
-        raise ServiceError("Only platform staff can change this.", code="forbidden")
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    if tenant.may_run_on_host != allowed:
-        tenant.may_run_on_host = allowed
-        tenant.save(update_fields=["may_run_on_host"])
-        audit_record(
-            action="tenant.host_allowed" if allowed else "tenant.host_revoked",
-            tenant=tenant,
-            actor=user,
-            target=tenant,
-            request=request,
-            metadata={"may_run_on_host": allowed},
-        )
-    return tenant
-
-
 def _validate_new_user(email: str, password: str) -> str:
     email = User.objects.normalize_email(email).strip().lower()
     if User.objects.filter(email__iexact=email).exists():

@@ -351,20 +351,38 @@ if KUEUE not in ("off", "on", "auto"):
 KUEUE_QUEUE_NAME = KUEUE_QUEUE_NAME or "gpugeek"
 KUEUE_CLUSTER_QUEUE = env_str("KUEUE_CLUSTER_QUEUE", "gpugeek")
 CAPACITY_SYNC_INTERVAL = env_int("CAPACITY_SYNC_INTERVAL", 60)
-# Local backend: vCPUs offered per host core (light scripts share cores), the OS user jobs
-# run as (empty: the console's own user; another user needs the console to run as root)
-# and where their working directories live (default <data dir>/work). With a job user the
-# working directories must be outside the data dir, which is private to the console.
+# Local backend: vCPUs offered per host core (light scripts share cores), and where jobs'
+# work dirs live (default: <data dir>-work beside the data dir, which is private to the
+# console; job users must pass through its parents to reach their own dir).
 LOCAL_CPU_OVERCOMMIT = env_int("LOCAL_CPU_OVERCOMMIT", 4)
-LOCAL_JOB_USER = env_str("LOCAL_JOB_USER", "")
 LOCAL_JOB_WORK_DIR = env_str("LOCAL_JOB_WORK_DIR", "")
-if LOCAL_JOB_USER and (
-    not LOCAL_JOB_WORK_DIR or Path(LOCAL_JOB_WORK_DIR).resolve().is_relative_to(DATA_DIR)
-):
+if LOCAL_JOB_WORK_DIR and Path(LOCAL_JOB_WORK_DIR).resolve().is_relative_to(DATA_DIR):
     raise ImproperlyConfigured(
-        "LOCAL_JOB_USER needs LOCAL_JOB_WORK_DIR, a directory outside the data dir "
-        "(which the job's user may not enter)."
+        "LOCAL_JOB_WORK_DIR must be outside the data dir (which jobs' users may not enter)."
     )
+# Host jobs run in a bubblewrap sandbox where it works (jobs.backends.local_sandbox); 0
+# turns it off (then host access is for one organisation only). With the console running
+# as root each job gets its own host uid from LOCAL_JOB_UID_BASE (+ job id modulo
+# LOCAL_JOB_ID_COUNT) and its organisation's gid from LOCAL_JOB_GID_BASE: ranges no login
+# account uses (`make setup` checks /etc/passwd and /etc/group).
+LOCAL_JOB_SANDBOX = env_bool("LOCAL_JOB_SANDBOX", True)
+LOCAL_JOB_UID_BASE = env_int("LOCAL_JOB_UID_BASE", 1_200_000)
+LOCAL_JOB_GID_BASE = env_int("LOCAL_JOB_GID_BASE", 1_200_000)
+LOCAL_JOB_ID_COUNT = env_int("LOCAL_JOB_ID_COUNT", 100_000)
+# Without a sandbox: the OS user jobs run as (empty: the console's own user; another user
+# needs the console to run as root).
+LOCAL_JOB_USER = env_str("LOCAL_JOB_USER", "")
+# A sandboxed job's limits: processes and threads, its work dir's size (GiB), and how long
+# a finished job's work dir is kept (its log stays in the archive).
+LOCAL_JOB_MAX_PROCESSES = env_int("LOCAL_JOB_MAX_PROCESSES", 4096)
+LOCAL_JOB_DISK_GIB = float(env_str("LOCAL_JOB_DISK_GIB", "50") or 50)
+LOCAL_JOB_RETENTION_HOURS = env_int("LOCAL_JOB_RETENTION_HOURS", 72)
+# Networks a sandboxed job's traffic never reaches (besides the host's loopback and its
+# own addresses): private ranges and the cloud metadata endpoint, as on Kubernetes.
+LOCAL_EGRESS_DENY_CIDRS = env_list(
+    "LOCAL_EGRESS_DENY_CIDRS",
+    ["169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"],
+)
 # Seconds between SIGTERM and SIGKILL when pausing, cancelling or preempting a job.
 JOB_TERMINATION_GRACE_SECONDS = env_int("JOB_TERMINATION_GRACE_SECONDS", 30)
 WATCHER_INTERVAL = env_int("WATCHER_INTERVAL", 2)
@@ -437,6 +455,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     },
     "metrics-downsample": {"task": "jobs.tasks.metrics_downsample_task", "schedule": 600.0},
     "logs-archive": {"task": "jobs.tasks.logs_archive_task", "schedule": 60.0},
+    "jobs-files-prune": {"task": "jobs.tasks.jobs_files_prune_task", "schedule": 3600.0},
     "capacity-sync": {
         "task": "jobs.tasks.capacity_sync_task",
         "schedule": float(CAPACITY_SYNC_INTERVAL),

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from console import selectors, services, tenant_admin
+from console import host_access, selectors, services, tenant_admin
 from console.confirm import confirm_then_act
 from console.dashboard import dashboard_sections_context
 from console.forms import (
@@ -445,19 +445,25 @@ def staff_tenant_detail(request: HttpRequest, tenant_slug: str) -> HttpResponse:
         raise Http404("Not found.")
     if request.method == "POST" and "may_run_on_host" in request.POST:
         allowed = request.POST["may_run_on_host"] == "on"
-        services.tenant_set_may_run_on_host(
-            tenant=tenant, allowed=allowed, user=request.user, request=request
-        )
-        messages.success(
-            request,
-            f"{tenant.name} {'may now run' if allowed else 'may no longer run'} jobs on this host.",
-        )
+        try:
+            host_access.tenant_set_may_run_on_host(
+                tenant=tenant, allowed=allowed, user=request.user, request=request
+            )
+        except services.ServiceError as error:
+            messages.error(request, error.message)
+        else:
+            messages.success(
+                request,
+                f"{tenant.name} {'may now run' if allowed else 'may no longer run'} jobs "
+                "on this host.",
+            )
         return redirect("staff_tenant_detail", tenant_slug=tenant.slug)
     return render(
         request,
         "console/staff_tenant_detail.html",
         {
             "tenant": tenant,
+            "host_isolation": host_access.host_isolation(),
             "members": selectors.members_for_tenant(tenant=tenant),
             "events": selectors.audit_events_for_tenant(tenant=tenant)[:20],
             "panels": [

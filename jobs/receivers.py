@@ -6,17 +6,21 @@ from __future__ import annotations
 
 from celery import signals as celery_signals
 from django.conf import settings
+from django.db import transaction
 
 from console.dashboard import dashboard_section_register
+from console.host_access import host_isolation_register
 from console.metrics import scrape_collector_register
 from console.queueing import enqueue_now, enqueue_on_commit
 from console.tenant_admin import tenant_reactivated, tenant_suspended
-from jobs.extensions import launch_policy_register
+from jobs.extensions import job_deleting, launch_policy_register
+from jobs.models import Job
 from jobs.prometheus import JobsCollector
-from jobs.selectors import dashboard_jobs_context
+from jobs.selectors import dashboard_jobs_context, host_jobs_isolation
 from jobs.services.actions import jobs_pause_for_suspension
 from jobs.services.admission import jobs_admit
 from jobs.services.launch import SuspensionLaunchPolicy
+from jobs.tasks import job_files_discard_task
 from marketplace.signals import registry_credential_removed
 
 
@@ -40,6 +44,17 @@ def sync_sandbox_capacity_now(sender=None, **kwargs) -> None:
         enqueue_now("jobs.tasks.capacity_sync_task")
 
 
+def discard_deleted_jobs_files(sender, job_ids: list[int], **kwargs) -> None:
+    """After the deletion commits, each backend removes what it kept of those jobs."""
+    by_backend: dict[str, list[int]] = {}
+    for pk, backend in Job.objects.filter(pk__in=job_ids).values_list("pk", "backend"):
+        by_backend.setdefault(backend, []).append(pk)
+    for backend, ids in by_backend.items():
+        transaction.on_commit(
+            lambda backend=backend, ids=ids: job_files_discard_task.delay(backend, ids)
+        )
+
+
 def connect() -> None:
     celery_signals.worker_ready.connect(sync_sandbox_capacity_now, weak=False)
     dashboard_section_register(dashboard_jobs_context)
@@ -50,3 +65,5 @@ def connect() -> None:
     tenant_suspended.connect(pause_suspended_tenant, dispatch_uid="jobs-suspension-pause")
     tenant_reactivated.connect(readmit_reactivated, dispatch_uid="jobs-suspension-readmit")
     scrape_collector_register("jobs", JobsCollector())
+    host_isolation_register("jobs", host_jobs_isolation)
+    job_deleting.connect(discard_deleted_jobs_files, dispatch_uid="jobs-discard-files")

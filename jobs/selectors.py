@@ -8,8 +8,10 @@ from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Value, When
 
 from console.compiled import CompiledValues, StandIns, compiled
+from console.host_access import HostIsolation
 from console.models import Tenant
 from console.permissions import Capability, has_capability
+from jobs.backends import configured_backends, get_backend
 from jobs.models import Job, JobEvent, JobStatus, Priority
 
 S = JobStatus
@@ -210,3 +212,24 @@ def dashboard_jobs_context(request) -> dict:
         "recent_jobs": list(jobs[:DASHBOARD_JOBS]),
         "running_count": jobs.filter(status=JobStatus.RUNNING).count(),
     }
+
+
+def host_jobs_isolation() -> HostIsolation | None:
+    """What the backends running jobs on the console's host say of their isolation
+    (registered with console.host_access); None when none is configured."""
+    answers = [
+        backend.tenant_isolation()
+        for backend in configured_backends()
+        if backend.runs_on_console_host
+    ]
+    if not answers:
+        return None
+    return HostIsolation(
+        isolated=all(answer.isolated for answer in answers),
+        note=" ".join(answer.note for answer in answers if answer.note),
+    )
+
+
+def job_isolation_note(job: Job) -> str:
+    """What the job may use and reach where it runs, for its page."""
+    return get_backend(job.backend).isolation_note(job)

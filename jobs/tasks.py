@@ -6,6 +6,7 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from jobs import services
 from jobs.backends import BackendUnavailable, configured_backends, get_backend
@@ -13,6 +14,7 @@ from jobs.logs.archive import logs_archive_finished
 from jobs.metrics import metrics_collect, metrics_downsample
 from jobs.models import Job, JobStatus
 from jobs.services.dispatch import DispatchRetry
+from jobs.services.files import job_files_discard, jobs_files_prune
 from jobs.services.launch_dispatch import dispatch_launched
 from marketplace.services import capacity_sync
 
@@ -133,3 +135,13 @@ def metrics_downsample_task() -> None:
 def logs_archive_task() -> None:
     """Compress the full log of finished jobs so it outlives their pods."""
     logs_archive_finished()
+
+
+@shared_task(acks_late=True)
+def job_files_discard_task(backend_name: str, job_ids: list[int]) -> None:
+    job_files_discard(backend_name=backend_name, job_ids=job_ids)
+
+
+@shared_task(acks_late=True)
+def jobs_files_prune_task() -> None:
+    jobs_files_prune(now=timezone.now())

@@ -233,6 +233,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "cost": job_costs().costs_to_date([job])[job.pk],
         "run_rate": job_costs().run_rate(job),
         "queue_position": selectors.queue_position(job),
+        "isolation_note": selectors.job_isolation_note(job),
         "can_act": has_capability(request.membership, Capability.LAUNCH_JOBS),
         "logs_url": reverse("api-job-logs", args=[job.pk]),
         "metrics_url": reverse("api-job-metrics", args=[job.pk]),

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import GenericViewSet
 
-from console import selectors, services, tenant_admin
+from console import host_access, selectors, services, tenant_admin
 from console.api import serializers as s
 from console.api.base import TenantScopedViewSet
 from console.api.errors import error_response
@@ -267,7 +267,7 @@ class StaffTenantViewSet(
         allowed = serializer.validated_data.get("may_run_on_host")
         tenant = serializer.instance
         if allowed is not None:
-            tenant = services.tenant_set_may_run_on_host(
+            tenant = host_access.tenant_set_may_run_on_host(
                 tenant=tenant,
                 allowed=allowed,
                 user=self.request.user,

@@ -13,6 +13,7 @@ from marketplace.inventory import NodeInventory  # what inventory() reports
 
 if TYPE_CHECKING:
     from jobs.models import Job
+    from marketplace.models import NodePool
 
 
 class BackendUnavailable(Exception):
@@ -100,6 +101,28 @@ class GpuReading:
     memory_total_mib: float | None = None
     power_w: float | None = None
     temperature_c: float | None = None
+
+
+@dataclass(frozen=True)
+class TenantIsolation:
+    """Can jobs of several tenants share this backend safely? `note` says how (or why
+    not), for staff."""
+
+    isolated: bool
+    note: str = ""
+
+
+def node_memory_share(job: Job, pool: NodePool | None) -> float | None:
+    """The job's share of a node's memory: its share of the node's GPUs, or of its vCPUs
+    for CPU jobs (at most the whole node); None when the pool doesn't say. Both backends
+    size a job's memory limit by it."""
+    if pool is None:
+        return None
+    if job.gpus_per_node and pool.gpus_per_node:
+        return min(job.gpus_per_node / pool.gpus_per_node, 1.0)
+    if job.cpus and pool.vcpus_per_node:
+        return min(job.cpus / pool.vcpus_per_node, 1.0)
+    return None
 
 
 class ChaosControls(abc.ABC):
@@ -209,6 +232,24 @@ class ComputeBackend(abc.ABC):
 
     def release(self, job: Job) -> None:  # noqa: B027 - a documented no-op default
         """Remove what a finished job left behind (`releases_after_finish`). Idempotent."""
+
+    def stored_job_ids(self) -> set[int]:
+        """Jobs of which the backend keeps files on its own disk (a local job's work and
+        run directories); none elsewhere."""
+        return set()
+
+    def discard(self, job_ids: list[int], *, logs: bool = True) -> None:  # noqa: B027
+        """Remove those files (a documented no-op default): the work files, and with
+        `logs` the job's output too. Idempotent."""
+
+    def tenant_isolation(self) -> TenantIsolation:
+        """Whether this backend keeps one tenant's jobs from the console and from other
+        tenants (a pod boundary does; the console's host needs a sandbox)."""
+        return TenantIsolation(isolated=True)
+
+    def isolation_note(self, job: Job) -> str:
+        """What `job` may use and reach where it runs, for its page ("" to say nothing)."""
+        return ""
 
     def enforce_grace(self, job: Job, grace_seconds: int) -> bool:
         """Kill a job told to stop whose grace period is over (`enforces_grace`).

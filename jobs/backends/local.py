@@ -3,13 +3,16 @@
 Each job runs under its own detached supervisor (jobs.backends.local_supervisor) that
 records pid, exit code and output in the job's run directory, so jobs survive a console
 restart and exit codes are never lost. Running on the host is a privilege staff grant per
-tenant: the job gets its own working directory and an environment built from scratch,
-runs as LOCAL_JOB_USER where set (then it can't open the console's 0700 data dir), and
-nothing it can write is read back as control data (see the supervisor's docstring).
+tenant. Where bubblewrap works (`local_sandbox.sandbox_support`) each job runs in its own
+sandbox as its own unprivileged uid and sees nothing of the console or of other jobs;
+elsewhere it runs with an environment built from scratch as LOCAL_JOB_USER (when set), and
+host access is limited to one organisation. Either way nothing it can write is read back
+as control data: the run directory is the supervisor's, out of the job's reach.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -31,7 +34,7 @@ from django.conf import settings
 
 from console.crypto import decrypt_json
 from jobs import gpu_readings
-from jobs.backends import local_supervisor
+from jobs.backends import local_sandbox, local_supervisor
 from jobs.backends.base import (
     BackendRejected,
     BackendUnavailable,
@@ -42,6 +45,7 @@ from jobs.backends.base import (
     LogSource,
     NodeInventory,
     Observation,
+    TenantIsolation,
 )
 from jobs.backends.local_logs import LocalLogStream, run_ended
 from jobs.logs.stores import FileLog
@@ -122,6 +126,25 @@ _STARTED = ("child.pid", "exit_code", "not_started")
 NOTE_NO_NVML = "no GPU readings: NVML is not available on this host"
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {number}"
+
+
+def exit_reason(code: int) -> str:
+    """Why a job with this exit code failed. In the sandbox a signal's death is reported
+    as 128 + its number (as shells and Kubernetes do); without one, as -number."""
+    if code < 0:
+        return f"killed by {_signal_name(-code)}"
+    if code == 127:
+        return "command not found (exit code 127)"
+    if 128 < code < 128 + 65:
+        return f"exit code {code} (killed by {_signal_name(code - 128)}?)"
+    return f"exit code {code}"
+
+
 class LocalBackend(ComputeBackend):
     """Jobs as supervised processes on this host, on the GPU devices the console assigns."""
 
@@ -176,6 +199,8 @@ class LocalBackend(ComputeBackend):
         "not_started",
         "child.pid",
         "supervisor.pid",
+        "sandbox.pid",
+        "limit",
         "intent",
         "term_sent",
     )
@@ -186,7 +211,7 @@ class LocalBackend(ComputeBackend):
         return path
 
     def work_root(self) -> Path:
-        return Path(settings.LOCAL_JOB_WORK_DIR or self.data_dir / "work")
+        return local_sandbox.work_root()
 
     def workdir(self, job) -> Path:
         return self.work_root() / str(job.pk)
@@ -219,8 +244,8 @@ class LocalBackend(ComputeBackend):
     def _child_pid(self, job) -> int | None:
         return _read_int(self.run_dir(job) / "child.pid")
 
-    def _make_workdir(self, job, user: str | None) -> Path:
-        """The job's own directory, owned by the user it runs as; only it may list it."""
+    def _make_workdir(self, job, owner: tuple[int, int] | None) -> Path:
+        """The job's own directory, owned by the uid/gid it runs as; only it may list it."""
         root = self.work_root()
         root.mkdir(parents=True, exist_ok=True)
         # Each job may pass through to its own directory, not list the others.
@@ -230,24 +255,49 @@ class LocalBackend(ComputeBackend):
             return workdir
         workdir.mkdir(mode=0o700)
         (workdir / "tmp").mkdir(mode=0o700)
-        if user:
-            entry = pwd.getpwnam(user)
-            if entry.pw_uid != os.geteuid():
-                for path in (workdir, workdir / "tmp"):
-                    os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+        if owner and owner[0] != os.geteuid():
+            for path in (workdir, workdir / "tmp"):
+                os.chown(path, owner[0], owner[1], follow_symlinks=False)
         return workdir
+
+    @staticmethod
+    def _owner(job) -> tuple[int, int] | None:
+        """The host uid/gid the job runs as: its own in the sandbox (console as root),
+        LOCAL_JOB_USER's without one, else the console's (None)."""
+        support = local_sandbox.sandbox_support()
+        if support.available:
+            if support.own_uid:
+                return local_sandbox.job_uid(job), local_sandbox.tenant_gid(job.tenant_id)
+            return None
+        if settings.LOCAL_JOB_USER:
+            entry = pwd.getpwnam(settings.LOCAL_JOB_USER)
+            return entry.pw_uid, entry.pw_gid
+        return None
 
     # --- lifecycle ----------------------------------------------------------------------------
     def _environment(self, job, resumed: bool) -> dict[str, str]:
         """The job's environment, built from scratch: nothing of the console's (its
         database, Redis, secret key, settings module, PYTHONPATH) reaches the job."""
-        workdir = self.workdir(job)
         env = {key: os.environ[key] for key in ("LANG", "LC_ALL", "TZ") if key in os.environ}
-        # The console's virtualenv first, so `python` is its interpreter (its libraries,
-        # not the console's code: that is never on the job's path).
-        system_path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{system_path}"
-        env.update({"HOME": str(workdir), "TMPDIR": str(workdir / "tmp")})
+        if local_sandbox.sandbox_support().available:
+            home = local_sandbox.WORKSPACE
+            env.update(
+                {
+                    "PATH": local_sandbox.SANDBOX_PATH,
+                    "HOME": home,
+                    "TMPDIR": local_sandbox.SANDBOX_TMP,
+                    "USER": local_sandbox.INNER_USER,
+                    "LOGNAME": local_sandbox.INNER_USER,
+                }
+            )
+        else:
+            workdir = self.workdir(job)
+            home = str(workdir)
+            # The console's virtualenv first, so `python` is its interpreter (its libraries,
+            # not the console's code: that is never on the job's path).
+            system_path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{system_path}"
+            env.update({"HOME": home, "TMPDIR": str(workdir / "tmp")})
         env.update({str(k): str(v) for k, v in (job.env or {}).items()})
         env.update({str(k): str(v) for k, v in decrypt_json(job.secret_env_encrypted).items()})
         env.update(
@@ -255,7 +305,7 @@ class LocalBackend(ComputeBackend):
                 "GPUGEEK_JOB_ID": str(job.pk),
                 "GPUGEEK_ATTEMPT": str(job.attempt),
                 "GPUGEEK_RESUMED": "1" if resumed else "0",
-                "GPUGEEK_CHECKPOINT_PATH": job.checkpoint_path or str(workdir / "checkpoint"),
+                "GPUGEEK_CHECKPOINT_PATH": job.checkpoint_path or f"{home}/checkpoint",
                 "WORLD_SIZE": "1",
                 "NODE_RANK": "0",
                 "MASTER_ADDR": "127.0.0.1",
@@ -293,7 +343,8 @@ class LocalBackend(ComputeBackend):
 
     def _start(self, job, resumed: bool) -> None:
         token = self._run_token(job, resumed)
-        user = settings.LOCAL_JOB_USER or None
+        support = local_sandbox.sandbox_support()
+        user = None if support.available else (settings.LOCAL_JOB_USER or None)
         with self._locked(job) as run_dir:
             if _read_text(run_dir / "run") == token:
                 if any((run_dir / name).exists() for name in _STARTED) or _alive(
@@ -310,14 +361,20 @@ class LocalBackend(ComputeBackend):
                 for name in self.CONTROL_FILES:
                     (run_dir / name).unlink(missing_ok=True)
                 (run_dir / "run").write_text(token)
-            workdir = self._make_workdir(job, user)
-            spec = {
+            workdir = self._make_workdir(job, self._owner(job))
+            # A later attempt (requeued after preemption) continues the job's work.
+            env = self._environment(job, resumed or job.attempt > 1)
+            spec: dict = {
                 "command": list(job.command),
-                # A later attempt (requeued after preemption) continues the job's work.
-                "env": self._environment(job, resumed or job.attempt > 1),
+                "env": env,
                 # The supervisor has no settings: it stops storing output at the cap.
                 "log_max_bytes": settings.JOB_LOG_MAX_BYTES,
             }
+            if support.available:
+                spec["env"] = {}  # the sandbox sets the job's environment itself
+                spec["sandbox"] = local_sandbox.sandbox_plan(
+                    job=job, workdir=workdir, env=env, limits=self.limits(job)
+                )
             starter = subprocess.Popen(  # noqa: S603  (argv only, no shell)
                 [
                     sys.executable,
@@ -361,11 +418,17 @@ class LocalBackend(ComputeBackend):
             child = self._child_pid(job)
             if not _alive(child) or (run_dir / "exit_code").exists():
                 return
-            for signum in (signal.SIGTERM, signal.SIGCONT):  # a stopped process needs SIGCONT
-                try:
-                    os.killpg(child, signum)
-                except ProcessLookupError:
-                    return
+            if (run_dir / "sandbox.pid").exists():
+                # The supervisor sends it to every process in the job's sandbox.
+                targets = [(_read_int(run_dir / "supervisor.pid"), os.kill, (signal.SIGTERM,))]
+            else:  # a stopped process needs SIGCONT to act on SIGTERM
+                targets = [(child, os.killpg, (signal.SIGTERM, signal.SIGCONT))]
+            for pid, send, signums in targets:
+                for signum in signums:
+                    try:
+                        send(pid, signum)
+                    except ProcessLookupError:
+                        return
             if not (run_dir / "term_sent").exists():
                 (run_dir / "term_sent").write_text(str(time.time()))
 
@@ -376,7 +439,8 @@ class LocalBackend(ComputeBackend):
         self._signal(job, "cancel")
 
     def enforce_grace(self, job, grace_seconds: int) -> bool:
-        """SIGKILL the job's process group once its grace period after SIGTERM is over."""
+        """Kill the job once its grace period after SIGTERM is over: its sandbox's PID 1
+        (the kernel ends every process in it), or its process group without a sandbox."""
         run_dir = self.run_dir(job)
         try:
             sent = float((run_dir / "term_sent").read_text())
@@ -387,8 +451,12 @@ class LocalBackend(ComputeBackend):
             return False
         if (run_dir / "exit_code").exists():
             return False  # ended (and reaped): its pid may belong to another process now
+        sandbox_init = _read_int(run_dir / "sandbox.pid")
         try:
-            os.killpg(child, signal.SIGKILL)
+            if sandbox_init:
+                os.kill(sandbox_init, signal.SIGKILL)
+            else:
+                os.killpg(child, signal.SIGKILL)
         except ProcessLookupError:
             return False
         return True
@@ -413,18 +481,12 @@ class LocalBackend(ComputeBackend):
                 return Observation(phase="suspended", exit_code=code)
             if intent == "cancel":
                 return Observation(phase="cancelled", exit_code=code)
+            limit = _read_text(run_dir / "limit")
+            if limit:
+                return Observation(phase="failed", reason=limit, exit_code=code)
             if code == 0:
                 return Observation(phase="succeeded", exit_code=0)
-            if code < 0:
-                try:
-                    reason = f"killed by {signal.Signals(-code).name}"
-                except ValueError:  # a real-time signal has no name
-                    reason = f"killed by signal {-code}"
-            elif code == 127:
-                reason = "command not found (exit code 127)"
-            else:
-                reason = f"exit code {code}"
-            return Observation(phase="failed", reason=reason, exit_code=code)
+            return Observation(phase="failed", reason=exit_reason(code), exit_code=code)
         if _alive(self._child_pid(job)):
             return Observation(phase="running")
         if _alive(_read_int(run_dir / "supervisor.pid")):
@@ -473,6 +535,47 @@ class LocalBackend(ComputeBackend):
 
     def metrics_note(self, job: Job) -> str:
         return "" if gpu_readings.nvml_readings([]) is not None else NOTE_NO_NVML
+
+    # --- isolation and disk ---------------------------------------------------------------
+    def limits(self, job: Job) -> local_sandbox.JobLimits:
+        return local_sandbox.job_limits(job, job.pool)
+
+    def tenant_isolation(self) -> TenantIsolation:
+        support = local_sandbox.sandbox_support()
+        return TenantIsolation(isolated=support.available, note=support.summary)
+
+    def isolation_note(self, job: Job) -> str:
+        support = local_sandbox.sandbox_support()
+        if not support.available:
+            return (
+                "Runs on the console's host without a sandbox (one trusted organisation "
+                "only): " + support.reason
+            )
+        network = (
+            "outbound network, nothing of the host's own services"
+            if support.network
+            else "no network"
+        )
+        return (
+            f"Runs in a sandbox on the console's host: {self.limits(job).describe()}; "
+            f"{network}; only its work dir ({local_sandbox.WORKSPACE}) is writable."
+        )
+
+    def stored_job_ids(self) -> set[int]:
+        """Jobs with a run or work directory on this host."""
+        ids: set[int] = set()
+        for root in (self.data_dir / "jobs", self.work_root()):
+            with contextlib.suppress(OSError):
+                ids.update(int(entry.name) for entry in os.scandir(root) if entry.name.isdigit())
+        return ids
+
+    def discard(self, job_ids: list[int], *, logs: bool = True) -> None:
+        """Remove the jobs' work dirs, and with `logs` their run dirs (output and control
+        files: the console has archived the log, or the job is gone)."""
+        for job_id in job_ids:
+            shutil.rmtree(self.work_root() / str(int(job_id)), ignore_errors=True)
+            if logs:
+                shutil.rmtree(self.data_dir / "jobs" / str(int(job_id)), ignore_errors=True)
 
     def logs(self, job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
         """Numbered as the console's log store numbers this file (64 KiB pieces, the cap)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from console import host_access
 from console import services as console_services
 from console.models import AuditEvent, Tenant
 from console.permissions import Role
@@ -225,7 +226,7 @@ def test_staff_api_toggles_the_host_audited(stranger, staff):
 
 
 def test_a_revoked_tenant_loses_the_host_at_the_next_launch(world, catalog, staff):
-    console_services.tenant_set_may_run_on_host(tenant=world.tenant, allowed=False, user=staff)
+    host_access.tenant_set_may_run_on_host(tenant=world.tenant, allowed=False, user=staff)
     response = token_client(world.owner, world.tenant).post(JOBS, body(), format="json")
     assert response.status_code == 400
     assert response.json()["region"] == [HOST_REFUSED]

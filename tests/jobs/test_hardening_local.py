@@ -100,8 +100,9 @@ def test_cancel_after_planting_signals_only_the_real_process(world, catalog, set
         job = wait_for_status(job, {S.PAUSED})
         assert not _alive(child)
         assert decoy.poll() is None  # the planted pid was never signalled
-        # Exit code of the real process (SIGTERM), not the planted -40.
-        assert job.exit_code == -signal.SIGTERM
+        # Exit code of the real process (SIGTERM, 128 + 15 from the sandbox), not the
+        # planted -40.
+        assert job.exit_code == 128 + signal.SIGTERM
     finally:
         decoy.kill()
         decoy.wait()
@@ -126,7 +127,7 @@ def test_environment_is_built_from_scratch(world, catalog, db, monkeypatch):
     for name in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"):
         assert name not in env
     assert "PYTHONPATH" not in env and "GPUGEEK_DATA_DIR" not in env
-    assert env["HOME"] == str(backend.workdir(job)) and env["TMPDIR"].startswith(env["HOME"])
+    assert env["HOME"] == "/workspace" and env["TMPDIR"] == "/tmp"  # the sandbox's own
     assert set(env) >= {"PATH", "HOME", "TMPDIR", "GPUGEEK_JOB_ID"}
 
 
@@ -145,7 +146,7 @@ def test_a_real_job_sees_neither_console_settings_nor_console_code(world, catalo
     assert not seen["console"]  # the console's code is not importable
     assert not any(p and Path(p).resolve() == settings.BASE_DIR for p in seen["path"])
     assert not {"PYTHONPATH", "SECRET_KEY", "REDIS_URL", "DATABASE_URL"} & set(seen["env"])
-    assert Path(seen["cwd"]) == LocalBackend().workdir(job)
+    assert seen["cwd"] == "/workspace"  # its work dir, where the sandbox shows it
 
 
 @pytest.mark.django_db(transaction=True)
@@ -268,6 +269,7 @@ def _job_user() -> pwd.struct_passwd:
 def job_user(settings):
     entry = _job_user()
     work_root = Path(tempfile.mkdtemp(prefix="gpugeek-jobwork-"))
+    settings.LOCAL_JOB_SANDBOX = False  # LOCAL_JOB_USER is the no-sandbox fallback
     settings.LOCAL_JOB_USER = JOB_USER
     settings.LOCAL_JOB_WORK_DIR = str(work_root)
     yield entry

@@ -146,7 +146,18 @@ def test_lost_process_is_marked_failed(world, catalog):
     assert job.status_reason.startswith("lost") or "SIGKILL" in job.status_reason
 
 
-def test_python_is_the_console_interpreter(world, catalog, db):
+@pytest.mark.django_db(transaction=True)
+def test_python_is_the_hosts_python3_in_the_sandbox(world, catalog):
+    job = launch(world, spec(["python", "-c", "import sys; print(sys.version_info[0])"]))
+    job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
+    assert job.status == S.SUCCEEDED, job.status_reason
+    assert [line.text for line in LocalBackend().logs(job)] == ["3"]
+    env = LocalBackend()._environment(job, resumed=False)
+    assert env["PATH"].split(":")[0] == "/opt/gpugeek/bin"  # `python` is python3 there
+
+
+def test_without_a_sandbox_python_is_the_console_interpreter(world, catalog, db, settings):
+    settings.LOCAL_JOB_SANDBOX = False
     job = services.job_submit(
         tenant=world.tenant, user=world.member, spec=spec(["python", "-c", "print(1)"])
     )

@@ -28,6 +28,9 @@ DEMO_TENANTS = [
 STAFF_EMAIL = "admin@example.com"
 
 
+HOST_DEMO_TENANT = "acme"
+
+
 class Command(BaseCommand):
     help = "Create the demo staff user, tenants Acme and Globex and their members."
 
@@ -59,10 +62,11 @@ class Command(BaseCommand):
         rows = [(STAFF_EMAIL, "platform staff", "—")]
         tenants = []
         for name, slug, people in DEMO_TENANTS:
-            # The demo tenants may run on "This host" (the local backend); staff allow
-            # any other organisation on its staff page.
+            # Acme may run on "This host" (the local backend); staff allow any other
+            # organisation on its staff page (a second one only where host jobs are
+            # sandboxed: console.host_access).
             tenant, _ = Tenant.objects.get_or_create(
-                slug=slug, defaults={"name": name, "may_run_on_host": True}
+                slug=slug, defaults={"name": name, "may_run_on_host": slug == HOST_DEMO_TENANT}
             )
             tenants.append(tenant)
             for email, full_name, role in people:

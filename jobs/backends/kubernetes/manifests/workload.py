@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from jobs.backends.base import node_memory_share
 from jobs.backends.kubernetes.manifests.names import (
     COMPLETION_INDEX,
     CONTAINER,
@@ -117,15 +118,10 @@ def registry_secret_manifest(tenant_id: int, registry: str, username: str, passw
 
 
 def _memory_limit(job: Job, pool: NodePool | None) -> str | None:
-    """The job's share of a node's allocatable memory (its share of the node's GPUs, or of
-    its vCPUs for CPU jobs), keeping 10 % for daemons; None when the pool doesn't say."""
-    if pool is None or not pool.memory_gib_per_node:
-        return None
-    if job.gpus_per_node and pool.gpus_per_node:
-        share = min(job.gpus_per_node / pool.gpus_per_node, 1)
-    elif pool.vcpus_per_node:
-        share = min(job.cpus / pool.vcpus_per_node, 1)
-    else:
+    """The job's share of a node's allocatable memory, keeping 10 % for daemons; None when
+    the pool doesn't say."""
+    share = node_memory_share(job, pool)
+    if share is None or not pool or not pool.memory_gib_per_node:
         return None
     gib = int(pool.memory_gib_per_node * share * 0.9)
     return f"{max(gib, 1)}Gi"
