@@ -4,9 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 VENDOR := static/vendor
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup host-sandbox run test lint bench clean
 
-setup: $(VENV)/.installed $(VENDOR)/.installed
+setup: $(VENV)/.installed $(VENDOR)/.installed host-sandbox
+
+# bubblewrap and slirp4netns for host jobs' sandbox (installed where missing, as root).
+host-sandbox:
+	@bash deploy/host-sandbox-setup.sh
 
 $(VENV)/.installed: requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -44,6 +44,7 @@ for _ in $(seq 1 60); do
   sleep 1
 done
 echo "healthz: $health"
+.venv/bin/python -c "import json,sys; c=json.loads(sys.argv[1])['components']; assert c['host_sandbox']['status'] == 'ok', c['host_sandbox']" "$health"
 .venv/bin/python -c "import json,sys; c=json.loads(sys.argv[1])['components']; assert all(c[k]['status']=='ok' for k in ('database','redis','worker','beat','watcher')), c" "$health"
 
 # The sandbox cluster: an 8×A100 spot job launches, runs, logs and reports GPU readings.
@@ -70,6 +71,47 @@ grep -q "Simulated workload" <<<"$log" && grep -q "^epoch " <<<"$log" \
   || { echo "no simulated training log: $log"; exit 1; }
 [ "$samples" -gt 0 ] || { echo "no GPU readings for the sandbox job"; exit 1; }
 echo "sandbox job logs $(wc -l <<<"$log") lines and $samples GPU samples"
+
+# Issue 26's audit, replayed: staff grant Globex host access too, and a Globex host job
+# tries to read the console's secret key, database and Redis password and to reach the
+# console's web port; it must read and reach nothing and still end as it says.
+staff_token=$(curl -s -X POST "$url/api/v1/auth/token" -H 'Content-Type: application/json' \
+  -d "{\"email\": \"admin@example.com\", \"password\": \"${DEMO_PASSWORD:-gpugeek-demo}\", \"name\": \"smoke-staff\"}" \
+  | .venv/bin/python -c "import json,sys; print(json.load(sys.stdin)['token'])")
+code=$(curl -s -o /dev/null -w '%{http_code}' -X PATCH "$url/api/v1/staff/tenants/globex" \
+  -H "Authorization: Bearer $staff_token" -H 'Content-Type: application/json' -d '{"may_run_on_host": true}')
+[ "$code" = 200 ] || { echo "staff could not grant Globex host access: $code"; exit 1; }
+bob=$(curl -s -X POST "$url/api/v1/auth/token" -H 'Content-Type: application/json' \
+  -d "{\"email\": \"bob@globex.example\", \"password\": \"${DEMO_PASSWORD:-gpugeek-demo}\", \"tenant\": \"globex\", \"name\": \"smoke\"}" \
+  | .venv/bin/python -c "import json,sys; print(json.load(sys.stdin)['token'])")
+probe=$(.venv/bin/python -c '
+import json, sys
+data_dir, port = sys.argv[1], int(sys.argv[2])
+program = f"""import socket
+for path in ("{data_dir}/secret_key", "{data_dir}/gpugeek.sqlite3", "{data_dir}/redis/redis-password"):
+    try:
+        open(path, "rb").read(1); print("READ", path)
+    except OSError as error:
+        print("DENIED", type(error).__name__)
+s = socket.socket(); s.settimeout(3)
+print("REACHED web" if s.connect_ex(("127.0.0.1", {port})) == 0 else "NO ROUTE to web")
+raise SystemExit(7)
+"""
+print(json.dumps({"name": "audit", "image": "python-3.11", "command": ["python", "-c", program], "cpus": 1, "region": "local"}))
+' "$data_dir" "$port")
+attack=$(curl -s -X POST "$url/api/v1/jobs" -H "Authorization: Bearer $bob" -H 'Content-Type: application/json' -d "$probe" \
+  | .venv/bin/python -c "import json,sys; body=json.load(sys.stdin); print(body.get('id') or sys.exit(f'launch refused: {body}'))")
+for _ in $(seq 1 60); do
+  status=$(curl -s -H "Authorization: Bearer $bob" "$url/api/v1/jobs/$attack" | .venv/bin/python -c "import json,sys; b=json.load(sys.stdin); print(b['status'], b.get('exit_code'))")
+  [[ "$status" == failed* || "$status" == succeeded* ]] && break
+  sleep 1
+done
+out=$(curl -s -H "Authorization: Bearer $bob" "$url/api/v1/jobs/$attack/log.txt")
+echo "Globex host job: $status; $(tr '\n' ';' <<<"$out")"
+[ "$status" = "failed 7" ] || { echo "the host job did not end with its own exit code"; exit 1; }
+grep -q "^READ\|REACHED" <<<"$out" && { echo "a host job read the console's secrets"; exit 1; }
+[ "$(grep -c '^DENIED' <<<"$out")" = 3 ] || { echo "the probe did not run: $out"; exit 1; }
+echo "host sandbox: the Globex job read and reached nothing of the console"
 
 # Like Ctrl-C in a terminal: the signal goes to the whole foreground group (make and the
 # launcher); the launcher then stops its children and the embedded Redis.

@@ -668,7 +668,14 @@ def test_healthz_shape(client, db, settings):
     body = response.json()
     assert body["status"] == "ok"
     assert "failing" not in body
-    assert set(body["components"]) == {"database", "redis", "worker", "beat", "watcher"}
+    assert set(body["components"]) == {
+        "database",
+        "redis",
+        "worker",
+        "beat",
+        "watcher",
+        "host_sandbox",  # the local backend is configured: are its jobs sandboxed?
+    }
     worker = body["components"]["worker"]
     assert worker["status"] == "ok"
     assert {"last_seen", "age_seconds", "host", "pid"} <= set(worker)

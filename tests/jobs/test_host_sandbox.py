@@ -13,16 +13,20 @@ import json
 import os
 import socket
 import time
+from io import StringIO
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
 from console import host_access
 from console.env import embedded_redis_url_file, stored_redis_password, write_private
+from console.models import Tenant
 from console.services import ServiceError
 from jobs import services
 from jobs.actors import SYSTEM
@@ -32,6 +36,7 @@ from jobs.models import JobStatus
 from jobs.services.files import jobs_files_prune
 from jobs.tasks import job_files_discard_task
 from tests.conftest import signed_in_client
+from tests.factories import UserFactory
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
 from tests.jobs_helpers import launch
 
@@ -218,8 +223,6 @@ def test_a_job_cannot_reach_the_consoles_services(world, catalog, listeners):
     targets += [("10.0.2.2", listeners[0].getsockname()[1])]  # slirp's gateway to the host
     redis = os.environ.get("REDIS_URL", "")
     if redis:
-        from urllib.parse import urlsplit
-
         parts = urlsplit(redis)
         targets.append((parts.hostname, parts.port or 6379))
     targets.append(("127.0.0.1", 5432))  # PostgreSQL, where it runs
@@ -420,8 +423,6 @@ def no_sandbox(settings):
 
 @pytest.fixture
 def staff(db):
-    from tests.factories import UserFactory
-
     return UserFactory(email="staff@gpugeek.test", is_staff=True)
 
 
@@ -471,12 +472,6 @@ def test_healthz_tells_staff_whether_host_jobs_are_sandboxed(no_sandbox, staff):
 
 
 def test_the_demo_data_gives_host_access_to_acme_only(db):
-    from io import StringIO
-
-    from django.core.management import call_command
-
-    from console.models import Tenant
-
     call_command("seed_demo", stdout=StringIO())
     assert set(Tenant.objects.filter(may_run_on_host=True).values_list("slug", flat=True)) == {
         "acme"

@@ -8,6 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connections
 
+from console.host_access import host_isolation
 from console.launcher import ConsoleLauncher, redacted_url
 from console.metrics import multiprocess_dir_reset
 from jobs.backends.kubernetes.sandbox import write_sandbox_files
@@ -58,6 +59,10 @@ class Command(BaseCommand):
                     f"Sandbox cluster (simulated GPU nodes) at {env['SANDBOX_URL']}; "
                     "nothing runs on real GPUs."
                 )
+            isolation = host_isolation()
+            if isolation is not None:
+                style = self.style.SUCCESS if isolation.isolated else self.style.WARNING
+                self.stdout.write(style(isolation.note))
             connections.close_all()  # children open their own
         except BaseException:
             launcher.stop()
