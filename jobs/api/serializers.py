@@ -273,6 +273,24 @@ class LogQuerySerializer(serializers.Serializer):
     limit = serializers.IntegerField(default=1000, help_text="Lines to return, 1 to 5000")
 
 
+class LogLineSerializer(serializers.Serializer):
+    """One line of a job's log (`jobs.realtime.LogLinePayload`), secret values masked."""
+
+    line_no = serializers.IntegerField(help_text="Line number, from 1, across the job's ranks")
+    rank = serializers.IntegerField(help_text="The node (rank) that printed it")
+    text = serializers.CharField(allow_blank=True, help_text="The line, without its newline")
+    ts = serializers.DateTimeField(help_text="When the server read the line")
+
+
+class LogPageSerializer(serializers.Serializer):
+    """A page of a job's log (`jobs.logs.reading.read_lines`)."""
+
+    lines = LogLineSerializer(many=True)
+    next_line = serializers.IntegerField(
+        help_text="Pass as since_line to read on; the same since_line when no line followed"
+    )
+
+
 class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
