@@ -10,7 +10,7 @@ from rest_framework import serializers
 from jobs import selectors, services
 from jobs.extensions import job_costs
 from jobs.models import Job, JobEvent, JobStatus, Priority, TenantSecret
-from jobs.services.spec import MAX_COMMAND_ARGS
+from jobs.services.spec import MAX_COMMAND_ARGS, MAX_ENV_TOTAL_BYTES, MAX_JOB_SECRETS
 
 
 class ArgumentField(serializers.CharField):
@@ -76,7 +76,12 @@ class JobCreateSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=100),
         required=False,
         default=list,
-        help_text="Names of organisation secrets to inject",
+        max_length=MAX_JOB_SECRETS,
+        help_text=(
+            f"Names of organisation secrets to inject (at most {MAX_JOB_SECRETS}); their "
+            f"values count toward the environment's {MAX_ENV_TOTAL_BYTES // 1024} KiB with "
+            "env and secret_env"
+        ),
     )
 
     def to_spec(self) -> services.JobSpec:
