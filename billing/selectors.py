@@ -46,6 +46,9 @@ GROUP_BY = {
 }
 PRESETS = ("this_month", "last_month", "last_7_days", "last_30_days", "last_90_days", "custom")
 MAX_RANGE = timedelta(days=731)
+# The last day a range may hold: the Explorer reads whole months around a range (up to
+# the 1st after its end), which must stay within the calendar `datetime` has (to 9999).
+LAST_DAY = date(9998, 12, 31)
 HOUR = Decimal(3600)
 # Stacked series drawn at most in the daily chart: grouped by job over 90 days there can
 # be hundreds, which no legend or eye can follow. The rest is one "Other (n)".
@@ -74,7 +77,8 @@ def utc_midnight(day: date) -> datetime:
 def date_range(
     preset: str, *, start: date | None = None, end: date | None = None, today: date | None = None
 ) -> tuple[datetime, datetime]:
-    """[start, end) in UTC for a preset; `end` of a custom range is inclusive."""
+    """[start, end) in UTC for a preset; `end` of a custom range is inclusive. The one
+    parser of a date range: the Cost Explorer, its CSV export and the usage API."""
     today = today or timezone.now().astimezone(UTC).date()
     at = utc_midnight
 
@@ -89,6 +93,9 @@ def date_range(
     if preset == "custom":
         if start is None or end is None:
             raise ServiceError("Give a start and an end date.", field="start")
+        for name, day in (("start", start), ("end", end)):
+            if day > LAST_DAY:
+                raise ServiceError(f"Dates go up to {LAST_DAY.isoformat()}.", field=name)
         if end < start:
             raise ServiceError("The end date is before the start date.", field="end")
         if at(end) - at(start) > MAX_RANGE:

@@ -8,7 +8,10 @@ send (the name may resolve elsewhere by then):
 - http or https only, no user name or password in the URL;
 - every address the host resolves to is a public one (`ipaddress`'s `is_global`, which
   refuses loopback, private, link-local, shared, reserved and unspecified ranges), unless
-  `settings.BUDGET_WEBHOOK_ALLOW_PRIVATE` is on.
+  `settings.BUDGET_WEBHOOK_ALLOW_PRIVATE` is on;
+- an IPv6 address that carries an IPv4 address (IPv4-mapped, -translated or -compatible,
+  NAT64, 6to4) reaches that IPv4 address through a translator or tunnel, however it is
+  spelled, so the IPv4 address it embeds must be public too.
 
 The POST connects to the very address that was checked (with the URL's host name for the
 Host header and TLS), so a name that re-resolves between check and connect can't redirect
@@ -29,10 +32,47 @@ from console.services import ServiceError
 
 FIELD = "webhook_url"
 SCHEMES = {"http": 80, "https": 443}
+# IPv6 prefixes whose last 32 bits are an IPv4 address that packets are delivered to.
+IPV4_IN_LAST_32_BITS = tuple(
+    ipaddress.IPv6Network(prefix)
+    for prefix in (
+        "::ffff:0:0/96",  # IPv4-mapped
+        "::ffff:0:0:0/96",  # IPv4-translated (SIIT, RFC 2765)
+        "::/96",  # IPv4-compatible (deprecated; :: and ::1 embed 0.0.0.0 and 0.0.0.1)
+        "64:ff9b::/96",  # NAT64's well-known prefix (RFC 6052)
+    )
+)
+# NAT64's prefix for a network's own translator (RFC 8215): local by definition, though
+# `is_global` (Python 3.11) doesn't know it.
+LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
 
 
 def _refuse(message: str) -> ServiceError:
     return ServiceError(message, field=FIELD)
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address delivers to, if it embeds one (6to4 in bits
+    16-47, the others in the last 32 bits)."""
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if any(address in prefix for prefix in IPV4_IN_LAST_32_BITS):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def address_is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a webhook may be sent to `address`: a public one, embedding (if IPv6) no
+    IPv4 address that isn't."""
+    if not address.is_global:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in LOCAL_NAT64:
+            return False
+        embedded = embedded_ipv4(address)
+        if embedded is not None:
+            return address_is_public(embedded)
+    return True
 
 
 def webhook_url_validate(url: str) -> str:
@@ -64,11 +104,11 @@ def _target(url: str) -> tuple[str, int, str, list[str]]:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         raise _refuse(f"The webhook host “{host}” can't be resolved.") from None
-    addresses = list(dict.fromkeys(info[4][0] for info in found))
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
     if not settings.BUDGET_WEBHOOK_ALLOW_PRIVATE:
         for address in addresses:
             # "fe80::1%eth0": the zone doesn't change the address's kind.
-            if not ipaddress.ip_address(address.split("%")[0]).is_global:
+            if not address_is_public(ipaddress.ip_address(address.split("%")[0])):
                 raise _refuse(
                     f"The webhook host “{host}” is a loopback, private, link-local or "
                     "reserved address; use a public one."

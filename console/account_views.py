@@ -19,7 +19,12 @@ from django.views.decorators.http import require_http_methods
 
 from console import registration, selectors, services
 from console.api.errors import json_error
-from console.forms import EmailAuthenticationForm, SignupForm, WorkerPasswordResetForm
+from console.forms import (
+    EmailAuthenticationForm,
+    SignupForm,
+    SignupVerifyForm,
+    WorkerPasswordResetForm,
+)
 from console.views import _service_error_to_form, _use_tenant
 
 
@@ -113,19 +118,24 @@ def signup_sent(request: HttpRequest) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 def signup_verify(request: HttpRequest, uidb64: str, token: str) -> HttpResponse:
-    """The link in the verification e-mail. GET shows a button (mail scanners follow links
-    but don't submit forms); POST activates the account and signs the person in."""
-    if request.method == "GET":
+    """The link in the verification e-mail. GET shows a form (mail scanners follow links
+    but don't submit forms); POST, with the password chosen at sign-up, activates the
+    account and signs the person in."""
+    template = "registration/signup_verify.html"
+    form = SignupVerifyForm(request.POST or None)
+    if request.method == "GET" or not form.is_valid():
         if registration.verification_link_user(uidb64=uidb64, token=token) is None:
-            context = {"invalid": registration.INVALID_LINK}
-            return render(request, "registration/signup_verify.html", context, status=400)
-        return render(request, "registration/signup_verify.html")
+            return render(request, template, {"invalid": registration.INVALID_LINK}, status=400)
+        return render(request, template, {"form": form})
     try:
-        user = registration.account_verify(uidb64=uidb64, token=token, request=request)
-    except services.ServiceError as error:
-        return render(
-            request, "registration/signup_verify.html", {"invalid": error.message}, status=400
+        user = registration.account_verify(
+            uidb64=uidb64, token=token, password=form.cleaned_data["password"], request=request
         )
+    except services.ServiceError as error:
+        if error.field in form.fields:
+            _service_error_to_form(form, error)
+            return render(request, template, {"form": form})
+        return render(request, template, {"invalid": error.message}, status=400)
     login(request, user, backend="console.auth_backends.EmailBackend")
     membership = selectors.memberships_of_user(user=user).first()
     if membership is not None:

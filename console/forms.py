@@ -84,6 +84,17 @@ class SignupForm(forms.Form):
         return cleaned
 
 
+class SignupVerifyForm(forms.Form):
+    """The verification link's form: the password chosen at sign-up activates it."""
+
+    password = forms.CharField(
+        label="Your password",
+        strip=False,
+        help_text="The one you chose when you signed up.",
+        widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+    )
+
+
 class InvitationSignupForm(forms.Form):
     full_name = forms.CharField(label="Your name", max_length=150, required=False)
     password1 = forms.CharField(

@@ -9,6 +9,12 @@ own salt) activates it, once.
 
 Nothing here tells a caller whether an address already has an account: a sign-up with a
 known address e-mails the address's owner and answers exactly like a new one.
+
+An unverified sign-up proves nothing (anyone may type someone else's address), so it
+holds nothing back either: a new sign-up for the address replaces it, with everything it
+set (`services.unverified_account_discard`), and the link then activates only with the
+password of the sign-up it was sent for. Whoever signs up first with a victim's address
+can't have the victim activate an account whose password the first one knows.
 """
 
 from __future__ import annotations
@@ -26,7 +32,15 @@ from django.utils.encoding import force_bytes, force_str
 from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
 from console.models import Tenant, User
-from console.services import ServiceError, audit_record, email_send_later, tenant_create
+from console.services import (
+    ServiceError,
+    audit_record,
+    awaiting_verification,
+    email_send_later,
+    tenant_create,
+    unverified_account_discard,
+    unverified_account_locked,
+)
 
 OPEN, INVITE, CLOSED = "open", "invite", "closed"
 
@@ -34,9 +48,14 @@ OPEN, INVITE, CLOSED = "open", "invite", "closed"
 LinkBuilder = Callable[[str, str], str]
 
 INVALID_LINK = (
-    "This verification link is not valid: it has expired, was already used, or was "
-    "copied incompletely. Sign in if you verified already; otherwise sign up again to get "
-    "a new link."
+    "This verification link is not valid: it has expired, was already used, was replaced "
+    "by a later sign-up, or was copied incompletely. Sign in if you verified already; "
+    "otherwise sign up again to get a new link."
+)
+WRONG_PASSWORD = (
+    "That is not the password this account was signed up with. If you didn't choose "
+    "it, someone else signed up with your address: sign up again with your own password "
+    "(that replaces their account) and use the new link."
 )
 
 
@@ -69,12 +88,6 @@ def signup_closed_message() -> str:
             "invite you, then follow the link in the invitation e-mail."
         )
     return "Sign-up is closed: ask the platform's staff to create your account."
-
-
-def awaiting_verification(user: User) -> bool:
-    """Inactive and never signed in: an open sign-up whose address isn't verified yet.
-    (An account staff deactivated after it was used has a `last_login`.)"""
-    return not user.is_active and user.last_login is None
 
 
 def _verification_mail_send(*, user: User, link_for: LinkBuilder) -> None:
@@ -124,10 +137,11 @@ def user_signup(
     """Open sign-up: a new, inactive person and the organisation they own, plus an e-mail
     with the link that activates the account (`account_verify`).
 
-    Returns None when the address already has an account: its owner is e-mailed instead
-    (the link again if it still awaits verification) and the caller must answer as for a
-    new account, so the page never tells who has an account here. Refused unless
-    `settings.SIGNUP` is `open`."""
+    An account of the address that still awaits verification is replaced, with all its
+    sign-up set (`unverified_account_discard`): the address is the newcomer's to prove.
+    Returns None when the address has a verified (or used) account: its owner is
+    e-mailed instead and the caller must answer as for a new account, so the page never
+    tells who has an account here. Refused unless `settings.SIGNUP` is `open`."""
     if not signup_open():
         raise ServiceError(signup_closed_message(), code="forbidden")
     email = User.objects.normalize_email(email).strip().lower()
@@ -140,6 +154,9 @@ def user_signup(
     if not organisation_name.strip():
         raise ServiceError("Give the organisation a name.", field="organisation_name")
 
+    unverified = unverified_account_locked(email)
+    if unverified is not None:
+        unverified_account_discard(user=unverified, request=request)
     existing = User.objects.filter(email__iexact=email).first()
     if existing is None:
         try:
@@ -156,10 +173,7 @@ def user_signup(
         _verification_mail_send(user=user, link_for=verify_link_for)
         return user, tenant
     make_password(password)  # the new-account path hashes a password: take as long here
-    if awaiting_verification(existing):
-        _verification_mail_send(user=existing, link_for=verify_link_for)
-    else:
-        _existing_account_mail_send(user=existing, sign_in_url=sign_in_url, reset_url=reset_url)
+    _existing_account_mail_send(user=existing, sign_in_url=sign_in_url, reset_url=reset_url)
     return None
 
 
@@ -202,12 +216,19 @@ def verification_link_user(*, uidb64: str, token: str, lock: bool = False) -> Us
 
 
 @transaction.atomic
-def account_verify(*, uidb64: str, token: str, request: HttpRequest | None = None) -> User:
-    """Activate the account a verification link names; a used, expired or forged link is
-    refused with a ServiceError. The row is locked: two clicks activate it once."""
+def account_verify(
+    *, uidb64: str, token: str, password: str, request: HttpRequest | None = None
+) -> User:
+    """Activate the account a verification link names, given the password it was signed
+    up with: the link proves the address, the password that the person at it chose the
+    account (not someone who signed up with their address). A used, expired, replaced or
+    forged link, or another password, is refused with a ServiceError; a wrong password
+    leaves the link usable. The row is locked: two clicks activate it once."""
     user = verification_link_user(uidb64=uidb64, token=token, lock=True)
     if user is None:
         raise ServiceError(INVALID_LINK, code="not_found")
+    if not user.check_password(password):
+        raise ServiceError(WRONG_PASSWORD, field="password")
     user.is_active = True
     user.save(update_fields=["is_active"])
     audit_record(action="user.email_verified", actor=user, target=user, request=request)

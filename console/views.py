@@ -240,7 +240,9 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
             status=404 if error.code == "not_found" else 410,
         )
     form = InvitationSignupForm(request.POST or None)
-    existing_account = get_user_model().objects.filter(email__iexact=invitation.email).exists()
+    account = get_user_model().objects.filter(email__iexact=invitation.email).first()
+    # An unverified sign-up for the address is not its owner's: the invitee replaces it.
+    existing_account = account is not None and not services.awaiting_verification(account)
     if request.method == "POST":
         try:
             if request.user.is_authenticated:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from drf_spectacular.utils import extend_schema
@@ -55,13 +55,12 @@ class UsageView(APIView):
     def get(self, request):
         params = query_params(UsageQuerySerializer, request)
         now = datetime.now(UTC)
-        start = (
-            selectors.utc_midnight(params["start"])
-            if "start" in params
-            else services.period_start(now)
-        )
         # `end` is inclusive (a day); without it, up to today.
-        end = selectors.utc_midnight(params.get("end") or now.date()) + timedelta(days=1)
+        start, end = selectors.date_range(
+            "custom",
+            start=params.get("start") or services.period_start(now).date(),
+            end=params.get("end") or now.date(),
+        )
         query = selectors.CostQuery(
             start=start,
             end=end,

@@ -10,7 +10,7 @@ from rest_framework import serializers
 from jobs import selectors, services
 from jobs.extensions import job_costs
 from jobs.models import Job, JobEvent, JobStatus, Priority, TenantSecret
-from jobs.services.spec import MAX_COMMAND_ARGS
+from jobs.services.spec import MAX_COMMAND_ARGS, MAX_ENV_TOTAL_BYTES, MAX_JOB_SECRETS
 
 
 class ArgumentField(serializers.CharField):
@@ -76,7 +76,12 @@ class JobCreateSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=100),
         required=False,
         default=list,
-        help_text="Names of organisation secrets to inject",
+        max_length=MAX_JOB_SECRETS,
+        help_text=(
+            f"Names of organisation secrets to inject (at most {MAX_JOB_SECRETS}); their "
+            f"values count toward the environment's {MAX_ENV_TOTAL_BYTES // 1024} KiB with "
+            "env and secret_env"
+        ),
     )
 
     def to_spec(self) -> services.JobSpec:
@@ -271,6 +276,24 @@ class LogQuerySerializer(serializers.Serializer):
 
     since_line = serializers.IntegerField(default=0, help_text="First line number (from 0)")
     limit = serializers.IntegerField(default=1000, help_text="Lines to return, 1 to 5000")
+
+
+class LogLineSerializer(serializers.Serializer):
+    """One line of a job's log (`jobs.realtime.LogLinePayload`), secret values masked."""
+
+    line_no = serializers.IntegerField(help_text="Line number, from 1, across the job's ranks")
+    rank = serializers.IntegerField(help_text="The node (rank) that printed it")
+    text = serializers.CharField(allow_blank=True, help_text="The line, without its newline")
+    ts = serializers.DateTimeField(help_text="When the server read the line")
+
+
+class LogPageSerializer(serializers.Serializer):
+    """A page of a job's log (`jobs.logs.reading.read_lines`)."""
+
+    lines = LogLineSerializer(many=True)
+    next_line = serializers.IntegerField(
+        help_text="Pass as since_line to read on; the same since_line when no line followed"
+    )
 
 
 class JobEventSerializer(serializers.ModelSerializer):

@@ -110,7 +110,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(s.JobEventSerializer(page, many=True).data)
 
-    @extend_schema(parameters=[s.LogQuerySerializer])
+    @extend_schema(parameters=[s.LogQuerySerializer], responses=s.LogPageSerializer)
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         job = self.get_object()

@@ -37,13 +37,14 @@ def job_submit(
         existing = Job.objects.for_tenant(tenant).filter(idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing
-    resolved = spec_validate(tenant=tenant, spec=spec)
-    _check_priority_allowed(tenant=tenant, user=user, priority=spec.priority)
-    launch_check(tenant=tenant, spec=spec)
-    placement = resolved.placement
+    # Resolved first: the secrets' values count toward the environment's bounds.
     resolved_secrets = tenant_secrets_resolve(
         tenant=tenant, user=user, project=spec.project, names=spec.secrets
     )
+    resolved = spec_validate(tenant=tenant, spec=spec, organisation_secrets=resolved_secrets)
+    _check_priority_allowed(tenant=tenant, user=user, priority=spec.priority)
+    launch_check(tenant=tenant, spec=spec)
+    placement = resolved.placement
     secret_env = {**resolved_secrets, **spec.secret_env}
     try:
         with transaction.atomic():

@@ -19,7 +19,14 @@ from console.permissions import Capability, has_capability
 from console.selectors import membership_of
 from console.services import audit_record
 from jobs.models import TenantSecret
-from jobs.services.spec import ENV_NAME_RE, RESERVED_ENV_PREFIXES, JobSpec, invalid
+from jobs.services.spec import (
+    ENV_NAME_RE,
+    MAX_ENV_VALUE_BYTES,
+    RESERVED_ENV_PREFIXES,
+    JobSpec,
+    invalid,
+    validate_secret_names,
+)
 
 MAX_SECRET_PROJECTS = 50
 MAX_PROJECT_NAME = 100  # Job.project's length
@@ -50,7 +57,9 @@ def tenant_secrets_resolve(
 ) -> dict[str, str]:
     """Values of the named tenant secrets, copied into the job at launch (a later change
     of the secret applies to later launches). Refused (400 on `secrets`) if one is
-    missing, or not for this job's project or the launching user's role."""
+    missing, or not for this job's project or the launching user's role, or when more
+    than MAX_JOB_SECRETS are named."""
+    names = validate_secret_names(names)
     if not names:
         return {}
     found = {s.name: s for s in TenantSecret.objects.for_tenant(tenant).filter(name__in=names)}
@@ -128,6 +137,10 @@ def tenant_secret_set(
         raise invalid("Secret names are environment variable names, e.g. HF_TOKEN.", "name")
     if not value:
         raise invalid("Give the secret a value.", "value")
+    # A job's variable holds at most this much (jobs.services.spec): a longer secret
+    # could never be used.
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_ENV_VALUE_BYTES:
+        raise invalid(f"A secret is at most {MAX_ENV_VALUE_BYTES // 1024} KiB.", "value")
     projects = _clean_projects(projects)
     members_may_use = bool(members_may_use)
     secret, created = TenantSecret.objects.update_or_create(

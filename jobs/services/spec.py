@@ -39,7 +39,10 @@ MAX_COMMAND_ARG_BYTES = 8 * 1024
 MAX_ENV_VARS = 128
 MAX_ENV_NAME_LENGTH = 100
 MAX_ENV_VALUE_BYTES = 32 * 1024
-MAX_ENV_TOTAL_BYTES = 128 * 1024  # env and secret env together
+# What a job's environment holds in all: env, secret_env and the organisation secrets
+# it names, together.
+MAX_ENV_TOTAL_BYTES = 128 * 1024
+MAX_JOB_SECRETS = 32  # organisation secrets one job may name
 MAX_LABELS = 32
 
 
@@ -112,6 +115,44 @@ def validate_env(env: dict, field_name: str) -> dict[str, str]:
                 f"{key}: a value is at most {MAX_ENV_VALUE_BYTES // 1024} KiB.", field_name
             )
     return clean
+
+
+def validate_secret_names(names) -> list[str]:
+    """The organisation secrets a spec names, each once; at most MAX_JOB_SECRETS."""
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise invalid("Secrets are a list of organisation secret names.", "secrets")
+    unique = list(dict.fromkeys(names))
+    if len(unique) > MAX_JOB_SECRETS:
+        raise invalid(
+            f"A job uses at most {MAX_JOB_SECRETS} organisation secrets ({len(unique)} named).",
+            "secrets",
+        )
+    return unique
+
+
+def _validate_environment(
+    *, env: dict[str, str], secret_env: dict[str, str], organisation_secrets: dict[str, str]
+) -> None:
+    """The bounds of a job's whole environment: its variables, its secret variables and
+    the organisation secrets it names, counted as the job gets them (a secret variable
+    of the spec overrides an organisation secret of the same name). The field at fault
+    is the one whose values push it over the bound."""
+    secrets = {**organisation_secrets, **secret_env}
+    own_count, own_bytes = len(env) + len(secret_env), _env_bytes(env) + _env_bytes(secret_env)
+    own_field = "secret_env" if secret_env else "env"
+    if len(env) + len(secrets) > MAX_ENV_VARS:
+        raise invalid(
+            f"At most {MAX_ENV_VARS} variables in all, plain and secret together "
+            "(organisation secrets included).",
+            own_field if own_count > MAX_ENV_VARS else "secrets",
+        )
+    total = _env_bytes(env) + _env_bytes(secrets)
+    if total > MAX_ENV_TOTAL_BYTES:
+        raise invalid(
+            f"The environment (plain and secret together, organisation secrets included) "
+            f"is at most {MAX_ENV_TOTAL_BYTES // 1024} KiB; this one is {total} bytes.",
+            own_field if own_bytes > MAX_ENV_TOTAL_BYTES else "secrets",
+        )
 
 
 def _size(text: str) -> int:
@@ -259,10 +300,13 @@ class ResolvedSpec:
     quotas: list[TenantQuota]  # the tenant's, as validation read them
 
 
-def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
+def spec_validate(
+    *, tenant: Tenant, spec: JobSpec, organisation_secrets: dict[str, str] | None = None
+) -> ResolvedSpec:
     """Check a spec against the catalog, pools and quota maxima. Raises ServiceError with
     the field at fault; a request that fits the limits but not the free capacity is valid
-    (it queues)."""
+    (it queues). `organisation_secrets` are the values of the secrets the spec names
+    (`tenant_secrets_resolve`): they count toward the environment's bounds."""
     name = (spec.name or "").strip()
     if not name or len(name) > 100:
         raise invalid("Give the job a name (up to 100 characters).", "name")
@@ -280,16 +324,10 @@ def spec_validate(*, tenant: Tenant, spec: JobSpec) -> ResolvedSpec:
     _validate_labels(spec.labels)
     env = validate_env(spec.env, "env")
     secret_env = validate_env(spec.secret_env, "secret_env")
-    if len(env) + len(secret_env) > MAX_ENV_VARS:
-        raise invalid(
-            f"At most {MAX_ENV_VARS} variables in all, plain and secret together.", "secret_env"
-        )
-    if _env_bytes(env) + _env_bytes(secret_env) > MAX_ENV_TOTAL_BYTES:
-        raise invalid(
-            f"The environment (plain and secret together) is at most "
-            f"{MAX_ENV_TOTAL_BYTES // 1024} KiB.",
-            "secret_env" if secret_env else "env",
-        )
+    validate_secret_names(spec.secrets)
+    _validate_environment(
+        env=env, secret_env=secret_env, organisation_secrets=organisation_secrets or {}
+    )
     _validate_ports(spec.ports)
     _validate_checkpoint_path(spec.checkpoint_path)
     overlap = set(spec.env) & set(spec.secret_env)

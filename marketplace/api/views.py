@@ -25,7 +25,6 @@ from marketplace.models import (
     NodePool,
     PriceEntry,
     PriceVersion,
-    Region,
     RegistryCredential,
 )
 from marketplace.pricing import PricingError, estimate_cost
@@ -40,11 +39,15 @@ class GpuTypeViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class RegionViewSet(viewsets.ReadOnlyModelViewSet):
-    queryset = Region.objects.filter(is_active=True)
     serializer_class = s.RegionSerializer
     lookup_field = "slug"
     # Staff first: a staff automation token (no organisation) reads the catalog too.
     permission_classes = [IsPlatformStaff | IsTenantMember]
+
+    def get_queryset(self):
+        # The regions the caller may choose, as the launch form and offers show them:
+        # "This host" only for organisations staff allowed there (a 404 for the rest).
+        return selectors.regions_for_tenant(getattr(self.request, "tenant", None))
 
 
 class OfferViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

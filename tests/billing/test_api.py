@@ -261,6 +261,10 @@ def test_usage_filters(apis, usage):
         ({"start": "2026-01-01", "end": "01/02/2026"}, "end"),
         ({"start": "2026-03-10", "end": "2026-03-01"}, "end"),
         ({"start": "2023-01-01", "end": "2026-03-01"}, "end"),
+        # The end of the calendar: the day after it can't be computed (was a 500).
+        ({"start": "9999-12-31", "end": "9999-12-31"}, "start"),
+        ({"start": "2026-03-01", "end": "9999-12-31"}, "end"),
+        ({"end": "9999-12-31"}, "end"),
     ],
 )
 def test_bad_usage_dates_are_a_400(apis, params, field):
@@ -268,6 +272,13 @@ def test_bad_usage_dates_are_a_400(apis, params, field):
     assert response.status_code == 400, response.content
     assert field in response.json()
     assert response.json()["detail"]
+    assert response.json()["code"] == "invalid"
+
+
+@pytest.mark.parametrize("group_by", list(selectors.GROUP_BY))
+def test_usage_accepts_the_last_day_a_range_may_hold(apis, group_by):
+    last = selectors.LAST_DAY.isoformat()
+    assert get_usage(apis["member"], start=last, end=last, group_by=group_by)["count"] == 0
 
 
 def test_unknown_group_by_is_a_400(apis):

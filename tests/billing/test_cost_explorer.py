@@ -484,6 +484,9 @@ def test_htmx_gets_only_the_explorer_partial(usage, world):
         ({"range": "this_month", "group_by": "colour"}, "Select a valid choice"),
         ({"range": "fortnight"}, "Select a valid choice"),
         ({"range": "custom", "start": "yesterday", "end": "2026-03-01"}, "Enter a valid date"),
+        # The end of the calendar (was a 500: the day after it can't be computed).
+        ({"range": "custom", "start": "9999-12-31", "end": "9999-12-31"}, "Dates go up to"),
+        ({"range": "custom", "start": "9998-12-01", "end": "9999-01-01"}, "Dates go up to"),
     ],
 )
 def test_bad_filters_are_form_errors(world, catalog, params, message):
@@ -497,6 +500,19 @@ def test_bad_filters_are_form_errors(world, catalog, params, message):
     export = client.get("/billing/costs/export.csv", params)
     assert export.status_code == 400
     assert message in export.content.decode()
+
+
+@pytest.mark.parametrize("group_by", list(selectors.GROUP_BY))
+def test_the_last_day_a_range_may_hold_is_shown_and_exported(world, catalog, group_by):
+    last = selectors.LAST_DAY.isoformat()
+    params = {"range": "custom", "start": last, "end": last, "group_by": group_by}
+    client = signed_in_client(world.member, world.tenant)
+    page = client.get("/billing/costs/", params)
+    assert page.status_code == 200
+    assert "flash-error" not in page.content.decode()
+    export = client.get("/billing/costs/export.csv", params)
+    assert export.status_code == 200
+    assert export.content.decode().splitlines()[0].startswith(group_by)
 
 
 START = datetime(2026, 3, 1, tzinfo=UTC)

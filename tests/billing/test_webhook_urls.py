@@ -1,6 +1,7 @@
 """Budget webhook URLs: http(s) only, no credentials, and never an address only the server
-can reach (loopback, private, link-local, reserved) unless BUDGET_WEBHOOK_ALLOW_PRIVATE,
-checked when a budget is saved (service, form, API) and again before each send.
+can reach (loopback, private, link-local, reserved; nor an IPv6 address embedding one, in
+any spelling) unless BUDGET_WEBHOOK_ALLOW_PRIVATE, checked when a budget is saved
+(service, form, API) and again before each send.
 
 No test here reaches the internet: public targets are literal public addresses that are
 only validated, never posted to; the one real POST goes to a receiver on this host.
@@ -8,11 +9,14 @@ only validated, never posted to; the one real POST goes to a receiver on this ho
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from billing import services, webhooks
 from billing.models import Budget
@@ -36,6 +40,25 @@ REFUSED_ADDRESSES = [
     "http://[fd00::1]/hook",
     "http://240.0.0.1/hook",  # reserved
     "http://[::ffff:127.0.0.1]/hook",  # loopback written as IPv4-mapped IPv6
+]
+# IPv6 addresses that deliver to a refused IPv4 address, in several spellings each.
+REFUSED_EMBEDDINGS = [
+    "::ffff:7f00:1",  # IPv4-mapped loopback, in hex
+    "0:0:0:0:0:ffff:127.0.0.1",
+    "0000:0000:0000:0000:0000:FFFF:7F00:0001",
+    "::FFFF:169.254.169.254",
+    "::ffff:0:127.0.0.1",  # IPv4-translated (SIIT)
+    "::ffff:0:a00:1",
+    "::127.0.0.1",  # IPv4-compatible
+    "::a9fe:a9fe",
+    "0:0:0:0:0:0:10.1.2.3",
+    "64:ff9b::127.0.0.1",  # NAT64 to loopback
+    "64:ff9b::a9fe:a9fe",  # NAT64 to the metadata endpoint
+    "64:FF9B:0:0:0:0:C0A8:010A",
+    "64:ff9b:1::8.8.8.8",  # a network's own NAT64 (RFC 8215): never public
+    "2002:7f00:1::",  # 6to4 around loopback
+    "2002:a9fe:a9fe::1",  # 6to4 around the metadata endpoint
+    "2002:0a00:0001:0:0:0:0:1",
 ]
 REFUSED_FORMS = {
     "file:///etc/passwd": "http:// or https://",
@@ -61,6 +84,76 @@ def test_internal_addresses_are_refused(world, catalog, url):
     assert refused.value.field == "webhook_url"
     assert "loopback, private, link-local or reserved" in refused.value.message
     assert not Budget.objects.exists()
+
+
+@pytest.mark.parametrize("address", REFUSED_EMBEDDINGS)
+def test_ipv6_addresses_embedding_a_refused_ipv4_address_are_refused(world, catalog, address):
+    with pytest.raises(ServiceError) as refused:
+        create(world, f"http://[{address}]:8080/hook")
+    assert refused.value.field == "webhook_url"
+    assert "loopback, private, link-local or reserved" in refused.value.message
+    assert not Budget.objects.exists()
+
+
+def test_a_name_resolving_to_a_nat64_address_of_the_metadata_endpoint_is_refused(
+    world, catalog, monkeypatch
+):
+    def resolve(host, port, *args, **kwargs):
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("64:ff9b::a9fe:a9fe", port, 0, 0))]
+
+    monkeypatch.setattr(webhooks.socket, "getaddrinfo", resolve)
+    with pytest.raises(ServiceError, match="reserved"):
+        create(world, "https://hooks.example.com/budget")
+
+
+# IPv4 ranges the rule refuses, and the ways an IPv6 address embeds an IPv4 one.
+REFUSED_IPV4_NETWORKS = [
+    ipaddress.IPv4Network(n)
+    for n in (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+        "172.16.0.0/12", "192.168.0.0/16", "198.18.0.0/15", "240.0.0.0/4",
+    )
+]  # fmt: skip
+EMBEDDINGS = {
+    "mapped": lambda v4, low: (0xFFFF << 32) | v4,
+    "translated": lambda v4, low: (0xFFFF << 48) | v4,
+    "compatible": lambda v4, low: v4,
+    "nat64": lambda v4, low: (0x64FF9B << 96) | v4,
+    "6to4": lambda v4, low: (0x2002 << 112) | (v4 << 80) | low,
+}
+
+refused_ipv4 = st.sampled_from(REFUSED_IPV4_NETWORKS).flatmap(
+    lambda net: st.integers(0, net.num_addresses - 1).map(lambda i: net[i])
+)
+public_ipv4 = st.ip_addresses(v=4).filter(lambda a: a.is_global)
+
+
+def spellings(address: ipaddress.IPv6Address) -> list[str]:
+    """Ways to write one IPv6 address: shortest, full, upper case, IPv4 tail."""
+    tail = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    head = address.exploded.rsplit(":", 2)[0]
+    return [address.compressed, address.exploded, address.exploded.upper(), f"{head}:{tail}"]
+
+
+@given(
+    v4=refused_ipv4,
+    how=st.sampled_from(sorted(EMBEDDINGS)),
+    low=st.integers(0, 2**64 - 1),
+)
+def test_every_spelling_of_an_embedded_refused_ipv4_address_is_refused(v4, how, low):
+    embedded = ipaddress.IPv6Address(EMBEDDINGS[how](int(v4), low))
+    for spelling in spellings(embedded):
+        with pytest.raises(ServiceError, match="reserved"):
+            webhooks.webhook_url_validate(f"https://[{spelling}]/hook")
+
+
+@given(v4=public_ipv4, how=st.sampled_from(["mapped", "nat64", "6to4"]), low=st.integers(1, 99))
+def test_an_embedded_public_ipv4_address_is_judged_as_that_address(v4, how, low):
+    embedded = ipaddress.IPv6Address(EMBEDDINGS[how](int(v4), low))
+    assert webhooks.embedded_ipv4(embedded) == v4
+    for spelling in spellings(embedded):
+        url = f"https://[{spelling}]/hook"
+        assert webhooks.webhook_url_validate(url) == url
 
 
 @pytest.mark.parametrize("url", REFUSED_FORMS)

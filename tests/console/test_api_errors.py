@@ -11,6 +11,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from console import errors
+from console.api.parsers import MAX_JSON_DEPTH
 from console.api.schema import NOT_ONLY_WHITESPACE
 from tests.conftest import token_client
 
@@ -74,6 +75,29 @@ def test_a_wrong_password_and_a_server_error_share_it_too(world):
 )
 def test_nul_in_an_api_url_is_refused_not_a_server_error(owner_api, url):
     envelope(owner_api.get(url), 400, "invalid")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 100_000,  # the decoder itself gives up (RecursionError): was a 500
+        "[" * 100_000 + "]" * 100_000,
+        '{"name": ' + "[" * 5_000 + "]" * 5_000 + "}",
+        "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1),  # decodes, but too deep
+    ],
+    ids=["unclosed", "closed", "in-a-field", "one-level-too-deep"],
+)
+@pytest.mark.parametrize("url", ["/api/v1/jobs", "/api/v1/budgets", "/api/v1/auth/token"])
+def test_a_too_deeply_nested_json_body_is_a_400_not_a_server_error(owner_api, catalog, url, body):
+    response = owner_api.generic("POST", url, body, content_type="application/json")
+    assert "levels" in envelope(response, 400, "parse_error")["detail"]
+
+
+def test_json_nested_as_deep_as_allowed_reaches_the_view(owner_api, catalog):
+    nested = "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1)
+    body = '{"name": "deep", "image": "python-3.11", "command": ["x"], "ports": ' + nested + "}"
+    response = owner_api.generic("POST", "/api/v1/jobs", body, content_type="application/json")
+    assert "ports" in envelope(response, 400, "invalid")  # the serializer judged it
 
 
 def test_nul_anywhere_in_a_json_body_is_refused_naming_the_field(owner_api, catalog):

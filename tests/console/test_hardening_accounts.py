@@ -19,9 +19,9 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
 from console import registration, services
-from console.models import AuditEvent, Membership, Tenant, User
+from console.models import ApiToken, AuditEvent, Membership, Tenant, User
 from console.permissions import Role
-from tests.factories import UserFactory
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 STRONG = "a-long-unusual-passphrase-17"
 NEW_PASSWORD = "another-quite-long-phrase-42"
@@ -253,11 +253,11 @@ def test_the_verification_link_activates_the_account_once_and_signs_in(signed_up
 
     shown = client.get(link)  # a mail scanner's GET activates nothing
     assert shown.status_code == 200
-    assert 'type="submit"' in page(shown)
+    assert 'type="submit"' in page(shown) and 'name="password"' in page(shown)
     user.refresh_from_db()
     assert not user.is_active
 
-    activated = client.post(link, follow=True)
+    activated = client.post(link, {"password": STRONG}, follow=True)
 
     assert activated.redirect_chain == [(reverse("dashboard"), 302)]
     assert activated.wsgi_request.user == user
@@ -267,7 +267,7 @@ def test_the_verification_link_activates_the_account_once_and_signs_in(signed_up
     assert user.is_active
     assert AuditEvent.objects.filter(action="user.email_verified", actor=user).count() == 1
 
-    second_get, second_post = Client().get(link), Client().post(link)
+    second_get, second_post = Client().get(link), Client().post(link, {"password": STRONG})
     assert second_get.status_code == second_post.status_code == 400
     assert "not valid" in page(second_post)
     assert AuditEvent.objects.filter(action="user.email_verified").count() == 1
@@ -286,11 +286,11 @@ def test_a_forged_truncated_or_expired_verification_link_is_refused(signed_up, m
         f"/accounts/verify/{other_uid}/{token}/",  # someone else's account
         f"/accounts/verify/not-base64/{token}/",
     ]
-    responses = [Client().post(path) for path in bad_paths]
+    responses = [Client().post(path, {"password": STRONG}) for path in bad_paths]
     # A day and an hour later (PASSWORD_RESET_TIMEOUT is a day): the clock moves on.
     later = datetime.now() + timedelta(hours=25)
     monkeypatch.setattr(registration.email_verification_tokens, "_now", lambda: later)
-    expired = Client().post(link)
+    expired = Client().post(link, {"password": STRONG})
 
     assert [r.status_code for r in responses] == [400] * len(bad_paths)
     assert expired.status_code == 400
@@ -328,20 +328,146 @@ def test_sign_up_with_an_existing_address_reveals_nothing_and_mails_its_owner(
 
 
 @override_settings(SIGNUP="open")
-def test_signing_up_again_before_verifying_resends_the_link_and_makes_no_second_account(
+def test_signing_up_again_before_verifying_replaces_the_unverified_account(
     signed_up, client, worker_outbox, django_capture_on_commit_callbacks
 ):
-    user, first_link = signed_up
+    """Account pre-hijacking (audit, issue 26): someone signs up with another person's
+    address and their own password, and never verifies. When the address's owner signs
+    up, the account is theirs: their password, name and a fresh organisation; nothing
+    the earlier sign-up set survives, and its link is dead."""
+    squatter, squatters_link = signed_up  # "Grace H." with STRONG, "Compilers Inc"
+    squatters_org = Tenant.objects.get(memberships__user=squatter)
+    # What an unverified account could hold: a token and a membership elsewhere (staff
+    # can add an inactive account), and a pending invitation to its organisation.
+    services.api_token_create(user=squatter, tenant=squatters_org, name="theirs")
+    elsewhere = TenantFactory(name="Elsewhere")
+    MembershipFactory(tenant=elsewhere, user=squatter, role=Role.MEMBER)
+    MembershipFactory(tenant=elsewhere, role=Role.OWNER)
 
     with django_capture_on_commit_callbacks(execute=True):
-        again = client.post(SIGNUP, signup_form(user.email, organisation_name="Second Org"))
+        again = Client().post(
+            SIGNUP,
+            signup_form(
+                squatter.email.upper(),
+                full_name="The Real Grace",
+                organisation_name="Real Compilers",
+                password1=NEW_PASSWORD,
+                password2=NEW_PASSWORD,
+            ),
+        )
 
-    assert again["Location"] == reverse("signup_sent")
-    assert User.objects.filter(email=user.email).count() == 1
-    assert not Tenant.objects.filter(name="Second Org").exists()
+    assert again["Location"] == reverse("signup_sent")  # as for any sign-up
+    owner = User.objects.get(email=squatter.email)
+    assert owner.pk != squatter.pk and not owner.is_active
+    assert owner.full_name == "The Real Grace"
+    assert owner.check_password(NEW_PASSWORD) and not owner.check_password(STRONG)
+    assert [m.tenant.name for m in Membership.objects.filter(user=owner)] == ["Real Compilers"]
+    assert Membership.objects.get(user=owner).role == Role.OWNER
+    assert not Tenant.objects.filter(pk=squatters_org.pk).exists()
+    assert not Membership.objects.filter(user_id=squatter.pk).exists()
+    assert not ApiToken.objects.filter(user_id=squatter.pk).exists()
+    assert Tenant.objects.filter(pk=elsewhere.pk).exists()  # others' organisation stays
+    assert Membership.objects.filter(tenant=elsewhere).count() == 1
+    discarded = AuditEvent.objects.get(action="user.unverified_discarded")
+    assert discarded.target_id == str(squatter.pk)
+    assert discarded.metadata == {"organisations": ["Compilers Inc"]}
+
     (message,) = worker_outbox
-    assert link_in(message, VERIFY_LINK)
-    assert Client().post(first_link).status_code == 302  # either link activates, once
+    assert message.to == [squatter.email]
+    new_link = link_in(message, VERIFY_LINK)
+    assert Client().post(squatters_link, {"password": STRONG}).status_code == 400  # dead
+    assert sign_in(Client(), squatter.email, STRONG).status_code == 200  # refused
+    activated = client.post(new_link, {"password": NEW_PASSWORD}, follow=True)
+    assert activated.redirect_chain == [(reverse("dashboard"), 302)]
+    assert activated.wsgi_request.user == owner
+    assert activated.wsgi_request.tenant.name == "Real Compilers"
+    assert sign_in(Client(), owner.email, STRONG).status_code == 200  # still refused
+    assert sign_in(Client(), owner.email, NEW_PASSWORD).status_code == 302
+
+
+@override_settings(SIGNUP="open")
+def test_a_link_activates_only_with_the_password_of_its_sign_up(
+    signed_up, client, worker_outbox, django_capture_on_commit_callbacks
+):
+    """The other order: the owner signs up first, then someone signs up again with their
+    address and another password. The link that reaches the owner is for the later
+    account, whose password the owner doesn't know: it can't activate it, so the later
+    sign-up never gets an account the owner uses; signing up again takes it back."""
+    owner, owners_link = signed_up  # the owner's password: STRONG
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(SIGNUP, signup_form(owner.email, password1="x" + NEW_PASSWORD,
+                                        password2="x" + NEW_PASSWORD))  # fmt: skip
+    (squatters_mail,) = worker_outbox
+    squatters_link = link_in(squatters_mail, VERIFY_LINK)
+
+    assert Client().post(owners_link, {"password": STRONG}).status_code == 400  # replaced
+    refused = Client().post(squatters_link, {"password": STRONG})
+    assert refused.status_code == 200
+    assert "someone else signed up with your address" in page(refused)
+    assert not refused.wsgi_request.user.is_authenticated
+    assert not User.objects.get(email=owner.email).is_active
+    assert Client().post(squatters_link, {}).status_code == 200  # no password: the form again
+    assert not User.objects.get(email=owner.email).is_active
+
+    worker_outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(SIGNUP, signup_form(owner.email))  # the owner again, with STRONG
+    (owners_mail,) = worker_outbox
+    assert Client().post(squatters_link, {"password": "x" + NEW_PASSWORD}).status_code == 400
+    activated = Client().post(link_in(owners_mail, VERIFY_LINK), {"password": STRONG})
+    assert activated.status_code == 302
+    assert User.objects.get(email=owner.email).is_active
+
+
+@override_settings(SIGNUP="open")
+def test_a_verified_or_used_account_is_never_replaced_by_a_sign_up(
+    db, worker_outbox, django_capture_on_commit_callbacks
+):
+    verified = UserFactory(email="verified@example.test")
+    deactivated = UserFactory(email="deactivated@example.test", is_active=False)
+    deactivated.last_login = deactivated.date_joined  # it was used, then staff stopped it
+    deactivated.save(update_fields=["last_login"])
+    before = {u.pk: u.password for u in (verified, deactivated)}
+
+    for user in (verified, deactivated):
+        with django_capture_on_commit_callbacks(execute=True):
+            Client().post(SIGNUP, signup_form(user.email, password1=NEW_PASSWORD,
+                                              password2=NEW_PASSWORD))  # fmt: skip
+
+    assert {u.pk: u.password for u in User.objects.all()} == before
+    assert not Tenant.objects.exists()
+    assert [m.to for m in worker_outbox] == [[verified.email], [deactivated.email]]
+    assert all("already has an account" in m.body for m in worker_outbox)
+
+
+@override_settings(SIGNUP="invite")
+def test_an_invitation_replaces_an_unverified_account_of_its_address(world, client):
+    """The invitation proves the address: an earlier unverified sign-up with it (open
+    sign-up since closed, or someone else's) neither blocks the invitee nor survives."""
+    squatter = UserFactory(email="joiner@example.test", is_active=False, full_name="Not Jo")
+    squatters_org = TenantFactory(name="Squat")
+    MembershipFactory(tenant=squatters_org, user=squatter, role=Role.OWNER)
+    _, raw = services.invitation_create(
+        tenant=world.tenant,
+        by_membership=world.membership(world.owner),
+        email="joiner@example.test",
+        role=Role.MEMBER,
+    )
+    url = reverse("invitation_accept", args=[raw])
+
+    offered = client.get(url)
+    assert 'name="password1"' in page(offered)  # a new person's form, not "sign in first"
+    weak = client.post(url, {"full_name": "Jo", "password1": "123", "password2": "123"})
+    assert "too short" in page(weak)
+    assert User.objects.get(email="joiner@example.test").pk == squatter.pk  # rolled back
+    response = client.post(url, {"full_name": "Jo", "password1": STRONG, "password2": STRONG})
+
+    assert response.status_code == 302
+    user = User.objects.get(email="joiner@example.test")
+    assert user.pk != squatter.pk and user.is_active and user.full_name == "Jo"
+    assert [m.tenant for m in Membership.objects.filter(user=user)] == [world.tenant]
+    assert not Tenant.objects.filter(pk=squatters_org.pk).exists()
+    assert client.get("/").wsgi_request.user == user
 
 
 @override_settings(SIGNUP="open")

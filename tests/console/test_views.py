@@ -147,10 +147,11 @@ def test_signup_verifies_the_address_then_lands_on_dashboard(
     assert not user.is_active  # until the address is verified
     assert AuditEvent.objects.get(action="user.signed_up").ip_address == "198.51.100.30"
 
-    # The link in the e-mail the worker sends activates the account and signs in.
+    # The link in the e-mail the worker sends, with the password chosen at sign-up,
+    # activates the account and signs in.
     (message,) = worker_outbox
     link = re.search(r"http://testserver(/accounts/verify/[\w-]+/[\w-]+/)", message.body)
-    verified = client.post(link.group(1), follow=True)
+    verified = client.post(link.group(1), {"password": STRONG_PASSWORD}, follow=True)
 
     assert verified.redirect_chain == [(reverse("dashboard"), 302)]
     assert "Compilers Inc" in page(verified)

@@ -44,7 +44,7 @@ from marketplace.pricing import estimate_cost
 from marketplace.services import capacity_sync
 from sandbox.cluster import SandboxCluster
 from tests.e2e.conftest import watched_page
-from tests.e2e.test_signup_tokens import fill_signup, open_signup, verification_link
+from tests.e2e.test_signup_tokens import activate, fill_signup, open_signup, verification_link
 from tests.factories import DEFAULT_PASSWORD, MembershipFactory, TenantFactory, UserFactory
 from tests.servers import (
     ROOT,
@@ -294,8 +294,7 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
     fill_signup(page, email="ada@engines.test")
     page.get_by_role("button", name="Create account").click()
     expect(page).to_have_url(f"{base}/accounts/signup/sent/")
-    page.goto(verification_link(stack.worker, base))
-    page.get_by_role("button", name="Activate my account").click()
+    activate(page, verification_link(stack.worker, base))
     expect(page).to_have_url(f"{base}/")
     expect(page.get_by_role("heading", level=1)).to_have_text("Analytical Engines")
     screenshot(page, journey, "1-dashboard")

@@ -66,6 +66,13 @@ def verification_link(worker, base_url: str) -> str:
         raise AssertionError(f"{error}\nworker log:\n{worker.log()}") from None
 
 
+def activate(page, link: str) -> None:
+    """Open the e-mailed link and activate the account with the sign-up's password."""
+    page.goto(link)
+    page.locator("input[name=password]").fill(PASSWORD)
+    page.get_by_role("button", name="Activate my account").click()
+
+
 def test_sign_up_create_token_see_it_once_and_revoke(
     browser_page,
     asgi_server,
@@ -80,8 +87,7 @@ def test_sign_up_create_token_see_it_once_and_revoke(
     page.get_by_role("button", name="Create account").click()
     expect(page).to_have_url(f"{base}/accounts/signup/sent/")
     expect(page.get_by_role("heading", level=1)).to_have_text("Check your e-mail")
-    page.goto(verification_link(celery_worker_process, base))
-    page.get_by_role("button", name="Activate my account").click()
+    activate(page, verification_link(celery_worker_process, base))
     expect(page).to_have_url(f"{base}/")
     expect(page.get_by_role("heading", level=1)).to_have_text("Analytical Engines")
     expect(page.get_by_role("heading", name="No jobs yet")).to_be_visible()

@@ -11,6 +11,7 @@ import re
 import time
 from decimal import Decimal
 
+import jsonschema
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -23,6 +24,7 @@ from jobs.models import Job, JobStatus
 from jobs.state import job_transition
 from marketplace.models import NodePool
 from tests.conftest import token_client
+from tests.jobs.test_consumers import forget_files, write_log
 from tests.jobs_helpers import advance_to
 
 S = JobStatus
@@ -211,6 +213,40 @@ def test_list_is_paged_filtered_and_scoped_to_the_tenant(member_api, other_world
     assert member_api.get(JOBS, {"status": "succeeded"}).json()["count"] == 0
     paged = member_api.get(JOBS, {"page_size": 1}).json()
     assert len(paged["results"]) == 1 and paged["next"]
+
+
+def _documented_response(api, path: str, method: str = "get", status: str = "200") -> dict:
+    """The JSON schema the served OpenAPI schema gives for an operation's response, with
+    the components its references resolve against."""
+    schema = api.get("/api/v1/schema/", {"format": "json"}).json()
+    operation = schema["paths"][path][method]
+    content = operation["responses"][status]["content"]["application/json"]["schema"]
+    return {**content, "components": schema["components"]}
+
+
+def _resolved(schema: dict, node: dict) -> dict:
+    while "$ref" in node:
+        node = schema["components"]["schemas"][node["$ref"].rsplit("/", 1)[-1]]
+    return node
+
+
+def test_the_log_page_is_what_the_schema_documents(member_api):
+    """GET /jobs/{id}/logs/ was documented as returning a Job; it returns a page of lines."""
+    job = launch(member_api)
+    forget_files(Job.objects.get(pk=job["id"]))
+    write_log(Job.objects.get(pk=job["id"]), ["epoch 1", "", "epoch 2"])
+    response = member_api.get(f"{job_url(job['id'])}/logs", {"since_line": 1})
+    assert response.status_code == 200
+    page = response.json()
+    assert [line["text"] for line in page["lines"]] == ["", "epoch 2"]
+
+    documented = _documented_response(member_api, "/api/v1/jobs/{id}/logs/")
+    jsonschema.validate(page, documented, format_checker=jsonschema.FormatChecker())
+    # Nothing undocumented either: every key the endpoint sends is a documented property.
+    page_schema = _resolved(documented, documented)
+    assert set(page) == set(page_schema["properties"])
+    line_schema = _resolved(documented, page_schema["properties"]["lines"]["items"])
+    assert all(set(line) == set(line_schema["properties"]) for line in page["lines"])
 
 
 def test_another_tenants_job_is_404_everywhere(member_api, other_world):

@@ -125,6 +125,35 @@ def test_a_new_tenant_sees_no_host_offer_or_pool(stranger):
     assert pools and not any("local" in str(pool) for pool in pools)
 
 
+REGIONS_API = "/api/v1/regions"
+
+
+def test_a_new_tenant_is_not_listed_the_host_region_and_cannot_read_it(stranger):
+    tenant, owner = stranger
+    api = token_client(owner, tenant)
+    listed = api.get(REGIONS_API, {"page_size": 500})
+    assert listed.status_code == 200
+    slugs = {row["slug"] for row in listed.json()["results"]}
+    assert "local" not in slugs and {"us-west", "us-east", "eu-central"} <= slugs
+    assert "This host" not in listed.content.decode()
+    hidden = api.get(f"{REGIONS_API}/local")
+    assert hidden.status_code == 404
+    assert hidden.json()["code"] == "not_found"
+    assert api.get(f"{REGIONS_API}/us-west").status_code == 200
+
+
+def test_an_allowed_tenant_is_listed_the_host_region(world, catalog, staff):
+    api = token_client(world.member, world.tenant)
+    slugs = {row["slug"] for row in api.get(REGIONS_API, {"page_size": 500}).json()["results"]}
+    assert "local" in slugs
+    assert api.get(f"{REGIONS_API}/local").json()["name"] == "This host"
+    # Revoked: gone from the next read, as from the launch form.
+    console_services.tenant_set_may_run_on_host(tenant=world.tenant, allowed=False, user=staff)
+    slugs = {row["slug"] for row in api.get(REGIONS_API, {"page_size": 500}).json()["results"]}
+    assert "local" not in slugs
+    assert api.get(f"{REGIONS_API}/local").status_code == 404
+
+
 def _regions(rows: list[dict]) -> list[dict]:
     """Each offer's region as a dict with a slug under "region" (the API nests it)."""
     return [

@@ -17,8 +17,10 @@ from django.conf import settings
 
 from console.crypto import decrypt_json
 from console.models import AuditEvent
+from console.services import ServiceError
 from jobs import services
 from jobs.models import Job, TenantSecret
+from jobs.services.spec import MAX_ENV_TOTAL_BYTES, MAX_ENV_VALUE_BYTES, MAX_JOB_SECRETS
 from tests.conftest import signed_in_client, token_client
 
 JOBS = "/api/v1/jobs"
@@ -274,3 +276,127 @@ def test_values_are_never_shown_by_the_job_api_page_timeline_logs_or_audit(host)
     lines = [line["text"] for line in json.loads(seen["logs"])["lines"]]
     assert lines == ["token=••••••", "own=••••••"]
     assert "HF_TOKEN=••••••" in seen["page"]
+
+
+# --- organisation secrets count toward the environment's bounds (audit, issue 26) ----------
+
+
+def _big_secrets(world, count: int, size: int = MAX_ENV_VALUE_BYTES) -> list[str]:
+    names = [f"BIG_{n}" for n in range(count)]
+    for name in names:
+        make_secret(world, name, members_may_use=True, value="s" * size)
+    return names
+
+
+def _environment_bytes(env: dict[str, str]) -> int:
+    return sum(len(k) + 1 + len(v.encode()) for k, v in env.items())
+
+
+def _variables_of_bytes(total: int, prefix: str) -> dict[str, str]:
+    """Variables whose NAME=value bytes add up to exactly `total`."""
+    env: dict[str, str] = {}
+    while total > 0:
+        name = f"{prefix}{len(env)}"
+        value_bytes = min(MAX_ENV_VALUE_BYTES, total - len(name) - 1)
+        env[name] = "v" * value_bytes
+        total -= len(name) + 1 + value_bytes
+    return env
+
+
+def test_eight_secrets_of_32_kib_are_refused_as_over_the_environment_bound(host):
+    """The audit's case: 8 × 32 KiB of secrets gave a job 262,720 bytes of environment."""
+    names = _big_secrets(host, 8)
+    response = launch(host.owner, host, secrets=names)
+    assert response.status_code == 400, response.content[:300]
+    body = response.json()
+    assert body["code"] == "invalid"
+    assert f"{MAX_ENV_TOTAL_BYTES // 1024} KiB" in body["secrets"][0]
+    assert "organisation secrets included" in body["secrets"][0]
+    assert not Job.objects.exists()
+
+
+def test_secrets_env_and_secret_env_share_the_bound_to_the_byte(host):
+    (name,) = _big_secrets(host, 1)
+    secret_bytes = len(name) + 1 + MAX_ENV_VALUE_BYTES
+    left = MAX_ENV_TOTAL_BYTES - secret_bytes
+    env = _variables_of_bytes(left // 2, "PLAIN")
+    secret_env = _variables_of_bytes(left - left // 2, "MINE")
+    at_limit = launch(host.owner, host, secrets=[name], env=env, secret_env=secret_env)
+    assert at_limit.status_code == 201, at_limit.content[:300]
+    stored = Job.objects.get()
+    assert _environment_bytes(stored.env) + _environment_bytes(injected(stored.pk)) == (
+        MAX_ENV_TOTAL_BYTES
+    )
+
+    over = launch(host.owner, host, secrets=[name], env=env, secret_env={**secret_env, "X": ""})
+    assert over.status_code == 400
+    assert "secrets" in over.json()  # the secrets pushed it over; env alone fits
+    assert Job.objects.count() == 1
+
+
+def test_a_spec_secret_variable_overriding_an_organisation_secret_counts_once(host):
+    names = _big_secrets(host, 4)  # 4 × 32 KiB: just over the bound with the names
+    assert launch(host.owner, host, secrets=names).status_code == 400
+    # The spec's own BIG_0 replaces the organisation's (as the job gets it): it fits.
+    response = launch(host.owner, host, secrets=names, secret_env={"BIG_0": "short"})
+    assert response.status_code == 201, response.content[:300]
+    assert injected(response.json()["id"])["BIG_0"] == "short"
+
+
+def test_the_number_of_secrets_a_job_names_is_bounded(host):
+    names = _big_secrets(host, MAX_JOB_SECRETS + 1, size=8)
+    at_limit = launch(host.owner, host, secrets=names[:MAX_JOB_SECRETS])
+    assert at_limit.status_code == 201, at_limit.content[:300]
+    over = launch(host.owner, host, secrets=names)
+    assert over.status_code == 400
+    assert str(MAX_JOB_SECRETS) in over.json()["secrets"][0]
+    assert Job.objects.count() == 1
+    # The service refuses it without the API's serializer (the form, a clone, the SDK's
+    # raw spec all end there).
+    spec = services.JobSpec(
+        name="direct", image="python-3.11", command=["true"], region="local", secrets=names
+    )
+    with pytest.raises(ServiceError) as refused:
+        services.job_submit(tenant=host.tenant, user=host.owner, spec=spec)
+    assert refused.value.field == "secrets"
+    assert f"at most {MAX_JOB_SECRETS}" in refused.value.message
+    assert Job.objects.count() == 1
+
+
+def test_the_schema_documents_the_secrets_bound(host):
+    schema = token_client(host.owner, host.tenant).get("/api/v1/schema/", {"format": "json"})
+    secrets = schema.json()["components"]["schemas"]["JobCreateRequest"]["properties"]["secrets"]
+    assert secrets["maxItems"] == MAX_JOB_SECRETS
+    assert f"at most {MAX_JOB_SECRETS}" in secrets["description"]
+
+
+def test_the_launch_form_shows_the_environment_bound_on_the_secrets_field(host):
+    names = _big_secrets(host, 8)
+    response = signed_in_client(host.owner, host.tenant).post(
+        "/jobs/launch/",
+        {
+            "name": "form launch",
+            "image": "python-3.11",
+            "command": "python -c 'print(1)'",
+            "region": "local",
+            "cpus": 1,
+            "gpus_per_node": 0,
+            "nodes": 1,
+            "spot_ratio": "0",
+            "priority": "normal",
+            "max_runtime_minutes": 60,
+            "secrets": names,
+        },
+    )
+    assert response.status_code == 200
+    (error,) = response.context["form"].errors["secrets"]
+    assert f"{MAX_ENV_TOTAL_BYTES // 1024} KiB" in error
+    assert not Job.objects.exists()
+
+
+def test_a_secret_longer_than_a_variable_may_be_is_refused_when_set(host):
+    with pytest.raises(ServiceError) as refused:
+        make_secret(host, "TOO_LONG", value="é" * (MAX_ENV_VALUE_BYTES // 2 + 1))  # 2 bytes each
+    assert refused.value.field == "value"
+    assert f"{MAX_ENV_VALUE_BYTES // 1024} KiB" in refused.value.message
+    assert not TenantSecret.objects.filter(name="TOO_LONG").exists()

@@ -23,6 +23,7 @@ from gpugeek.errors import error_for
 from gpugeek.spec import job_payload
 
 from jobs.models import Job
+from jobs.services import tenant_secret_set
 from tests.sdk.conftest import PRINTS_FOREVER, counting_program, cpu_spec, dispatch
 from tests.sdk.proxy import LossyProxy
 
@@ -146,6 +147,17 @@ def test_typed_errors(gg, asgi_server):
     with stranger, pytest.raises(AuthenticationError) as denied:
         stranger.list_offers()
     assert denied.value.status in (401, 403)
+
+
+def test_organisation_secrets_count_toward_the_environment_bound(gg, world):
+    """The SDK launches through the API, so through the one validation (audit, issue 26)."""
+    names = [f"BIG_{n}" for n in range(8)]
+    for name in names:
+        tenant_secret_set(tenant=world.tenant, user=world.owner, name=name, value="s" * 32768)
+    with pytest.raises(ValidationError) as refused:
+        gg.create_cluster(cpu_spec("print(1)", secrets=names))
+    assert "128 KiB" in " ".join(refused.value.errors["secrets"])
+    assert not Job.objects.exists()
 
 
 def test_error_codes_map_to_types():

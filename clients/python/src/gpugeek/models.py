@@ -203,6 +203,7 @@ class LogLine(Model):
     line_no: int
     rank: int
     text: str
+    ts: str | None = None  # when the server read the line (ISO 8601)
 
 
 # OpenAPI component name of each model (tests/sdk/test_schema.py).
