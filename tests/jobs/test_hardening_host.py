@@ -148,7 +148,7 @@ def test_an_allowed_tenant_is_listed_the_host_region(world, catalog, staff):
     assert "local" in slugs
     assert api.get(f"{REGIONS_API}/local").json()["name"] == "This host"
     # Revoked: gone from the next read, as from the launch form.
-    console_services.tenant_set_may_run_on_host(tenant=world.tenant, allowed=False, user=staff)
+    host_access.tenant_set_may_run_on_host(tenant=world.tenant, allowed=False, user=staff)
     slugs = {row["slug"] for row in api.get(REGIONS_API, {"page_size": 500}).json()["results"]}
     assert "local" not in slugs
     assert api.get(f"{REGIONS_API}/local").status_code == 404
