@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from urllib.parse import parse_qs
 
@@ -134,10 +133,10 @@ class JobLogCursor:
     """What one socket has sent of a job's log: lines are sent in order, each once, with
     gaps (a lost or dropped batch, a follower hand-over) filled from the store."""
 
-    def __init__(self, job: Job, send_lines, send_text=None):
+    def __init__(self, job: Job, send_lines, send_encoded=None):
         self.job = job
         self.send_lines = send_lines  # async (lines) -> None
-        self.send_text = send_text  # async (encoded message) -> None
+        self.send_encoded = send_encoded  # async (encoded messages) -> None
         self.last_sent = 0
         self.first_sent = 1  # lines before it were never sent on this socket
 
@@ -182,9 +181,9 @@ class JobLogCursor:
             await self.fill_to(lines[0]["line_no"] - 1)
             lines = [line for line in lines if line["line_no"] > self.last_sent]
         if lines:
-            if len(lines) == len(batch) and self.send_text is not None:
+            if len(lines) == len(batch) and self.send_encoded is not None:
                 # The usual case: the whole batch, encoded once for every socket.
-                await self.send_text(_encoded_batch(message))
+                await self.send_encoded(_encoded_batch(message))
             else:
                 await self.send_lines(lines)
             self.last_sent = lines[-1]["line_no"]
@@ -215,14 +214,15 @@ class LogInbox:
             await cursor.fill_to(self.dropped_last_line)
 
 
-def _encoded_batch(message: dict) -> str:
-    """The browser's form of a published log batch, JSON-encoded once per process (the
-    hub hands the same dict to every socket of the job)."""
-    text = message.get("_encoded")
-    if text is None:
-        text = json.dumps({"type": "log", "job_id": message["job_id"], "lines": message["lines"]})
-        message["_encoded"] = text
-    return text
+def _encoded_batch(message: dict) -> list[str]:
+    """The browser's form of a published log batch (one message, or several for a
+    large one), JSON-encoded once per process (the hub hands the same dict to every
+    socket of the job)."""
+    texts = message.get("_encoded")
+    if texts is None:
+        texts = realtime.encoded_log_messages(message["job_id"], message["lines"])
+        message["_encoded"] = texts
+    return texts
 
 
 class JobConsumer(AsyncJsonWebsocketConsumer):
@@ -251,7 +251,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         self.idle = False  # the pump waits for a message (after the backfill)
         self.first_message = asyncio.Event()
         self.resume_from: int | None = None
-        self.cursor = JobLogCursor(job, self._send_lines, self._send_text)
+        self.cursor = JobLogCursor(job, self._send_lines, self._send_encoded)
         query = parse_qs(self.scope.get("query_string", b"").decode())
         since = query.get("since_line", [None])[0]
         if since is not None and since.isdigit():
@@ -277,15 +277,18 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             batch = message.get("lines")
             if batch and batch[0]["line_no"] == self.cursor.last_sent + 1:
                 self.cursor.last_sent = batch[-1]["line_no"]
-                return self._send_text(_encoded_batch(message))
+                return self._send_encoded(_encoded_batch(message))
         self.inbox.put(message)
         return None
 
-    async def _send_text(self, text: str) -> None:
-        await self.send(text_data=text)
+    async def _send_encoded(self, texts: list[str]) -> None:
+        """The one sender of this socket's log messages (each within the server's frame
+        limit: jobs.realtime.encoded_log_messages)."""
+        for text in texts:
+            await self.send(text_data=text)
 
     async def _send_lines(self, lines: list) -> None:
-        await self.send_json({"type": "log", "job_id": self.job.pk, "lines": lines})
+        await self._send_encoded(realtime.encoded_log_messages(self.job.pk, lines))
 
     async def _pump(self) -> None:
         try:

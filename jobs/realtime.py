@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -130,6 +131,65 @@ def tenant_group(tenant_id: int) -> str:
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+# --- log messages on the wire ------------------------------------------------------------
+
+# Daphne refuses to send a WebSocket message over 1 MiB (its websocket_max_message_size:
+# autobahn raises, and the socket delivers nothing more), so the JSON of one log message
+# stays at half that; a larger batch goes as several messages, its lines in order.
+LOG_MESSAGE_MAX_BYTES = 512 * 1024
+_LOG_ENVELOPE_BYTES = 1024  # what surrounds the lines: {"type": "log", "job_id": …}
+# Ends a line cut to fit one message. A stored line holds at most 64 KiB (jobs.logs.lines),
+# but masked and JSON-escaped it can pass the bound ("\u0001" is 6 bytes for 1, a mask
+# 36 bytes for a 4-character secret); the API reads it whole.
+CUT_MARK = " […]"
+
+
+def log_line_groups(
+    lines: list[LogLinePayload], max_bytes: int = LOG_MESSAGE_MAX_BYTES
+) -> list[list[LogLinePayload]]:
+    """`lines` in order, in consecutive groups each of which, as one log message, is at
+    most `max_bytes` of JSON."""
+    budget = max_bytes - _LOG_ENVELOPE_BYTES
+    groups: list[list[LogLinePayload]] = []
+    group: list[LogLinePayload] = []
+    size = 0
+    for line in lines:
+        encoded = len(json.dumps(line)) + 2  # and its ", " in the list
+        if encoded > budget:
+            line, encoded = _cut_to_fit(line, budget)
+        if group and size + encoded > budget:
+            groups.append(group)
+            group, size = [], 0
+        group.append(line)
+        size += encoded
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _cut_to_fit(line: LogLinePayload, budget: int) -> tuple[LogLinePayload, int]:
+    text = line["text"]
+    while True:
+        cut = LogLinePayload(line_no=line["line_no"], rank=line["rank"], text=text + CUT_MARK,
+                             ts=line["ts"])  # fmt: skip
+        encoded = len(json.dumps(cut)) + 2
+        if encoded <= budget:
+            return cut, encoded
+        text = text[: max(0, len(text) * budget // encoded - len(CUT_MARK))]
+
+
+def encoded_log_messages(job_id: int, lines: list[LogLinePayload]) -> list[str]:
+    """The browser's log messages carrying `lines`, JSON-encoded (ASCII: as many bytes
+    as characters): one, unless it would pass LOG_MESSAGE_MAX_BYTES."""
+    text = json.dumps(JobLogMessage(type="log", job_id=job_id, lines=lines))
+    if len(text) <= LOG_MESSAGE_MAX_BYTES:
+        return [text]
+    return [
+        json.dumps(JobLogMessage(type="log", job_id=job_id, lines=group))
+        for group in log_line_groups(lines)
+    ]
 
 
 # --- publishing -----------------------------------------------------------------------------
