@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -134,6 +135,16 @@ def token_client(user: User, tenant: Tenant) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client
+
+
+def streamed_chunks(response) -> list[bytes]:
+    """The pieces of a streaming response whose content is an async iterator (what an
+    ASGI server sends at the client's pace), which the test client can't iterate."""
+
+    async def collect() -> list[bytes]:
+        return [chunk async for chunk in response.streaming_content]
+
+    return async_to_sync(collect)()
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from console.celery import app as celery_app
 from console.launcher import free_loopback_port
 
 ROOT = Path(__file__).resolve().parent.parent
+ASGI_APP = "console.asgi:application"
 
 
 def test_database_url() -> str:
@@ -102,23 +103,12 @@ class AsgiServer:
         return self.log_path.read_text(errors="replace")
 
 
-@pytest.fixture
-def asgi_server(transactional_db, tmp_path) -> Iterator[AsgiServer]:
-    """Daphne serving console.asgi on a free loopback port, against the test database."""
-    port = free_loopback_port()
-    log_path = tmp_path / "daphne.log"
+@contextmanager
+def served(name: str, argv: list[str], port: int, log_path: Path) -> Iterator[AsgiServer]:
+    """An ASGI server (`argv`) listening on `port`, stopped afterwards."""
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "console.asgi:application",
-            ],
+            argv,
             cwd=ROOT,
             env=child_env(),
             stdout=log_file,
@@ -127,12 +117,31 @@ def asgi_server(transactional_db, tmp_path) -> Iterator[AsgiServer]:
         )
     server = AsgiServer(process, port, log_path)
     try:
-        wait_until(lambda: process.poll() is not None or _port_open(port), 30, what="daphne")
+        wait_until(lambda: process.poll() is not None or _port_open(port), 30, what=name)
         if process.poll() is not None:
-            raise AssertionError(f"daphne exited early:\n{server.log()}")
+            raise AssertionError(f"{name} exited early:\n{server.log()}")
         yield server
     finally:
         stop_process_group(process)
+
+
+@pytest.fixture
+def asgi_server(transactional_db, tmp_path) -> Iterator[AsgiServer]:
+    """Daphne serving console.asgi on a free loopback port, against the test database
+    (the server `runconsole` runs)."""
+    port = free_loopback_port()
+    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APP]
+    with served("daphne", argv, port, tmp_path / "daphne.log") as server:
+        yield server
+
+
+@pytest.fixture
+def uvicorn_server(transactional_db, tmp_path) -> Iterator[AsgiServer]:
+    """uvicorn serving console.asgi, as the production image's `web` does."""
+    port = free_loopback_port()
+    argv = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), ASGI_APP]
+    with served("uvicorn", argv, port, tmp_path / "uvicorn.log") as server:
+        yield server
 
 
 class CeleryWorker:

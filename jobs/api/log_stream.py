@@ -43,7 +43,9 @@ STREAM_SECONDS = 300.0
 # Once the job has finished, the stream ends after this long without a new batch: a
 # follower still reading the end of a pod's log publishes it meanwhile.
 SETTLE_SECONDS = 1.0
-OUTBOX_SIZE = 4  # batches waiting for a slow client; the store is read no further ahead
+# Objects waiting for a slow client (each at most realtime.LOG_MESSAGE_MAX_BYTES of lines):
+# the store is read no further ahead, and the server sends at the client's pace.
+OUTBOX_SIZE = 4
 
 
 class LogStreamQuerySerializer(serializers.Serializer):
@@ -99,7 +101,8 @@ async def job_log_stream(job: Job, *, since_line: int, user) -> AsyncIterator[by
 
 async def _produce(job: Job, since_line: int, user, outbox: asyncio.Queue) -> None:
     async def send_lines(lines: list) -> None:
-        await outbox.put({"type": "log", "lines": lines})
+        for group in realtime.log_line_groups(lines):
+            await outbox.put({"type": "log", "lines": group})
 
     cursor = JobLogCursor(job, send_lines)
     cursor.last_sent = since_line

@@ -17,7 +17,7 @@ from console.api.params import query_params
 from console.permissions import Capability
 from console.tenancy import get_for_tenant_or_404
 from jobs import alerts, metrics
-from jobs.logs.reading import download_chunks
+from jobs.logs.reading import adownload_chunks
 from jobs.models import Job, JobAlert, JobMonitor
 
 
@@ -40,7 +40,7 @@ class JobLogDownloadView(JobView):
     def get(self, request, pk: int):
         job = self.job(pk)
         response = StreamingHttpResponse(
-            download_chunks(job), content_type="text/plain; charset=utf-8"
+            adownload_chunks(job), content_type="text/plain; charset=utf-8"
         )
         response["Content-Disposition"] = f'attachment; filename="job-{job.pk}.log"'
         return response

@@ -3,7 +3,8 @@ from the store its backend numbers itself, the spool, or the archive, masked."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 
 from jobs import realtime
 from jobs.backends import get_backend
@@ -12,7 +13,7 @@ from jobs.logs.leases import followed
 from jobs.logs.masking import SecretMasker, job_secret_values
 from jobs.logs.stores import FileLog, LogSpool, LogStore, StoredLine, spool_dir, spool_sync
 from jobs.models import Job
-from jobs.realtime import LogLinePayload
+from jobs.realtime import LogLinePayload, parallel_db
 
 BACKFILL_LINES = 1000
 DOWNLOAD_CHUNK_CHARS = 1 << 20  # a download's pieces stay small, however long its lines
@@ -106,3 +107,21 @@ def download_chunks(job: Job) -> Iterator[bytes]:
             size = 0
     if buffer:
         yield "".join(buffer).encode()
+
+
+async def adownload_chunks(job: Job) -> AsyncIterator[bytes]:
+    """`download_chunks` for an ASGI response, each piece read (in a worker thread) only
+    once the last one was sent: Django's ASGI handler reads a plain iterator to its end
+    before sending a byte (a 300 MB log held whole), and the server's `send` returns
+    when the client can take more (console.monkey for Daphne), so a slow reader holds
+    one piece, not the log."""
+    chunks = download_chunks(job)
+    read = parallel_db(next)
+    try:
+        while (chunk := await read(chunks, None)) is not None:
+            yield chunk
+    finally:
+        # After a cancel the last read may still run in its thread ("generator already
+        # executing"): it is then closed when collected.
+        with contextlib.suppress(ValueError):
+            chunks.close()

@@ -22,7 +22,7 @@ from jobs.logs import reading
 from jobs.logs.lines import LineSplitter, split_pieces
 from jobs.logs.stores import FileLog, LogSpool
 from jobs.models import Job, JobStatus
-from tests.conftest import token_client
+from tests.conftest import streamed_chunks, token_client
 from tests.jobs.test_consumers import forget_files
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
 
@@ -243,7 +243,7 @@ def test_a_job_printing_5mb_without_a_newline_is_read_in_bounded_64k_lines(world
     # The download streams pieces of about 1 MiB.
     download = api.get(f"/api/v1/jobs/{job.pk}/log.txt")
     assert download.status_code == 200
-    chunks = list(download.streaming_content)
+    chunks = streamed_chunks(download)
     assert max(map(len, chunks)) <= (1 << 20) + LINE + 1
     assert b"".join(chunks) == b"".join(b"x" * len(line["text"]) + b"\n" for line in lines)
     # The console keeps serving.

@@ -34,7 +34,7 @@ from jobs.logs import leases, reading
 from jobs.logs.stores import FileLog, LogSpool, spool_dir
 from jobs.models import Job, JobLogArchive, JobStatus
 from sandbox.kubesim import PodRun
-from tests.conftest import signed_in_client
+from tests.conftest import signed_in_client, streamed_chunks
 from tests.jobs.test_consumers import forget_files, make_job, write_log
 from tests.jobs.test_kubernetes_lifecycle import (
     cluster,  # noqa: F401 (fixture)
@@ -156,7 +156,7 @@ def test_download_is_the_whole_masked_log_and_tenant_scoped(world, other_world, 
     response = client.get(f"/api/v1/jobs/{job.pk}/logs/download")
     assert response.status_code == 200
     assert response["Content-Disposition"] == f'attachment; filename="job-{job.pk}.log"'
-    body = b"".join(response.streaming_content).decode()
+    body = b"".join(streamed_chunks(response)).decode()
     assert body.splitlines()[0] == "line 1 ••••••" and len(body.splitlines()) == 5000
     assert "hf_0123456789" not in body
     outsider = signed_in_client(other_world.owner, other_world.tenant)
