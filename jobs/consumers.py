@@ -37,9 +37,11 @@ log = logging.getLogger(__name__)
 # backfill, so a client that resumes at once gets no line twice.
 RESUME_GRACE_SECONDS = 0.25
 FILL_CHUNK = 1000
-# Beyond this many undelivered messages a slow socket drops live log batches; it fills
-# the gap from the store once it catches up (latency, never lost lines).
+# Beyond this many undelivered messages, or this much undelivered log text, a slow
+# socket (or API log stream) drops live log batches; it fills the gap from the store once
+# it catches up (latency, never lost lines), so what it holds stays bounded.
 MAX_QUEUED = 200
+MAX_QUEUED_LOG_CHARS = 4 << 20
 
 
 # What every socket of this module needs in its tenant, at connect and on each re-check.
@@ -194,24 +196,45 @@ class JobLogCursor:
 
 class LogInbox:
     """A log reader's queue of hub messages. A slow reader's log batches beyond
-    MAX_QUEUED are dropped, remembering the last line they carried; once the reader has
-    caught up, `fill_dropped` reads those lines from the store instead."""
+    MAX_QUEUED messages or MAX_QUEUED_LOG_CHARS of text are dropped, remembering the last
+    line they carried; once the reader has caught up, `fill_dropped` reads those lines
+    from the store instead. Read it with `get` / `get_nowait`, which keep the count."""
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.dropped_last_line = 0
+        self.queued_chars = 0  # of the log lines waiting in `queue`
 
     def put(self, message: dict) -> None:
-        if message.get("type") == "log" and self.queue.qsize() >= MAX_QUEUED:
+        if message.get("type") == "log":
             lines = message.get("lines") or ()
-            last = message.get("last_line") or (lines[-1]["line_no"] if lines else 0)
-            self.dropped_last_line = max(self.dropped_last_line, last)
-            return
+            chars = _text_chars(message)
+            full = self.queued_chars > 0 and self.queued_chars + chars > MAX_QUEUED_LOG_CHARS
+            if full or self.queue.qsize() >= MAX_QUEUED:
+                last = message.get("last_line") or (lines[-1]["line_no"] if lines else 0)
+                self.dropped_last_line = max(self.dropped_last_line, last)
+                return
+            self.queued_chars += chars
         self.queue.put_nowait(message)
+
+    async def get(self) -> dict:
+        return self._taken(await self.queue.get())
+
+    def get_nowait(self) -> dict:
+        return self._taken(self.queue.get_nowait())
+
+    def _taken(self, message: dict) -> dict:
+        if message.get("type") == "log":
+            self.queued_chars -= _text_chars(message)
+        return message
 
     async def fill_dropped(self, cursor: JobLogCursor) -> None:
         if self.queue.empty() and self.dropped_last_line > cursor.last_sent:
             await cursor.fill_to(self.dropped_last_line)
+
+
+def _text_chars(message: dict) -> int:
+    return sum(len(line["text"]) for line in message.get("lines") or ())
 
 
 def _encoded_batch(message: dict) -> list[str]:
@@ -302,10 +325,10 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             while True:
                 if self.inbox.queue.empty():
                     self.idle = True
-                    message = await self.inbox.queue.get()
+                    message = await self.inbox.get()
                     self.idle = False
                 else:
-                    message = self.inbox.queue.get_nowait()
+                    message = self.inbox.get_nowait()
                 kind = message.get("type")
                 if kind == "log":
                     await self.cursor.deliver(message)
@@ -345,7 +368,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             self.resume_from = since_line
             self.first_message.set()
         else:
-            self.inbox.queue.put_nowait({"type": "_resume", "since_line": since_line})
+            self.inbox.put({"type": "_resume", "since_line": since_line})
 
     async def _revoke(self) -> None:
         """Access is gone: send nothing more, then close."""

@@ -124,7 +124,7 @@ async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
     inbox = LogInbox()  # a slow client's batches are read from the store once caught up
 
     async def revoke() -> None:
-        inbox.queue.put_nowait({"type": "_revoked"})
+        inbox.put({"type": "_revoked"})
 
     group = realtime.job_group(job_id)
     access = AccessWatch(user, cursor.job.tenant_id, revoke)
@@ -144,7 +144,7 @@ async def _follow(cursor: JobLogCursor, user, outbox: asyncio.Queue) -> None:
             wait = deadline - loop.time()
             try:
                 message = await asyncio.wait_for(
-                    inbox.queue.get(), min(wait, SETTLE_SECONDS) if finished else wait
+                    inbox.get(), min(wait, SETTLE_SECONDS) if finished else wait
                 )
             except TimeoutError:
                 if finished:

@@ -402,7 +402,27 @@ def test_a_slow_readers_inbox_drops_log_batches_past_its_bound_and_fills_them_la
     async_to_sync(inbox.fill_dropped)(cursor)
     assert cursor.filled == []  # not while the reader is behind
     while not inbox.queue.empty():
-        inbox.queue.get_nowait()
+        inbox.get_nowait()
     async_to_sync(inbox.fill_dropped)(cursor)
     async_to_sync(inbox.fill_dropped)(cursor)
     assert cursor.filled == [consumers.MAX_QUEUED + 5]
+
+
+def test_a_slow_readers_inbox_holds_a_bounded_amount_of_log_text():
+    """Few but large batches (a job flooding its log) are dropped past
+    MAX_QUEUED_LOG_CHARS, however few messages wait; one larger than the bound still
+    passes when nothing else waits."""
+    inbox = consumers.LogInbox()
+    third = consumers.MAX_QUEUED_LOG_CHARS // 3 + 1
+    for n in (1, 2, 3, 4):
+        inbox.put({"type": "log", "lines": [{"line_no": n, "text": "x" * third}]})
+    assert inbox.queue.qsize() == 2 and inbox.dropped_last_line == 4
+    assert inbox.queued_chars == 2 * third
+    assert asyncio.run(inbox.get())["lines"][0]["line_no"] == 1
+    assert inbox.get_nowait()["lines"][0]["line_no"] == 2 and inbox.queued_chars == 0
+    huge = "y" * (consumers.MAX_QUEUED_LOG_CHARS + 1)
+    inbox.put({"type": "log", "lines": [{"line_no": 5, "text": huge}]})
+    inbox.put({"type": "log", "lines": [{"line_no": 6, "text": "z"}]})
+    inbox.put({"type": "status", "status": "running"})  # never dropped
+    assert [m.get("type") for m in (inbox.get_nowait(), inbox.get_nowait())] == ["log", "status"]
+    assert inbox.dropped_last_line == 6 and inbox.queued_chars == 0
