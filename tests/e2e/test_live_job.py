@@ -103,7 +103,6 @@ def test_live_logs_and_status_survive_reconnects(
     world,
     other_world,
     password,
-    tmp_path,
     request,
 ):
     page, base = browser_page, asgi_server.url
@@ -111,17 +110,18 @@ def test_live_logs_and_status_survive_reconnects(
     request.addfinalizer(lambda: stop_process_group(asgi_server.process))
     seed_catalog()
     capacity_sync(backend=LocalBackend())
-    stop_file = tmp_path / "stop"
     job = services.job_submit(
         tenant=world.tenant,
         user=world.member,
         spec=JobSpec(
             name="live lines",
             image="python-3.11",
-            command=["python", "-c", PROGRAM, str(stop_file)],
+            # In its work dir (its cwd): the sandbox shows the job no other host path.
+            command=["python", "-c", PROGRAM, "stop"],
             cpus=1,
         ),
     )
+    stop_file = LocalBackend().workdir(job) / "stop"
     job = services.job_dispatch(job=job)  # what the Celery task does
 
     sign_in(page, base, world.member.email, password)
