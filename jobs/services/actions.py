@@ -8,9 +8,8 @@ from django.db import transaction
 from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
 from console.services import ServiceError, audit_record
-from console.tenant_admin import tenant_suspension_check
 from jobs.actors import Actor, ActorKind
-from jobs.extensions import job_deleting
+from jobs.extensions import job_deleting, launch_check
 from jobs.models import FINISHED, Job, JobStatus
 from jobs.services.admission import (
     blocking_wait,
@@ -18,6 +17,7 @@ from jobs.services.admission import (
     jobs_admit,
     locked_admission_state,
 )
+from jobs.services.spec import spec_from_job
 from jobs.state import job_transition
 
 S = JobStatus
@@ -60,12 +60,18 @@ def job_pause_once(*, job: Job, actor: Actor, reason: str) -> bool:
 
 
 def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Job:
+    """Resume a paused job. It takes compute (and is billed) again, so the launch
+    policies judge it as they judge a launch: a used-up budget refuses it (402, naming
+    the budget), as does a suspended organisation (403); then it must fit, like an
+    admission."""
     job.refresh_from_db()
     if job.status in (S.RESUMING, S.RUNNING, S.PROVISIONING):
         return job
     if job.status != S.PAUSED:
         raise ActionRefused(f"Only a paused job can be resumed; this one is {job.status}.")
-    tenant_suspension_check(tenant_id=job.tenant_id)
+    # job.tenant is read afresh (refresh_from_db drops the cached row): a suspension
+    # that landed since the job was loaded refuses the resume.
+    launch_check(tenant=job.tenant, spec=spec_from_job(job))
     with transaction.atomic():
         # A paused job released its compute: it must fit again, like a new admission.
         pools, quotas = locked_admission_state(tenant_id=job.tenant_id)
