@@ -194,6 +194,10 @@ class Job(TenantOwnedModel):
         return self.status in FINISHED
 
     @property
+    def is_critical(self) -> bool:
+        return self.priority == Priority.CRITICAL
+
+    @property
     def backend_name(self) -> str:
         """Deterministic name of this attempt's backend objects (`gg-<id>-a<attempt>`)."""
         return f"gg-{self.pk}-a{self.attempt}"
