@@ -10,7 +10,7 @@ from console.queueing import enqueue_on_commit
 from console.services import ServiceError, audit_record
 from jobs.actors import Actor, ActorKind
 from jobs.extensions import job_deleting, launch_check
-from jobs.models import FINISHED, Job, JobStatus
+from jobs.models import FINISHED, ON_BACKEND, Job, JobStatus
 from jobs.services.admission import (
     blocking_wait,
     held_usage,
@@ -115,15 +115,25 @@ def jobs_pause_for_suspension(*, tenant: Tenant, reason: str) -> list[Job]:
 
 
 def job_cancel(*, job: Job, actor: Actor, reason: str = "cancelled by user") -> Job:
-    job.refresh_from_db()
-    if job.status == S.CANCELLED:
-        return job
-    if job.status in FINISHED:
-        raise ActionRefused(f"The job has already {job.status}.")
+    """Stop a job for good; repeating is a no-op. A job whose work may be running on its
+    backend becomes `cancelling`: it holds its compute and is billed until the watcher
+    sees the work end (a process may take its grace period to stop, pods to terminate),
+    then `cancelled`. Any other (queued, dispatching, paused, preempted) is cancelled at
+    once and its compute freed."""
     with transaction.atomic():
-        job = job_transition(job=job, to=S.CANCELLED, actor=actor, reason=reason)
+        # The row's status decides where the cancel goes: read it under the lock the
+        # transition takes, so a job that started meanwhile goes through `cancelling`.
+        status = Job.objects.select_for_update().values_list("status", flat=True).get(pk=job.pk)
+        if status in (S.CANCELLED, S.CANCELLING):
+            job.refresh_from_db()
+            return job
+        if status in FINISHED:
+            raise ActionRefused(f"The job has already {status}.")
+        to = S.CANCELLING if status in ON_BACKEND else S.CANCELLED
+        job = job_transition(job=job, to=to, actor=actor, reason=reason)
         enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
-        jobs_admit()
+        if to == S.CANCELLED:
+            jobs_admit()
     return job
 
 
