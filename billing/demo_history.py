@@ -417,7 +417,7 @@ def _play(plan: _Plan, timeline: _Timeline, fleet: _Fleet, *, limit: datetime) -
         at = timeline.go(dispatched, S.PROVISIONING, SYSTEM.label, "submitted to the cluster")
         at += provisioning * s
         if outcome == "cancelled_early":
-            timeline.go(at, S.CANCELLED, plan.submitter, "cancelled by user")
+            _cancel(timeline, plan, at)
         else:
             at = timeline.go(at, S.RUNNING, BACKEND.label, "running") + run * s
         if attempt < len(runs):
@@ -456,6 +456,20 @@ def _pause_and_resume(timeline: _Timeline, plan: _Plan, running_at, run: int, pa
     )
 
 
+def _cancel(timeline: _Timeline, plan: _Plan, at: datetime) -> None:
+    """A cancel as the console records it: `cancelling` until the backend reports the
+    work gone (its grace period), then `cancelled`."""
+    timeline.go(at, S.CANCELLING, plan.submitter, "cancelled by user")
+    stopped = at + timedelta(seconds=plan.rng.randint(2, 30))
+    timeline.go(
+        stopped,
+        S.CANCELLED,
+        BACKEND.label,
+        "cancelled by user; compute released",
+        assigned_devices=[],
+    )
+
+
 def _finish(timeline: _Timeline, plan: _Plan, at: datetime) -> None:
     job, rng = plan.job, plan.rng
     if plan.outcome == "failed":
@@ -468,7 +482,7 @@ def _finish(timeline: _Timeline, plan: _Plan, at: datetime) -> None:
         reason = f"exceeded the maximum runtime of {job.max_runtime_minutes} minutes"
         timeline.go(at, S.FAILED, SYSTEM.label, reason)
     elif plan.outcome == "cancelled":
-        timeline.go(at, S.CANCELLED, plan.submitter, "cancelled by user")
+        _cancel(timeline, plan, at)
     else:
         timeline.go(at, S.SUCCEEDED, BACKEND.label, "completed", exit_code=0)
 

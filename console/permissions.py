@@ -2,6 +2,10 @@
 
 Views use `capability_required`, API views `HasCapability` (via `required_capability`),
 templates `can.<capability>` from the context processor. All read ROLE_CAPABILITIES.
+
+Acting on one job or launch template also depends on whose it is: `job_action_refusal`
+and `template_change_refusal` are that rule, used by the pages (`job_action_check`,
+`template_change_check`), the API (`MayActOnJob`) and the templates (`may_act_on_job`).
 """
 
 from __future__ import annotations
@@ -9,13 +13,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import Any, Protocol
 
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from rest_framework.exceptions import NotFound
 from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
-from rest_framework.permissions import BasePermission
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 
 class Role(models.TextChoices):
@@ -41,6 +45,9 @@ class Capability(enum.StrEnum):
     MANAGE_BUDGETS = "manage_budgets"
     MANAGE_PRIVATE_IMAGES = "manage_private_images"
     MANAGE_SECRETS = "manage_secrets"
+    # Pause, resume, cancel, delete and clone anyone's jobs and delete anyone's launch
+    # templates; without it, only one's own (with LAUNCH_JOBS).
+    ACT_ON_OTHERS_JOBS = "act_on_others_jobs"
 
 
 _EVERYONE = {Capability.VIEW_TENANT, Capability.USE_API_TOKENS}
@@ -69,6 +76,90 @@ def has_capability(membership: Any, capability: Capability) -> bool:
 
 def can_assign_role(membership: Any, role: str) -> bool:
     return membership is not None and role in ASSIGNABLE_BY.get(membership.role, set())
+
+
+class ActedOnJob(Protocol):
+    """What the job rule reads of a job (console can't import jobs)."""
+
+    @property
+    def created_by_id(self) -> int | None: ...
+
+    @property
+    def is_critical(self) -> bool: ...
+
+
+class SavedByUser(Protocol):
+    @property
+    def created_by_id(self) -> int | None: ...
+
+
+NO_ROLE_TO_ACT = "Your role in this organisation does not allow this."
+CRITICAL_JOB_REFUSAL = (
+    "Only owners and admins may pause, resume, cancel, delete or clone a critical job."
+)
+OTHERS_JOB_REFUSAL = (
+    "Members may pause, resume, cancel, delete and clone only the jobs they launched; "
+    "ask an owner or admin to act on this one."
+)
+OTHERS_TEMPLATE_REFUSAL = (
+    "Members may change or delete only the launch templates they saved; ask an owner or "
+    "admin to change this one."
+)
+
+
+def job_action_refusal(membership: Any, job: ActedOnJob) -> str | None:
+    """Why `membership` may not pause, resume, cancel, delete or clone `job` (or set what
+    pauses it), or None when it may. Deny by default: a role that can't launch acts on
+    nothing; `critical` (which skips budget pauses and outranks everyone) is for those
+    who may launch it; a member acts on the jobs they launched, owners and admins on
+    any. The caller has already found `job` in the membership's tenant."""
+    if not has_capability(membership, Capability.LAUNCH_JOBS):
+        return NO_ROLE_TO_ACT
+    if job.is_critical and not has_capability(membership, Capability.LAUNCH_CRITICAL):
+        return CRITICAL_JOB_REFUSAL
+    if not _own_or_anyones(membership, job.created_by_id):
+        return OTHERS_JOB_REFUSAL
+    return None
+
+
+def may_act_on_job(membership: Any, job: ActedOnJob) -> bool:
+    return job_action_refusal(membership, job) is None
+
+
+def template_change_refusal(membership: Any, template: SavedByUser) -> str | None:
+    """Why `membership` may not replace or delete a launch template, or None: as for
+    jobs, members change their own, owners and admins any."""
+    if not has_capability(membership, Capability.LAUNCH_JOBS):
+        return NO_ROLE_TO_ACT
+    if not _own_or_anyones(membership, template.created_by_id):
+        return OTHERS_TEMPLATE_REFUSAL
+    return None
+
+
+def may_change_template(membership: Any, template: SavedByUser) -> bool:
+    return template_change_refusal(membership, template) is None
+
+
+def _own_or_anyones(membership: Any, created_by_id: int | None) -> bool:
+    # A job the platform launched, or whose launcher's account is gone, has no owner:
+    # only those who act on anyone's may act on it.
+    if created_by_id is not None and created_by_id == membership.user_id:
+        return True
+    return has_capability(membership, Capability.ACT_ON_OTHERS_JOBS)
+
+
+def job_action_check(membership: Any, job: ActedOnJob) -> None:
+    """Pages: `job_action_refusal` as a 403 page that says why."""
+    refusal = job_action_refusal(membership, job)
+    if refusal is not None:
+        raise PermissionDenied(refusal)
+
+
+def template_change_check(membership: Any, template: SavedByUser) -> None:
+    """Pages: `template_change_refusal` as a 403 page that says why."""
+    refusal = template_change_refusal(membership, template)
+    if refusal is not None:
+        raise PermissionDenied(refusal)
 
 
 def capability_required(capability: Capability) -> Callable:
@@ -166,3 +257,20 @@ class IsPlatformStaffElseNotFound(IsPlatformStaff):
         if request.user and request.user.is_authenticated and not request.user.is_staff:
             raise NotFound()
         return super().has_permission(request, view)
+
+
+class MayActOnJob(BasePermission):
+    """Object permission of the API's job views: reading is for every member (the
+    view's capabilities decide), every write to a job (pause, resume, cancel, clone,
+    delete, its auto-stop) follows `job_action_refusal`, which is the 403's message."""
+
+    message = NO_ROLE_TO_ACT
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        if request.method in SAFE_METHODS:
+            return True
+        refusal = job_action_refusal(getattr(request, "membership", None), obj)
+        if refusal is None:
+            return True
+        self.message = refusal  # a fresh instance per request (APIView.get_permissions)
+        return False

@@ -40,18 +40,6 @@ def _require_staff(user: User) -> None:
         raise ServiceError("Only platform staff can change this.", code="forbidden")
 
 
-def tenant_suspension_check(*, tenant_id: int) -> None:
-    """Raise TenantSuspended when the organisation is suspended now (read from the
-    database, not from a tenant object loaded earlier in the request)."""
-    row = (
-        Tenant.objects.filter(pk=tenant_id, suspended_at__isnull=False)
-        .values_list("suspension_reason", flat=True)
-        .first()
-    )
-    if row is not None:
-        raise TenantSuspended(row)
-
-
 def suspended_tenant_ids() -> set[int]:
     return set(Tenant.objects.filter(suspended_at__isnull=False).values_list("pk", flat=True))
 

@@ -22,6 +22,7 @@ class JobStatus(models.TextChoices):
     PAUSING = "pausing", "Pausing"
     PAUSED = "paused", "Paused"
     RESUMING = "resuming", "Resuming"
+    CANCELLING = "cancelling", "Cancelling"
     PREEMPTED = "preempted", "Preempted"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
@@ -29,19 +30,21 @@ class JobStatus(models.TextChoices):
 
 
 FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-# Statuses that are billed: from `running` until compute is released (pausing still
-# holds it). Metering, cost to date and run rates all read this one set.
-BILLED_STATUSES = frozenset({JobStatus.RUNNING, JobStatus.PAUSING})
+# Told to stop, the work may still run (a process ignoring SIGTERM for its grace period,
+# pods terminating) until the backend reports it ended: it holds its compute and its
+# bill until then.
+STOPPING = frozenset({JobStatus.PAUSING, JobStatus.CANCELLING})
+# Statuses that are billed: from `running` until compute is released. Only `running`
+# opens a bill; the stopping statuses keep one open (a job stopped before it ran, e.g.
+# while provisioning, pays nothing). Metering, cost to date and run rates read these.
+BILL_OPENS = JobStatus.RUNNING
+BILLED_STATUSES = frozenset({BILL_OPENS, *STOPPING})
+# Statuses in which the backend may be running the job's work: the watcher observes
+# them, and a cancel from one of them waits in `cancelling` for the work to end (from the
+# others, nothing runs: it is `cancelled` at once).
+ON_BACKEND = frozenset({JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RESUMING, *STOPPING})
 # Statuses that hold compute (count against capacity and quota).
-HOLDING_COMPUTE = frozenset(
-    {
-        JobStatus.DISPATCHING,
-        JobStatus.PROVISIONING,
-        JobStatus.RUNNING,
-        JobStatus.PAUSING,
-        JobStatus.RESUMING,
-    }
-)
+HOLDING_COMPUTE = frozenset({JobStatus.DISPATCHING, *ON_BACKEND})
 
 
 class WaitKind(models.TextChoices):
@@ -192,6 +195,10 @@ class Job(TenantOwnedModel):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
+
+    @property
+    def is_critical(self) -> bool:
+        return self.priority == Priority.CRITICAL
 
     @property
     def backend_name(self) -> str:

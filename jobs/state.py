@@ -19,20 +19,24 @@ from jobs.models import FINISHED, Job, JobEvent, JobStatus, WaitKind
 from jobs.notifications import job_status_notify
 
 S = JobStatus
+# A cancel of a job whose work may run on its backend goes through `cancelling` (still
+# holding and billing its compute) until the backend reports the work ended; one that
+# runs nothing (queued, dispatching, paused, preempted) is `cancelled` at once.
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.DISPATCHING, S.CANCELLED, S.FAILED}),
     S.DISPATCHING: frozenset(
         {S.PROVISIONING, S.RUNNING, S.FAILED, S.CANCELLED, S.QUEUED, S.SUCCEEDED}
     ),
     S.PROVISIONING: frozenset(
-        {S.RUNNING, S.FAILED, S.CANCELLED, S.PREEMPTED, S.PAUSING, S.SUCCEEDED}
+        {S.RUNNING, S.FAILED, S.CANCELLING, S.PREEMPTED, S.PAUSING, S.SUCCEEDED}
     ),
-    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PAUSING, S.PREEMPTED}),
-    S.PAUSING: frozenset({S.PAUSED, S.FAILED, S.CANCELLED, S.SUCCEEDED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLING, S.PAUSING, S.PREEMPTED}),
+    S.PAUSING: frozenset({S.PAUSED, S.FAILED, S.CANCELLING, S.SUCCEEDED}),
     S.PAUSED: frozenset({S.RESUMING, S.CANCELLED}),
     S.RESUMING: frozenset(
-        {S.PROVISIONING, S.RUNNING, S.FAILED, S.CANCELLED, S.SUCCEEDED, S.PREEMPTED}
+        {S.PROVISIONING, S.RUNNING, S.FAILED, S.CANCELLING, S.SUCCEEDED, S.PREEMPTED}
     ),
+    S.CANCELLING: frozenset({S.CANCELLED}),
     S.PREEMPTED: frozenset({S.QUEUED, S.CANCELLED, S.FAILED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
@@ -103,7 +107,7 @@ def _transition(
     locked.save(update_fields=[*TRANSITION_FIELDS, *changes])
     event.save()
     realtime.publish_job_status(locked)
-    job_status_notify(locked, to, actor, reason)
+    job_status_notify(locked, to, actor, reason, previous=event.from_status)
     # Keep the caller's instance current too.
     for field in (*TRANSITION_FIELDS, *changes):
         setattr(job, field, getattr(locked, field))
@@ -177,8 +181,8 @@ def jobs_transition_many(
                 )
             JobEvent.objects.bulk_create(events)
             realtime.publish_jobs_status(moved)
-            for row in moved:
-                job_status_notify(row, to, actor, reason)
+            for row, event in zip(moved, events, strict=True):
+                job_status_notify(row, to, actor, reason, previous=event.from_status)
     for row in moved:
         for field in TRANSITION_FIELDS:
             setattr(given[row.pk], field, getattr(row, field))

@@ -15,7 +15,15 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from console.confirm import confirm_then_act
 from console.paging import CappedPaginator
-from console.permissions import Capability, capability_required, has_capability
+from console.permissions import (
+    Capability,
+    capability_required,
+    has_capability,
+    job_action_check,
+    may_act_on_job,
+    may_change_template,
+    template_change_check,
+)
 from console.services import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from jobs import selectors, services
@@ -87,10 +95,17 @@ def launch(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"“{job.name}” launched.")
             return redirect("jobs:detail", job_id=job.pk)
+    templates = list(LaunchTemplate.objects.for_tenant(request.tenant))
     return render(
         request,
         "jobs/launch.html",
-        {"form": form, "templates": LaunchTemplate.objects.for_tenant(request.tenant)},
+        {
+            "form": form,
+            "templates": templates,
+            "deletable_templates": {
+                t.pk for t in templates if may_change_template(request.membership, t)
+            },
+        },
     )
 
 
@@ -234,7 +249,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "run_rate": job_costs().run_rate(job),
         "queue_position": selectors.queue_position(job),
         "isolation_note": selectors.job_isolation_note(job),
-        "can_act": has_capability(request.membership, Capability.LAUNCH_JOBS),
+        "can_launch": has_capability(request.membership, Capability.LAUNCH_JOBS),
+        "can_act": may_act_on_job(request.membership, job),
         "logs_url": reverse("api-job-logs", args=[job.pk]),
         "metrics_url": reverse("api-job-metrics", args=[job.pk]),
         "monitor_url": reverse("api-job-monitor", args=[job.pk]),
@@ -256,17 +272,18 @@ ACTIONS = {
 @require_POST
 def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
+    if action != "clone" and action not in ACTIONS:
+        return HttpResponse(status=404)
+    job_action_check(request.membership, job)
     try:
         if action == "clone":
             clone = services.job_clone(job=job, user=request.user, request=request)
             messages.success(request, f"Cloned as “{clone.name}”.")
             target = reverse("jobs:detail", args=[clone.pk])
-        elif action in ACTIONS:
+        else:
             ACTIONS[action](job=job, actor=Actor.of_user(request.user))
             messages.success(request, f"{action.title()} requested for “{job.name}”.")
             target = reverse("jobs:detail", args=[job.pk])
-        else:
-            return HttpResponse(status=404)
     except ServiceError as error:
         messages.error(request, error.message)
         target = reverse("jobs:detail", args=[job.pk])
@@ -279,9 +296,14 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
 @require_POST
 def template_save(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
+    name = request.POST.get("name", "")
+    # Saving under a taken name replaces that template: a change of someone's template.
+    replaced = LaunchTemplate.objects.for_tenant(request.tenant).filter(name=name.strip()).first()
+    if replaced is not None:
+        template_change_check(request.membership, replaced)
     try:
         template = services.launch_template_save(
-            job=job, name=request.POST.get("name", ""), user=request.user, request=request
+            job=job, name=name, user=request.user, request=request
         )
     except ServiceError as error:
         messages.error(request, error.message)
@@ -296,6 +318,7 @@ def template_save(request: HttpRequest, job_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
     template = get_for_tenant_or_404(LaunchTemplate, request.tenant, pk=template_id)
+    template_change_check(request.membership, template)
     return confirm_then_act(
         request,
         title="Delete template",
@@ -366,6 +389,7 @@ def secret_delete(request: HttpRequest, secret_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def job_delete(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
+    job_action_check(request.membership, job)
     return confirm_then_act(
         request,
         title="Delete job",

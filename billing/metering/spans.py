@@ -1,9 +1,10 @@
 """What metering reads of a job, and the billed time it finds there.
 
 A tick reads each candidate job as a plain `JobRow` and its status changes as
-`StatusChange`s (never model instances: a tick reads thousands). A job is billed while
-its status is in `BILLED_STATUSES` (running, pausing); `billed_spans` turns its changes
-into spans, and `split_span` cuts them at hours and price changes.
+`StatusChange`s (never model instances: a tick reads thousands). A job is billed from
+`running` (`BILL_OPENS`) for as long as its status stays in `BILLED_STATUSES` (running,
+then pausing or cancelling until the backend reports its work ended); `billed_spans`
+turns its changes into spans, and `split_span` cuts them at hours and price changes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import NamedTuple
 
-from jobs.models import BILLED_STATUSES
+from jobs.models import BILL_OPENS, BILLED_STATUSES
 
 HOUR = timedelta(hours=1)
 
@@ -62,7 +63,9 @@ def billed_spans(events, since: datetime, until: datetime) -> list[Span]:
     open_at: datetime | None = None
     attempt = 1
     for event in events:
-        if event.to_status in BILLED_STATUSES and open_at is None:
+        # Only `running` opens a bill: a job stopped before it ran (pausing or cancelling
+        # from provisioning) pays nothing for its stop.
+        if event.to_status == BILL_OPENS and open_at is None:
             open_at, attempt = event.at, event.attempt
         elif event.to_status not in BILLED_STATUSES and open_at is not None:
             spans.append(Span(open_at, event.at, attempt))

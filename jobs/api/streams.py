@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.params import query_params
-from console.permissions import Capability
+from console.permissions import Capability, IsTenantMember, MayActOnJob
 from console.tenancy import get_for_tenant_or_404
 from jobs import alerts, metrics
 from jobs.logs.reading import adownload_chunks
@@ -23,6 +23,8 @@ from jobs.models import Job, JobAlert, JobMonitor
 
 class JobView(APIView):
     required_capabilities: dict = {}
+    # A write (the auto-stop that pauses the job) is an action on the job.
+    permission_classes = [IsTenantMember, MayActOnJob]
 
     def initial(self, request, *args, **kwargs):
         # console.permissions.IsTenantMember reads per-action capabilities from `action`.
@@ -30,7 +32,9 @@ class JobView(APIView):
         super().initial(request, *args, **kwargs)
 
     def job(self, pk: int) -> Job:
-        return get_for_tenant_or_404(Job, self.request.tenant, pk=pk)
+        job = get_for_tenant_or_404(Job, self.request.tenant, pk=pk)
+        self.check_object_permissions(self.request, job)
+        return job
 
 
 class JobLogDownloadView(JobView):

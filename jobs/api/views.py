@@ -11,7 +11,7 @@ from console.api.base import TenantScopedViewSet
 from console.api.pagination import CursorCountPagination, EventCursorPagination
 from console.api.params import query_params
 from console.api.schema import ErrorSerializer
-from console.permissions import Capability
+from console.permissions import Capability, IsTenantMember, MayActOnJob
 from jobs import selectors, services
 from jobs.actors import Actor
 from jobs.api import serializers as s
@@ -29,6 +29,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     queryset = Job.objects.select_related("gpu_type", "region", "image", "tenant")
     serializer_class = s.JobSerializer
     pagination_class = CursorCountPagination
+    # Acting on a job (get_object of a POST or DELETE) also depends on whose it is.
+    permission_classes = [IsTenantMember, MayActOnJob]
     required_capabilities = {
         a: Capability.LAUNCH_JOBS
         for a in ("create", "pause", "resume", "cancel", "clone", "destroy")

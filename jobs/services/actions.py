@@ -8,16 +8,16 @@ from django.db import transaction
 from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
 from console.services import ServiceError, audit_record
-from console.tenant_admin import tenant_suspension_check
 from jobs.actors import Actor, ActorKind
-from jobs.extensions import job_deleting
-from jobs.models import FINISHED, Job, JobStatus
+from jobs.extensions import job_deleting, launch_check
+from jobs.models import FINISHED, ON_BACKEND, Job, JobStatus
 from jobs.services.admission import (
     blocking_wait,
     held_usage,
     jobs_admit,
     locked_admission_state,
 )
+from jobs.services.spec import spec_from_job
 from jobs.state import job_transition
 
 S = JobStatus
@@ -60,12 +60,18 @@ def job_pause_once(*, job: Job, actor: Actor, reason: str) -> bool:
 
 
 def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Job:
+    """Resume a paused job. It takes compute (and is billed) again, so the launch
+    policies judge it as they judge a launch: a used-up budget refuses it (402, naming
+    the budget), as does a suspended organisation (403); then it must fit, like an
+    admission."""
     job.refresh_from_db()
     if job.status in (S.RESUMING, S.RUNNING, S.PROVISIONING):
         return job
     if job.status != S.PAUSED:
         raise ActionRefused(f"Only a paused job can be resumed; this one is {job.status}.")
-    tenant_suspension_check(tenant_id=job.tenant_id)
+    # job.tenant is read afresh (refresh_from_db drops the cached row): a suspension
+    # that landed since the job was loaded refuses the resume.
+    launch_check(tenant=job.tenant, spec=spec_from_job(job))
     with transaction.atomic():
         # A paused job released its compute: it must fit again, like a new admission.
         pools, quotas = locked_admission_state(tenant_id=job.tenant_id)
@@ -109,15 +115,25 @@ def jobs_pause_for_suspension(*, tenant: Tenant, reason: str) -> list[Job]:
 
 
 def job_cancel(*, job: Job, actor: Actor, reason: str = "cancelled by user") -> Job:
-    job.refresh_from_db()
-    if job.status == S.CANCELLED:
-        return job
-    if job.status in FINISHED:
-        raise ActionRefused(f"The job has already {job.status}.")
+    """Stop a job for good; repeating is a no-op. A job whose work may be running on its
+    backend becomes `cancelling`: it holds its compute and is billed until the watcher
+    sees the work end (a process may take its grace period to stop, pods to terminate),
+    then `cancelled`. Any other (queued, dispatching, paused, preempted) is cancelled at
+    once and its compute freed."""
     with transaction.atomic():
-        job = job_transition(job=job, to=S.CANCELLED, actor=actor, reason=reason)
+        # The row's status decides where the cancel goes: read it under the lock the
+        # transition takes, so a job that started meanwhile goes through `cancelling`.
+        status = Job.objects.select_for_update().values_list("status", flat=True).get(pk=job.pk)
+        if status in (S.CANCELLED, S.CANCELLING):
+            job.refresh_from_db()
+            return job
+        if status in FINISHED:
+            raise ActionRefused(f"The job has already {status}.")
+        to = S.CANCELLING if status in ON_BACKEND else S.CANCELLED
+        job = job_transition(job=job, to=to, actor=actor, reason=reason)
         enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
-        jobs_admit()
+        if to == S.CANCELLED:
+            jobs_admit()
     return job
 
 

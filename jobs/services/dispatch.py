@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 S = JobStatus
 # Statuses a racing action may have ended the job in while its backend call ran; what
 # the call started must then be undone.
-UNDO_AFTER = frozenset({S.CANCELLED, S.FAILED})
+UNDO_AFTER = frozenset({S.CANCELLING, S.CANCELLED, S.FAILED})
 
 
 class DispatchRetry(Exception):

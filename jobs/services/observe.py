@@ -14,7 +14,7 @@ from django.utils import timezone
 from console.queueing import enqueue_on_commit
 from jobs.actors import BACKEND, SYSTEM
 from jobs.backends import BackendUnavailable, ComputeBackend, Observation, get_backend
-from jobs.models import FINISHED, HOLDING_COMPUTE, Job, JobStatus, WaitKind
+from jobs.models import FINISHED, HOLDING_COMPUTE, ON_BACKEND, STOPPING, Job, JobStatus, WaitKind
 from jobs.services.admission import jobs_admit
 from jobs.services.dispatch import transition_quietly
 from jobs.state import job_run_seconds, job_wait_update
@@ -31,6 +31,20 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
     changes: dict[str, Any] = {}
     if observation.exit_code is not None:
         changes["exit_code"] = observation.exit_code
+    if status == S.CANCELLING:
+        if phase in ("running", "pending"):
+            return job  # still stopping: it holds its compute, and is billed, until it ends
+        # However the work ended (stopped, exited meanwhile, lost), the cancel decides;
+        # its bill ends now, when the end is observed.
+        job = transition_quietly(
+            job,
+            S.CANCELLED,
+            BACKEND,
+            f"{job.status_reason}; compute released",
+            assigned_devices=[],
+            **changes,
+        )
+        return _released(job)
     if phase == "running" and status in (S.PROVISIONING, S.RESUMING, S.DISPATCHING):
         return transition_quietly(job, S.RUNNING, BACKEND, "running")
     if phase == "pending" and status in (S.PROVISIONING, S.RESUMING) and observation.reason:
@@ -66,14 +80,17 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
         job = transition_quietly(job, S.FAILED, BACKEND, f"lost: {observation.reason}")
     else:
         return job
+    return _released(job)
+
+
+def _released(job: Job) -> Job:
+    """After an observed change: a job that no longer holds compute frees it for the
+    queue (and, finished, has what it left on its backend removed)."""
     if job.status not in HOLDING_COMPUTE:
         if job.status in FINISHED and get_backend(job.backend).releases_after_finish:
             enqueue_on_commit("jobs.tasks.job_release_task", job.pk)
         jobs_admit()
     return job
-
-
-LIVE = (S.PROVISIONING, S.RUNNING, S.PAUSING, S.RESUMING)
 
 
 def jobs_observe(
@@ -89,7 +106,9 @@ def jobs_observe(
     right). The next pass tries it again."""
     now = now or timezone.now()
     backend = get_backend(backend_name)
-    live = Job.objects.filter(backend=backend_name, status__in=LIVE).select_related("gpu_type")
+    live = Job.objects.filter(backend=backend_name, status__in=ON_BACKEND).select_related(
+        "gpu_type"
+    )
     if job_ids is not None:
         live = live.filter(pk__in=list(job_ids))
     jobs = list(live)
@@ -107,7 +126,8 @@ def jobs_observe(
             status__in=[S.CANCELLED, S.FAILED, S.SUCCEEDED],
             finished_at__gte=now - timedelta(hours=1),
         )
-        for job in [*Job.objects.filter(backend=backend_name, status=S.PAUSING), *recently_stopped]:
+        stopping = Job.objects.filter(backend=backend_name, status__in=STOPPING)
+        for job in [*stopping, *recently_stopped]:
             try:
                 backend.enforce_grace(job, settings.JOB_TERMINATION_GRACE_SECONDS)
             except Exception:
@@ -143,6 +163,7 @@ def jobs_reconcile(
 
     - `dispatching` too long: dispatch again (idempotent);
     - `pausing` too long: tell the backend to suspend again;
+    - `cancelling` too long: tell the backend to cancel again;
     - `resuming` too long: resume again (idempotent);
     - `provisioning` too long: observe it now (the watch may have missed a change);
     - finished (within `finished_window_seconds`) but still running on the backend: cancel
@@ -154,6 +175,7 @@ def jobs_reconcile(
     redo: dict[str, str] = {
         S.DISPATCHING: "jobs.tasks.job_dispatch_task",
         S.PAUSING: "jobs.tasks.job_suspend_task",
+        S.CANCELLING: "jobs.tasks.job_cancel_task",
         S.RESUMING: "jobs.tasks.job_resume_task",
     }
     stuck = Job.objects.filter(

@@ -37,11 +37,12 @@ from console.services import ServiceError
 from jobs.actors import Actor
 from jobs.backends import Observation
 from jobs.models import Job, JobEvent
-from jobs.services import job_apply_observation, job_pause
+from jobs.services import job_apply_observation, job_pause, job_resume
 from marketplace.models import PriceVersion
 from tests.billing.conftest import S, make_job, set_status
 from tests.concurrency import run_at_once
 from tests.conftest import signed_in_client, token_client
+from tests.jobs_helpers import at_time
 
 CPU_PRICE = Decimal("0.0125")  # demo price per vCPU-hour in region "local"
 TINY = "0.000001"  # the smallest budget: any usage exhausts it
@@ -219,8 +220,63 @@ def test_a_new_period_resumes_the_jobs_it_paused(world, exhausted):
     budget_enforce(tenant=world.tenant, now=timezone.now())
     assert Job.objects.get(pk=train.pk).status == S.PAUSED  # still this month
     next_month = period_end(timezone.now()) + timedelta(minutes=1)
-    budget_enforce(tenant=world.tenant, now=next_month)
+    # The resume asks the budget again (as a launch would), at the clock's time: the new
+    # month's, as it would be for a real tick.
+    with at_time(next_month):
+        budget_enforce(tenant=world.tenant, now=next_month)
     assert Job.objects.get(pk=train.pk).status == S.RESUMING
+
+
+# --- resume under a used-up budget ----
+
+
+def test_resuming_a_job_the_budget_paused_is_refused_like_a_launch(world, exhausted):
+    """A resume takes compute (and is billed) again: the budget refuses it as it refuses
+    a launch, in the API (402 naming the budget) and on the job page, every time."""
+    _, train, _ = exhausted
+    train = suspended(train)
+    meter_and_enforce(now=timezone.now())  # bills the pausing time, up to the release
+    records = UsageRecord.objects.filter(job=train).count()
+    api = token_client(world.member, world.tenant)
+    for _ in range(2):  # again on every resume
+        response = api.post(f"/api/v1/jobs/{train.pk}/resume")
+        assert response.status_code == 402, response.content
+        assert response.json()["code"] == "payment_required"
+        assert "Budget “Team cap” is used up" in response.json()["detail"]
+
+    page = signed_in_client(world.member, world.tenant).post(
+        f"/jobs/{train.pk}/resume/", follow=True
+    )
+    assert page.status_code == 200
+    assert "Budget “Team cap” is used up" in page.content.decode()
+    assert 'class="flash flash-error"' in page.content.decode()
+
+    train.refresh_from_db()
+    assert train.status == S.PAUSED and train.paused_by_budget
+    assert not JobEvent.objects.filter(job=train, to_status=S.RESUMING).exists()
+    meter_and_enforce(now=timezone.now())
+    assert UsageRecord.objects.filter(job=train).count() == records  # nothing billed since
+
+
+def test_a_job_its_user_paused_stays_paused_under_a_used_up_budget(world, catalog):
+    now = timezone.now()
+    since = ten_minutes_ago(now)
+    mine = running_job(world, name="mine", since=since)
+    serve = running_job(world, name="serve", since=since, priority="critical")
+    for job in (mine, serve):
+        job_pause(job=job, actor=Actor.of_user(world.owner))
+    mine, serve = suspended(mine), suspended(serve)
+    budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
+    meter_and_enforce(now=now)
+
+    with pytest.raises(ServiceError) as refused:
+        job_resume(job=mine, actor=Actor.of_user(world.member))
+    assert refused.value.code == "payment_required" and "Team cap" in refused.value.message
+    assert Job.objects.get(pk=mine.pk).status == S.PAUSED
+    # A critical job is outside the budget's pause, for a resume as for a launch.
+    response = token_client(world.admin, world.tenant).post(f"/api/v1/jobs/{serve.pk}/resume")
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == S.RESUMING
 
 
 def test_a_project_budget_counts_and_pauses_only_its_project(world, catalog):

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 from io import StringIO
+from itertools import pairwise
 from unittest.mock import patch
 
 import pytest
@@ -39,7 +40,15 @@ from billing.models import (
 )
 from console.models import AuditEvent, Tenant, User
 from jobs.actors import Actor, ActorKind
-from jobs.models import BILLED_STATUSES, FINISHED, HOLDING_COMPUTE, Job, JobEvent, JobStatus
+from jobs.models import (
+    BILL_OPENS,
+    BILLED_STATUSES,
+    FINISHED,
+    HOLDING_COMPUTE,
+    Job,
+    JobEvent,
+    JobStatus,
+)
 from jobs.state import can_transition, job_transition
 from marketplace.models import PriceVersion, Tier
 from marketplace.pricing import unit_prices
@@ -265,12 +274,14 @@ def test_the_ledger_is_exactly_what_metering_bills(seeded):
             for r in UsageRecord.objects.filter(job=job)
         }  # fmt: skip
         assert recorded == expected, job
-        # Σ billed seconds × GPUs, read off the timeline (running and pausing time).
-        billed = sum(
-            (b.at - a.at).total_seconds()
-            for a, b in zip(status_changes(job), status_changes(job)[1:], strict=False)
-            if a.to_status in BILLED_STATUSES
-        )
+        # Σ billed seconds × GPUs, read off the timeline: from running, through pausing
+        # or cancelling (a stop of a job that never ran pays nothing).
+        billed, bill_open = 0.0, False
+        changes = status_changes(job)
+        for a, b in pairwise(changes):
+            bill_open = a.to_status == BILL_OPENS or (bill_open and a.to_status in BILLED_STATUSES)
+            if bill_open:
+                billed += (b.at - a.at).total_seconds()
         gpu_seconds = total(v[2] for v in recorded.values())
         assert gpu_seconds == pytest.approx(Decimal(billed) * job.total_gpus, abs=Decimal("0.1"))
         meter = JobMeter.objects.filter(job=job).first()

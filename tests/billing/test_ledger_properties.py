@@ -4,8 +4,9 @@ A hypothesis rule-based state machine drives two jobs (a 2-vCPU CPU job and a 2-
 H100 job with one node on spot) through start, pause, resume,
 preemption (a new attempt), finish, price-book changes and metering ticks (on time,
 duplicated, missed), while time moves forward by random amounts. The test keeps its own
-model of each job's billed time (running and pausing; queueing, paused and resuming time
-are free) and, after every step, checks the ledger against it:
+model of each job's billed time (running, then pausing or cancelling until the backend
+reports the work gone; queueing, paused and resuming time are free) and, after every step,
+checks the ledger against it:
 
 - each record's amount is quantize(seconds × unit price / 3600, 1e-9), its unit price
   that of the price version in force at its start (less the tenant's discount), and the
@@ -59,7 +60,7 @@ from tests.jobs_helpers import at_time
 SECONDS_QUANTUM = Decimal("0.001")
 HUNDRED = Decimal(100)
 DISCOUNT = Decimal("12.50")
-BILLED = {S.RUNNING, S.PAUSING}
+BILLED = {S.RUNNING, S.PAUSING, S.CANCELLING}
 ROLLUP_FIELDS = ("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")
 
 
@@ -255,6 +256,18 @@ class LedgerMachine(RuleBasedStateMachine):
         job = self._pick(index, S.RUNNING)
         job.move(S.PREEMPTED, self.now)
         job.move(S.QUEUED, self.now, attempt=job.attempt + 1)
+
+    @precondition(lambda self: self._with(S.RUNNING, S.PAUSING))
+    @rule(index=st.integers(0, 1))
+    def cancel(self, index):
+        """A cancel: the work still runs (billed) until the backend reports it gone."""
+        self._pick(index, S.RUNNING, S.PAUSING).move(S.CANCELLING, self.now)
+
+    @precondition(lambda self: self._with(S.CANCELLING))
+    @rule(index=st.integers(0, 1))
+    def cancelled(self, index):
+        """The backend reported the cancelled job's work gone."""
+        self._pick(index, S.CANCELLING).move(S.CANCELLED, self.now)
 
     @precondition(lambda self: self._with(S.RUNNING, S.PAUSING, S.QUEUED, S.PAUSED))
     @rule(index=st.integers(0, 1), outcome=st.sampled_from([S.SUCCEEDED, S.FAILED]))

@@ -76,6 +76,40 @@ def test_pause_is_not_billed_and_end_is_exact(world, catalog):
     assert UsageRecord.objects.filter(job_ref=job.pk).count() == 2
 
 
+def test_a_cancel_is_billed_until_the_work_ended(world, catalog):
+    """`cancelling` holds compute: billed from the cancel until the backend reported the
+    work gone (here 40 s of grace), a tick in between billing it as still running."""
+    job = make_job(world, start=T0)
+    set_status(job, S.RUNNING, T0)
+    set_status(job, S.CANCELLING, T0 + timedelta(seconds=60))
+    meter_tick(now=T0 + timedelta(seconds=90))
+    assert JobMeter.objects.get(job=job).open
+    set_status(job, S.CANCELLED, T0 + timedelta(seconds=100))
+    meter_tick(now=T0 + timedelta(seconds=120))
+    spans = [(r.interval_start, r.interval_end) for r in UsageRecord.objects.filter(job_ref=job.pk)]
+    assert spans == [
+        (T0, T0 + timedelta(seconds=90)),
+        (T0 + timedelta(seconds=90), T0 + timedelta(seconds=100)),
+    ]
+    assert not JobMeter.objects.get(job=job).open
+
+
+def test_a_job_stopped_before_it_ran_pays_nothing_for_its_stop(world, catalog):
+    """Only `running` opens a bill: pausing or cancelling a job still provisioning (its
+    pods not started) bills nothing, however long its stop takes."""
+    cancelled, paused = make_job(world, start=T0), make_job(world, name="paused", start=T0)
+    for job, stopping, stopped in (
+        (cancelled, S.CANCELLING, S.CANCELLED),
+        (paused, S.PAUSING, S.PAUSED),
+    ):
+        set_status(job, S.PROVISIONING, T0)
+        set_status(job, stopping, T0 + timedelta(seconds=10))
+        meter_tick(now=T0 + timedelta(seconds=30))
+        set_status(job, stopped, T0 + timedelta(seconds=40))
+    meter_tick(now=T0 + timedelta(seconds=60))
+    assert not UsageRecord.objects.exists()
+
+
 def test_intervals_split_at_hours_and_price_changes(world, catalog):
     job = make_job(world, start=T0)
     set_status(job, S.RUNNING, T0 + timedelta(minutes=50))

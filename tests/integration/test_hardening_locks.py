@@ -81,5 +81,6 @@ def test_metering_ticks_and_admissions_at_once_never_deadlock(world, catalog):
 
     at_once(metering, launches, cancels, metering)
 
-    assert not Job.objects.filter(pk__in=[j.pk for j in running]).exclude(status=S.CANCELLED)
+    # Cancelling (no backend here reports their work gone): still holding their compute.
+    assert not Job.objects.filter(pk__in=[j.pk for j in running]).exclude(status=S.CANCELLING)
     assert Job.objects.filter(tenant=world.tenant, name__startswith="new-").count() == ROUNDS

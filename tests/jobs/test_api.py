@@ -315,17 +315,21 @@ def test_actions_are_idempotent_and_illegal_ones_are_409(member_api):
     set_status(job["id"], S.RUNNING)
     assert member_api.post(f"{url}/resume").json()["status"] == S.RUNNING
 
+    # A running job is cancelling (billed, holding its compute) until its work ends.
     cancelled = member_api.post(f"{url}/cancel")
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == S.CANCELLED
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == S.CANCELLING
     again = member_api.post(f"{url}/cancel")
-    assert again.status_code == 200 and again.json()["status"] == S.CANCELLED
+    assert again.status_code == 200 and again.json()["status"] == S.CANCELLING
     events = Job.objects.get(pk=job["id"]).events.count()
 
     for action in ("pause", "resume"):
         refused = member_api.post(f"{url}/{action}")
         assert refused.status_code == CONFLICT, refused.content
-        assert "cancelled" in refused.json()["detail"]
+        assert "cancelling" in refused.json()["detail"]
+    assert member_api.delete(url).status_code == CONFLICT  # not finished yet
     assert Job.objects.get(pk=job["id"]).events.count() == events
+    set_status(job["id"], S.CANCELLED)  # the backend reported the work gone
+    assert member_api.post(f"{url}/cancel").json()["status"] == S.CANCELLED
 
 
 def test_resuming_or_cancelling_a_succeeded_job_is_409(member_api):
@@ -485,7 +489,8 @@ def test_pause_resume_cancel_a_running_job(member_api, settings):
     finally:
         cancelled = member_api.post(f"{url}/cancel")
         backend.cancel(Job.objects.get(pk=job["id"]))  # job_cancel_task
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == S.CANCELLED
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == S.CANCELLING
+    observe_until(job["id"], {S.CANCELLED})
     texts = [line["text"] for line in member_api.get(f"{url}/logs").json()["lines"]]
     assert texts[:2] == ["fresh", "resumed"]
     events = [e["to_status"] for e in member_api.get(f"{url}/events").json()["results"]]
@@ -496,5 +501,6 @@ def test_pause_resume_cancel_a_running_job(member_api, settings):
         "paused",
         "resuming",
         "running",
+        "cancelling",
         "cancelled",
     ]

@@ -88,7 +88,9 @@ def settle(jobs: list[Job], timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         services.jobs_observe(backend_name="local")
-        if not any(alive_processes(job) for job in jobs):
+        stopping = Job.objects.filter(pk__in=[job.pk for job in jobs], status=S.CANCELLING)
+        # Processes gone, and seen gone (a cancelling job is cancelled once observed).
+        if not any(alive_processes(job) for job in jobs) and not stopping.exists():
             return
         time.sleep(0.1)
 

@@ -17,7 +17,7 @@ from django.conf import settings
 
 from console.crypto import decrypt_json
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.services import ServiceError, membership_change_role
 from jobs import services
 from jobs.models import Job, TenantSecret
 from jobs.services.spec import MAX_ENV_TOTAL_BYTES, MAX_ENV_VALUE_BYTES, MAX_JOB_SECRETS
@@ -155,14 +155,29 @@ def test_the_launch_form_shows_the_refusal_on_the_secrets_field(host):
     assert not Job.objects.for_tenant(host.tenant).exists()
 
 
-def test_a_member_cloning_an_admins_job_is_checked_like_a_launch(host):
+def test_a_member_cloning_a_job_that_used_an_admins_secret_is_checked_like_a_launch(host):
     make_secret(host)
     admins_job = launch(host.admin, host, project="llm").json()
 
+    # Someone else's job: a member may not clone it at all.
     by_member = token_client(host.member, host.tenant).post(f"{JOBS}/{admins_job['id']}/clone")
-    assert by_member.status_code == 400
-    assert "HF_TOKEN may be used only by owners' and admins' jobs." in by_member.json()["secrets"]
+    assert by_member.status_code == 403
+    assert by_member.json()["code"] == "permission_denied"
+    # Their own, launched while they were an admin: the clone is checked like a launch.
+    membership_change_role(
+        membership=host.membership(host.admin),
+        role="member",
+        by_membership=host.membership(host.owner),
+    )
+    demoted = token_client(host.admin, host.tenant).post(f"{JOBS}/{admins_job['id']}/clone")
+    assert demoted.status_code == 400
+    assert "HF_TOKEN may be used only by owners' and admins' jobs." in demoted.json()["secrets"]
     assert Job.objects.for_tenant(host.tenant).count() == 1
+    membership_change_role(
+        membership=host.membership(host.admin),
+        role="admin",
+        by_membership=host.membership(host.owner),
+    )
 
     # An admin's clone gets the secret's current value, not the copy the first job had.
     make_secret(host, value="hf_rotated_value_0042")

@@ -11,7 +11,10 @@ import time
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
+from billing.metering import meter_tick
+from billing.models import JobMeter, UsageRecord
 from jobs import services, tasks
 from jobs.actors import SYSTEM
 from jobs.backends import BackendUnavailable, get_backend
@@ -187,13 +190,55 @@ def test_cancel_leaves_nothing_behind(world, cluster):
     job = settle(cluster, job, S.RUNNING)
 
     job = services.job_cancel(job=job, actor=SYSTEM)
-    assert job.status == S.CANCELLED
+    assert job.status == S.CANCELLING  # until its pods are seen gone
     tasks.job_cancel_task(job.pk)
     tasks.job_cancel_task(job.pk)  # twice is fine
     assert cluster.list("jobs", ns(job)) == []
     assert cluster.list("pods", ns(job), label_selector=f"gpugeek.io/job={job.pk}") == []
     assert cluster.get("services", ns(job), f"gg-{job.pk}") is None
     assert cluster.get("secrets", ns(job), f"gg-{job.pk}-env") is None
+    assert settle(cluster, job, S.CANCELLED).status_reason == "cancelled by user; compute released"
+
+
+def test_a_cancelled_job_is_billed_until_its_last_pod_is_gone(world, cluster):
+    """On a cluster the cancel deletes the Jobs, and their pods terminate (SIGTERM, then
+    the grace period) before their GPUs are free. The simulator deletes pods at once, so a
+    pod of the attempt that is still there after the cancel stands in for one still
+    terminating: the job stays cancelling, metered, until it is gone."""
+    job = settle(cluster, launch(world, gpu_spec()), S.RUNNING)
+    labels = live_pods(cluster, job)[0]["metadata"]["labels"]
+    job = services.job_cancel(job=job, actor=SYSTEM)
+    assert job.status == S.CANCELLING
+    tasks.job_cancel_task(job.pk)
+    assert live_pods(cluster, job) == []
+    cluster.create(
+        "pods",
+        {
+            "metadata": {"name": f"gg-{job.pk}-a1-terminating", "labels": labels},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+        },
+        namespace=ns(job),
+    )
+    for _ in range(3):
+        cluster.tick()
+        services.jobs_observe(backend_name="kubernetes")
+        meter_tick(now=timezone.now())
+    job.refresh_from_db()
+    assert job.status == S.CANCELLING and JobMeter.objects.get(job=job).open
+    # Its GPUs are still taken: another job of the same size waits.
+    waiting = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
+    assert waiting.status == S.QUEUED
+
+    cluster.delete("pods", ns(job), f"gg-{job.pk}-a1-terminating")
+    job = settle(cluster, job, S.CANCELLED)
+    meter_tick(now=timezone.now())
+    running_at, end_at = (job.events.get(to_status=s).at for s in (S.RUNNING, S.CANCELLED))
+    records = UsageRecord.objects.filter(job_ref=job.pk)
+    billed = sum((r.interval_end - r.interval_start).total_seconds() for r in records)
+    assert abs(billed - (end_at - running_at).total_seconds()) <= 0.001 * len(records)
+    assert not JobMeter.objects.get(job=job).open
+    waiting.refresh_from_db()
+    assert waiting.status == S.DISPATCHING
 
 
 def test_spot_preemption_requeues_a_new_attempt(world, cluster):
@@ -627,6 +672,7 @@ def test_cancelling_a_kueue_jobset_removes_it_and_its_jobs(world, kueue):
     assert kueue.list("jobsets", ns(job)) == []
     assert kueue.list("jobs", ns(job)) == []
     assert live_pods(kueue, job) == []
+    settle(kueue, job, S.CANCELLED)
 
 
 def test_our_admission_still_holds_the_tenant_quota_before_kueue(world, kueue):

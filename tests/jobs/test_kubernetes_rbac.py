@@ -136,6 +136,7 @@ def run_plain_lifecycle(world, kube) -> None:
     job = settle(kube, job, S.RUNNING)
     services.job_cancel(job=job, actor=SYSTEM)
     tasks.job_cancel_task(job.pk)
+    settle(kube, job, S.CANCELLED)  # its pods gone: its GPUs are free again
     tasks.job_release_task(job.pk)
 
     # A new login replaces the Secret (409 on create, then read and replace).
@@ -167,6 +168,7 @@ def run_plain_lifecycle(world, kube) -> None:
     kube.delete("resourcequotas", f"gg-t-{world.tenant.pk}", "blocker")
     services.job_cancel(job=blocked, actor=SYSTEM)
     tasks.job_cancel_task(blocked.pk)
+    settle(kube, blocked, S.CANCELLED)
 
     capacity_sync(backend=backend)
     run_the_watch(kube)
@@ -224,6 +226,7 @@ def run_kueue_lifecycle(world, kube, settings) -> None:
         job = settle(kube, job, S.RUNNING)
         services.job_cancel(job=job, actor=SYSTEM)
         tasks.job_cancel_task(job.pk)
+        settle(kube, job, S.CANCELLED)
         again = redispatched(world, get_backend("kubernetes"), spec)
         services.job_cancel(job=again, actor=SYSTEM)
         tasks.job_cancel_task(again.pk)

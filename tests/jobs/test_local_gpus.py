@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import services
+from jobs import services, tasks
 from jobs.actors import SYSTEM
 from jobs.backends import local
 from jobs.backends.local import LocalBackend
@@ -43,6 +43,12 @@ def gpu_job(world, gpus: int):
     return job
 
 
+def cancel(job) -> None:
+    """The cancel, and its task (no worker runs here): the process is told to stop."""
+    services.job_cancel(job=job, actor=SYSTEM)
+    tasks.job_cancel_task(job.pk)
+
+
 def printed_devices(job) -> set[int]:
     backend = LocalBackend()
     for _ in range(100):
@@ -68,17 +74,20 @@ def test_jobs_get_disjoint_gpus_and_a_waiting_job_gets_the_freed_ones(world, fou
         third = gpu_job(world, 1)
         assert third.status == S.QUEUED and third.status_reason
 
-        services.job_cancel(job=first, actor=SYSTEM)
+        cancel(first)
+        # Its devices stay its own until its process is seen gone (cancelling holds them).
+        third.refresh_from_db()
+        assert first.status == S.CANCELLING and third.status == S.QUEUED
         wait_for_status(first, {S.CANCELLED})
         third.refresh_from_db()
         if third.status == S.DISPATCHING:
             services.job_dispatch(job=third)
         third = wait_for_status(third, {S.RUNNING})
         assert printed_devices(third) <= first_devices
-        services.job_cancel(job=third, actor=SYSTEM)
+        cancel(third)
         wait_for_status(third, {S.CANCELLED})
     finally:
-        services.job_cancel(job=second, actor=SYSTEM)
+        cancel(second)
         wait_for_status(second, {S.CANCELLED})
 
 

@@ -108,11 +108,8 @@ def test_pause_resume_cancel_leave_no_process(world, catalog, settings):
     child = int((backend.run_dir(job) / "child.pid").read_text())
     job = services.job_cancel(job=job, actor=SYSTEM)
     backend.cancel(job)
-    assert job.status == S.CANCELLED
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        services.jobs_observe(backend_name="local")
-        time.sleep(0.1)
+    assert job.status == S.CANCELLING
+    job = wait_for_status(job, {S.CANCELLED})
     assert not _alive(child)
     with pytest.raises(services.ActionRefused):
         services.job_resume(job=job, actor=SYSTEM)

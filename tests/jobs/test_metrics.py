@@ -87,7 +87,8 @@ def test_api_returns_samples_figures_and_why_there_are_none(world, other_world, 
 @pytest.mark.django_db
 @pytest.mark.urls("tests.jobs.test_metrics")
 def test_auto_stop_setting_needs_the_launch_capability(world, catalog):
-    job = make_job(world.tenant, gpus_per_node=1)
+    # The member's own job: setting what pauses it is an action on it (only one's own).
+    job = make_job(world.tenant, gpus_per_node=1, created_by=world.member)
     url = f"/api/v1/jobs/{job.pk}/monitor"
     viewer = signed_in_client(world.viewer, world.tenant)
     assert viewer.get(url).json() == {"idle_auto_stop": False, "idle_minutes": None}

@@ -385,7 +385,10 @@ def test_actions_by_post(member, world):
 
     member.post(action_url(job, "cancel"))
     job.refresh_from_db()
-    assert job.status == S.CANCELLED
+    assert job.status == S.CANCELLING  # until its backend reports the work ended
+    page = text(member.get(detail_url(job)))
+    assert "badge status status-cancelling" in page and ">Cancelling<" in page
+    assert f'action="{action_url(job, "cancel")}"' not in page  # asked already
 
 
 def test_refused_action_is_a_message_not_an_error(member, world):

@@ -22,8 +22,10 @@ from gpugeek import (
 from gpugeek.errors import error_for
 from gpugeek.spec import job_payload
 
+from console.services import api_token_create
 from jobs.models import Job
 from jobs.services import tenant_secret_set
+from jobs.tasks import job_cancel_task
 from tests.sdk.conftest import PRINTS_FOREVER, counting_program, cpu_spec, dispatch
 from tests.sdk.proxy import LossyProxy
 
@@ -273,5 +275,22 @@ def test_session_cancels_on_exit(gg, watcher_process):
         cluster.wait("running", timeout=60, poll=0.3)
         first = next(iter(cluster.logs(follow=True, poll=0.3, timeout=30)))
         assert first.text == "tick 1"
-    assert cluster.job.status in ("cancelled", "pausing") or not cluster.job.is_active
-    assert cluster.refresh().status == "cancelled"
+    # A running job is cancelling until its process is seen gone: still active, billed.
+    assert cluster.job.status == "cancelling" and cluster.job.is_active
+    job_cancel_task(cluster.id)  # what the worker does (no worker runs here): SIGTERM
+    assert cluster.wait("cancelled", timeout=60, poll=0.3).job.status == "cancelled"
+
+
+def test_a_member_acts_only_on_their_own_jobs(gg, asgi_server, world):
+    """The SDK gets the API's refusal: 403 permission_denied with the reason."""
+    owners = gg.create_cluster(cpu_spec("print(1)"))  # gg is the owner's client
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="member")
+    with Client(url=asgi_server.url, token=raw, backoff=0.05) as member:
+        theirs = member.cluster(owners.id)
+        with pytest.raises(AuthenticationError) as refused:
+            theirs.cancel()
+        assert refused.value.status == 403 and refused.value.code == "permission_denied"
+        assert "only the jobs they launched" in refused.value.detail
+        mine = member.create_cluster(cpu_spec("print(2)"))
+        assert mine.cancel().job.status == "cancelled"  # not started yet: at once
+    assert owners.refresh().status != "cancelled"

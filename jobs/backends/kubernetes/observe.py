@@ -45,7 +45,8 @@ class ObserveMixin(ApiCalls):
     def observe(self, job: Job) -> Observation:
         """The attempt's state, from its tier Jobs and their pods.
 
-        Precedence: a failed tier decides (preempted when a pod carries a DisruptionTarget
+        A cancelled job is running until its pods are gone (`_stopping`). Otherwise,
+        precedence: a failed tier decides (preempted when a pod carries a DisruptionTarget
         condition, else failed with the deadline or the container's exit); then all tiers
         Complete → succeeded; Jobs gone → missing; suspended with no pods left →
         suspended; every rank Running (or done) → running; otherwise pending with the
@@ -53,6 +54,8 @@ class ObserveMixin(ApiCalls):
         still running are deleted: a rank lost ends the whole attempt, as
         podFailurePolicy does within one Job.
         """
+        if job.status == "cancelling":
+            return self._stopping(job)
         namespace = manifests.namespace_name(job.tenant_id)
         found = self._attempt_jobs(job)
         kube_jobs = {tier: found.get(tier) for tier, _, _ in manifests.tiers(job)}
@@ -97,6 +100,19 @@ class ObserveMixin(ApiCalls):
         if running and running + done >= job.nodes:
             return Observation(phase="running")
         return self._pending(job, ranks, present, running)
+
+    def _stopping(self, job: Job) -> Observation:
+        """A cancelled attempt: its Jobs are deleted (or about to be), but its pods hold
+        their nodes until they are gone (SIGTERM, then the grace period): until then it
+        is still running."""
+        live = [
+            pod
+            for pod in self._attempt_pods(job)
+            if pod.status is None or pod.status.phase in ("Pending", "Running", None)
+        ]
+        if live:
+            return Observation(phase="running", reason=f"stopping: {len(live)} pod(s) left")
+        return Observation(phase="cancelled")
 
     def _failure(
         self, job: Job, failed: list[tuple[str, Any, Any]], pods: list[Any]

@@ -69,6 +69,8 @@ class Cluster:
         return self._act("resume")
 
     def cancel(self) -> Cluster:
+        """Stop the job for good. One whose work runs is "cancelling" (still billed) until
+        its processes are gone: `cancel().wait("cancelled")` waits for that."""
         return self._act("cancel")
 
     def cost(self) -> Decimal:

@@ -58,7 +58,7 @@ class QuotaExceeded(APIError):
 
 
 class BudgetExceeded(APIError):
-    """402 payment_required: a used-up budget refuses the launch."""
+    """402 payment_required: a used-up budget refuses the launch (or the resume)."""
 
 
 class ServerError(APIError):
