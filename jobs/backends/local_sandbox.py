@@ -262,8 +262,8 @@ def _device_binds(devices: list[int]) -> list[str]:
         return args
     for path in NVIDIA_CONTROL_DEVICES:
         args += ["--dev-bind-try", path, path]
-    for index in devices:
-        args += ["--dev-bind", f"/dev/nvidia{int(index)}", f"/dev/nvidia{int(index)}"]
+    for index in devices:  # (-try: a host whose driver makes no device node has none)
+        args += ["--dev-bind-try", f"/dev/nvidia{int(index)}", f"/dev/nvidia{int(index)}"]
     return args
 
 
