@@ -294,6 +294,17 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Cache ----
+# Shared by every process (resolved API tokens and memberships, the dispatch sweep's
+# "queued" mark), so it is the broker's Redis; a test session's prefix keeps it apart.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": _BROKER_URL,
+        "KEY_PREFIX": env_str("CHANNELS_PREFIX", "gpugeek"),
+    }
+}
+
 # --- Sandbox cluster ----
 # A simulated Kubernetes cluster with GPU nodes (sandbox/), started by runconsole in the
 # embedded default so that every catalog offer can be tried on one machine. Nothing runs

@@ -154,6 +154,11 @@ class Job(TenantOwnedModel):
     # Dispatches of this attempt that failed with an unexpected error (not a retryable
     # outage); at DISPATCH_MAX_ATTEMPTS the job fails instead of holding capacity.
     dispatch_failures = models.PositiveIntegerField(default=0)
+    # The job row is the dispatch queue: a sweep claims `dispatching` rows it will create
+    # (its id, until the claim times out) and a failed create waits until dispatch_after.
+    dispatch_claimed_by = models.CharField(max_length=64, blank=True, default="")
+    dispatch_claimed_until = models.DateTimeField(null=True, blank=True)
+    dispatch_after = models.DateTimeField(null=True, blank=True)
     # Running time of earlier running spans, and when the current one began: max runtime
     # counts running time only (pauses and preemptions don't consume it).
     run_seconds = models.FloatField(default=0)
