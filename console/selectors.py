@@ -6,10 +6,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, QuerySet, Value
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from console.compiled import StandIns, compiled, compiled_joined
+from console.caching import cached
 from console.models import (
     ApiToken,
     AuditEvent,
@@ -29,15 +29,27 @@ def notifications_for(*, user: User, tenant: Tenant):
     return Notification.objects.for_tenant(tenant).filter(user=user)
 
 
+# Dropped by every change to what they count (console.signals); the timeouts only bound
+# how long a change made without a model signal (a queryset update) could go unseen.
+UNREAD_KEPT_SECONDS = 300
+MEMBERSHIPS_KEPT_SECONDS = 300
+
+
+def unread_cache_key(user_id: int, tenant_id: int) -> str:
+    return f"unread:{user_id}:{tenant_id}"
+
+
+def memberships_cache_key(user_id: int) -> str:
+    return f"memberships:{user_id}"
+
+
 def unread_notification_count(*, user: User, tenant: Tenant) -> int:
-    """The bell's count on every page: compiled once per process (see console.compiled)."""
-
-    def build(at: StandIns) -> QuerySet:
-        mine = notifications_for(user=User(pk=at.int("user")), tenant=Tenant(pk=at.int("tenant")))
-        return mine.unread().order_by().values(one=Value(1)).annotate(unread=Count("pk"))
-
-    row = compiled("unread-notifications", build).first(user=user.pk, tenant=tenant.pk)
-    return row["unread"] if row else 0
+    """The bell's count on every page, kept in the cache (console.caching)."""
+    return cached(
+        unread_cache_key(user.pk, tenant.pk),
+        UNREAD_KEPT_SECONDS,
+        lambda: notifications_for(user=user, tenant=tenant).unread().count(),
+    )
 
 
 def memberships_of_user(*, user: User) -> QuerySet[Membership]:
@@ -133,15 +145,11 @@ def memberships_and_current(
     in `tenant_id`, else their first one."""
     if not user.is_authenticated:
         return [], None
-    # Every page's middleware asks: compiled once per process (see console.compiled).
-    memberships = []
-    for membership, tenant in compiled_joined(
-        "memberships-of-user",
-        ((Membership, ""), (Tenant, "tenant__")),
-        lambda at: memberships_of_user(user=User(pk=at.int("user"))),
-        user=user.pk,
-    ):
-        membership.tenant = tenant
-        memberships.append(membership)
+    # Every page's middleware asks: kept in the cache (console.caching).
+    memberships = cached(
+        memberships_cache_key(user.pk),
+        MEMBERSHIPS_KEPT_SECONDS,
+        lambda: list(memberships_of_user(user=user)),
+    )
     current = next((m for m in memberships if m.tenant_id == tenant_id), None)
     return memberships, current or (memberships[0] if memberships else None)

@@ -495,7 +495,10 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GpuGeek <noreply@gpugeek.loc
 
 # --- Security ----
 SESSION_COOKIE_HTTPONLY = True
-SESSION_ENGINE = "console.sessions"  # Django's database sessions, read compiled
+# Django's database sessions: the database stays the one place a session lives, so a
+# Redis restart signs nobody out (the cached_db store also writes the cache on a read,
+# unguarded, and would fail every page while Redis is down).
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
 CSRF_COOKIE_HTTPONLY = False  # htmx reads it for hx-headers
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True

@@ -1,9 +1,16 @@
-"""Sign-in and sign-out go to the audit log (Django's auth signals, so every path counts)."""
+"""Receivers: sign-in and sign-out go to the audit log (Django's auth signals, so every
+path counts), and a change to a token, membership, user, organisation or notification
+drops what the cache kept of it."""
 
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
+from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
+from console.caching import forget
+from console.models import ApiToken, Membership, Notification, Tenant, User
+from console.selectors import memberships_cache_key, unread_cache_key
 from console.services import audit_record
+from console.token_lookup import forget_tokens
 
 
 @receiver(user_logged_in)
@@ -24,3 +31,41 @@ def _audit_sign_in_failed(sender, credentials, request=None, **kwargs):
         actor_label=str(credentials.get("username") or credentials.get("email") or "")[:254],
         request=request,
     )
+
+
+# --- what the cache keeps (console.caching), dropped when its rows change ----
+
+
+@receiver([post_save, post_delete], sender=ApiToken)
+def _forget_token(sender, instance: ApiToken, **kwargs):
+    forget_tokens([instance.key_hash])
+
+
+@receiver([post_save, post_delete], sender=Membership)
+def _forget_membership(sender, instance: Membership, **kwargs):
+    # Joined, left or a new role: the switcher's list and the user's tokens there.
+    forget([memberships_cache_key(instance.user_id)])
+    tokens = ApiToken.objects.filter(user_id=instance.user_id, tenant_id=instance.tenant_id)
+    forget_tokens(tokens.values_list("key_hash", flat=True))
+
+
+@receiver(post_save, sender=User)
+def _forget_user_tokens(sender, instance: User, created: bool, update_fields=None, **kwargs):
+    if created or (update_fields is not None and set(update_fields) <= {"last_login"}):
+        return  # no token yet, or a sign-in: nothing a token reads changed
+    forget_tokens(ApiToken.objects.filter(user_id=instance.pk).values_list("key_hash", flat=True))
+
+
+@receiver(post_save, sender=Tenant)
+def _forget_tenant(sender, instance: Tenant, created: bool, **kwargs):
+    if created:
+        return
+    members = Membership.objects.filter(tenant_id=instance.pk).values_list("user_id", flat=True)
+    forget(memberships_cache_key(user_id) for user_id in members)
+    tokens = ApiToken.objects.filter(tenant_id=instance.pk)
+    forget_tokens(tokens.values_list("key_hash", flat=True))
+
+
+@receiver([post_save, post_delete], sender=Notification)
+def _forget_unread_count(sender, instance: Notification, **kwargs):
+    forget([unread_cache_key(instance.user_id, instance.tenant_id)])

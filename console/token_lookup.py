@@ -1,50 +1,47 @@
-"""The organisation-token lookup every API request makes, compiled once per process.
-
-The ORM query (token, user, organisation and the user's membership, one join) took
-Django longer to compile and turn into instances (~2 ms) than PostgreSQL takes to run
-it (~0.3 ms), on every request. It is written once as an ORM query and compiled once per
-process (console.compiled); rows become instances through Model.from_db, as the ORM's do."""
+"""The resolved API token every API request asks for (token → user, organisation and
+the user's membership there), kept in Django's cache (console.caching) and dropped when
+the token, its user, its organisation or the membership changes (console.signals)."""
 
 from __future__ import annotations
 
-from django.db.models import F, Model
+from console.caching import cached, forget
+from console.models import ApiToken, Membership
 
-from console.compiled import compiled_joined
-from console.models import ApiToken, Membership, Tenant, User
-
-# Each model's concrete fields, by the path from the token.
-MODELS: tuple[tuple[type[Model], str], ...] = (
-    (ApiToken, ""),
-    (User, "user__"),
-    (Tenant, "tenant__"),
-    (Membership, "tenant__memberships__"),
-)
+# Short: a request that read the token just before a revocation committed could keep it
+# this long at worst (the change's own drop after commit clears every other case).
+TOKEN_KEPT_SECONDS = 60
 
 
-def organisation_token(key_hash: str) -> tuple[ApiToken, Membership] | None:
-    """The active organisation token with this hash, whose user is active and a member of
-    its active organisation, with its user, organisation and membership; or None."""
-    rows = compiled_joined(
-        "organisation-token", MODELS, lambda at: organisation_token_query(at.text("hash")),
-        hash=key_hash,
-    )  # fmt: skip
-    if not rows:
-        return None
-    token, user, tenant, membership = rows[0]
-    token.user, token.tenant = user, tenant
-    membership.user, membership.tenant = user, tenant
-    return token, membership  # type: ignore[return-value]
+def token_cache_key(key_hash: str) -> str:
+    return f"api-token:{key_hash}"
 
 
-def organisation_token_query(key_hash: str):
-    """The lookup as the ORM writes it (the compiled one reads each model's columns)."""
-    return (
+def resolved_token(key_hash: str) -> tuple[ApiToken, Membership | None] | None:
+    """The active token with this hash and its user's membership of the token's active
+    organisation; a staff automation token (no organisation) with no membership while its
+    user is staff; or None. From the cache when it has it (no query)."""
+    return cached(token_cache_key(key_hash), TOKEN_KEPT_SECONDS, lambda: _resolve(key_hash))
+
+
+def _resolve(key_hash: str) -> tuple[ApiToken, Membership | None] | None:
+    token = (
         ApiToken.objects.active()
-        .filter(
-            key_hash=key_hash,
-            user__is_active=True,
-            tenant__is_active=True,
-            tenant__memberships__user=F("user"),
-        )
-        .order_by()[:1]
+        .select_related("user", "tenant")
+        .filter(key_hash=key_hash, user__is_active=True)
+        .first()
     )
+    if token is None:
+        return None
+    if token.tenant is None:
+        return (token, None) if token.user.is_staff else None
+    if not token.tenant.is_active:
+        return None
+    membership = Membership.objects.for_tenant(token.tenant).filter(user=token.user).first()
+    if membership is None:
+        return None
+    membership.user, membership.tenant = token.user, token.tenant
+    return token, membership
+
+
+def forget_tokens(key_hashes) -> None:
+    forget(token_cache_key(key_hash) for key_hash in key_hashes)

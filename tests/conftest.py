@@ -6,7 +6,9 @@ from functools import cached_property
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.core.cache import cache
 from django.test import Client
+from redis.exceptions import RedisError
 from rest_framework.test import APIClient
 
 from console import services
@@ -145,6 +147,20 @@ def streamed_chunks(response) -> list[bytes]:
         return [chunk async for chunk in response.streaming_content]
 
     return async_to_sync(collect)()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_cached_from_earlier_tests():
+    """Each test starts with an empty cache (console.caching): rows rolled back after a
+    test give their ids to the next test's rows, which must not find the old ones' keys.
+    Only this session's keys (its own prefix: the Redis may be shared) are dropped."""
+    try:
+        client = cache._cache.get_client(write=True)  # type: ignore[attr-defined]
+        keys = list(client.scan_iter(match=f"{cache.key_prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    except RedisError:
+        pass  # no Redis for this test: nothing kept either
 
 
 @pytest.fixture

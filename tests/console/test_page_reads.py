@@ -1,7 +1,8 @@
-"""What every signed-in page reads (its session, user, memberships and the bell's count,
-compiled once per process) is read as Django would: expired sessions and deactivated
-users sign out, the switcher lists active organisations, the bell counts one person's
-unread notifications in the current organisation."""
+"""What every signed-in page reads (its session and user from the database, its
+memberships and the bell's count kept in the cache) is read as Django would: expired
+sessions and deactivated users sign out, the switcher lists active organisations, the
+bell counts one person's unread notifications in the current organisation, and a change
+to any of them shows on the next page."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.sessions.models import Session
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from console import services
 from console.models import Notification, Tenant, User
 from tests.conftest import signed_in_client
 from tests.factories import MembershipFactory, TenantFactory
@@ -41,11 +45,13 @@ def test_the_bell_counts_the_user_s_unread_notifications_here(world, other_world
     page = signed_in_client(world.member, world.tenant)
 
     assert bell_count(page.get(reverse("jobs:list"))) == "2"
-    Notification.objects.filter(user=world.member).update(read_at=timezone.now())
+    services.notifications_mark_read(user=world.member, tenant=world.tenant)
     assert bell_count(page.get(reverse("jobs:list"))) is None
+    notify(world.tenant, world.member)
+    assert bell_count(page.get(reverse("jobs:list"))) == "1"
     elsewhere = signed_in_client(world.member, other_world.tenant)
     notify(other_world.tenant, world.member)
-    assert bell_count(elsewhere.get(reverse("jobs:list"))) == "1"
+    assert bell_count(elsewhere.get(reverse("jobs:list"))) == "2"  # unread there: both
 
 
 def test_an_expired_session_signs_out(world):
@@ -79,3 +85,19 @@ def test_the_switcher_lists_the_user_s_active_organisations(world):
         "Second Corp",
     ]
     assert page.context["current_tenant"] == second
+
+
+def test_a_page_reads_memberships_and_the_bell_from_the_cache(world):
+    page = signed_in_client(world.member, world.tenant)
+    page.get(reverse("jobs:list"))
+    with CaptureQueriesContext(connection) as queries:
+        assert page.get(reverse("jobs:list")).status_code == 200
+    tables = " ".join(q["sql"] for q in queries)
+    assert "console_membership" not in tables and "console_notification" not in tables
+
+
+def test_a_new_membership_shows_in_the_switcher_on_the_next_page(world):
+    page = signed_in_client(world.member, world.tenant)
+    assert len(page.get(reverse("jobs:list")).context["my_memberships"]) == 1
+    MembershipFactory(tenant=TenantFactory(name="Second Corp", slug="second"), user=world.member)
+    assert len(page.get(reverse("jobs:list")).context["my_memberships"]) == 2

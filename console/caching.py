@@ -1,0 +1,59 @@
+"""Reads that every request makes, kept in Django's cache and dropped when what they read
+changes (Sentry's `get_from_cache`): the resolved API token, a user's memberships, the
+bell's unread count.
+
+The cache is a shortcut, never the truth. When Redis can't be reached, the read goes to
+the database (signing in and the API keep working through a Redis restart), and a key
+that could not be dropped lives at most its timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from django.core.cache import cache
+from django.db import transaction
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_MISSING = object()
+
+
+def cached(key: str, timeout: int, read: Callable[[], T]) -> T:
+    """The value kept under `key`, else `read()`, kept for `timeout` seconds unless it is
+    None (nothing found is not kept: what is created a moment later is found at once)."""
+    try:
+        found = cache.get(key, _MISSING)
+    except RedisError as error:
+        log.warning("cache unreachable, reading %s from the database: %s", key, error)
+        return read()
+    if found is not _MISSING:
+        return found  # type: ignore[return-value]
+    value = read()
+    if value is None:
+        return value
+    try:
+        cache.set(key, value, timeout)
+    except RedisError as error:
+        log.warning("cache unreachable, %s not kept: %s", key, error)
+    return value
+
+
+def forget(keys: Iterable[str]) -> None:
+    """Drop `keys` now and again when the current transaction commits: a request that
+    read the old rows before the commit may have kept them meanwhile."""
+    keys = list(keys)
+    if not keys:
+        return
+    _drop(keys)
+    transaction.on_commit(lambda: _drop(keys))
+
+
+def _drop(keys: list[str]) -> None:
+    try:
+        cache.delete_many(keys)
+    except RedisError as error:
+        log.error("cache unreachable, %s kept until it times out: %s", keys, error)
