@@ -29,7 +29,6 @@ from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
 from billing.prometheus import BUDGET_ENFORCEMENT_LAG
 from billing.realtime import publish_budget_alert
 from billing.webhooks import webhook_post, webhook_url_validate
-from console.compiled import compiled_instances
 from console.crypto import decrypt_json, encrypt_json
 from console.models import Membership, Tenant, User
 from console.permissions import Role
@@ -285,12 +284,7 @@ class BudgetStatus:
 def budget_statuses(*, tenant: Tenant, now: datetime | None = None) -> list[BudgetStatus]:
     now = now or timezone.now()
     statuses = []
-    budgets = compiled_instances(  # every launch asks (BudgetLaunchPolicy)
-        "budgets-of-tenant",
-        Budget,
-        lambda at: Budget.objects.for_tenant(Tenant(pk=at.int("tenant"))).order_by("name", "pk"),
-        tenant=tenant.pk,
-    )
+    budgets = Budget.objects.for_tenant(tenant).order_by("name", "pk")
     for budget in budgets:
         budget.tenant = tenant
         spend = budget_spend(budget, now)

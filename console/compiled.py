@@ -1,5 +1,8 @@
 """ORM queries compiled once per process, then run with other values.
 
+Left for admission only (jobs.services.admission), whose rewrite on the job row removes
+its use; this module goes with it.
+
 Django compiles a query every time it runs it. On a hot path (every API request's token
 lookup, every launch's admission), compiling took longer than the database took to run
 the query. Such a query is still written with the ORM, once, with stand-in values
@@ -16,11 +19,11 @@ cache compiled every query again on every request.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import connection, models
+from django.db import connection
 from django.db.models import Model, QuerySet
 
 ModelT = TypeVar("ModelT", bound=Model)
@@ -48,26 +51,6 @@ class StandIns:
     def datetime(self, name: str) -> datetime:
         return self._add(name, _FIRST_TIME + timedelta(microseconds=len(self.values) + 1))
 
-    def of_field(self, name: str, model_field: models.Field) -> Any:
-        """A stand-in for a value of `model_field`."""
-        if isinstance(model_field, models.DateTimeField):
-            return self.datetime(name)
-        if isinstance(model_field, models.IntegerField | models.AutoField | models.ForeignKey):
-            return self.int(name)
-        return self.text(name)
-
-
-class GivenValues(StandIns):
-    """The real values where the stand-ins would go: `build(GivenValues(values))` is the
-    query as the ORM would run it, uncompiled."""
-
-    def __init__(self, given: Mapping[str, Any]) -> None:
-        super().__init__()
-        self.given = given
-
-    def _add(self, name: str, value: Any) -> Any:
-        return self.given[name]
-
 
 @dataclass(frozen=True)
 class CompiledQuery:
@@ -84,27 +67,14 @@ class CompiledQuery:
         rows = self.rows(**values)
         return dict(zip(self.columns, rows[0], strict=True)) if rows else None
 
-    def rows(self, *, window: tuple[int, int] | None = None, **values: Any) -> list[tuple]:
-        """The query's rows for `values` (one per stand-in name), columns converted;
-        `window` (offset, limit): that slice of them."""
-        sql, params = self.sql, self._params(values)
-        if window is not None:  # as Django writes a slice, on PostgreSQL and SQLite alike
-            sql, params = f"{sql} LIMIT %s OFFSET %s", [*params, window[1], window[0]]
+    def rows(self, **values: Any) -> list[tuple]:
+        """The query's rows for `values` (one per stand-in name), columns converted."""
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(self.sql, self._params(values))
             rows = cursor.fetchall()
         if self.converters:
             rows = [self._convert(list(row)) for row in rows]
         return rows
-
-    def count(self, *, at_most: int, **values: Any) -> int:
-        """How many rows for `values`, counting at most `at_most` (as a sliced count)."""
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT COUNT(*) FROM ({self.sql} LIMIT %s) counted",  # noqa: S608 (the ORM's SQL)
-                [*self._params(values), at_most],
-            )
-            return cursor.fetchone()[0]
 
     def _params(self, values: Mapping[str, Any]) -> list:
         params = list(self.params)
@@ -175,110 +145,3 @@ def compiled_instances(
     names = [field.attname for field in model._meta.concrete_fields]
     rows = compiled((key, "rows"), lambda at: build(at).values_list(*names)).rows(**values)
     return [model.from_db(connection.alias, names, row) for row in rows]
-
-
-def compiled_first(
-    key: Hashable, model: type[ModelT], build: Callable[[StandIns], QuerySet], **values: Any
-) -> ModelT | None:
-    """`build(…).first()` as an instance of `model`, compiled once (see `compiled`)."""
-
-    def first(at: StandIns) -> QuerySet:
-        queryset = build(at)
-        return (queryset if queryset.ordered else queryset.order_by("pk"))[:1]  # as first()
-
-    found = compiled_instances((key, "first"), model, first, **values)
-    return found[0] if found else None
-
-
-def compiled_joined(
-    key: Hashable,
-    parts: tuple[tuple[type[Model], str], ...],
-    build: Callable[[StandIns], QuerySet],
-    **values: Any,
-) -> list[tuple[Any, ...]]:
-    """`build(…)`'s rows as one instance per (model, path) of `parts`: the queryset's
-    own model first (path ""), then each joined one by its path from it (e.g.
-    "tenant__"); compiled once (see `compiled`). Linking them is the caller's."""
-    names = [[column.attname for column in model._meta.concrete_fields] for model, _ in parts]
-    paths = [f"{path}{name}" for (_, path), own in zip(parts, names, strict=True) for name in own]
-    rows = compiled((key, "joined"), lambda at: build(at).values_list(*paths)).rows(**values)
-    joined = []
-    for row in rows:
-        instances, start = [], 0
-        for (model, _), own in zip(parts, names, strict=True):
-            instances.append(model.from_db(connection.alias, own, row[start : start + len(own)]))
-            start += len(own)
-        joined.append(tuple(instances))
-    return joined
-
-
-@dataclass(frozen=True)
-class CompiledValues:
-    """The rows of a `.values()` query, compiled once per shape (see `compiled`), that a
-    pager takes in place of the queryset: DRF's CursorPagination (`order_by`, a filter on
-    its ordering column's position, a slice) and Django's Paginator (an ordered slice).
-    `console.paging.capped_count` counts its `scope`; anything else: `queryset()`.
-
-    A long list's page (the jobs API and page) otherwise compiled its query, and its
-    count's, on every request: a fifth of the page's time."""
-
-    # What, besides the stand-ins' values, changes the query (e.g. which filters apply).
-    key: Hashable
-    model: type[Model]
-    # Which rows (the tenant's, filtered): what a count counts.
-    scope: Callable[[StandIns], QuerySet]
-    # What a row reads: the `.values()` (and annotations) over `scope`.
-    shape: Callable[[QuerySet], QuerySet]
-    values: Mapping[str, Any] = field(default_factory=dict)
-    ordering: tuple[str, ...] = ()
-    # A cursor's position: (column, "lt" or "gt", value).
-    position: tuple[str, str, Any] | None = None
-
-    @property
-    def ordered(self) -> bool:
-        return bool(self.ordering)
-
-    def order_by(self, *ordering: str) -> CompiledValues:
-        return replace(self, ordering=ordering)
-
-    def filter(self, **lookup: Any) -> CompiledValues:
-        (name, value), *more = lookup.items()
-        column, _, operator = name.rpartition("__")
-        if more or operator not in ("lt", "gt") or self.position is not None:
-            raise TypeError(f"compiled rows take one position filter, not {lookup!r}")
-        return replace(self, position=(column, operator, value))
-
-    def queryset(self) -> QuerySet:
-        """The same rows as an ordinary queryset (uncompiled)."""
-        at = GivenValues({**self.values, **self._position_value()})
-        return self._build(at)
-
-    def __getitem__(self, window: slice) -> list[dict[str, Any]]:
-        start, stop = window.start or 0, window.stop
-        if stop is None or window.step not in (None, 1) or start < 0 or stop < start:
-            return list(self.queryset()[window])
-        shape = (self.key, self.ordering, self.position and self.position[:2])
-        query = compiled(shape, self._build)
-        rows = query.rows(window=(start, stop - start), **self.values, **self._position_value())
-        return [dict(zip(query.columns, row, strict=True)) for row in rows]
-
-    def count(self, *, at_most: int) -> int:
-        """How many rows `scope` has, counting at most `at_most`."""
-        query = compiled((self.key, "count"), lambda at: self.scope(at).order_by().values("pk"))
-        return query.count(at_most=at_most, **self.values)
-
-    def _build(self, at: StandIns) -> QuerySet:
-        rows = self.shape(self.scope(at))
-        if self.ordering:
-            rows = rows.order_by(*self.ordering)
-        if self.position is not None:
-            column, operator, _ = self.position
-            value = at.of_field("position", self.model._meta.get_field(column))
-            rows = rows.filter(**{f"{column}__{operator}": value})
-        return rows
-
-    def _position_value(self) -> dict[str, Any]:
-        if self.position is None:
-            return {}
-        column, _, value = self.position
-        return {"position": self.model._meta.get_field(column).get_prep_value(value)}

@@ -4,17 +4,13 @@ so a tenant with 100,000 jobs doesn't pay a full COUNT on every page view (its p
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import OrderedDict
 
 from django.core.paginator import Paginator
-from django.db import connection
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
-
-from console.compiled import CompiledValues
 
 COUNT_CAP = 10_000
 # "More than COUNT_CAP" stays true as a list grows (jobs, events and audit entries are
@@ -28,15 +24,12 @@ _over_cap: OrderedDict[tuple, float] = OrderedDict()
 _over_cap_lock = threading.Lock()
 
 
-def capped_count(rows: QuerySet | CompiledValues) -> tuple[int, bool]:
-    """How many rows, at most COUNT_CAP, and whether there are more."""
-    if isinstance(rows, CompiledValues):  # no compiling, not even for the key
-        key: tuple = (connection.alias, rows.key, tuple(sorted(rows.values.items())))
-        count = functools.partial(rows.count, at_most=COUNT_CAP + 1)
-    else:
-        capped = rows.order_by()[: COUNT_CAP + 1]
-        sql, params = capped.query.sql_with_params()
-        key, count = (capped.db, sql, tuple(map(repr, params))), capped.count
+def capped_count(rows: QuerySet) -> tuple[int, bool]:
+    """How many rows, at most COUNT_CAP, and whether there are more (counted by their
+    ids alone: not what the rows read for display)."""
+    capped = rows.order_by().values("pk")[: COUNT_CAP + 1]
+    sql, params = capped.query.sql_with_params()
+    key, count = (capped.db, sql, tuple(map(repr, params))), capped.count
     now = time.monotonic()
     with _over_cap_lock:
         until = _over_cap.get(key)

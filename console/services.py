@@ -18,6 +18,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
 
+from console.caching import forget
 from console.models import (
     ApiToken,
     AuditEvent,
@@ -28,7 +29,6 @@ from console.models import (
     User,
     sha256_hex,
 )
-from console.caching import forget
 from console.permissions import Capability, Role, can_assign_role, has_capability
 from console.queueing import enqueue_now
 from console.realtime import publish_membership_changed

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Value, When
+from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
 
-from console.compiled import CompiledValues, StandIns, compiled
 from console.host_access import HostIsolation
-from console.models import Tenant
 from console.permissions import Capability, has_capability
 from jobs.backends import configured_backends, get_backend
 from jobs.models import Job, JobEvent, JobStatus, Priority
@@ -26,29 +22,6 @@ def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") ->
     if query:
         jobs = jobs.filter(name__icontains=query)
     return jobs
-
-
-def listed_jobs(
-    key: str,
-    shape: Callable[[QuerySet[Job]], QuerySet],
-    *,
-    tenant,
-    status: str | None = None,
-    query: str = "",
-) -> CompiledValues | QuerySet:
-    """`shape(jobs_for_list_page(…))` for a pager: compiled once per `key` (naming the
-    shape) and filter, unless searched by name (a LIKE pattern isn't a plain parameter,
-    and searches are rare)."""
-    if query or tenant is None:
-        return shape(jobs_for_list_page(tenant=tenant, status=status, query=query))
-
-    def scope(at: StandIns) -> QuerySet[Job]:
-        return jobs_for_list_page(
-            tenant=Tenant(pk=at.int("tenant")), status=at.text("status") if status else None
-        )
-
-    values = {"tenant": tenant.pk, **({"status": status} if status else {})}
-    return CompiledValues((key, bool(status)), Job, scope, shape, values)
 
 
 # What a row of the jobs page shows (with the slugs of its GPU type and region).
@@ -160,7 +133,7 @@ def queue_positions(jobs: list[Job]) -> dict[int, int]:
     if not wanted:
         return {}
     if len(wanted) == 1:  # a job page or an API answer: one indexed count
-        return {wanted[0].pk: 1 + _ahead_count(wanted[0])}
+        return {wanted[0].pk: 1 + queued_ahead_of(wanted[0]).count()}
     wanted_ids = {j.pk for j in wanted}
     # A list: one pass over the queue beats a count per row.
     order = [
@@ -172,27 +145,6 @@ def queue_positions(jobs: list[Job]) -> dict[int, int]:
         if pk in wanted_ids:
             positions[pk] = 1 + sum(1 for _, other in order[:index] if other & pools)
     return positions
-
-
-def _ahead_count(job: Job) -> int:
-    """`queued_ahead_of(job).count()`, compiled once per shape (every queued launch's
-    answer shows its position)."""
-    pools = job_pool_fields(job)
-    if not pools:
-        return queued_ahead_of(job).count()
-
-    def build(at: StandIns) -> QuerySet:
-        like = Job(
-            pk=at.int("pk"),
-            priority=job.priority,
-            created_at=at.datetime("created_at"),
-            **{name: at.int(name) for name in pools},
-        )
-        return queued_ahead_of(like).order_by().values(one=Value(1)).annotate(ahead=Count("pk"))
-
-    shape = ("queue-ahead", job.priority, tuple(pools))
-    row = compiled(shape, build).first(pk=job.pk, created_at=job.created_at, **pools)
-    return row["ahead"] if row else 0
 
 
 def queue_position(job: Job) -> int | None:

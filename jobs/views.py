@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import html
-
 from django.contrib import messages
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -129,29 +126,6 @@ def image_options(request: HttpRequest) -> HttpResponse:
 STATUS_LABELS = dict(JobStatus.choices)
 
 
-# A row of the jobs table, every value escaped here (html.escape, as Django's escape):
-# the template engine rendering 20 nodes for each of 50 rows, and then format_html's
-# per-value lazy-string checks, were most of the page's time.
-JOB_ROW_HTML = (
-    '<tr data-job="{id}"><td><a href="{url}">{name}</a>{project}</td>'
-    '<td><span class="badge status status-{status}" data-status="{status}">{status_label}</span>'
-    "{reason}</td><td>{hardware}</td><td>{gpu_use}</td><td>{region}</td><td>{launched}</td>"
-    '<td class="num">{cost}</td></tr>'
-)
-SUBLINE_HTML = '<br><span class="muted small">{}</span>'
-SPARKLINE_HTML = (
-    '<svg class="sparkline" viewBox="0 0 90 22" preserveAspectRatio="none" role="img" '
-    'aria-label="GPU utilisation, last 15 minutes" data-sparkline="{}"{}>'
-    '<polyline points=""/></svg>'
-)
-NO_GPU_HTML = '<span class="muted" title="No GPU">—</span>'
-RUNNING_MARK = " data-running"
-
-
-def _escaped(value) -> str:
-    return html.escape(str(value))
-
-
 def _shortened(text: str, length: int) -> str:
     """At most `length` characters, an ellipsis ending a cut (Truncator's result for
     plain text, without its per-call cost)."""
@@ -159,8 +133,9 @@ def _shortened(text: str, length: int) -> str:
 
 
 def job_list_rows(jobs: list[dict], costs: dict) -> list[dict]:
-    """The list's rows, made here once: per-row URL reversing, choice labels and number
-    localisation in the template were most of a 50-row page's time."""
+    """What each row of the list shows, worked out once here (per-row URL reversing,
+    choice labels and number formatting in the template were most of a 50-row page's
+    time); the `job-row` partial of jobs/list.html writes it."""
     detail = reverse("jobs:detail", args=[0]).removesuffix("0/")
     rows = []
     for job in jobs:
@@ -168,28 +143,20 @@ def job_list_rows(jobs: list[dict], costs: dict) -> list[dict]:
             hardware = f"{job['nodes']} × {job['gpus_per_node']} {job['gpu_type_slug']}"
         else:
             hardware = f"{job['nodes']} × {job['cpus']} vCPU"
-        reason = _shortened(job["status_reason"], 60)
-        running = job["status"] == JobStatus.RUNNING
         job_id = int(job["id"])
-        row_html = JOB_ROW_HTML.format(
-            id=job_id,
-            url=_escaped(f"{detail}{job_id}/"),
-            name=_escaped(job["name"]),
-            project=SUBLINE_HTML.format(_escaped(job["project"])) if job["project"] else "",
-            status=_escaped(job["status"]),
-            status_label=_escaped(STATUS_LABELS.get(job["status"], job["status"])),
-            reason=SUBLINE_HTML.format(_escaped(reason)) if reason else "",
-            hardware=_escaped(hardware),
-            gpu_use=(
-                SPARKLINE_HTML.format(job_id, RUNNING_MARK if running else "")
-                if job["gpus_per_node"]
-                else NO_GPU_HTML
-            ),
-            region=_escaped(job["region_slug"]),
-            launched=_escaped(naturaltime(job["created_at"])),
-            cost=_escaped(costs[job_id]),
+        rows.append(
+            {
+                "job": job,
+                "id": str(job_id),
+                "url": f"{detail}{job_id}/",
+                "status_label": STATUS_LABELS.get(job["status"], job["status"]),
+                "reason": _shortened(job["status_reason"], 60),
+                "hardware": hardware,
+                "running": job["status"] == JobStatus.RUNNING,
+                "launched": naturaltime(job["created_at"]),
+                "cost": str(costs[job_id]),
+            }
         )
-        rows.append({"job": job, "html": mark_safe(row_html)})  # noqa: S308 (escaped above)
     return rows
 
 
@@ -199,24 +166,14 @@ def job_list(request: HttpRequest) -> HttpResponse:
     if status not in JobStatus.values:
         status = ""
     query = request.GET.get("q", "").strip()
+    jobs = selectors.jobs_for_list_page(tenant=request.tenant, status=status, query=query)
     costs_provider = job_costs()
-    # A page reads its rows as values, with what their costs need, in one query
-    # compiled once per process; pages count the filtered jobs without those.
-    rows_query = selectors.listed_jobs(
-        "job-list-page",
-        lambda jobs: costs_provider.with_cost_inputs(
-            selectors.list_page_rows(jobs, also=costs_provider.cost_columns)
-        ),
-        tenant=request.tenant,
-        status=status or None,
-        query=query,
+    # A page reads its rows as values, with what their costs need, in one query; it
+    # counts the filtered jobs without those.
+    rows_query = costs_provider.with_cost_inputs(
+        selectors.list_page_rows(jobs, also=costs_provider.cost_columns)
     ).order_by(*Job._meta.ordering)
-    searched = (  # a search's rows are an ordinary queryset: count without their joins
-        selectors.jobs_for_list_page(tenant=request.tenant, status=status, query=query)
-        if query
-        else None
-    )
-    paginator = CappedPaginator(rows_query, PAGE_SIZE, count_queryset=searched)
+    paginator = CappedPaginator(rows_query, PAGE_SIZE, count_queryset=jobs)
     page = paginator.get_page(request.GET.get("page"))
     jobs_on_page = list(page)
     rows = job_list_rows(jobs_on_page, costs_provider.row_costs(jobs_on_page))

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.template import engines
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ["console", "marketplace", "jobs", "billing"]
@@ -160,3 +161,53 @@ def test_our_own_imports_are_at_module_level():
                     offenders.append(f"{relative}:{line} (in {function})")
     assert not offenders, "imports of our code inside functions:\n" + "\n".join(offenders)
     assert allowed_seen == set(LOCAL_IMPORTS_ALLOWED), "stale LOCAL_IMPORTS_ALLOWED entries"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Dotted modules a module imports from (and those it imports whole)."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules.add(node.module)
+            modules |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return modules
+
+
+def python_files():
+    for app in (*ORDER, "tests"):
+        yield from app_modules(app)
+
+
+def test_queries_are_the_orm_s_not_compiled_beside_it():
+    # Every read goes through the ORM (a hot one is kept in Django's cache); the compiled
+    # queries left are admission's, which its rewrite on the job row removes.
+    allowed = {"jobs/services/admission.py"}
+    importers = {
+        relative
+        for relative, path in python_files()
+        if "console.compiled" in imported_modules(path) and relative != "console/compiled.py"
+    }
+    assert importers <= allowed
+
+
+HTML_BUILT_IN_PYTHON = re.compile(r"\b(mark_safe|format_html_join)\b")
+
+
+def test_rows_are_written_by_templates_not_built_in_python():
+    # A page's rows are template partials ({% partialdef %}, on the cached loader): HTML
+    # strings marked safe in views or template tags escape nothing by themselves.
+    offenders = [
+        relative
+        for app in ORDER
+        for relative, path in app_modules(app)
+        if re.search(r"(^|/)(views\.py|views/|templatetags/)", relative)
+        and HTML_BUILT_IN_PYTHON.search(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_templates_are_read_once_per_process():
+    loaders = repr(engines["django"].engine.loaders)
+    assert "django.template.loaders.cached.Loader" in loaders

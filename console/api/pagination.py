@@ -18,7 +18,6 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
 
-from console.compiled import CompiledValues
 from console.paging import COUNT_CAP, OVER_CAP_KEPT_SECONDS, capped_count
 
 PAGE_SIZE_MAXIMUM = 500
@@ -68,15 +67,12 @@ class CursorCountPagination(StrictPageSize, CursorPagination):
         self._by_page = None
         if "page" in request.query_params:
             self._by_page = PageSizePagination()
-            if isinstance(queryset, CompiledValues):  # a page number's Paginator counts
-                queryset = queryset.queryset()
             return self._by_page.paginate_queryset(queryset, request, view)
         self.count, self.count_capped = None, None
         self._model = queryset.model
         if not request.query_params.get(self.cursor_query_param):
             # The first page counts, over at most COUNT_CAP + 1 rows (an index-only scan
-            # however long the list); the pages after it don't count again. Compiled
-            # rows count their scope, without the joins their rows read for display.
+            # however long the list); the pages after it don't count again.
             self.count, self.count_capped = capped_count(queryset)
         return super().paginate_queryset(queryset, request, view)
 

@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-from datetime import UTC
 from decimal import Decimal
 
-from django.db.models import F
-from django.utils import timezone
+from django.db.models import F, QuerySet
 from rest_framework import serializers
 
 from jobs import selectors, services
@@ -88,10 +86,37 @@ class JobCreateSerializer(serializers.Serializer):
         return services.JobSpec(**self.validated_data)
 
 
+class SlugOfField(serializers.CharField):
+    """The slug of a related catalog row (`source` names the relation): the list's
+    annotation `<relation>_slug` when the job was read with it (`RELATED_SLUGS`: no
+    catalog object per row), else the related row's."""
+
+    def __init__(self, **kwargs):
+        super().__init__(read_only=True, **kwargs)
+
+    def get_attribute(self, instance):
+        relation = self.source
+        if hasattr(instance, f"{relation}_slug"):
+            return getattr(instance, f"{relation}_slug")
+        related = getattr(instance, relation)
+        return related.slug if related is not None else None
+
+
+# What a job list reads of its related rows (their slugs, with the job).
+RELATED_SLUGS = {
+    "image_slug": F("image__slug"),
+    "gpu_type_slug": F("gpu_type__slug"),
+    "region_slug": F("region__slug"),
+}
+
+
 class JobSerializer(serializers.ModelSerializer):
-    image = serializers.CharField(source="image.slug")
-    gpu_type = serializers.CharField(source="gpu_type.slug", allow_null=True, default=None)
-    region = serializers.CharField(source="region.slug")
+    """The API's one writing of a job, a list's rows and a single job alike. Each job's
+    cost and queue position come from one batch for all the jobs it writes (`_batch`)."""
+
+    image = SlugOfField()
+    gpu_type = SlugOfField(allow_null=True)
+    region = SlugOfField()
     secret_env = serializers.SerializerMethodField()
     cost_to_date = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
@@ -131,6 +156,7 @@ class JobSerializer(serializers.ModelSerializer):
             "started_at",
             "finished_at",
         ]
+        read_only_fields = fields
 
     def get_secret_env(self, job) -> dict[str, str]:
         return {name: "••••••" for name in job.secret_env_names}
@@ -147,30 +173,10 @@ class JobSerializer(serializers.ModelSerializer):
         return self.context["_job_batch"]
 
     def get_cost_to_date(self, job) -> str:
-        cost = self._batch()["costs"].get(job.pk)
-        if cost is None:
-            cost = job_costs().costs_to_date([job])[job.pk]
-        return str(cost)
+        return str(self._batch()["costs"][job.pk])
 
     def get_queue_position(self, job) -> int | None:
         return self._batch()["positions"].get(job.pk) if job.status == "queued" else None
-
-
-def _timestamp(value, zone) -> str | None:
-    """A datetime as DRF writes it (ISO 8601 in the current time zone, UTC as "Z")."""
-    if value is None:
-        return None
-    text = value.astimezone(zone).isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
-
-
-SPOT_RATIO_QUANTUM = Decimal("0.001")
-# Annotations a job list reads instead of joining whole objects (see JobViewSet.list).
-RELATED_SLUGS = {
-    "image_slug": F("image__slug"),
-    "gpu_type_slug": F("gpu_type__slug"),
-    "region_slug": F("region__slug"),
-}
 
 
 # The columns a row shows or prices from (and what a queue position reads): a list
@@ -182,87 +188,12 @@ ROW_COLUMNS = (
     "backend", "spot_nodes", "on_demand_nodes", "pool_id", "spot_pool_id", "status",
     "status_reason", "attempt", "exit_code", "created_at", "started_at", "finished_at",
 )  # fmt: skip
-# What a list page reads per row: the columns and the related slugs (`RELATED_SLUGS`);
-# the cost provider adds its inputs (`JobCostProvider.with_cost_inputs`).
-ROW_VALUES = (*ROW_COLUMNS, *RELATED_SLUGS)
 
 
-def _related_slug(job: Job, relation: str) -> str | None:
-    if hasattr(job, f"{relation}_slug"):
-        return getattr(job, f"{relation}_slug")
-    related = getattr(job, relation)
-    return related.slug if related is not None else None
-
-
-def _row_of(job: Job) -> dict:
-    """A job as a list page reads it (`ROW_VALUES`), from an instance."""
-    row = {column: getattr(job, column) for column in ROW_COLUMNS}
-    for relation in ("image", "gpu_type", "region"):
-        row[f"{relation}_slug"] = _related_slug(job, relation)
-    return row
-
-
-def _documents(rows: list[dict], costs: dict, positions: dict) -> list[dict]:
-    zone = timezone.get_current_timezone()
-    if getattr(zone, "key", None) == "UTC":  # the database's own zone: nothing to convert
-        zone = UTC
-    return [
-        {
-            "id": row["id"],
-            "name": row["name"],
-            "project": row["project"],
-            "labels": row["labels"],
-            "image": row["image_slug"],
-            "image_reference": row["image_reference"],
-            "command": row["command"],
-            "env": row["env"],
-            "secret_env": {name: "••••••" for name in row["secret_env_names"]},
-            "gpu_type": row["gpu_type_slug"],
-            "gpus_per_node": row["gpus_per_node"],
-            "cpus": row["cpus"],
-            "nodes": row["nodes"],
-            "region": row["region_slug"],
-            "spot_ratio": str(Decimal(row["spot_ratio"]).quantize(SPOT_RATIO_QUANTUM)),
-            "priority": row["priority"],
-            "max_runtime_minutes": row["max_runtime_minutes"],
-            "checkpoint_path": row["checkpoint_path"],
-            "auto_release": row["auto_release"],
-            "backend": row["backend"],
-            "spot_nodes": row["spot_nodes"],
-            "on_demand_nodes": row["on_demand_nodes"],
-            "status": row["status"],
-            "status_reason": row["status_reason"],
-            "queue_position": positions.get(row["id"]) if row["status"] == "queued" else None,
-            "attempt": row["attempt"],
-            "exit_code": row["exit_code"],
-            "cost_to_date": str(costs[row["id"]]),
-            "created_at": _timestamp(row["created_at"], zone),
-            "started_at": _timestamp(row["started_at"], zone),
-            "finished_at": _timestamp(row["finished_at"], zone),
-        }
-        for row in rows
-    ]
-
-
-def job_rows(jobs: list[Job]) -> list[dict]:
-    """The jobs as `JobSerializer` writes them, without its per-field machinery. The
-    serializer stays the schema; a test checks both write the same document."""
-    costs = job_costs().costs_to_date(jobs)
-    positions = selectors.queue_positions(jobs)
-    return _documents([_row_of(job) for job in jobs], costs, positions)
-
-
-def job_rows_from_values(rows: list[dict]) -> list[dict]:
-    """`job_rows` for rows read as `ROW_VALUES` of a queryset `with_cost_inputs` (the
-    list API's hot path: building a model instance per row cost a third of a page;
-    only queued rows become instances, for their queue positions)."""
-    costs = job_costs().row_costs(rows)
-    queued = [selectors.job_from_row(row) for row in rows if row["status"] == JobStatus.QUEUED]
-    return _documents(rows, costs, selectors.queue_positions(queued))
-
-
-def job_row(job: Job) -> dict:
-    return job_rows([job])[0]
+def listed_jobs(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """`jobs` as a list page reads them: the columns a row shows or prices from, the
+    slugs of their catalog rows and their costs' inputs (`with_cost_inputs`)."""
+    return job_costs().with_cost_inputs(jobs.annotate(**RELATED_SLUGS).only(*ROW_COLUMNS))
 
 
 class JobQuerySerializer(serializers.Serializer):

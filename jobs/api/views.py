@@ -20,11 +20,6 @@ from jobs.logs.reading import read_lines
 from jobs.models import Job, TenantSecret
 
 
-def _list_row_shape(jobs):
-    """What a row of the jobs list reads (`job_rows_from_values`)."""
-    return job_costs().with_cost_inputs(jobs.annotate(**s.RELATED_SLUGS).values(*s.ROW_VALUES))
-
-
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = Job.objects.select_related("gpu_type", "region", "image", "tenant")
     serializer_class = s.JobSerializer
@@ -37,25 +32,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     }
 
     def scope_queryset(self, queryset):
+        if self.action == "list":  # a row's columns and slugs, its cost's inputs
+            status = query_params(s.JobQuerySerializer, self.request).get("status")
+            if status:
+                queryset = queryset.filter(status=status)
+            return s.listed_jobs(queryset.select_related(None))
         if self.action == "retrieve":  # its cost's inputs read with the job
             return job_costs().with_cost_inputs(queryset)
         return queryset
 
     @extend_schema(parameters=[s.JobQuerySerializer])
     def list(self, request, *args, **kwargs):
-        # Rows are read as values with the job, with only the slugs of its image, GPU
-        # type and region (no model instance per row, no catalog objects), by a query
-        # compiled once per process. Every job here is the request's tenant's.
-        rows = selectors.listed_jobs(
-            "api-job-list",
-            _list_row_shape,
-            tenant=request.tenant,
-            status=query_params(s.JobQuerySerializer, request).get("status"),
-        )
-        return self.get_paginated_response(s.job_rows_from_values(self.paginate_queryset(rows)))
-
-    def retrieve(self, request, *args, **kwargs):
-        return Response(s.job_row(self.get_object()))
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(
         request=s.JobCreateSerializer,
@@ -73,11 +61,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             idempotency_key=key,
             request=request._request,
         )
-        return Response(s.job_row(job), status=status.HTTP_201_CREATED)
+        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     def _act(self, service, **kwargs):
         job = service(job=self.get_object(), actor=Actor.of_user(self.request.user), **kwargs)
-        return Response(s.job_row(job))
+        return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)
     @action(detail=True, methods=["post"])
@@ -98,7 +86,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     @action(detail=True, methods=["post"])
     def clone(self, request, pk=None):
         job = services.job_clone(job=self.get_object(), user=request.user, request=request._request)
-        return Response(s.job_row(job), status=status.HTTP_201_CREATED)
+        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     def destroy(self, request, *args, **kwargs):
         services.job_delete(job=self.get_object(), user=request.user, request=request._request)

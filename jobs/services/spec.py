@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
-from django.db.models import F, QuerySet
+from django.db.models import F
 
-from console.compiled import StandIns, compiled_first, compiled_instances
 from console.crypto import decrypt_json
 from console.models import Tenant
 from console.services import ServiceError
@@ -19,7 +18,6 @@ from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Ti
 from marketplace.selectors import (
     HOST_NOT_AVAILABLE,
     default_region,
-    may_run_on_host,
     pools_for_tenant,
     regions_for_tenant,
 )
@@ -269,24 +267,12 @@ def spot_nodes_for(nodes: int, spot_ratio: Decimal) -> int:
 def _pick_pool(
     *, tenant: Tenant, gpu_type: GpuType | None, region: Region, tier: str
 ) -> NodePool | None:
-    backends = tuple(settings.COMPUTE_BACKENDS)
-
-    def build(at: StandIns) -> QuerySet[NodePool]:
-        pools = pools_for_tenant(tenant).filter(
-            gpu_type_id=at.int("gpu_type") if gpu_type else None,
-            region_id=at.int("region"),
-            tier=tier,
-            backend__in=backends,
-        )
-        if gpu_type is None:
-            return pools.order_by("-allocatable_vcpus", "pk")
-        return pools.order_by("-allocatable_gpus", "pk")
-
-    # The shape: what the tenant's pools depend on, CPU or GPU, the tier and the backends.
-    shape = ("launch-pool", may_run_on_host(tenant), gpu_type is None, tier, backends)
-    return compiled_first(
-        shape, NodePool, build, gpu_type=gpu_type.pk if gpu_type else None, region=region.pk
+    pools = pools_for_tenant(tenant).filter(
+        gpu_type=gpu_type, region=region, tier=tier, backend__in=settings.COMPUTE_BACKENDS
     )
+    if gpu_type is None:
+        return pools.order_by("-allocatable_vcpus", "pk").first()
+    return pools.order_by("-allocatable_gpus", "pk").first()
 
 
 @dataclass
@@ -336,12 +322,7 @@ def spec_validate(
 
     gpu_type = None
     if spec.gpu_type:
-        gpu_type = compiled_first(
-            "launch-gpu-type",
-            GpuType,
-            lambda at: GpuType.objects.filter(slug=at.text("slug"), is_active=True),
-            slug=spec.gpu_type,
-        )
+        gpu_type = GpuType.objects.filter(slug=spec.gpu_type, is_active=True).first()
         if gpu_type is None:
             raise invalid(f"Unknown GPU type “{spec.gpu_type}”.", "gpu_type")
         if spec.gpus_per_node < 1:
@@ -351,12 +332,7 @@ def spec_validate(
 
     if spec.region:
         # One query when the region is usable; telling why not costs a second.
-        region = compiled_first(
-            ("launch-region", may_run_on_host(tenant)),  # what the tenant's regions depend on
-            Region,
-            lambda at: regions_for_tenant(tenant).filter(slug=at.text("slug")),
-            slug=spec.region,
-        )
+        region = regions_for_tenant(tenant).filter(slug=spec.region).first()
         if region is None:
             if Region.objects.filter(slug=spec.region, is_active=True).exists():
                 raise invalid(HOST_NOT_AVAILABLE, "region")
@@ -366,16 +342,11 @@ def spec_validate(
         if region is None:
             raise invalid("Choose a region: none has a CPU pool by default.", "region")
 
-    image = compiled_first(
-        "launch-image",
-        Image,
-        lambda at: (
-            Image.objects.for_tenant(Tenant(pk=at.int("tenant")))
-            .filter(slug=at.text("slug"), is_active=True)
-            .order_by(F("tenant").asc(nulls_first=True))
-        ),  # a public image wins a slug clash
-        tenant=tenant.pk,
-        slug=spec.image,
+    image = (
+        Image.objects.for_tenant(tenant)
+        .filter(slug=spec.image, is_active=True)
+        .order_by(F("tenant").asc(nulls_first=True))  # a public image wins a slug clash
+        .first()
     )
     if image is None:
         raise invalid(f"Unknown image “{spec.image}”.", "image")
@@ -437,12 +408,7 @@ def spec_validate(
                 "cpus",
             )
     total_gpus = spec.nodes * spec.gpus_per_node
-    quotas = compiled_instances(
-        "launch-quotas",
-        TenantQuota,
-        lambda at: TenantQuota.objects.for_tenant(Tenant(pk=at.int("tenant"))).order_by("pk"),
-        tenant=tenant.pk,
-    )
+    quotas = list(TenantQuota.objects.for_tenant(tenant).order_by("pk"))
     for quota in quotas:
         if quota.max_gpus is None or not gpu_type:
             continue
