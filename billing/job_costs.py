@@ -18,15 +18,16 @@ from django.db.models import (
     QuerySet,
     Subquery,
     Sum,
-    prefetch_related_objects,
 )
 from django.utils import timezone
 
 from billing.metering.spans import billed_spans
 from billing.models import UsageRecord
+from console.models import Tenant
 from jobs.models import BILLED_STATUSES, Job, JobEvent
 from jobs.selectors import job_events, job_from_row
-from marketplace.pricing import PricingError, estimate_cost
+from marketplace.price_book import PriceBook, price_book
+from marketplace.pricing import after_tenant_discount, tenant_discount_percent
 
 COST_QUANTUM = Decimal("0.000001")
 
@@ -47,57 +48,57 @@ def billed_seconds(
 
 def job_run_rate(job: Job) -> Decimal | None:
     """The job's hourly price (its actual spot/on-demand split), or None without a price."""
-    try:
-        estimate = estimate_cost(
-            gpu_type=job.gpu_type,
-            region=job.region,
-            nodes=job.nodes,
-            gpus_per_node=job.gpus_per_node,
-            cpus=job.cpus,
-            spot_ratio=Decimal(job.spot_nodes) / Decimal(job.nodes),
-            hours=Decimal(1),
-            tenant=job.tenant,
-        )
-    except PricingError:
-        return None
-    per_node = Decimal(estimate.units) / Decimal(job.nodes)
-    return per_node * (
-        estimate.unit_price_spot * job.spot_nodes + estimate.unit_price_base * job.on_demand_nodes
-    )
+    return jobs_run_rates([job])[job.pk]
 
 
 # What a job's hourly price depends on: jobs alike in these are priced once (a tenant's
-# hundreds of running jobs share a handful of configurations; each pricing reads the
-# price book).
+# hundreds of running jobs share a handful of configurations).
 PRICED_BY = ("gpu_type_id", "region_id", "tenant_id", "gpus_per_node", "cpus", "nodes",
              "spot_nodes")  # fmt: skip
 _priced_by = attrgetter(*PRICED_BY)
 
 
 def jobs_run_rates(jobs) -> dict[int, Decimal | None]:
-    """Each job's hourly price (`job_run_rate`), each configuration priced once."""
+    """Each job's hourly price, from the price book in force as offers read it (kept in
+    memory: marketplace.price_book) after its tenant's discount: a constant number of
+    queries, however many configurations. None for a job without a price."""
+    if not jobs:
+        return {}
+    book = price_book()
+    discounts = {
+        tenant_id: tenant_discount_percent(Tenant(pk=tenant_id))
+        for tenant_id in {job.tenant_id for job in jobs}
+    }
     by_configuration: dict[tuple, Decimal | None] = {}
     rates = {}
-    # A list may have read its jobs without their catalog rows: fetch them once.
-    prefetch_related_objects(list(jobs), "gpu_type", "region", "tenant")
     for job in jobs:
         key = _priced_by(job)
         if key not in by_configuration:
-            by_configuration[key] = job_run_rate(job)
+            by_configuration[key] = _run_rate(job, book, discounts[job.tenant_id])
         rates[job.pk] = by_configuration[key]
     return rates
 
 
+def _run_rate(job: Job, book: PriceBook | None, discount: Decimal) -> Decimal | None:
+    # The hourly figure of `marketplace.pricing.estimate_cost` for the job's own split.
+    prices = book and book.prices_by_offer.get((job.gpu_type_id, job.region_id))
+    units_per_node = job.gpus_per_node if job.gpu_type_id else job.cpus
+    if prices is None or job.nodes < 1 or not units_per_node or units_per_node < 1:
+        return None
+    spot = after_tenant_discount(prices.spot, discount)
+    on_demand = after_tenant_discount(prices.on_demand, discount)
+    return units_per_node * (spot * job.spot_nodes + on_demand * job.on_demand_nodes)
+
+
 def total_run_rate(jobs: QuerySet[Job]) -> Decimal:
-    """The summed hourly price of the given jobs, in two queries whatever their number:
+    """The summed hourly price of the given jobs, in a few queries whatever their number:
     how many jobs share each configuration, and one job of each to price."""
     groups = list(jobs.order_by().values(*PRICED_BY).annotate(count=Count("pk"), one=Min("pk")))
-    examples = Job.objects.select_related("gpu_type", "region", "tenant").in_bulk(
-        [group["one"] for group in groups]
-    )
+    examples = Job.objects.in_bulk([group["one"] for group in groups])
+    rates = jobs_run_rates(list(examples.values()))
     total = Decimal(0)
     for group in groups:
-        total += (job_run_rate(examples[group["one"]]) or Decimal(0)) * group["count"]
+        total += (rates[group["one"]] or Decimal(0)) * group["count"]
     return total
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Q
 from django.db.models.signals import pre_delete, pre_save
 from django.utils import timezone
 
@@ -43,6 +42,9 @@ class PriceBook:
     entries: tuple[PricedEntry, ...]  # active GPU types (or CPU) in active regions
     revision: str | None
     valid_until: datetime
+    # Every entry's prices by (GPU type id or None, region id), a withdrawn GPU type's or
+    # region's too: what jobs still running on them cost.
+    prices_by_offer: dict[tuple[int | None, int], UnitPrices]
 
 
 _kept: dict[str, PriceBook] = {}
@@ -111,18 +113,17 @@ def _load(at: datetime, revision: str | None) -> PriceBook | None:
     following = {}
     if upcoming is not None and upcoming.currency == version.currency:
         following = {(e.gpu_type_id, e.region_id): e for e in upcoming.entries.all()}
-    entries = (
-        version.entries.select_related("gpu_type", "region")
-        .filter(region__is_active=True)
-        .filter(Q(gpu_type__isnull=True) | Q(gpu_type__is_active=True))
-    )
-    priced = []
-    for entry in entries:
+    priced, prices_by_offer = [], {}
+    for entry in version.entries.select_related("gpu_type", "region"):
+        prices = unit_prices(entry, version)
+        prices_by_offer[(entry.gpu_type_id, entry.region_id)] = prices
+        if not entry.region.is_active or (entry.gpu_type and not entry.gpu_type.is_active):
+            continue  # not offered
         following_entry = following.get((entry.gpu_type_id, entry.region_id))
         priced.append(
             PricedEntry(
                 entry=entry,
-                prices=unit_prices(entry, version),
+                prices=prices,
                 next_prices=(
                     unit_prices(following_entry, upcoming) if following_entry and upcoming else None
                 ),
@@ -131,4 +132,4 @@ def _load(at: datetime, revision: str | None) -> PriceBook | None:
     valid_until = at + MAX_AGE
     if upcoming is not None:
         valid_until = min(valid_until, upcoming.effective_from)
-    return PriceBook(version, upcoming, tuple(priced), revision, valid_until)
+    return PriceBook(version, upcoming, tuple(priced), revision, valid_until, prices_by_offer)

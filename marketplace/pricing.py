@@ -37,6 +37,12 @@ def _off(price: Decimal, percent: Decimal) -> Decimal:
     return price * (HUNDRED - percent) / HUNDRED
 
 
+def after_tenant_discount(price: Decimal, discount_percent: Decimal) -> Decimal:
+    """`price` after a tenant's negotiated discount (`tenant_discount_percent`): the one
+    place it is applied, for estimates, offers, running jobs' rates and metering alike."""
+    return _off(price, discount_percent)
+
+
 @dataclass(frozen=True)
 class UnitPrices:
     """Per GPU-hour (or vCPU-hour) prices of one offer in one price version, undiscounted."""
@@ -141,8 +147,8 @@ def estimate_cost(
     version, entry = price_entry_in_force(gpu_type=gpu_type, region=region, at=at or timezone.now())
     prices = unit_prices(entry, version)
     discount = tenant_discount_percent(tenant)
-    spot_price = _off(prices.spot, discount)
-    base_price = _off(prices.for_tier(tier, reserved_months), discount)
+    spot_price = after_tenant_discount(prices.spot, discount)
+    base_price = after_tenant_discount(prices.for_tier(tier, reserved_months), discount)
 
     spot_hourly = units * spot_ratio * spot_price
     base_hourly = units * (1 - spot_ratio) * base_price

@@ -24,7 +24,7 @@ from marketplace.models import (
     free_capacity,
 )
 from marketplace.price_book import price_book
-from marketplace.pricing import _off, tenant_discount_percent
+from marketplace.pricing import after_tenant_discount, tenant_discount_percent
 
 THOUSAND = Decimal(1000)
 MICRO = Decimal("0.000001")
@@ -133,12 +133,11 @@ def offers(
             continue
         for tier_value in Tier.values:
             bucket = capacity.get((entry.gpu_type_id, entry.region_id, tier_value), empty)
-            unit_price = _off(priced.prices.for_tier(tier_value), discount).quantize(MICRO)
-            next_price = (
-                _off(priced.next_prices.for_tier(tier_value), discount).quantize(MICRO)
-                if priced.next_prices
-                else None
-            )
+            price = after_tenant_discount(priced.prices.for_tier(tier_value), discount)
+            unit_price, next_price = price.quantize(MICRO), None
+            if priced.next_prices:
+                price = after_tenant_discount(priced.next_prices.for_tier(tier_value), discount)
+                next_price = price.quantize(MICRO)
             changed = priced.next_prices is not None and next_price != unit_price
             rows.append(
                 Offer(

@@ -17,10 +17,9 @@ from typing import NamedTuple
 from billing.metering.spans import JobRow
 from billing.models import AMOUNT_QUANTUM
 from marketplace.models import PriceVersion, TenantPricing
-from marketplace.pricing import unit_prices
+from marketplace.pricing import after_tenant_discount, unit_prices
 
 log = logging.getLogger(__name__)
-HUNDRED = Decimal(100)
 ZERO = Decimal(0)
 
 
@@ -71,12 +70,11 @@ class PriceBook:
             currency = version.currency if version else "USD"
             return Price(version and version.pk, currency, ZERO, ZERO, True)
         prices = unit_prices(entry, version)
-        factor = (HUNDRED - discount) / HUNDRED
         return Price(
             version.pk,
             version.currency,
-            (prices.for_tier(tier) * factor).quantize(AMOUNT_QUANTUM),
-            prices.on_demand * factor,
+            after_tenant_discount(prices.for_tier(tier), discount).quantize(AMOUNT_QUANTUM),
+            after_tenant_discount(prices.on_demand, discount),
             False,
         )
 
