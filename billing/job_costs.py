@@ -81,7 +81,8 @@ def jobs_run_rates(jobs) -> dict[int, Decimal | None]:
 
 def _run_rate(job: Job, book: PriceBook | None, discount: Decimal) -> Decimal | None:
     # The hourly figure of `marketplace.pricing.estimate_cost` for the job's own split.
-    prices = book and book.prices_by_offer.get((job.gpu_type_id, job.region_id))
+    offer = (job.gpu_type_id, job.region_id)
+    prices = book.prices_by_offer.get(offer) if book is not None else None
     units_per_node = job.gpus_per_node if job.gpu_type_id else job.cpus
     if prices is None or job.nodes < 1 or not units_per_node or units_per_node < 1:
         return None

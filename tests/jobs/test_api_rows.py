@@ -5,11 +5,13 @@ every kind of state; and the list pages by cursor."""
 from __future__ import annotations
 
 import base64
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.utils import timezone
+from rest_framework import serializers
 
-from jobs.api.serializers import ROW_COLUMNS
+from jobs.api.serializers import ROW_COLUMNS, JobSerializer
 from jobs.extensions import job_costs
 from jobs.models import Job, JobStatus
 from jobs.services import tenant_secret_set
@@ -72,3 +74,15 @@ def test_the_list_pages_by_cursor_with_a_capped_count(member_api):
 def test_a_list_row_reads_every_column_its_cost_reads():
     # Else each priced configuration would load a deferred column with a query of its own.
     assert set(job_costs().cost_columns) <= set(ROW_COLUMNS)
+
+
+def test_a_time_is_written_as_drf_s_datetime_field_writes_it():
+    written = serializers.DateTimeField()
+    for zone in ("UTC", "Europe/Paris", "America/New_York"):
+        with timezone.override(zone):
+            for value in (
+                datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+                datetime(2026, 7, 1, 23, 59, 59, 123456, tzinfo=UTC),
+            ):
+                assert JobSerializer()._timestamp(value) == written.to_representation(value)
+            assert JobSerializer()._timestamp(None) is None

@@ -106,3 +106,58 @@ def make_finished_jobs(tenant, user, count: int) -> None:
         JobEvent.objects.bulk_create(events)
         JobMeter.objects.bulk_create(meters)
         UsageRecord.objects.bulk_create(records)
+
+
+def make_running_jobs(tenant, user, count: int) -> int:
+    """`count` jobs running for the last half hour, not metered yet (each is priced live
+    on every read), spread over every priced GPU pool and 1 to 4 GPUs a node; returns how
+    many configurations (GPU type, region, GPUs a node) they make."""
+    version = PriceVersion.objects.in_force()
+    priced = set(version.entries.values_list("gpu_type_id", "region_id"))
+    pools = [
+        pool
+        for pool in NodePool.objects.filter(gpu_type__isnull=False, is_active=True).order_by("pk")
+        if (pool.gpu_type_id, pool.region_id) in priced
+    ]
+    assert pools, "the catalog needs a priced GPU pool"
+    image = Image.objects.filter(tenant__isnull=True).first()
+    started = timezone.now() - timedelta(minutes=30)
+    jobs = []
+    for index in range(count):
+        pool = pools[index % len(pools)]
+        jobs.append(
+            Job(
+                tenant=tenant,
+                created_by=user,
+                name=f"live-{index}",
+                image=image,
+                image_reference=image.reference,
+                command=["torchrun", "train.py", f"--run={index}"],
+                gpu_type=pool.gpu_type,
+                gpus_per_node=1 + (index // len(pools)) % 4,
+                cpus=8,
+                region=pool.region,
+                backend=pool.backend,
+                pool=pool,
+                on_demand_nodes=1,
+                status=S.RUNNING,
+                status_reason="running",
+                status_changed_at=started + timedelta(minutes=2),
+                created_at=started - timedelta(seconds=index),
+                started_at=started + timedelta(minutes=2),
+            )
+        )
+    jobs = Job.objects.bulk_create(jobs)
+    JobEvent.objects.bulk_create(
+        JobEvent(
+            job=job,
+            at=job.created_at + timedelta(minutes=min(step, 2)),
+            from_status=before,
+            to_status=after,
+            actor="system",
+            reason=reason,
+        )
+        for job in jobs
+        for step, (before, after, reason) in enumerate(TIMELINE[:4])
+    )
+    return len({(job.gpu_type_id, job.region_id, job.gpus_per_node) for job in jobs})
