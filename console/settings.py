@@ -302,6 +302,9 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": _BROKER_URL,
         "KEY_PREFIX": env_str("CHANNELS_PREFIX", "gpugeek"),
+        # A Redis that doesn't answer costs a request at most this long: what the cache
+        # keeps is then read from the database (console.caching).
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
     }
 }
 
