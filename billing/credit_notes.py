@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from billing import tasks
 from billing.credit_ledger import credit_balance_move
 from billing.invoicing import billing_profile_for, number_take
 from billing.models import (
@@ -152,7 +153,7 @@ def credit_note_create(
             )
         if settings.STRIPE_API_KEY:
             # Sent as a Stripe credit note once this commits, if the invoice is at Stripe.
-            enqueue_on_commit("billing.tasks.credit_note_push_to_stripe", note.pk)
+            enqueue_on_commit(tasks.credit_note_push_to_stripe, note.pk)
         audit_record(
             action="invoice.credit_note",
             tenant=locked.tenant,

@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet, Sum
 
+from billing import tasks
 from billing.credit_ledger import credit_balance_move
 from billing.models import (
     AMOUNT_QUANTUM,
@@ -399,7 +400,7 @@ def invoice_finalize(
             locked.status, locked.paid_at = InvoiceStatus.PAID, now  # settled by credit
         elif settings.STRIPE_API_KEY:
             # Pushed to Stripe once this commits (by name: services don't import tasks).
-            enqueue_on_commit("billing.tasks.invoice_push_to_stripe", locked.pk)
+            enqueue_on_commit(tasks.invoice_push_to_stripe, locked.pk)
         locked.save()
         audit_record(
             action="invoice.finalize",
@@ -450,7 +451,7 @@ def _transition(
         elif settings.STRIPE_API_KEY:
             # Decided here, not reported by Stripe: its copy must follow, so it can't be
             # paid online any more.
-            enqueue_on_commit("billing.tasks.invoice_status_to_stripe", locked.pk)
+            enqueue_on_commit(tasks.invoice_status_to_stripe, locked.pk)
         audit_record(
             action=f"invoice.{to.value}",
             tenant=locked.tenant,

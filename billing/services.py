@@ -23,6 +23,7 @@ from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
 
+from billing import tasks
 from billing.job_costs import total_run_rate
 from billing.metering.tick import meter_tick
 from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
@@ -388,7 +389,7 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
             "currency": budget.currency,
             "period_start": period_start(now).isoformat(),
         }
-        enqueue_on_commit("billing.tasks.budget_webhook_task", budget.pk, payload)
+        enqueue_on_commit(tasks.budget_webhook_task, budget.pk, payload)
     return True
 
 

@@ -95,6 +95,6 @@ def invoices_stripe_push_pending_task() -> None:
     since that isn't there either."""
     now = datetime.now(UTC)
     for invoice_id in stripe_sync.invoices_awaiting_push(now=now):
-        enqueue_now("billing.tasks.invoice_push_to_stripe", invoice_id)
+        enqueue_now(invoice_push_to_stripe, invoice_id)
     for credit_note_id in stripe_sync.credit_notes_awaiting_push(now=now):
-        enqueue_now("billing.tasks.credit_note_push_to_stripe", credit_note_id)
+        enqueue_now(credit_note_push_to_stripe, credit_note_id)

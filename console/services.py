@@ -18,6 +18,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
 
+from console import tasks
 from console.models import (
     ApiToken,
     AuditEvent,
@@ -95,7 +96,7 @@ def audit_record(
 def email_send_later(*, subject: str, body: str, recipients: list[str]) -> bool:
     """Queue an e-mail for the worker. A broker outage must not fail the page that
     triggered it (the invitation link is also shown on screen), so it is logged instead."""
-    return enqueue_now("console.tasks.send_email_task", subject, body, recipients)
+    return enqueue_now(tasks.send_email_task, subject, body, recipients)
 
 
 # --- tenants and sign-up ----

@@ -65,15 +65,10 @@ def job_transition(
     actor: Actor,
     reason: str = "",
     expected_from: frozenset[str] | None = None,
-    fresh: bool = False,
     **changes,
 ) -> Job:
     """Move `job` to `to`. The row is locked and re-read, so two racing callers can't both
-    apply a change; `expected_from` lets a caller act only from given statuses. `fresh`:
-    the caller inserted the row in its still-open transaction, where no one else can see
-    it, so it is changed as given (no re-read, lock or savepoint: a launch's admission)."""
-    if fresh:
-        return _transition(job, job, to, actor, reason, expected_from, changes)
+    apply a change; `expected_from` lets a caller act only from given statuses."""
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         return _transition(locked, job, to, actor, reason, expected_from, changes)
@@ -89,6 +84,9 @@ TRANSITION_FIELDS = (
     "wait_kind",
     "run_seconds",
     "running_since",
+    "dispatch_claimed_by",
+    "dispatch_claimed_until",
+    "dispatch_after",
 )
 
 
@@ -142,6 +140,9 @@ def _apply(
         locked.running_since = now
     if to in FINISHED:
         locked.finished_at = now
+    if to == S.DISPATCHING:  # a new start: due at once, for any sweep
+        locked.dispatch_claimed_by, locked.dispatch_claimed_until = "", None
+        locked.dispatch_after = None
     for field, value in changes.items():
         setattr(locked, field, value)
     return JobEvent(

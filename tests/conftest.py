@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from functools import cached_property
 
 import pytest
 from asgiref.sync import async_to_sync
+from celery import Task
+from django.core.cache import cache
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -13,6 +16,7 @@ from console import services
 from console.celery import app as celery_app
 from console.models import Membership, Tenant, User
 from console.permissions import Role
+from jobs.services.dispatch import SWEEP_QUEUED_KEY
 from marketplace.demo import seed_catalog
 from marketplace.inventory import NodeInventory
 from marketplace.models import GpuType, PriceVersion, Region
@@ -162,11 +166,20 @@ hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 @pytest.fixture
 def tasks_in_process(monkeypatch):
-    """Tasks queued by name (console.queueing) run in-process, as the worker would run
-    them: only the broker is left out."""
+    """Tasks queued by console.queueing run in-process, as the worker would run them:
+    only the broker is left out (a countdown runs at once)."""
     celery_app.loader.import_default_modules()  # the worker's autodiscovery
 
-    def run_in_process(name, args=(), kwargs=None, **options):
-        return celery_app.tasks[name].apply(args=args, kwargs=kwargs or {}, throw=True)
+    def run_in_process(task, args=None, kwargs=None, **options):
+        return task.apply(args=args or (), kwargs=kwargs or {}, throw=True)
 
-    monkeypatch.setattr(celery_app, "send_task", run_in_process)
+    monkeypatch.setattr(Task, "apply_async", run_in_process)
+
+
+@pytest.fixture(autouse=True)
+def _no_dispatch_sweep_mark_left():
+    """A test that queued a sweep no worker took leaves its "queued" mark for a few
+    seconds; the next test's admissions must queue their own."""
+    yield
+    with contextlib.suppress(Exception):
+        cache.delete(SWEEP_QUEUED_KEY)

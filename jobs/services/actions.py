@@ -8,12 +8,14 @@ from django.db import transaction
 from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
 from console.services import ServiceError, audit_record
+from jobs import tasks
 from jobs.actors import Actor, ActorKind
 from jobs.extensions import job_deleting, launch_check
 from jobs.models import FINISHED, ON_BACKEND, Job, JobStatus
 from jobs.services.admission import (
     blocking_wait,
     held_usage,
+    job_pools,
     jobs_admit,
     locked_admission_state,
 )
@@ -55,7 +57,7 @@ def job_pause_once(*, job: Job, actor: Actor, reason: str) -> bool:
             expected_from=frozenset({S.RUNNING, S.PROVISIONING}),
             paused_by_budget=actor.kind == ActorKind.BUDGET,
         )
-        enqueue_on_commit("jobs.tasks.job_suspend_task", job.pk)
+        enqueue_on_commit(tasks.job_suspend_task, job.pk)
     return True
 
 
@@ -74,8 +76,9 @@ def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Jo
     launch_check(tenant=job.tenant, spec=spec_from_job(job))
     with transaction.atomic():
         # A paused job released its compute: it must fit again, like a new admission.
-        pools, quotas = locked_admission_state(tenant_id=job.tenant_id)
-        wait = blocking_wait(job, pools, held_usage(), quotas)
+        pools, quotas = locked_admission_state(job)
+        usage = held_usage(pool_ids=list(pools), tenant_ids=[job.tenant_id])
+        wait = blocking_wait(job, pools, usage, quotas)
         if wait:
             raise ActionRefused(
                 f"Not enough free capacity to resume now ({wait.message}); try "
@@ -84,7 +87,7 @@ def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Jo
         job = job_transition(
             job=job, to=S.RESUMING, actor=actor, reason=reason, paused_by_budget=False
         )
-        enqueue_on_commit("jobs.tasks.job_resume_task", job.pk)
+        enqueue_on_commit(tasks.job_resume_task, job.pk)
     return job
 
 
@@ -131,9 +134,9 @@ def job_cancel(*, job: Job, actor: Actor, reason: str = "cancelled by user") -> 
             raise ActionRefused(f"The job has already {status}.")
         to = S.CANCELLING if status in ON_BACKEND else S.CANCELLED
         job = job_transition(job=job, to=to, actor=actor, reason=reason)
-        enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
+        enqueue_on_commit(tasks.job_cancel_task, job.pk)
         if to == S.CANCELLED:
-            jobs_admit()
+            jobs_admit(pools=job_pools(job))
     return job
 
 

@@ -16,7 +16,7 @@ from console.tenant_admin import TenantSuspended
 from jobs.actors import SYSTEM, Actor
 from jobs.extensions import launch_check
 from jobs.models import Job, JobStatus, Priority, WaitKind
-from jobs.services.admission import job_admit_submitted
+from jobs.services.admission import job_pools, jobs_admit
 from jobs.services.secrets import secrets_named_again, tenant_secrets_resolve
 from jobs.services.spec import JobSpec, spec_from_job, spec_validate, validate_env
 from jobs.state import job_note
@@ -90,7 +90,7 @@ def job_submit(
                 request=request,
                 metadata={"gpus": job.total_gpus, "nodes": job.nodes, "image": job.image_reference},
             )
-            job_admit_submitted(job=job, tenant_has_quotas=bool(resolved.quotas))
+            jobs_admit(pools=job_pools(job), launched=job)
     except IntegrityError:
         existing = Job.objects.for_tenant(tenant).filter(idempotency_key=idempotency_key).first()
         if existing is None:

@@ -9,14 +9,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from console.queueing import enqueue_on_commit
+from jobs import tasks
 from jobs.actors import BACKEND, SYSTEM
 from jobs.backends import BackendUnavailable, ComputeBackend, Observation, get_backend
 from jobs.models import FINISHED, HOLDING_COMPUTE, ON_BACKEND, STOPPING, Job, JobStatus, WaitKind
-from jobs.services.admission import jobs_admit
-from jobs.services.dispatch import transition_quietly
+from jobs.services.admission import job_pools, jobs_admit
+from jobs.services.dispatch import dispatch_sweep_now, transition_quietly
 from jobs.state import job_run_seconds, job_wait_update
 
 log = logging.getLogger(__name__)
@@ -88,8 +90,8 @@ def _released(job: Job) -> Job:
     queue (and, finished, has what it left on its backend removed)."""
     if job.status not in HOLDING_COMPUTE:
         if job.status in FINISHED and get_backend(job.backend).releases_after_finish:
-            enqueue_on_commit("jobs.tasks.job_release_task", job.pk)
-        jobs_admit()
+            enqueue_on_commit(tasks.job_release_task, job.pk)
+        jobs_admit(pools=job_pools(job))
     return job
 
 
@@ -147,7 +149,7 @@ def _observe_one(job: Job, backend: ComputeBackend, now: datetime) -> None:
         )
         if job.status == S.FAILED:
             backend.cancel(job)
-            jobs_admit()
+            jobs_admit(pools=job_pools(job))
             return
     job_apply_observation(job=job, observation=backend.observe(job))
 
@@ -161,7 +163,7 @@ def jobs_reconcile(
     """Redo what a lost task (a broker outage at commit, a Redis restart) left undone, by
     the age of each job's status. Returns the ids of the jobs acted on.
 
-    - `dispatching` too long: dispatch again (idempotent);
+    - `dispatching` too long: a dispatch sweep (it takes every due row, a lapsed claim's too);
     - `pausing` too long: tell the backend to suspend again;
     - `cancelling` too long: tell the backend to cancel again;
     - `resuming` too long: resume again (idempotent);
@@ -172,22 +174,26 @@ def jobs_reconcile(
     now = now or timezone.now()
     stuck_before = now - timedelta(seconds=stuck_after_seconds)
     acted: set[int] = set()
-    redo: dict[str, str] = {
-        S.DISPATCHING: "jobs.tasks.job_dispatch_task",
-        S.PAUSING: "jobs.tasks.job_suspend_task",
-        S.CANCELLING: "jobs.tasks.job_cancel_task",
-        S.RESUMING: "jobs.tasks.job_resume_task",
+    redo: dict[str, Any] = {
+        S.PAUSING: tasks.job_suspend_task,
+        S.CANCELLING: tasks.job_cancel_task,
+        S.RESUMING: tasks.job_resume_task,
     }
     stuck = Job.objects.filter(
-        status__in=[*redo, S.PROVISIONING], status_changed_at__lt=stuck_before
+        status__in=[*redo, S.DISPATCHING, S.PROVISIONING], status_changed_at__lt=stuck_before
     )
     provisioning: dict[str, list[int]] = {}
+    sweep = False
     for job_id, status, backend_name in stuck.values_list("pk", "status", "backend"):
         if status == S.PROVISIONING:
             provisioning.setdefault(backend_name, []).append(job_id)
+        elif status == S.DISPATCHING:
+            sweep = True
         else:
             enqueue_on_commit(redo[status], job_id)
         acted.add(job_id)
+    if sweep:
+        transaction.on_commit(dispatch_sweep_now)
     for backend_name, job_ids in provisioning.items():
         try:
             jobs_observe(backend_name=backend_name, now=now, job_ids=job_ids)
@@ -214,9 +220,9 @@ def _reconcile_finished(job: Job) -> bool:
         log.exception("observing finished job %s failed", job.pk)
         return False
     if phase in ("running", "pending"):
-        enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
+        enqueue_on_commit(tasks.job_cancel_task, job.pk)
         return True
     if backend.releases_after_finish:
-        enqueue_on_commit("jobs.tasks.job_release_task", job.pk)
+        enqueue_on_commit(tasks.job_release_task, job.pk)
         return True
     return False

@@ -568,19 +568,19 @@ def test_a_suspension_after_the_launch_check_holds_the_job_back_at_admission(wor
     assert not Job.objects.filter(status__in=HOLDING_COMPUTE).exists()
 
 
-def test_a_launch_that_waits_leaves_a_later_launch_of_its_priority_as_it_was_decided(world, pools):
+def test_a_launch_that_waits_relabels_a_later_launch_it_went_before(world, pools):
     # Two concurrent launches: the later one (created after) took the pool lock first and
-    # was decided without seeing the earlier one. When the earlier one then waits, the
-    # later one still waits too; no full pass over the queue relabels it.
+    # was decided without seeing the earlier one. The earlier one's pass then says what
+    # holds the later one now, as a full pass would, and stops there.
     gpu_job(world, "holder", gpus=8)
     later = gpu_job(world, "later", gpus=8)
+    assert later.wait_kind == WaitKind.CAPACITY
     Job.objects.filter(pk=later.pk).update(created_at=timezone.now() + timedelta(seconds=5))
     earlier = gpu_job(world, "earlier", gpus=8)
     later.refresh_from_db()
     assert (earlier.status, earlier.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
-    assert (later.status, later.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
-    # The next full pass (a job ends, the reconciler) says what holds it now.
-    services.jobs_admit()
+    assert (later.status, later.wait_kind) == (S.QUEUED, WaitKind.POOL_QUEUE)
+    assert services.jobs_admit() == []
     later.refresh_from_db()
     assert later.wait_kind == WaitKind.POOL_QUEUE
 

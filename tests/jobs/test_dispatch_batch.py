@@ -1,14 +1,15 @@
-"""Batch dispatch (`jobs.services.jobs_dispatch`, `jobs.tasks.jobs_dispatch_task`): many
-admitted jobs started together on the simulated Kubernetes API server, each exactly once,
-with one job's trouble handed to its own dispatch task."""
+"""Batch dispatch (`jobs.services.jobs_dispatch`, run by the sweep `jobs_dispatch_task`):
+many admitted jobs started together on the simulated Kubernetes API server, each exactly
+once, with one job's trouble put off for a later sweep."""
 
 from __future__ import annotations
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from jobs import services, tasks
+from jobs import services
 from jobs.actors import SYSTEM
 from jobs.backends import BackendUnavailable
 from jobs.backends.kubernetes import KubernetesBackend, manifests
@@ -116,7 +117,8 @@ def test_an_undo_the_cluster_refuses_is_retried_by_a_cancel_task(
     assert f"gg-{victim.pk}-a1" in kube_job_names(cluster, victim)  # not stopped yet
     cluster.clear_faults()
     # The cancel's own task and the undo's: either would stop it; both are harmless.
-    assert set(dropped.run()) == {("jobs.tasks.job_cancel_task", (victim.pk,))}
+    ran = {task for task in dropped.run() if task[0].startswith("jobs.")}  # (and a mail)
+    assert ran == {("jobs.tasks.job_cancel_task", (victim.pk,), None)}
     assert kube_job_names(cluster, victim) == sorted(f"gg-{j.pk}-a1" for j in (jobs[0], jobs[2]))
 
 
@@ -155,7 +157,7 @@ def test_a_rejected_job_fails_alone(world, cluster):
     ("error", "counted"),
     [(BackendUnavailable("the API server timed out"), 0), (RuntimeError("boom"), 1)],
 )
-def test_a_job_that_errs_is_handed_to_its_own_task(
+def test_a_job_that_errs_is_put_off_for_a_later_sweep(
     world,
     cluster,
     monkeypatch,
@@ -183,16 +185,20 @@ def test_a_job_that_errs_is_handed_to_its_own_task(
     assert unlucky.status == S.DISPATCHING
     assert unlucky.wait_kind == WaitKind.RETRY
     assert unlucky.dispatch_failures == counted
-    assert dropped.names(unlucky.pk) == ["jobs.tasks.job_dispatch_task"]
-    # Its own task starts it once the API server answers again.
+    assert unlucky.dispatch_after > timezone.now()
+    (sweep,) = dropped.sent  # one sweep, for when it is due
+    assert sweep[:2] == ("jobs.tasks.jobs_dispatch_task", ()) and 1 < sweep[2] <= 3
+    assert services.jobs_dispatch_pending() == 0  # not due yet
+    # The later sweep starts it once the API server answers again.
     monkeypatch.setattr(KubernetesBackend, "_run_creates", run_creates)
-    tasks.job_dispatch_task.run(unlucky.pk)
+    Job.objects.filter(pk=unlucky.pk).update(dispatch_after=timezone.now())
+    assert services.jobs_dispatch_pending() == 1
     unlucky.refresh_from_db()
     assert unlucky.status == S.PROVISIONING
     assert f"gg-{unlucky.pk}-a1" in kube_job_names(cluster, unlucky)
 
 
-def test_an_admission_pass_queues_one_batch_for_the_jobs_it_admits(
+def test_an_admission_pass_queues_one_sweep_for_the_jobs_it_admits(
     world,
     cluster,
     dropped,
@@ -217,9 +223,7 @@ def test_an_admission_pass_queues_one_batch_for_the_jobs_it_admits(
         admitted = services.jobs_admit()
 
     assert sorted(job.pk for job in admitted) == sorted(job.pk for job in waiting)
-    batches = [args for name, args in dropped.sent if name == "jobs.tasks.jobs_dispatch_task"]
-    assert batches == [([job.pk for job in admitted],)]
-    assert all(dropped.names(job.pk) == [] for job in waiting)  # no task of their own
+    assert dropped.sent == [("jobs.tasks.jobs_dispatch_task", (), None)]
     dropped.run("jobs.tasks.jobs_dispatch_task")
     assert {job.status for job in Job.objects.filter(pk__in=[j.pk for j in waiting])} == {
         S.PROVISIONING

@@ -3,7 +3,7 @@ failures counted and bounded, cancel during dispatch, the reconciler redoing los
 max runtime counting running time only, GPU assignment locked on PostgreSQL.
 
 Real local jobs and the real services; the only edge replaced is the broker (tasks are
-recorded, as a broker outage at commit would drop them, and run here by name)."""
+recorded, as a broker outage at commit would drop them, and run here later)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from datetime import timedelta
 
 import psutil
 import pytest
+from celery import Task
 from django.db import connection
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
+from console.celery import app as celery_app
 from jobs import services
 from jobs.actors import SYSTEM
 from jobs.backends import local as local_backend
 from jobs.backends.local import LocalBackend
 from jobs.models import Job, JobStatus
-from jobs.services.dispatch import DispatchRetry
 from jobs.state import job_transition
 from marketplace.services import capacity_sync
 from tests.concurrency import run_at_once
@@ -35,35 +35,41 @@ SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 
 
 class DroppedTasks:
-    """console.queueing.enqueue_now as during a broker outage: nothing is sent (False),
-    each task is recorded so the test can play the worker and run it later."""
+    """The broker during an outage: every task sent is refused (console.queueing says
+    False) and recorded, with its countdown, so the test can play the worker later."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[str, tuple]] = []
+        self.sent: list[tuple[str, tuple, float | None]] = []
         self.lock = threading.Lock()
 
-    def __call__(self, task_name: str, *args) -> bool:
+    def apply_async(self, task: Task, args=None, kwargs=None, countdown=None, **options):
         with self.lock:
-            self.sent.append((task_name, args))
-        return False
+            self.sent.append((task.name, tuple(args or ()), countdown))
+        raise ConnectionError("the broker is down (test)")
 
-    def run(self, task_name: str | None = None) -> list[tuple[str, tuple]]:
+    def run(self, task_name: str | None = None) -> list[tuple[str, tuple, float | None]]:
         """Run (and forget) the recorded tasks, or those named `task_name`."""
         with self.lock:
             chosen = [t for t in self.sent if task_name is None or t[0] == task_name]
             self.sent = [t for t in self.sent if t not in chosen]
-        for name, args in chosen:
-            import_string(name).run(*args)
+        for name, args, _ in chosen:
+            celery_app.tasks[name].apply(args=args, throw=True)
         return chosen
 
     def names(self, job_id: int) -> list[str]:
-        return [name for name, args in self.sent if args == (job_id,)]
+        """The tasks sent for the job: its own, and sweeps (they take every due job)."""
+        return [name for name, args, _ in self.sent if args in ((job_id,), ())]
 
 
 @pytest.fixture
 def dropped(monkeypatch) -> DroppedTasks:
     recorder = DroppedTasks()
-    monkeypatch.setattr("console.queueing.enqueue_now", recorder)
+    celery_app.loader.import_default_modules()  # the worker's autodiscovery
+
+    def apply_async(task, *args, **kwargs):
+        return recorder.apply_async(task, *args, **kwargs)
+
+    monkeypatch.setattr(Task, "apply_async", apply_async)
     return recorder
 
 
@@ -129,20 +135,21 @@ def test_an_unexpected_dispatch_error_is_retried_then_fails_the_job(
     junk.parent.mkdir(parents=True, exist_ok=True)
     junk.write_text("not a directory")
     try:
-        for attempt in (1, 2):
-            with pytest.raises(DispatchRetry):
-                services.job_dispatch(job=job)
-            job.refresh_from_db()
+        for attempt, wait in ((1, 2), (2, 4)):
+            dropped.sent.clear()
+            job = services.job_dispatch(job=job)
             assert job.status == S.DISPATCHING and job.dispatch_failures == attempt
             assert f"({attempt}/3)" in job.status_reason
+            # Put off with a doubling wait: a sweep is queued for then, none takes it now.
+            assert dropped.sent == [("jobs.tasks.jobs_dispatch_task", (), wait)]
+            assert job.dispatch_after > timezone.now() + timedelta(seconds=wait - 1)
+            assert services.jobs_dispatch_pending() == 0
         job = services.job_dispatch(job=job)
         assert job.status == S.FAILED and job.dispatch_failures == 3
         assert "dispatch failed 3 times" in job.status_reason
         assert not Job.objects.filter(pk=job.pk).holding_compute().exists()
     finally:
         junk.unlink()
-    # The task retries this error (with backoff) rather than dropping it.
-    assert DispatchRetry in import_string("jobs.tasks.job_dispatch_task").autoretry_for
 
 
 # --- 5. cancel during dispatch -----------------------------------------------------------
@@ -200,8 +207,8 @@ def reconcile_later(dropped: DroppedTasks, job: Job) -> list[str]:
 @pytest.mark.django_db(transaction=True)
 def test_a_lost_dispatch_is_redone(world, catalog, dropped):
     job = services.job_submit(tenant=world.tenant, user=world.member, spec=spec(SLEEP))
-    assert dropped.names(job.pk) == ["jobs.tasks.job_dispatch_task"]  # lost at commit
-    assert reconcile_later(dropped, job) == ["jobs.tasks.job_dispatch_task"]
+    assert dropped.names(job.pk) == ["jobs.tasks.jobs_dispatch_task"]  # lost at commit
+    assert reconcile_later(dropped, job) == ["jobs.tasks.jobs_dispatch_task"]
     job = wait_for_status(job, {S.RUNNING})
     services.job_cancel(job=job, actor=SYSTEM)
     dropped.run()
@@ -209,19 +216,16 @@ def test_a_lost_dispatch_is_redone(world, catalog, dropped):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_batch_hands_local_jobs_to_their_own_dispatch_tasks(world, catalog, dropped):
-    """The host's GPU devices are handed out one dispatch at a time (`_assign_devices`),
-    so a batch (`jobs_dispatch`) starts none itself: each gets its own task."""
+def test_a_sweep_starts_local_jobs_one_at_a_time(world, catalog, dropped):
+    """The host's GPU devices are handed out one start at a time (`_assign_devices`), in
+    the same sweep as every other job: no task of their own."""
     jobs = [
         services.job_submit(tenant=world.tenant, user=world.member, spec=spec(SLEEP, name=f"l{n}"))
         for n in range(2)
     ]
-    dropped.sent.clear()  # their launches' own tasks, lost
-
-    assert services.jobs_dispatch(job_ids=[job.pk for job in jobs]) == []
-
-    assert [dropped.names(job.pk) for job in jobs] == [["jobs.tasks.job_dispatch_task"]] * 2
-    dropped.run()
+    # Sweeps only (the first starts both), and nothing queued by them.
+    assert {name for name, *_ in dropped.run()} == {"jobs.tasks.jobs_dispatch_task"}
+    assert dropped.sent == []
     jobs = [wait_for_status(job, {S.RUNNING}) for job in jobs]
     for job in jobs:
         services.job_cancel(job=job, actor=SYSTEM)

@@ -31,11 +31,11 @@ import time
 import pytest
 from django.conf import settings
 from django.utils import timezone
+from jobs.services.launch_dispatch import list_for_sweep
 
 from jobs import services
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
-from jobs.services.launch_dispatch import list_for_sweep
 from tests.bench.dispatch.bench_dispatch import BIG_NODE, H100, LAUNCH, simulated_cluster
 from tests.bench.results import bench_size, record
 from tests.servers import ROOT, child_env, purge_queues, stop_process_group, wait_until
