@@ -7,13 +7,11 @@ from functools import cached_property
 
 import pytest
 from asgiref.sync import async_to_sync
-from celery import Task
 from django.core.cache import cache
 from django.test import Client
 from rest_framework.test import APIClient
 
 from console import services
-from console.celery import app as celery_app
 from console.models import Membership, Tenant, User
 from console.permissions import Role
 from jobs.services.dispatch import SWEEP_QUEUED_KEY
@@ -21,6 +19,7 @@ from marketplace.demo import seed_catalog
 from marketplace.inventory import NodeInventory
 from marketplace.models import GpuType, PriceVersion, Region
 from marketplace.services import capacity_sync
+from tests.broker import broker_replaced
 from tests.factories import DEFAULT_PASSWORD, MembershipFactory, TenantFactory, UserFactory
 
 # The fake Kubernetes API server (real HTTP, official client) as the `kube_api` fixture.
@@ -168,12 +167,7 @@ hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
 def tasks_in_process(monkeypatch):
     """Tasks queued by console.queueing run in-process, as the worker would run them:
     only the broker is left out (a countdown runs at once)."""
-    celery_app.loader.import_default_modules()  # the worker's autodiscovery
-
-    def run_in_process(task, args=None, kwargs=None, **options):
-        return task.apply(args=args or (), kwargs=kwargs or {}, throw=True)
-
-    monkeypatch.setattr(Task, "apply_async", run_in_process)
+    broker_replaced(monkeypatch, lambda task, args, countdown: task.apply(args=args, throw=True))
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from console.celery import app as celery_app
+
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ["console", "marketplace", "jobs", "billing"]
 # The project shell in console/ wires every room together and may name them all.
@@ -160,3 +162,35 @@ def test_our_own_imports_are_at_module_level():
                     offenders.append(f"{relative}:{line} (in {function})")
     assert not offenders, "imports of our code inside functions:\n" + "\n".join(offenders)
     assert allowed_seen == set(LOCAL_IMPORTS_ALLOWED), "stale LOCAL_IMPORTS_ALLOWED entries"
+
+
+# --- one dispatch path, tasks by object (issue 27) -----------------------------------------
+
+_APPS = "|".join([*ORDER, SANDBOX])
+DOTTED_TASK = re.compile(rf"""["'](?:{_APPS})\.tasks\.\w+["']""")
+CELERY_CONFIGURATION = {"console/settings.py"}
+
+
+def test_no_task_is_referenced_by_a_dotted_string():
+    """Outside Celery's own configuration (the beat schedule), tasks are queued as task
+    objects: "find usages" finds every sender, and a renamed task fails at import."""
+    found = []
+    for app in [*ORDER, SANDBOX]:
+        for relative, path in app_modules(app):
+            if relative in CELERY_CONFIGURATION:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if DOTTED_TASK.search(line) and not line.lstrip().startswith("#"):
+                    found.append(f"{relative}:{number}: {line.strip()}")
+    assert found == []
+
+
+def test_one_dispatch_task_and_no_dispatch_list_beside_celery():
+    """Every admitted job is started by the one sweep over `dispatching` rows (the job row
+    is the queue): no second dispatch task, no Redis list of dispatches of its own."""
+    celery_app.loader.import_default_modules()
+    dispatch_tasks = sorted(name for name in celery_app.tasks if "dispatch" in name)
+    assert dispatch_tasks == ["jobs.tasks.jobs_dispatch_task"]
+    for _, path in app_modules("jobs"):
+        source = path.read_text()
+        assert "rpush" not in source and "lrange" not in source, path

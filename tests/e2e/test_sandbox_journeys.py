@@ -28,6 +28,7 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from billing import tasks as billing_tasks
 from console.env import stored_sandbox_token
 from console.models import Tenant
 from console.queueing import enqueue_now
@@ -483,7 +484,7 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
     wait_until(lambda: timezone.now() - job.started_at > timedelta(seconds=6), 10, what="6 s")
     page.evaluate("window.ggSameDocument = true")
     tick_sent = timezone.now()
-    assert enqueue_now("billing.tasks.meter_tick_task")
+    assert enqueue_now(billing_tasks.meter_tick_task)
     banner = page.locator("#messages .flash", has_text="reached 100 %")
     expect(banner).to_contain_text("GPU research", timeout=15_000)
     expect(row).to_contain_text(re.compile("Pausing|Paused"), timeout=10_000)

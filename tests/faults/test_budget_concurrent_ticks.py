@@ -24,11 +24,11 @@ from django.utils import timezone
 import billing.services
 from billing.models import Budget, BudgetAlert, UsageRecord
 from billing.services import budget_create, meter_and_enforce, period_start
-from console.celery import app as celery_app
 from console.models import AuditEvent
 from console.services import ServiceError
 from jobs.models import Job, JobEvent, JobStatus
 from tests.billing.conftest import make_job, set_status
+from tests.broker import broker_replaced
 from tests.concurrency import run_at_once
 from tests.conftest import make_world
 from tests.faults.kube_helpers import report
@@ -48,11 +48,11 @@ def test_two_concurrent_ticks_pause_each_non_critical_job_once(catalog, monkeypa
     queued: list[tuple[str, tuple]] = []
     lock = threading.Lock()
 
-    def record_task(name, args=(), kwargs=None, **options):
+    def record_task(task, args, countdown):
         with lock:
-            queued.append((name, tuple(args or ())))
+            queued.append((task.name, args))
 
-    monkeypatch.setattr(celery_app, "send_task", record_task)
+    broker_replaced(monkeypatch, record_task)
     # How often the other tick got to a job first (its pause then made no change here).
     attempts = {"made": 0, "found_done": 0}
     real_pause_once = billing.services.job_pause_once

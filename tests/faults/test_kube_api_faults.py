@@ -29,12 +29,12 @@ from decimal import Decimal
 
 import pytest
 
-from console.celery import app as celery_app
 from jobs import services, tasks
 from jobs.actors import Actor
 from jobs.backends.kubernetes import manifests
 from jobs.models import Job, JobEvent, JobStatus
 from jobs.services import ActionRefused, JobSpec
+from tests.broker import broker_replaced
 from tests.faults.kube_helpers import (
     AGREES,
     CPU_US_WEST,
@@ -99,7 +99,7 @@ def test_jobs_converge_after_api_errors_and_timeouts(
     ledger = StoreLedger().install(server)
     tally = FaultTally().install(server)
     worker = InProcessWorker(threads=2)
-    monkeypatch.setattr(celery_app, "send_task", worker.send_task)
+    broker_replaced(monkeypatch, worker.send)
     watcher = Loop("watcher", lambda: services.jobs_observe(backend_name="kubernetes"), 0.2)
     reconciler = Loop("reconciler", lambda: services.jobs_reconcile(stuck_after_seconds=5), 2.0)
     user = Actor.of_user(world.member)

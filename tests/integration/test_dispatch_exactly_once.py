@@ -1,7 +1,8 @@
 """Dispatch is at-least-once in delivery and exactly-once in effect (DESIGN.md, "Reliability
 model"): a Celery worker killed with SIGKILL while its Kubernetes Job create is in flight
-leaves the task unacknowledged; Redis redelivers it after the visibility timeout (or the
-reconciler re-enqueues the stuck dispatch), and the deterministic Job names plus "409 is
+leaves the task unacknowledged; Redis redelivers it after the visibility timeout (and the
+sweep takes its own claims again), or the reconciler queues a sweep that takes the job
+once the dead sweep's claim lapses; and the deterministic Job names plus "409 is
 success" make the second run finish the launch without a second Job, whichever of the two
 creates reaches the API server first.
 
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from jobs import services
 from jobs.backends.kubernetes import KubernetesBackend
@@ -39,6 +41,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 S = JobStatus
 VISIBILITY_TIMEOUT = 5  # seconds; production keeps Celery's hour (the reconciler is faster)
+CLAIM_SECONDS = 2
 JOB_CREATE = r"^/apis/batch/v1/namespaces/[^/]+/jobs$"
 H100 = {
     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
@@ -71,6 +74,8 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Work
                     KUBECONFIG=settings.KUBECONFIG,  # as the test set it
                     CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
                     KUBERNETES_REQUEST_TIMEOUT="20",  # longer than any hang below
+                    # A killed sweep's claim lapses this soon (production: a minute).
+                    DISPATCH_CLAIM_SECONDS=str(CLAIM_SECONDS),
                 ),
             )
             started.append(worker)
@@ -230,6 +235,12 @@ def test_reconciler_redispatches_killed_dispatch_and_late_create_adds_no_job(
     job.refresh_from_db()
     assert job.status == S.DISPATCHING
     assert kube_jobs(cluster, job) == {}  # the create is still hanging
+    # The dead sweep's claim on the job lapses; then the reconciler's sweep may take it.
+    wait_until(
+        lambda: Job.objects.filter(pk=job.pk, dispatch_claimed_until__lt=timezone.now()).exists(),
+        CLAIM_SECONDS + 5,
+        what="the killed sweep's claim to lapse",
+    )
 
     assert services.jobs_reconcile(stuck_after_seconds=0) == [job.pk]
     job = wait_for_status(job, S.PROVISIONING, workers)

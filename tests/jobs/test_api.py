@@ -429,7 +429,7 @@ def wait_for_line(api, url: str, text: str, timeout: float = 10) -> None:
 
 
 def dispatch(job_id: int) -> Job:
-    """What job_dispatch_task does in the worker."""
+    """What the dispatch sweep does for the job in the worker."""
     return services.job_dispatch(job=Job.objects.get(pk=job_id))
 
 

@@ -26,6 +26,7 @@ from jobs.backends.local import LocalBackend
 from jobs.models import Job, JobStatus
 from jobs.state import job_transition
 from marketplace.services import capacity_sync
+from tests.broker import broker_replaced
 from tests.concurrency import run_at_once
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
 from tests.jobs_helpers import launch
@@ -42,9 +43,9 @@ class DroppedTasks:
         self.sent: list[tuple[str, tuple, float | None]] = []
         self.lock = threading.Lock()
 
-    def apply_async(self, task: Task, args=None, kwargs=None, countdown=None, **options):
+    def send(self, task: Task, args: tuple, countdown: float | None) -> None:
         with self.lock:
-            self.sent.append((task.name, tuple(args or ()), countdown))
+            self.sent.append((task.name, args, countdown))
         raise ConnectionError("the broker is down (test)")
 
     def run(self, task_name: str | None = None) -> list[tuple[str, tuple, float | None]]:
@@ -64,12 +65,7 @@ class DroppedTasks:
 @pytest.fixture
 def dropped(monkeypatch) -> DroppedTasks:
     recorder = DroppedTasks()
-    celery_app.loader.import_default_modules()  # the worker's autodiscovery
-
-    def apply_async(task, *args, **kwargs):
-        return recorder.apply_async(task, *args, **kwargs)
-
-    monkeypatch.setattr(Task, "apply_async", apply_async)
+    broker_replaced(monkeypatch, recorder.send)
     return recorder
 
 

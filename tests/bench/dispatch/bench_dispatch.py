@@ -1,15 +1,14 @@
 """Dispatch benchmark: launches per second from the API to a Kubernetes Job, and whether
-the length of the admission queue slows a launch down (it shouldn't: a launch is admitted
-by looking at its own pools only, `jobs.services.job_admit_submitted`).
+the length of the admission queue slows a launch down (it shouldn't: a launch's admission
+pass looks at its own pools only and stops where they are full, `jobs.services.jobs_admit`).
 
 For each queue length (1, 100, 1,000 jobs already waiting for other GPUs), jobs are
 submitted one after another through `POST /api/v1/jobs` (DRF with an API token; the real
 services, commit and enqueue included), and their p50/p99 latency recorded; then a small
-pool of threads runs each admitted job's dispatch task in-process
-(`job_dispatch_task.apply`), as Celery's workers would, until the simulated API server holds
-every job's Kubernetes Job. A last row does the same with the batch path: its launches'
-dispatch runs through `jobs_dispatch_task` in batches of DISPATCH_BATCH_SIZE in one thread
-(as one worker drains what an admission pass queued). The two phases are timed apart, so
+pool of threads each runs a dispatch sweep in-process (`jobs_dispatch_task.apply`), as
+several Celery workers would, until the simulated API server holds every job's Kubernetes
+Job (the sweeps claim disjoint batches). A last row does the same with one sweep in one
+thread (as one worker drains what an admission pass admitted). The two phases are timed apart, so
 the API latency isn't inflated by dispatch threads fighting it for the GIL (in production
 they are separate processes). It prints a table and asserts only that each launch got its
 one Kubernetes Job, never anything about time.
@@ -34,7 +33,6 @@ import json
 import logging
 import math
 import os
-import queue
 import statistics
 import subprocess
 import sys
@@ -225,23 +223,15 @@ def submit_all(client, run: Run) -> None:
 
 
 def dispatch_all(run: Run) -> None:
-    """Run each admitted job's dispatch task in DISPATCHERS threads, as workers would."""
-    admitted: queue.Queue[int] = queue.Queue()
-    for job_id in run.job_ids:
-        admitted.put(job_id)
+    """Run a dispatch sweep in each of DISPATCHERS threads, as that many workers would."""
     lock = threading.Lock()
 
     def dispatcher() -> None:
         try:
-            while True:
-                try:
-                    job_id = admitted.get_nowait()
-                except queue.Empty:
-                    return
-                result = tasks.job_dispatch_task.apply(args=[job_id])
-                if result.failed():
-                    with lock:
-                        run.errors.append(f"dispatch {job_id}: {result.result!r}")
+            result = tasks.jobs_dispatch_task.apply()
+            if result.failed():
+                with lock:
+                    run.errors.append(f"sweep: {result.result!r}")
         finally:
             connection.close()
 
@@ -255,15 +245,13 @@ def dispatch_all(run: Run) -> None:
 
 
 def dispatch_batched(run: Run) -> None:
-    """Run the admitted jobs through `jobs_dispatch_task` in batches of DISPATCH_BATCH_SIZE,
-    one after another in this one thread, as one worker would drain a backlog that an
-    admission pass queued (the Kubernetes creates of a batch overlap in its threads)."""
-    size = settings.DISPATCH_BATCH_SIZE
+    """One dispatch sweep in this one thread (batches of DISPATCH_BATCH_SIZE), as one
+    worker would drain a backlog (the Kubernetes creates of a batch overlap in its
+    threads)."""
     started = time.perf_counter()
-    for start in range(0, len(run.job_ids), size):
-        result = tasks.jobs_dispatch_task.apply(args=[run.job_ids[start : start + size]])
-        if result.failed():
-            run.errors.append(f"batch at {start}: {result.result!r}")
+    result = tasks.jobs_dispatch_task.apply()
+    if result.failed():
+        run.errors.append(f"sweep: {result.result!r}")
     run.dispatch_phase = time.perf_counter() - started
     connection.close()
 
@@ -319,9 +307,9 @@ def test_dispatch_throughput_and_submit_latency_by_queue_length(cluster, world, 
     print(
         "submit: the API call alone (mean "
         + ", ".join(f"{statistics.mean(r.submit_seconds) * 1000:.0f}" for r in runs)
-        + " ms); dispatch/s: task runs until the Jobs exist (per job: a job_dispatch_task "
-        f"each in {DISPATCHERS} threads; batched: jobs_dispatch_task with "
-        f"{settings.DISPATCH_BATCH_SIZE} jobs each, in one thread); end-to-end/s: launches ÷ "
+        + " ms); dispatch/s: sweeps until the Jobs exist (per job: a sweep in each of "
+        f"{DISPATCHERS} threads; batched: one sweep, batches of "
+        f"{settings.DISPATCH_BATCH_SIZE} jobs, in one thread); end-to-end/s: launches ÷ "
         "(submitting + dispatching), one after the other"
     )
 

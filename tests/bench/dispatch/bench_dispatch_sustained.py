@@ -4,9 +4,9 @@ Job exists in the simulated API server, which runs in a process of its own.
 
 The launches were accepted while their pool had no room (queued rows, as the API leaves
 them); room appears and an admission pass runs (`services.jobs_admit`, as after a
-capacity change or a finished job): one transaction admits them all and queues
-`jobs_dispatch_task` batches of DISPATCH_BATCH_SIZE; the worker (`celery worker --pool
-threads`, one process) takes them from Redis, reads each batch once, creates its
+capacity change or a finished job): one transaction admits them all and queues one
+dispatch sweep (`jobs_dispatch_task`); the worker (`celery worker --pool threads`, one
+process) runs it: it claims the rows in batches of DISPATCH_BATCH_SIZE, creates each batch's
 Kubernetes objects in KUBERNETES_DISPATCH_CONCURRENCY threads and records them in one
 transaction. The clock runs from the admission pass to the last job reaching
 `provisioning`; the figure is jobs per second over the whole backlog.
@@ -31,11 +31,11 @@ import time
 import pytest
 from django.conf import settings
 from django.utils import timezone
-from jobs.services.launch_dispatch import list_for_sweep
 
 from jobs import services
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
+from jobs.services.dispatch import dispatch_sweep_now
 from tests.bench.dispatch.bench_dispatch import BIG_NODE, H100, LAUNCH, simulated_cluster
 from tests.bench.results import bench_size, record
 from tests.servers import ROOT, child_env, purge_queues, stop_process_group, wait_until
@@ -184,19 +184,19 @@ def test_sustained_dispatch_of_a_backlog_by_one_worker(backlog_cluster, dispatch
 
 def test_sustained_dispatch_of_launches_admitted_at_once(backlog_cluster, dispatch_worker, world):
     """Launches into a pool with room: each is admitted in its own transaction and, after
-    its commit, lists its job for a dispatch sweep (`launch_dispatch.list_for_sweep`).
-    Here BACKLOG launches commit at once (their rows in bulk, as admitted launches leave
-    them; then each one's after-commit hand-over, as the API's processes would make
-    them), and the one worker sweeps them; the clock runs from the first hand-over to
-    the last job reaching `provisioning`."""
+    its commit, queues a dispatch sweep unless one is queued already
+    (`dispatch.dispatch_sweep_now`). Here BACKLOG launches commit at once (their rows in
+    bulk, as admitted launches leave them; then each one's after-commit hand-over, as the
+    API's processes would make them), and the one worker sweeps them; the clock runs
+    from the first hand-over to the last job reaching `provisioning`."""
     worker, worker_log = dispatch_worker
     template = warmed_up(world, worker_log)
     job_ids = accepted_backlog(template, BACKLOG, status=S.DISPATCHING)
 
     worker_cpu = cpu_seconds(worker.pid)
     started = time.perf_counter()
-    for job_id in job_ids:
-        list_for_sweep(job_id)
+    for _ in job_ids:
+        dispatch_sweep_now()
     handed_over = time.perf_counter() - started
     elapsed = all_provisioning(job_ids, started, worker_log)
     worker_cpu = cpu_seconds(worker.pid) - worker_cpu
@@ -204,7 +204,7 @@ def test_sustained_dispatch_of_launches_admitted_at_once(backlog_cluster, dispat
     rate = BACKLOG / elapsed
     print()
     print(
-        f"launches admitted at once: {BACKLOG:,} listed for dispatch sweeps (hand-overs "
+        f"launches admitted at once: {BACKLOG:,} hand-overs to dispatch sweeps ("
         f"{handed_over:.1f} s), one worker process → Kubernetes Jobs: {rate:,.0f} jobs/s "
         f"({elapsed:.1f} s); worker CPU per job {worker_cpu / BACKLOG * 1000:.2f} ms"
     )
