@@ -15,8 +15,8 @@ interpreter.
 
 What was cut short is redone the two ways production redoes it: Redis hands an
 unacknowledged task to a worker once the (short) visibility timeout has passed, and the
-reconciler (`jobs_reconcile`, the beat's job, run here by the test) re-enqueues
-dispatches stuck in `dispatching`. Both may run a dispatch that already happened, or run
+reconciler (`jobs_reconcile`, the beat's job, run here by the test) queues a sweep for
+jobs stuck in `dispatching` (it takes them once the dead sweep's claims lapse). Both may run a dispatch that already happened, or run
 it twice at once; deterministic names and "409 is done" must make that harmless.
 """
 
@@ -109,7 +109,11 @@ def cluster(kube_api, settings, tmp_path):
 def workers(cluster, tmp_path):
     purge_queues()  # earlier tests may have left messages on this queue
     pool = Workers(
-        tmp_path, forked=True, **worker_env(CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT))
+        tmp_path, forked=True, **worker_env(
+            CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
+            # A killed sweep's claims lapse this soon, for the reconciler's sweep.
+            DISPATCH_CLAIM_SECONDS="1",
+        )
     )
     try:
         yield pool
