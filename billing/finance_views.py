@@ -26,9 +26,10 @@ from billing.finance_selectors import FinanceScope, InvoiceFilter, finance_scope
 from billing.profiles import billing_profile_update
 from billing.staff_tenants import billing_panel_context
 from console.csv import csv_writer
+from console.forms import add_service_error
 from console.models import Tenant
 from console.permissions import Capability, capability_required, staff_required
-from console.services import ServiceError
+from console.service_errors import ServiceError
 
 PAGE_SIZE = 50
 DEFAULT_MONTHS = 12
@@ -225,7 +226,7 @@ def staff_tenant_billing(request: HttpRequest, tenant_slug: str) -> HttpResponse
                 **form.cleaned_data,
             )
         except ServiceError as error:
-            form.add_error(error.field if error.field in form.fields else None, error.message)
+            add_service_error(form, error)
         else:
             messages.success(
                 request,

@@ -18,8 +18,9 @@ from billing.payments.selectors import invoice_stripe_state
 from billing.selectors import utc_midnight
 from console.confirm import confirm_then_act
 from console.csv import csv_writer
+from console.forms import add_service_error
 from console.permissions import Capability, capability_required, staff_required
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 
 
@@ -107,7 +108,7 @@ def staff_invoices(request: HttpRequest) -> HttpResponse:
                 user=request.user,  # type: ignore[arg-type]
             )
         except ServiceError as error:
-            form.add_error(error.field if error.field in form.fields else None, error.message)
+            add_service_error(form, error)
         else:
             messages.success(request, "Draft invoice created.")
             return redirect("billing:staff_invoice_detail", invoice_id=invoice.pk)

@@ -33,7 +33,7 @@ from billing.models import (
     UsageRecord,
 )
 from billing.services import period_start
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace.models import GpuType
 
 GROUP_BY = {

@@ -34,7 +34,8 @@ from console.crypto import decrypt_json, encrypt_json
 from console.models import Membership, Tenant, User
 from console.permissions import Role
 from console.queueing import enqueue_on_commit
-from console.services import ServiceError, audit_record, notify
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record, notify
 from jobs.actors import BUDGET
 from jobs.models import BILLED_STATUSES, Job, JobStatus, Priority
 from jobs.services import JobSpec, job_pause_once, job_resume
@@ -134,7 +135,9 @@ def budget_create(
             )
     except IntegrityError:
         raise ServiceError(
-            f"A budget named “{values['name']}” exists already.", code="conflict", field="name"
+            f"A budget named “{values['name']}” exists already.",
+            code=ErrorCode.CONFLICT,
+            field="name",
         ) from None
     budget.new_webhook_secret = new_secret or None
     budget_enforce(tenant=tenant)
@@ -179,7 +182,9 @@ def budget_update(*, budget: Budget, user: User | None, request=None, **changes)
             )
     except IntegrityError:
         raise ServiceError(
-            f"A budget named “{values['name']}” exists already.", code="conflict", field="name"
+            f"A budget named “{values['name']}” exists already.",
+            code=ErrorCode.CONFLICT,
+            field="name",
         ) from None
     budget.new_webhook_secret = new_secret or None
     # A raised amount may resume paused jobs (or a lowered one pause them) at once.
@@ -192,7 +197,7 @@ def budget_webhook_secret_rotate(*, budget: Budget, user: User | None, request=N
     readable. The old secret stops verifying at once (signatures use the stored one)."""
     if not budget.webhook_url:
         # The budget's state, not the (empty) request, is what refuses: a conflict.
-        raise ServiceError("Set a webhook URL first.", code="conflict", field="webhook_url")
+        raise ServiceError("Set a webhook URL first.", code=ErrorCode.CONFLICT, field="webhook_url")
     new_secret = _new_webhook_secret()
     with transaction.atomic():
         Budget.objects.filter(pk=budget.pk).update(
@@ -317,7 +322,7 @@ class BudgetLaunchPolicy:
             raise ServiceError(
                 f"Budget “{blocking.name}” is used up for this month: only critical jobs can "
                 "be launched until it is raised or the month ends.",
-                code="payment_required",
+                code=ErrorCode.PAYMENT_REQUIRED,
             )
 
 

@@ -13,7 +13,7 @@ from billing.models import Budget, CreditNote, Invoice
 from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable
 from console.queueing import enqueue_now
-from console.services import ServiceError
+from console.service_errors import ServiceError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from console.services import ServiceError
+from console.service_errors import ErrorCode, ServiceError
 from jobs import realtime
 from jobs.actors import Actor
 from jobs.models import FINISHED, Job, JobEvent, JobStatus, WaitKind
@@ -50,7 +50,7 @@ class IllegalTransition(ServiceError):
     def __init__(self, job: Job, to: str):
         self.job, self.to = job, to
         super().__init__(
-            f"A {job.get_status_display().lower()} job can't become {to}.", code="conflict"
+            f"A {job.get_status_display().lower()} job can't become {to}.", code=ErrorCode.CONFLICT
         )
 
 

@@ -7,7 +7,8 @@ from django.db import transaction
 
 from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 from jobs.actors import Actor, ActorKind
 from jobs.extensions import job_deleting, launch_check
 from jobs.models import FINISHED, ON_BACKEND, Job, JobStatus
@@ -27,7 +28,7 @@ SUSPENSION = Actor(ActorKind.SUSPENSION, "suspension")
 
 class ActionRefused(ServiceError):
     def __init__(self, message: str):
-        super().__init__(message, code="conflict")
+        super().__init__(message, code=ErrorCode.CONFLICT)
 
 
 def job_pause(*, job: Job, actor: Actor, reason: str = "paused by user") -> Job:

@@ -11,7 +11,8 @@ from console.crypto import encrypt_json
 from console.models import Tenant, User
 from console.permissions import Capability, has_capability
 from console.selectors import membership_of
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 from console.tenant_admin import TenantSuspended
 from jobs.actors import SYSTEM, Actor
 from jobs.extensions import launch_check
@@ -119,7 +120,7 @@ def _check_priority_allowed(*, tenant: Tenant, user: User | None, priority: str)
     if not has_capability(membership, Capability.LAUNCH_CRITICAL):
         raise ServiceError(
             "Only owners and admins may launch with priority critical; choose normal or low.",
-            code="forbidden",
+            code=ErrorCode.FORBIDDEN,
             field="priority",
         )
 

@@ -33,7 +33,7 @@ from billing.services import (
     period_start,
 )
 from console.models import AuditEvent, Notification
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.actors import Actor
 from jobs.backends import Observation
 from jobs.models import Job, JobEvent

@@ -30,7 +30,7 @@ from billing.metering import meter_tick
 from billing.models import AMOUNT_QUANTUM, JobMeter, MonthlyRollupMark, UsageRollup
 from billing.selectors import CostQuery
 from billing.services import period_start
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.services import JobSpec, job_submit
 from marketplace.models import GpuType, PriceVersion
 from tests.billing.conftest import S, make_job, set_status

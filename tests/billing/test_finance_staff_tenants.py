@@ -19,7 +19,7 @@ from billing.metering import meter_tick
 from billing.models import TenantBillingProfile, UsageRecord
 from billing.profiles import billing_profile_update
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from tests.billing.conftest import S, give_credit, make_job, set_status
 from tests.billing.test_finance_console import make_invoice, month, page_text
 from tests.conftest import make_world, signed_in_client

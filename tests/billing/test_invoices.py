@@ -23,7 +23,7 @@ from billing.invoicing import (
 from billing.metering import meter_tick
 from billing.models import Invoice, InvoiceLine, InvoiceStatus, LineKind, UsageRecord
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace.models import PriceVersion, TenantPricing
 from tests.billing.conftest import S, make_job, set_status
 from tests.concurrency import run_at_once

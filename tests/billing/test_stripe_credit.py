@@ -18,7 +18,7 @@ from billing.models import (
     CreditPurchaseStatus,
 )
 from billing.payments import credits, stripe_sync
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from tests.billing.stripe_helpers import (
     WEBHOOK_SECRET,
     deliver,

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from console.tenant_admin import TenantSuspended, tenant_reactivate, tenant_suspend
 from jobs.actors import Actor
 from jobs.models import Job, JobEvent, JobStatus, WaitKind

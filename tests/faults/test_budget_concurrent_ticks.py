@@ -26,7 +26,7 @@ from billing.models import Budget, BudgetAlert, UsageRecord
 from billing.services import budget_create, meter_and_enforce, period_start
 from console.celery import app as celery_app
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.models import Job, JobEvent, JobStatus
 from tests.billing.conftest import make_job, set_status
 from tests.concurrency import run_at_once

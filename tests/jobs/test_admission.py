@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.models import Tenant
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs import services
 from jobs.actors import BACKEND, SYSTEM
 from jobs.backends import Observation

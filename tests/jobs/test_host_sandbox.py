@@ -27,7 +27,7 @@ from django.urls import reverse
 from console import host_access
 from console.env import embedded_redis_url_file, stored_redis_password, write_private
 from console.models import Tenant
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs import services
 from jobs.actors import SYSTEM
 from jobs.backends.local import LocalBackend
