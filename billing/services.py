@@ -37,7 +37,7 @@ from console.queueing import enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
 from console.services import audit_record, notify
 from jobs.actors import BUDGET
-from jobs.models import BILLED_STATUSES, Job, JobStatus, Priority
+from jobs.models import BILLED_STATUSES, PAUSABLE, Job, JobStatus, Priority
 from jobs.services import JobSpec, job_pause_once, job_resume
 
 log = logging.getLogger(__name__)
@@ -355,7 +355,7 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
     if kind == "actual" and threshold >= 100 and budget.action == BudgetAction.PAUSE_NON_CRITICAL:
         critical = list(
             _jobs_in_scope(budget)
-            .filter(status__in=[S.RUNNING, S.PROVISIONING], priority=Priority.CRITICAL)
+            .filter(status__in=PAUSABLE, priority=Priority.CRITICAL)
             .values_list("name", flat=True)
         )
         body += " Non-critical jobs are paused and new ones are refused."
@@ -457,7 +457,7 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
         )
         for job in (
             _jobs_in_scope(budget)
-            .filter(status__in=[S.RUNNING, S.PROVISIONING])
+            .filter(status__in=PAUSABLE)
             .exclude(priority=Priority.CRITICAL)
         ):
             try:

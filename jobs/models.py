@@ -45,6 +45,8 @@ BILLED_STATUSES = frozenset({BILL_OPENS, *STOPPING})
 ON_BACKEND = frozenset({JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RESUMING, *STOPPING})
 # Statuses that hold compute (count against capacity and quota).
 HOLDING_COMPUTE = frozenset({JobStatus.DISPATCHING, *ON_BACKEND})
+# Statuses a pause (by a user, a budget, a suspension, an alert rule) starts from.
+PAUSABLE = frozenset({JobStatus.RUNNING, JobStatus.PROVISIONING})
 
 
 class WaitKind(models.TextChoices):
@@ -200,6 +202,10 @@ class Job(TenantOwnedModel):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
+
+    @property
+    def can_pause(self) -> bool:
+        return self.status in PAUSABLE
 
     @property
     def is_critical(self) -> bool:

@@ -11,7 +11,7 @@ from console.service_errors import ErrorCode, ServiceError
 from console.services import audit_record
 from jobs.actors import Actor, ActorKind
 from jobs.extensions import job_deleting, launch_check
-from jobs.models import FINISHED, ON_BACKEND, Job, JobStatus
+from jobs.models import FINISHED, ON_BACKEND, PAUSABLE, Job, JobStatus
 from jobs.services.admission import (
     blocking_wait,
     held_usage,
@@ -45,7 +45,7 @@ def job_pause_once(*, job: Job, actor: Actor, reason: str) -> bool:
     job.refresh_from_db()
     if job.status in (S.PAUSING, S.PAUSED):
         return False
-    if job.status not in (S.RUNNING, S.PROVISIONING):
+    if job.status not in PAUSABLE:
         raise ActionRefused(f"Only a running job can be paused; this one is {job.status}.")
     with transaction.atomic():
         job_transition(
@@ -53,7 +53,7 @@ def job_pause_once(*, job: Job, actor: Actor, reason: str) -> bool:
             to=S.PAUSING,
             actor=actor,
             reason=reason,
-            expected_from=frozenset({S.RUNNING, S.PROVISIONING}),
+            expected_from=PAUSABLE,
             paused_by_budget=actor.kind == ActorKind.BUDGET,
         )
         enqueue_on_commit("jobs.tasks.job_suspend_task", job.pk)
@@ -94,7 +94,7 @@ def jobs_pause_for_suspension(*, tenant: Tenant, reason: str) -> list[Job]:
     it; returns those this call paused. Queued jobs wait (admission skips a suspended
     organisation); jobs already starting are paused when the suspension is repeated."""
     paused = []
-    for job in Job.objects.for_tenant(tenant).filter(status__in=[S.RUNNING, S.PROVISIONING]):
+    for job in Job.objects.for_tenant(tenant).filter(status__in=PAUSABLE):
         try:
             if not job_pause_once(
                 job=job, actor=SUSPENSION, reason=f"organisation suspended: {reason}"
