@@ -41,7 +41,6 @@ from jobs.state import can_transition
 from marketplace.demo import DEMO_POOLS
 from marketplace.models import Image, NodePool, Tier
 
-S = JobStatus
 ZERO = Decimal(0)
 KEY_PREFIX = "demo-history-"
 DEFAULT_SEED = 15
@@ -267,7 +266,7 @@ def _job(tenant, user, offer: Offer, name, project, rng) -> Job:
         on_demand_nodes=on_demand_nodes,
         priority=Priority.LOW if spot_nodes and rng.random() < 0.2 else Priority.NORMAL,
         checkpoint_path=f"/checkpoints/{name}" if spot_nodes else "",
-        status=S.QUEUED,
+        status=JobStatus.QUEUED,
         status_reason="waiting for admission",
         wait_kind=WaitKind.ADMISSION,
     )
@@ -371,12 +370,12 @@ class _Timeline:
         previous = job.status
         job.status, job.status_reason, job.status_changed_at = to, reason[:500], at
         job.wait_kind = changes.pop("wait_kind", WaitKind.NONE)
-        if to == S.RUNNING and job.started_at is None:
+        if to == JobStatus.RUNNING and job.started_at is None:
             job.started_at = at
-        if previous == S.RUNNING and job.running_since is not None:
+        if previous == JobStatus.RUNNING and job.running_since is not None:
             job.run_seconds += max(0.0, (at - job.running_since).total_seconds())
             job.running_since = None
-        if to == S.RUNNING:
+        if to == JobStatus.RUNNING:
             job.running_since = at
         if to in FINISHED:
             job.finished_at = at
@@ -412,20 +411,22 @@ def _play(plan: _Plan, timeline: _Timeline, fleet: _Fleet, *, limit: datetime) -
         paused_for = rng.randint(3600, 14 * 3600) if outcome == "paused" else 0
         held = run + provisioning + paused_for + 300
         at = fleet.earliest(needs, at + wait, held)
-        admitted = timeline.go(at, S.DISPATCHING, SYSTEM.label, "admitted")
+        admitted = timeline.go(at, JobStatus.DISPATCHING, SYSTEM.label, "admitted")
         dispatched = at + timedelta(milliseconds=rng.randint(50, 2000))  # the dispatch task
-        at = timeline.go(dispatched, S.PROVISIONING, SYSTEM.label, "submitted to the cluster")
+        at = timeline.go(
+            dispatched, JobStatus.PROVISIONING, SYSTEM.label, "submitted to the cluster"
+        )
         at += provisioning * s
         if outcome == "cancelled_early":
             _cancel(timeline, plan, at)
         else:
-            at = timeline.go(at, S.RUNNING, BACKEND.label, "running") + run * s
+            at = timeline.go(at, JobStatus.RUNNING, BACKEND.label, "running") + run * s
         if attempt < len(runs):
             rank = job.on_demand_nodes + rng.randrange(job.spot_nodes)
-            timeline.go(at, S.PREEMPTED, BACKEND.label, RECLAIMED.format(rank=rank))
+            timeline.go(at, JobStatus.PREEMPTED, BACKEND.label, RECLAIMED.format(rank=rank))
             timeline.go(
                 at,
-                S.QUEUED,
+                JobStatus.QUEUED,
                 SYSTEM.label,
                 REQUEUED,
                 attempt=job.attempt + 1,
@@ -443,27 +444,35 @@ def _play(plan: _Plan, timeline: _Timeline, fleet: _Fleet, *, limit: datetime) -
 def _pause_and_resume(timeline: _Timeline, plan: _Plan, running_at, run: int, paused_for: int):
     rng, s = plan.rng, timedelta(seconds=1)
     at = running_at + int(run * plan.cut) * s
-    timeline.go(at, S.PAUSING, plan.submitter, "paused by user")
+    timeline.go(at, JobStatus.PAUSING, plan.submitter, "paused by user")
     stopped = rng.randint(15, 60)
     timeline.go(
-        at + stopped * s, S.PAUSED, BACKEND.label, "stopped; compute released", assigned_devices=[]
+        at + stopped * s,
+        JobStatus.PAUSED,
+        BACKEND.label,
+        "stopped; compute released",
+        assigned_devices=[],
     )
     at += (stopped + paused_for) * s
-    timeline.go(at, S.RESUMING, plan.submitter, "resumed by user", paused_by_budget=False)
-    at = timeline.go(at + rng.randint(30, 120) * s, S.RUNNING, BACKEND.label, "running")
+    timeline.go(at, JobStatus.RESUMING, plan.submitter, "resumed by user", paused_by_budget=False)
+    at = timeline.go(at + rng.randint(30, 120) * s, JobStatus.RUNNING, BACKEND.label, "running")
     timeline.go(
-        at + (run - int(run * plan.cut)) * s, S.SUCCEEDED, BACKEND.label, "completed", exit_code=0
+        at + (run - int(run * plan.cut)) * s,
+        JobStatus.SUCCEEDED,
+        BACKEND.label,
+        "completed",
+        exit_code=0,
     )
 
 
 def _cancel(timeline: _Timeline, plan: _Plan, at: datetime) -> None:
     """A cancel as the console records it: `cancelling` until the backend reports the
     work gone (its grace period), then `cancelled`."""
-    timeline.go(at, S.CANCELLING, plan.submitter, "cancelled by user")
+    timeline.go(at, JobStatus.CANCELLING, plan.submitter, "cancelled by user")
     stopped = at + timedelta(seconds=plan.rng.randint(2, 30))
     timeline.go(
         stopped,
-        S.CANCELLED,
+        JobStatus.CANCELLED,
         BACKEND.label,
         "cancelled by user; compute released",
         assigned_devices=[],
@@ -476,15 +485,19 @@ def _finish(timeline: _Timeline, plan: _Plan, at: datetime) -> None:
         rank = rng.randrange(job.nodes)
         code, why = rng.choice([(1, ""), (1, ""), (137, "out of memory (OOMKilled), ")])
         timeline.go(
-            at, S.FAILED, BACKEND.label, f"rank {rank}: {why}exit code {code}", exit_code=code
+            at,
+            JobStatus.FAILED,
+            BACKEND.label,
+            f"rank {rank}: {why}exit code {code}",
+            exit_code=code,
         )
     elif plan.outcome == "timed_out":
         reason = f"exceeded the maximum runtime of {job.max_runtime_minutes} minutes"
-        timeline.go(at, S.FAILED, SYSTEM.label, reason)
+        timeline.go(at, JobStatus.FAILED, SYSTEM.label, reason)
     elif plan.outcome == "cancelled":
         _cancel(timeline, plan, at)
     else:
-        timeline.go(at, S.SUCCEEDED, BACKEND.label, "completed", exit_code=0)
+        timeline.go(at, JobStatus.SUCCEEDED, BACKEND.label, "completed", exit_code=0)
 
 
 def _launch_audits(jobs: list[Job]) -> list[AuditEvent]:

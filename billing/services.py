@@ -41,7 +41,6 @@ from jobs.models import BILLED_STATUSES, PAUSABLE, Job, JobStatus, Priority
 from jobs.services import JobSpec, job_pause_once, job_resume
 
 log = logging.getLogger(__name__)
-S = JobStatus
 DEFAULT_THRESHOLDS = [50, 80, 100]
 BUDGET_NOTIFY_ROLES = (Role.OWNER, Role.ADMIN, Role.FINANCE)
 
@@ -456,9 +455,7 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
             f"{budget.amount:.2f} {budget.currency})"
         )
         for job in (
-            _jobs_in_scope(budget)
-            .filter(status__in=PAUSABLE)
-            .exclude(priority=Priority.CRITICAL)
+            _jobs_in_scope(budget).filter(status__in=PAUSABLE).exclude(priority=Priority.CRITICAL)
         ):
             try:
                 if not job_pause_once(job=job, actor=BUDGET, reason=reason):
@@ -476,7 +473,9 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
             )
 
     # Resume only what a budget paused, and only when no exhausted budget covers it now.
-    for job in Job.objects.for_tenant(tenant).filter(status=S.PAUSED, paused_by_budget=True):
+    for job in Job.objects.for_tenant(tenant).filter(
+        status=JobStatus.PAUSED, paused_by_budget=True
+    ):
         if any(not s.budget.project or s.budget.project == job.project for s in blocking):
             continue
         try:

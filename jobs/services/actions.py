@@ -21,8 +21,6 @@ from jobs.services.admission import (
 from jobs.services.spec import spec_from_job
 from jobs.state import job_transition
 
-S = JobStatus
-
 SUSPENSION = Actor(ActorKind.SUSPENSION, "suspension")
 
 
@@ -43,14 +41,14 @@ def job_pause_once(*, job: Job, actor: Actor, reason: str) -> bool:
     callers (budgets, alert rules) record only the pauses they made. A budget's pause is
     marked, so raising the budget resumes exactly those jobs."""
     job.refresh_from_db()
-    if job.status in (S.PAUSING, S.PAUSED):
+    if job.status in (JobStatus.PAUSING, JobStatus.PAUSED):
         return False
     if job.status not in PAUSABLE:
         raise ActionRefused(f"Only a running job can be paused; this one is {job.status}.")
     with transaction.atomic():
         job_transition(
             job=job,
-            to=S.PAUSING,
+            to=JobStatus.PAUSING,
             actor=actor,
             reason=reason,
             expected_from=PAUSABLE,
@@ -66,9 +64,9 @@ def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Jo
     the budget), as does a suspended organisation (403); then it must fit, like an
     admission."""
     job.refresh_from_db()
-    if job.status in (S.RESUMING, S.RUNNING, S.PROVISIONING):
+    if job.status in (JobStatus.RESUMING, JobStatus.RUNNING, JobStatus.PROVISIONING):
         return job
-    if job.status != S.PAUSED:
+    if job.status != JobStatus.PAUSED:
         raise ActionRefused(f"Only a paused job can be resumed; this one is {job.status}.")
     # job.tenant is read afresh (refresh_from_db drops the cached row): a suspension
     # that landed since the job was loaded refuses the resume.
@@ -83,7 +81,7 @@ def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Jo
                 "again when other jobs finish."
             )
         job = job_transition(
-            job=job, to=S.RESUMING, actor=actor, reason=reason, paused_by_budget=False
+            job=job, to=JobStatus.RESUMING, actor=actor, reason=reason, paused_by_budget=False
         )
         enqueue_on_commit("jobs.tasks.job_resume_task", job.pk)
     return job
@@ -125,15 +123,15 @@ def job_cancel(*, job: Job, actor: Actor, reason: str = "cancelled by user") -> 
         # The row's status decides where the cancel goes: read it under the lock the
         # transition takes, so a job that started meanwhile goes through `cancelling`.
         status = Job.objects.select_for_update().values_list("status", flat=True).get(pk=job.pk)
-        if status in (S.CANCELLED, S.CANCELLING):
+        if status in (JobStatus.CANCELLED, JobStatus.CANCELLING):
             job.refresh_from_db()
             return job
         if status in FINISHED:
             raise ActionRefused(f"The job has already {status}.")
-        to = S.CANCELLING if status in ON_BACKEND else S.CANCELLED
+        to = JobStatus.CANCELLING if status in ON_BACKEND else JobStatus.CANCELLED
         job = job_transition(job=job, to=to, actor=actor, reason=reason)
         enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
-        if to == S.CANCELLED:
+        if to == JobStatus.CANCELLED:
             jobs_admit()
     return job
 

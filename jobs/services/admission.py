@@ -28,7 +28,6 @@ from jobs.services.launch_dispatch import dispatch_launched_on_commit
 from jobs.state import job_transition, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
-S = JobStatus
 ADMITTED = "admitted"
 # Rows per statement when a pass admits many (SQLite caps a statement's parameters).
 ADMIT_CHUNK = 1000
@@ -162,7 +161,7 @@ def _wait(job: Job, wait: Wait) -> None:
 
 def _admit_launched(job: Job) -> None:
     """Admit the job its launch's transaction has just inserted (no re-read or lock)."""
-    job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason=ADMITTED, fresh=True)
+    job_transition(job=job, to=JobStatus.DISPATCHING, actor=SYSTEM, reason=ADMITTED, fresh=True)
     dispatch_launched_on_commit(job)
 
 
@@ -215,7 +214,7 @@ def _admission_view(job: Job) -> dict[str, int]:
         )
         pools = [getattr(like, name) for name in pool_ids]
         mine, quota_wait = Q(tenant_id=like.tenant_id), Q(wait_kind__in=OWN_TENANT_WAITS)
-        queued = Q(status=S.QUEUED) & wanting_pools(pools) & ~Q(pk=like.pk)
+        queued = Q(status=JobStatus.QUEUED) & wanting_pools(pools) & ~Q(pk=like.pk)
         ahead = queued & before_in_queue(like)
         holding = Q(status__in=HOLDING_COMPUTE)
         held = {}
@@ -337,7 +336,7 @@ def job_admit_submitted(*, job: Job, tenant_has_quotas: bool = True) -> bool:
             # A launch into a pool where it is last, the common case, skips this.
             jobs_admit()
             job.refresh_from_db()
-        return job.status == S.DISPATCHING
+        return job.status == JobStatus.DISPATCHING
 
 
 @transaction.atomic
@@ -380,10 +379,10 @@ def jobs_admit() -> list[Job]:
     for start in range(0, len(admitted), ADMIT_CHUNK):
         jobs_transition_many(
             jobs=admitted[start : start + ADMIT_CHUNK],
-            to=S.DISPATCHING,
+            to=JobStatus.DISPATCHING,
             actor=SYSTEM,
             reason=ADMITTED,
-            expected_from=frozenset({S.QUEUED}),
+            expected_from=frozenset({JobStatus.QUEUED}),
         )
     _enqueue_dispatches(admitted)
     return admitted

@@ -28,10 +28,9 @@ from jobs.prometheus import dispatch_latency_observe
 from jobs.state import IllegalTransition, job_retry_note, job_transition, jobs_transition_many
 
 log = logging.getLogger(__name__)
-S = JobStatus
 # Statuses a racing action may have ended the job in while its backend call ran; what
 # the call started must then be undone.
-UNDO_AFTER = frozenset({S.CANCELLING, S.CANCELLED, S.FAILED})
+UNDO_AFTER = frozenset({JobStatus.CANCELLING, JobStatus.CANCELLED, JobStatus.FAILED})
 
 
 class DispatchRetry(Exception):
@@ -43,7 +42,7 @@ def job_dispatch(*, job: Job, fresh: bool = False) -> Job:
     `fresh`: the caller has just read the job `with_backend_relations()`."""
     if not fresh:
         job.refresh_from_db(from_queryset=Job.objects.with_backend_relations())
-    if job.status != S.DISPATCHING:
+    if job.status != JobStatus.DISPATCHING:
         return job  # done already, or cancelled meanwhile
     backend = get_backend(job.backend)
     try:
@@ -51,15 +50,15 @@ def job_dispatch(*, job: Job, fresh: bool = False) -> Job:
         backend.submit(job)
     except Exception as error:
         return _start_failed(job, backend, error)
-    return _after_start(job, backend, *_started_as(backend), S.DISPATCHING)
+    return _after_start(job, backend, *_started_as(backend), JobStatus.DISPATCHING)
 
 
 def _started_as(backend: ComputeBackend) -> tuple[str, str]:
     """The status (and reason) a dispatched job has: a process starts at once, pods
     still have to be scheduled."""
     if backend.starts_immediately:
-        return S.RUNNING, "started"
-    return S.PROVISIONING, "submitted to the cluster"
+        return JobStatus.RUNNING, "started"
+    return JobStatus.PROVISIONING, "submitted to the cluster"
 
 
 def _start_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job:
@@ -67,7 +66,7 @@ def _start_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job:
     retry note and is raised again; an unexpected error is counted (`_dispatch_failed`,
     which raises DispatchRetry until the limit)."""
     if isinstance(error, BackendRejected):
-        return transition_quietly(job, S.FAILED, SYSTEM, f"dispatch failed: {error}")
+        return transition_quietly(job, JobStatus.FAILED, SYSTEM, f"dispatch failed: {error}")
     if isinstance(error, BackendUnavailable):
         job_retry_note(job=job, reason=f"retrying: {error}")
         raise error
@@ -80,7 +79,7 @@ def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
     one transaction moving those started. A job whose start fails here goes on alone
     through `job_dispatch_task` (its retries, failure count and limit), so one job's
     trouble never holds back or repeats the others'. Returns the jobs it started."""
-    jobs = Job.objects.with_backend_relations().filter(pk__in=job_ids, status=S.DISPATCHING)
+    jobs = Job.objects.with_backend_relations().filter(pk__in=job_ids, status=JobStatus.DISPATCHING)
     by_backend: dict[str, list[Job]] = defaultdict(list)
     for job in jobs.order_by("pk"):
         by_backend[job.backend].append(job)
@@ -102,23 +101,27 @@ def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
                 enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
         submitted = [job for job in group if outcomes[job.pk] is None]
         if submitted:
-            started += _after_start_many(submitted, backend, *_started_as(backend), S.DISPATCHING)
+            started += _after_start_many(
+                submitted, backend, *_started_as(backend), JobStatus.DISPATCHING
+            )
     return started
 
 
 def job_backend_resume(*, job: Job) -> Job:
     """Task side of a resume: start the suspended attempt again on its backend."""
     job.refresh_from_db(from_queryset=Job.objects.with_backend_relations())
-    if job.status != S.RESUMING:
+    if job.status != JobStatus.RESUMING:
         return job
     backend = get_backend(job.backend)
     try:
         _assign_devices(job, backend)
         backend.resume(job)
     except BackendRejected as error:
-        return transition_quietly(job, S.FAILED, SYSTEM, f"resume failed: {error}")
+        return transition_quietly(job, JobStatus.FAILED, SYSTEM, f"resume failed: {error}")
     if backend.starts_immediately:
-        return _after_start(job, backend, S.RUNNING, "resumed from the checkpoint", S.RESUMING)
+        return _after_start(
+            job, backend, JobStatus.RUNNING, "resumed from the checkpoint", JobStatus.RESUMING
+        )
     job.refresh_from_db()
     if job.status in UNDO_AFTER:
         _undo(job, backend)
@@ -145,7 +148,7 @@ def _after_start_many(
     started = jobs_transition_many(
         jobs=jobs, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({source})
     )
-    if source == S.DISPATCHING:
+    if source == JobStatus.DISPATCHING:
         for job in started:
             dispatch_latency_observe(
                 job=job, backend_name=backend.name, admitted_at=entered_source_at[job.pk]
@@ -182,10 +185,10 @@ def _dispatch_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job
     if job.dispatch_failures >= limit:
         job = transition_quietly(
             job,
-            S.FAILED,
+            JobStatus.FAILED,
             SYSTEM,
             f"dispatch failed {job.dispatch_failures} times; last error: {described}",
-            expected_from=frozenset({S.DISPATCHING}),
+            expected_from=frozenset({JobStatus.DISPATCHING}),
         )
         try:
             backend.cancel(job)

@@ -22,8 +22,6 @@ from jobs.services.secrets import secrets_named_again, tenant_secrets_resolve
 from jobs.services.spec import JobSpec, spec_from_job, spec_validate, validate_env
 from jobs.state import job_note
 
-S = JobStatus
-
 
 def job_submit(
     *,
@@ -77,7 +75,7 @@ def job_submit(
                 spot_pool=placement.spot_pool,
                 spot_nodes=placement.spot_nodes,
                 on_demand_nodes=placement.on_demand_nodes,
-                status=S.QUEUED,
+                status=JobStatus.QUEUED,
                 status_reason="waiting for admission",
                 wait_kind=WaitKind.ADMISSION,
                 idempotency_key=idempotency_key or "",

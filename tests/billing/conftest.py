@@ -8,10 +8,7 @@ from billing.credit_ledger import credit_balance_move
 from billing.invoicing import billing_profile_for
 from billing.models import CreditMovementKind, LiveUsageRollup
 from jobs.actors import SYSTEM
-from jobs.models import JobStatus
 from tests.jobs_helpers import advance_to, at_time, submit
-
-S = JobStatus
 
 
 def make_job(world, *, name="train", cpus=1, priority="normal", project="", start=None):

@@ -56,7 +56,6 @@ from tests.servers import (
 
 pytestmark = pytest.mark.e2e
 
-S = JobStatus
 SCREENS = ROOT / "var" / "e2e-screens"
 A100_ON_DEMAND = "demo-us-west-a100-80gb-on-demand"
 A100_SPOT = "demo-us-west-a100-80gb-spot"
@@ -196,7 +195,7 @@ def launch(tenant, user, **overrides) -> Job:
     }
     values.update(overrides)
     job = services.job_submit(tenant=tenant, user=user, spec=JobSpec(**values))
-    assert job.status == S.DISPATCHING, job.status_reason
+    assert job.status == JobStatus.DISPATCHING, job.status_reason
     return job
 
 
@@ -423,7 +422,7 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
     cost_card = page.locator(".stat", has_text="Cost to date")
     cost = money(cost_card.locator(".stat-value").inner_text())
     job.refresh_from_db()
-    assert job.status == S.SUCCEEDED and job.exit_code == 0
+    assert job.status == JobStatus.SUCCEEDED and job.exit_code == 0
     # What it cost: the seconds it held the spot node, at the spot price (never zero,
     # never more than the whole launch-to-finish time would cost).
     hourly_spot = estimate_cost(
@@ -454,7 +453,7 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
     page, base = browser_page, stack.server.url
     journey = "2-budget"
     job = launch(world.tenant, world.member, name="nightly-eval")
-    wait_for_status(job, S.RUNNING, stack)
+    wait_for_status(job, JobStatus.RUNNING, stack)
 
     # The tenant admin sets a small monthly budget: nothing is metered yet, so nothing
     # pauses now.
@@ -470,7 +469,7 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
     expect(page.locator("tr[data-budget='GPU research']")).to_contain_text("0.0000 / 0.01")
     screenshot(page, journey, "1-budget-set")
     job.refresh_from_db()
-    assert job.status == S.RUNNING
+    assert job.status == JobStatus.RUNNING
 
     # The admin watches the job list; one metering tick (beat's task, sent now) bills
     # the seconds run so far, crosses the budget and pauses the job.
@@ -495,9 +494,9 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
         ("GPU research", 80),
         ("GPU research", 100),
     }, alerts
-    job = wait_for_status(job, S.PAUSED, stack, timeout=20)
+    job = wait_for_status(job, JobStatus.PAUSED, stack, timeout=20)
     assert job.paused_by_budget
-    pause = job.events.get(to_status=S.PAUSING)
+    pause = job.events.get(to_status=JobStatus.PAUSING)
     # Paused by that one tick, seconds after it was sent.
     assert pause.actor == "budget"
     assert tick_sent < pause.at < tick_sent + timedelta(seconds=15), (tick_sent, pause.at)
@@ -609,8 +608,8 @@ def test_staff_reclaim_spot_capacity_and_the_job_resumes_as_a_new_attempt(
     assert numbers == sorted(set(numbers)), "lines out of order or shown twice"
     assert page.evaluate("window.ggSameDocument") is True, "the page was reloaded"
     job.refresh_from_db()
-    assert (job.status, job.attempt) == (S.RUNNING, 2)
-    assert not job.events.filter(to_status=S.FAILED).exists()
+    assert (job.status, job.attempt) == (JobStatus.RUNNING, 2)
+    assert not job.events.filter(to_status=JobStatus.FAILED).exists()
     # The new attempt trains on (from its checkpoint) and its GPUs chart on.
     points = chart_points(page)
     expect(log.locator(".log-line").last).to_contain_text("epoch", timeout=10_000)

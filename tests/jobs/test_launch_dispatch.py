@@ -15,7 +15,6 @@ from jobs.services.launch_dispatch import ONE_TASK, SWEEP_TASK, dispatch_launche
 from tests.jobs import test_kubernetes_lifecycle
 from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns
 
-S = JobStatus
 cluster = test_kubernetes_lifecycle.cluster  # the simulated cluster, shared fixture
 
 
@@ -59,7 +58,7 @@ def launch(world, capture, count: int, prefix: str = "l") -> list[Job]:
                     spec=gpu_spec(name=f"{prefix}{n}", gpus_per_node=1, cpus=2),
                 )
             )
-    assert {job.status for job in jobs} == {S.DISPATCHING}
+    assert {job.status for job in jobs} == {JobStatus.DISPATCHING}
     return jobs
 
 
@@ -92,7 +91,7 @@ def test_launches_queue_one_sweep_that_dispatches_them_in_batches(
     assert listed() == []
     assert kube_jobs(cluster, jobs[0]) == sorted(f"gg-{job.pk}-a1" for job in jobs)
     assert {job.status for job in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {
-        S.PROVISIONING
+        JobStatus.PROVISIONING
     }
     # The sweep started: the next launch queues the next one.
     [late] = launch(world, django_capture_on_commit_callbacks, 1, prefix="late")
@@ -115,14 +114,14 @@ def test_a_sweep_that_died_mid_batch_is_redone_by_its_redelivery(
     assert listed() == [jobs[2].pk]  # the first two are claimed by that sweep
     monkeypatch.setattr(launch_dispatch, "jobs_dispatch", dispatch)
     assert dispatch_launched(sweep_id="other") == 1  # another sweep: only what is listed
-    assert Job.objects.get(pk=jobs[0].pk).status == S.DISPATCHING
+    assert Job.objects.get(pk=jobs[0].pk).status == JobStatus.DISPATCHING
 
     assert dispatch_launched(sweep_id="first") == 2  # its redelivery: the claimed batch
     assert dispatch_launched(sweep_id="first") == 0  # delivered once more: nothing left
     assert kube_jobs(cluster, jobs[0]) == sorted(f"gg-{job.pk}-a1" for job in jobs)
     assert set(
         Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
-    ) == {S.PROVISIONING}
+    ) == {JobStatus.PROVISIONING}
 
 
 def test_a_sweep_the_broker_refused_is_queued_again_by_the_next_launch(
@@ -156,5 +155,5 @@ def test_a_launch_on_the_host_keeps_a_task_of_its_own(
             user=world.member,
             spec=services.JobSpec(name="here", image="python-3.11", command=["true"], cpus=1),
         )
-    assert job.status == S.DISPATCHING and job.backend == "local"
+    assert job.status == JobStatus.DISPATCHING and job.backend == "local"
     assert sent.sent == [(ONE_TASK, (job.pk,))] and listed() == []

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_pausable_is_where_the_state_machine_allows_pausing():
-    assert PAUSABLE == {s for s, targets in TRANSITIONS.items() if JobStatus.PAUSING in targets}
+    assert {s for s, targets in TRANSITIONS.items() if JobStatus.PAUSING in targets} == PAUSABLE
 
 
 @pytest.mark.parametrize("status", sorted(PAUSABLE))

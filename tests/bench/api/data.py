@@ -14,13 +14,12 @@ from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import Image, NodePool, PriceVersion
 
 BATCH = 2000
-S = JobStatus
 TIMELINE = (
-    ("", S.QUEUED, "submitted"),
-    (S.QUEUED, S.DISPATCHING, "admitted"),
-    (S.DISPATCHING, S.PROVISIONING, "submitted to the cluster"),
-    (S.PROVISIONING, S.RUNNING, "running"),
-    (S.RUNNING, S.SUCCEEDED, "completed"),
+    ("", JobStatus.QUEUED, "submitted"),
+    (JobStatus.QUEUED, JobStatus.DISPATCHING, "admitted"),
+    (JobStatus.DISPATCHING, JobStatus.PROVISIONING, "submitted to the cluster"),
+    (JobStatus.PROVISIONING, JobStatus.RUNNING, "running"),
+    (JobStatus.RUNNING, JobStatus.SUCCEEDED, "completed"),
 )
 
 
@@ -50,7 +49,7 @@ def make_finished_jobs(tenant, user, count: int) -> None:
                     backend=pool.backend,
                     pool=pool,
                     on_demand_nodes=1,
-                    status=S.SUCCEEDED,
+                    status=JobStatus.SUCCEEDED,
                     status_reason="completed",
                     status_changed_at=created + timedelta(hours=1, minutes=2),
                     exit_code=0,
