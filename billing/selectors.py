@@ -339,11 +339,6 @@ def tier_split(*, tenant, query: CostQuery) -> dict:
     return _tier_split_from(_cells(tenant, query, "tier"))
 
 
-def value_by_gpu_type(*, tenant, query: CostQuery) -> list[dict]:
-    """Cost per GPU-hour and per PFLOP-hour of each GPU type actually used."""
-    return _value_from(_cells(tenant, query, "gpu_type"))
-
-
 @dataclass(frozen=True)
 class CostExplorer:
     """Everything the Cost Explorer's charts and tables show for one query."""

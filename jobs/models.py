@@ -211,11 +211,6 @@ class Job(TenantOwnedModel):
     def is_critical(self) -> bool:
         return self.priority == Priority.CRITICAL
 
-    @property
-    def backend_name(self) -> str:
-        """Deterministic name of this attempt's backend objects (`gg-<id>-a<attempt>`)."""
-        return f"gg-{self.pk}-a{self.attempt}"
-
 
 class JobEvent(models.Model):
     """One status change (or notable backend event) in a job's timeline."""

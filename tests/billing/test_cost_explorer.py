@@ -348,7 +348,7 @@ def test_spot_saves_against_on_demand(usage, world):
 
 def test_value_per_gpu_hour_and_per_pflop_uses_the_gpu_types_tflops(usage, world):
     sums = ledger_sums(world.tenant, usage["query"], ["gpu_type"])
-    rows = selectors.value_by_gpu_type(tenant=world.tenant, query=usage["query"])
+    rows = selectors.cost_explorer(tenant=world.tenant, query=usage["query"]).value
     assert [r["gpu_type"] for r in rows] == ["a100-80gb", "h100-80gb", "l40s"]  # no "cpu"
     tflops = dict(GpuType.objects.values_list("slug", "peak_tflops"))
     for row in rows:
