@@ -181,7 +181,7 @@ def test_meters_hold_the_open_hour_the_next_hour_writes_it_and_late_records_join
     assert UsageRollup.objects.get(bucket="hour", bucket_start=T0 + HOUR).cpu_seconds == 120
 
 
-def test_deleting_a_job_keeps_its_held_usage_in_the_rollups(world, catalog):
+def test_deleting_a_job_keeps_its_pending_usage_in_the_rollups(world, catalog):
     job = make_job(world, start=T0)
     set_status(job, JobStatus.RUNNING, T0)
     set_status(job, JobStatus.SUCCEEDED, T0 + timedelta(minutes=5))
@@ -416,7 +416,7 @@ def test_upgrading_writes_the_hours_not_rolled_up_before_from_the_ledger(world, 
     job = make_job(world, start=T0)
     set_status(job, JobStatus.RUNNING, T0 + timedelta(minutes=50))
     meter_tick(now=T0 + timedelta(minutes=70))
-    # The state the old code left: hour 10 rolled up, hour 11 not, nothing held.
+    # The state the old code left: hour 10 rolled up, hour 11 not, nothing pending.
     rollups_rebuild()
     UsageRollup.objects.filter(bucket="hour", bucket_start=T0 + HOUR).delete()
     hour_10 = UsageRollup.objects.get(bucket="hour", bucket_start=T0)
