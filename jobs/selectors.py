@@ -76,7 +76,7 @@ def jobs_for_tenant(*, tenant, status: str | None = None, query: str = "") -> Qu
 
 
 def job_events(*, job: Job) -> QuerySet[JobEvent]:
-    return JobEvent.objects.filter(job=job).order_by("at", "pk")
+    return JobEvent.objects.filter(job=job).select_related("actor_user").order_by("at", "pk")
 
 
 PRIORITY_ORDER = (Priority.CRITICAL, Priority.NORMAL, Priority.LOW)

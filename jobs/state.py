@@ -174,15 +174,35 @@ def _apply(
         locked.finished_at = now
     for field, value in changes.items():
         setattr(locked, field, value)
+    return timeline_event(locked, actor=actor, reason=reason, at=now, previous=previous)
+
+
+def timeline_event(
+    job: Job, *, actor: Actor, reason: str, at: datetime, previous: str | None = None
+) -> JobEvent:
+    """`job`'s timeline entry (not saved) from `previous` (None: no change) to its status."""
     return JobEvent(
-        job=locked,
-        at=now,
-        from_status=previous,
-        to_status=to,
-        actor=actor.label,
+        job=job,
+        at=at,
+        from_status=job.status if previous is None else previous,
+        to_status=job.status,
+        actor_kind=actor.kind,
+        actor_user_id=actor.user_id,
         reason=reason[:1000],
-        attempt=locked.attempt,
+        attempt=job.attempt,
     )
+
+
+def job_transition_in_past(
+    *, job: Job, to: str, actor: Actor, reason: str, at: datetime, **changes
+) -> JobEvent:
+    """What `job_transition` does to `job`, at the past instant `at`, on an unsaved job:
+    the same legality check and fields; returns the timeline entry (not saved). Nothing
+    is locked, saved or published: for a history of jobs that ended long ago (the demo
+    data), written in bulk by its caller."""
+    if not can_transition(job.status, to):
+        raise IllegalTransition(job, to)
+    return _apply(job, to, actor, reason, changes, at)
 
 
 def jobs_transition_many(
@@ -230,14 +250,7 @@ def job_run_seconds(job: Job, now: datetime) -> float:
 
 def job_note(*, job: Job, actor: Actor, reason: str) -> None:
     """A timeline entry without a status change (e.g. a backend event, a retry)."""
-    JobEvent.objects.create(
-        job=job,
-        from_status=job.status,
-        to_status=job.status,
-        actor=actor.label,
-        reason=reason[:1000],
-        attempt=job.attempt,
-    )
+    timeline_event(job, actor=actor, reason=reason, at=timezone.now()).save()
 
 
 def job_wait_update(*, job: Job, kind: str, reason: str) -> Job:

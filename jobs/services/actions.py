@@ -9,7 +9,7 @@ from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
 from console.services import audit_record
-from jobs.actors import Actor, ActorKind
+from jobs.actors import SUSPENSION, Actor, ActorKind
 from jobs.extensions import job_deleting, launch_check
 from jobs.models import FINISHED, ON_BACKEND, PAUSABLE, Job, JobStatus
 from jobs.services.admission import (
@@ -20,8 +20,6 @@ from jobs.services.admission import (
 )
 from jobs.services.spec import spec_from_job
 from jobs.state import job_transition
-
-SUSPENSION = Actor(ActorKind.SUSPENSION, "suspension")
 
 
 class ActionRefused(ServiceError):

@@ -108,7 +108,8 @@ def test_every_job_finished_with_the_timeline_the_state_machine_writes(seeded):
             JobStatus.QUEUED,
             "submitted",
         )
-        assert submitted.at == job.created_at and submitted.actor == job.created_by.email
+        assert submitted.at == job.created_at and submitted.actor_user == job.created_by
+        assert submitted.actor_kind == ActorKind.USER
         assert [e.at for e in events] == sorted(e.at for e in events)
         status, attempt, running_since, run_seconds = JobStatus.QUEUED, 1, None, 0.0
         for event in events[1:]:
@@ -222,7 +223,7 @@ def test_timelines_replay_through_the_state_machine(seeded):
                 job_transition(
                     job=copy,
                     to=event.to_status,
-                    actor=Actor(ActorKind.SYSTEM, event.actor),
+                    actor=Actor(ActorKind(event.actor_kind), event.actor, event.actor_user_id),
                     reason=event.reason,
                     **changes,
                 )
@@ -240,7 +241,15 @@ def test_timelines_replay_through_the_state_machine(seeded):
             "exit_code",
         )
         assert [getattr(copy, f) for f in fields] == [getattr(job, f) for f in fields]
-        columns = ("at", "from_status", "to_status", "actor", "reason", "attempt")
+        columns = (
+            "at",
+            "from_status",
+            "to_status",
+            "actor_kind",
+            "actor_user_id",
+            "reason",
+            "attempt",
+        )
         recorded = [tuple(getattr(e, c) for c in columns) for e in status_changes(job)]
         assert list(copy.events.values_list(*columns)) == recorded
 

@@ -32,6 +32,7 @@ from console.env import stored_sandbox_token
 from console.models import Tenant
 from console.queueing import enqueue_now
 from jobs import services
+from jobs.actors import ActorKind
 from jobs.backends import get_backend
 from jobs.backends.kubernetes.sandbox import sandbox_nodes, write_sandbox_files
 from jobs.logs.leases import followed
@@ -272,7 +273,7 @@ def received_statuses(page) -> list[tuple[str, int]]:
 
 def assert_no_alerts(page, job: Job) -> None:
     shown = page.get_by_test_id("alerts").locator("li").all_inner_texts()
-    raised = list(job.events.filter(actor="alerts").values_list("reason", flat=True))
+    raised = list(job.events.filter(actor_kind=ActorKind.ALERT).values_list("reason", flat=True))
     assert not shown and not raised, (shown, raised)
     expect(page.get_by_test_id("alerts")).to_be_hidden()
 

@@ -289,6 +289,7 @@ def test_events_are_the_timeline_in_order(member_api, world):
         ("running", "succeeded"),
     ]
     assert [e["actor"] for e in events] == [world.member.email, "system", "backend", "backend"]
+    assert [e["actor_kind"] for e in events] == ["user", "system", "backend", "backend"]
     assert [e["reason"] for e in events] == ["submitted", "admitted", "running", "succeeded"]
     assert all(set(e) >= {"at", "from_status", "to_status", "actor", "reason"} for e in events)
     assert [e["at"] for e in events] == sorted(e["at"] for e in events)

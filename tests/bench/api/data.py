@@ -10,6 +10,7 @@ from decimal import Decimal
 from django.utils import timezone
 
 from billing.models import JobMeter, UsageRecord
+from jobs.actors import ActorKind
 from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import Image, NodePool, PriceVersion
 
@@ -74,7 +75,7 @@ def make_finished_jobs(tenant, user, count: int) -> None:
                         at=at,
                         from_status=before,
                         to_status=after,
-                        actor="system",
+                        actor_kind=ActorKind.SYSTEM,
                         reason=reason,
                     )
                 )

@@ -83,7 +83,7 @@ def create_running_jobs(world, count: int, since) -> None:
                 at=since,
                 from_status=JobStatus.PROVISIONING,
                 to_status=JobStatus.RUNNING,
-                actor=BACKEND,
+                actor_kind=BACKEND.kind,
                 attempt=1,
             )
             for pk in ids
