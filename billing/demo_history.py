@@ -28,7 +28,7 @@ from decimal import ROUND_CEILING, Decimal
 from django.db import transaction
 from django.utils import timezone
 
-from billing.invoicing import invoice_draft_create, previous_month
+from billing.invoices.services import invoice_draft_create, previous_month
 from billing.metering import meter_tick
 from billing.models import Budget, BudgetAction, Invoice, UsageRecord
 from billing.services import budget_create

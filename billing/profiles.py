@@ -13,7 +13,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.http import HttpRequest
 
-from billing.invoicing import billing_profile_for
+from billing.invoices.services import billing_profile_for
 from billing.models import TenantBillingProfile
 from console.models import Tenant, User
 from console.service_errors import ServiceError

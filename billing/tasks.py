@@ -8,7 +8,8 @@ from typing import Any
 
 from celery import shared_task
 
-from billing import invoicing, services
+from billing import services
+from billing.invoices import services as invoicing
 from billing.models import Budget, CreditNote, Invoice
 from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable

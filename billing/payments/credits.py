@@ -18,8 +18,8 @@ from decimal import Decimal
 
 from django.db import transaction
 
-from billing.credit_ledger import credit_balance_move
-from billing.invoicing import billing_profile_for
+from billing.credit_notes.ledger import credit_balance_move
+from billing.invoices.services import billing_profile_for
 from billing.models import (
     CreditMovementKind,
     CreditPack,

@@ -16,8 +16,8 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from billing.demo_history import KEY_PREFIX, seed_demo_history
-from billing.invoice_selectors import ledger_invoice_mismatches
-from billing.invoicing import (
+from billing.invoices.selectors import ledger_invoice_mismatches
+from billing.invoices.services import (
     invoice_draft_delete,
     invoice_finalize,
     invoices_draft_monthly,

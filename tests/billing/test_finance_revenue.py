@@ -20,11 +20,11 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from billing.finance_selectors import finance_scope, month_start, next_month
-from billing.invoicing import invoice_draft_create, invoice_finalize, invoice_void
+from billing.finance.revenue import revenue_dashboard
+from billing.finance.selectors import finance_scope, month_start, next_month
+from billing.invoices.services import invoice_draft_create, invoice_finalize, invoice_void
 from billing.metering import meter_tick
 from billing.models import AMOUNT_QUANTUM, HOURS_QUANTUM, InvoiceLine, LineKind, UsageRecord
-from billing.revenue_selectors import revenue_dashboard
 from jobs.models import JobStatus
 from marketplace.models import GpuType, NodePool, PriceVersion
 from tests.billing.conftest import set_status

@@ -13,8 +13,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.finance_selectors import month_start, tenant_money
-from billing.invoicing import invoice_finalize
+from billing.finance.selectors import month_start, tenant_money
+from billing.invoices.services import invoice_finalize
 from billing.metering import meter_tick
 from billing.models import TenantBillingProfile, UsageRecord
 from billing.profiles import billing_profile_update

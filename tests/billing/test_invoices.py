@@ -7,9 +7,9 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from billing.credit_notes import CreditLine, credit_note_create
-from billing.invoice_selectors import ledger_invoice_mismatches
-from billing.invoicing import (
+from billing.credit_notes.services import CreditLine, credit_note_create
+from billing.invoices.selectors import ledger_invoice_mismatches
+from billing.invoices.services import (
     billing_profile_for,
     invoice_adjustment_add,
     invoice_draft_create,

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from billing.invoicing import (
+from billing.invoices.services import (
     billing_profile_for,
     invoice_finalize,
     invoice_mark_paid,

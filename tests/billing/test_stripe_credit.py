@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from billing.credit_notes import credit_note_create
-from billing.invoicing import billing_profile_for, invoice_mark_paid
+from billing.credit_notes.services import credit_note_create
+from billing.invoices.services import billing_profile_for, invoice_mark_paid
 from billing.models import (
     CreditMovement,
     CreditMovementKind,

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from billing.invoicing import invoice_draft_create, invoice_finalize
+from billing.invoices.services import invoice_draft_create, invoice_finalize
 from billing.metering import meter_tick
 from billing.models import Invoice
 from console.models import AuditEvent

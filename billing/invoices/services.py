@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet, Sum
 
-from billing.credit_ledger import credit_balance_move
+from billing.credit_notes.ledger import credit_balance_move
 from billing.models import (
     AMOUNT_QUANTUM,
     CENTS,

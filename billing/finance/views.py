@@ -20,9 +20,11 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from billing import finance_charts, finance_selectors, revenue_selectors
-from billing.finance_forms import BillingProfileForm, InvoiceFilterForm, RevenueFilterForm
-from billing.finance_selectors import FinanceScope, InvoiceFilter, finance_scope
+from billing.finance import charts as finance_charts
+from billing.finance import revenue as revenue_selectors
+from billing.finance import selectors as finance_selectors
+from billing.finance.forms import BillingProfileForm, InvoiceFilterForm, RevenueFilterForm
+from billing.finance.selectors import FinanceScope, InvoiceFilter, finance_scope
 from billing.profiles import billing_profile_update
 from billing.staff_tenants import billing_panel_context
 from console.csv import csv_writer

@@ -16,8 +16,8 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from billing.credit_ledger import credit_balance_move
-from billing.invoicing import billing_profile_for, number_take
+from billing.credit_notes.ledger import credit_balance_move
+from billing.invoices.services import billing_profile_for, number_take
 from billing.models import (
     CENTS,
     CreditMovementKind,

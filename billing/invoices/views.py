@@ -9,10 +9,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from billing import credit_notes, invoicing
-from billing.invoice_forms import AdjustmentForm, CreditNoteForm, DraftForm
-from billing.invoice_pdf import invoice_pdf
-from billing.invoice_selectors import invoices_visible, ledger_invoice_mismatches
+from billing.credit_notes import services as credit_notes
+from billing.invoices import services as invoicing
+from billing.invoices.forms import AdjustmentForm, CreditNoteForm, DraftForm
+from billing.invoices.pdf import invoice_pdf
+from billing.invoices.selectors import invoices_visible, ledger_invoice_mismatches
 from billing.models import Invoice
 from billing.payments.selectors import invoice_stripe_state
 from billing.selectors import utc_midnight
