@@ -8,12 +8,13 @@ from typing import Any
 
 from celery import shared_task
 
-from billing import invoicing, services
+from billing import services
+from billing.invoices import services as invoicing
 from billing.models import Budget, CreditNote, Invoice
 from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable
 from console.queueing import enqueue_now
-from console.services import ServiceError
+from console.service_errors import ServiceError
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from console.celery import app as celery_app
+from console.service_errors import ErrorCode, ServiceError
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ["console", "marketplace", "jobs", "billing"]
@@ -194,3 +195,31 @@ def test_one_dispatch_task_and_no_dispatch_list_beside_celery():
     for _, path in app_modules("jobs"):
         source = path.read_text()
         assert "rpush" not in source and "lrange" not in source, path
+
+
+# Billing's parts are packages with the same rooms (billing/invoices/views.py), not flat
+# modules named by prefix beside them (billing/invoice_views.py).
+FLAT_ROOM = re.compile(r"^\w+_(views|selectors|forms|services|pdf|charts)\.py$")
+
+
+def test_billing_has_no_flat_prefixed_modules():
+    flat = sorted(p.name for p in (ROOT / "billing").glob("*.py") if FLAT_ROOM.match(p.name))
+    assert flat == []
+
+
+def _defines(path: Path, name: str) -> bool:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(tree))
+
+
+def test_service_error_is_defined_once_with_an_enum_code():
+    homes = [
+        relative
+        for app in ORDER
+        for relative, path in app_modules(app)
+        if _defines(path, "ServiceError")
+    ]
+    assert homes == ["console/service_errors.py"]
+    assert ServiceError("x").code is ErrorCode.INVALID
+    with pytest.raises(ValueError):
+        ServiceError("x", code="nope")  # type: ignore[arg-type]

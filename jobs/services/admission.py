@@ -18,7 +18,6 @@ from jobs.services.dispatch import dispatch_on_commit
 from jobs.state import job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
-S = JobStatus
 ADMITTED = "admitted"
 # Rows per statement when a pass admits many (SQLite caps a statement's parameters).
 ADMIT_CHUNK = 1000
@@ -263,10 +262,10 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
         for start in range(0, len(admitted), ADMIT_CHUNK):
             jobs_transition_many(
                 jobs=admitted[start : start + ADMIT_CHUNK],
-                to=S.DISPATCHING,
+                to=JobStatus.DISPATCHING,
                 actor=SYSTEM,
                 reason=ADMITTED,
-                expected_from=frozenset({S.QUEUED}),
+                expected_from=frozenset({JobStatus.QUEUED}),
             )
         if admitted:
             dispatch_on_commit()

@@ -42,10 +42,9 @@ from jobs.prometheus import dispatch_latency_observe
 from jobs.state import IllegalTransition, job_retry_note, job_transition, jobs_transition_many
 
 log = logging.getLogger(__name__)
-S = JobStatus
 # Statuses a racing action may have ended the job in while its backend call ran; what
 # the call started must then be undone.
-UNDO_AFTER = frozenset({S.CANCELLING, S.CANCELLED, S.FAILED})
+UNDO_AFTER = frozenset({JobStatus.CANCELLING, JobStatus.CANCELLED, JobStatus.FAILED})
 # A sweep queued but not started keeps later admissions from queueing another, for at
 # most this long (if its worker died with it, the admissions after that queue another).
 SWEEP_QUEUED_KEY = "jobs:dispatch:sweep-queued"
@@ -100,7 +99,7 @@ def _claim(sweep_id: str, *, with_own: bool) -> list[int]:
     with transaction.atomic():
         # SQLite has no row locks (Django leaves the clause out): its writers serialise.
         rows = Job.objects.select_for_update(skip_locked=True).filter(
-            free, due, status=S.DISPATCHING
+            free, due, status=JobStatus.DISPATCHING
         )
         batch = rows.order_by("pk").values_list("pk", flat=True)[: settings.DISPATCH_BATCH_SIZE]
         job_ids = list(batch)
@@ -126,7 +125,7 @@ def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
     (Kubernetes creates their objects concurrently); one transaction moving those
     started. A job whose start fails waits for a later sweep (`_start_failed`), so one
     job's trouble never holds back or repeats the others'. Returns the jobs it started."""
-    jobs = Job.objects.with_backend_relations().filter(pk__in=job_ids, status=S.DISPATCHING)
+    jobs = Job.objects.with_backend_relations().filter(pk__in=job_ids, status=JobStatus.DISPATCHING)
     by_backend: dict[str, list[Job]] = defaultdict(list)
     for job in jobs.order_by("pk"):
         by_backend[job.backend].append(job)
@@ -143,7 +142,9 @@ def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
                     retry_in.append(delay)
         submitted = [job for job in group if outcomes[job.pk] is None]
         if submitted:
-            started += _after_start_many(submitted, backend, *_started_as(backend), S.DISPATCHING)
+            started += _after_start_many(
+                submitted, backend, *_started_as(backend), JobStatus.DISPATCHING
+            )
     if retry_in:  # one later sweep for every job this one had to put off
         enqueue_now(tasks.jobs_dispatch_task, countdown=min(retry_in))
     return started
@@ -169,8 +170,8 @@ def _started_as(backend: ComputeBackend) -> tuple[str, str]:
     """The status (and reason) a dispatched job has: a process starts at once, pods
     still have to be scheduled."""
     if backend.starts_immediately:
-        return S.RUNNING, "started"
-    return S.PROVISIONING, "submitted to the cluster"
+        return JobStatus.RUNNING, "started"
+    return JobStatus.PROVISIONING, "submitted to the cluster"
 
 
 def _start_failed(job: Job, backend: ComputeBackend, error: Exception) -> float | None:
@@ -178,7 +179,7 @@ def _start_failed(job: Job, backend: ComputeBackend, error: Exception) -> float 
     retry note and waits; an unexpected error is counted (`_dispatch_failed`). Returns in
     how many seconds the job is due again (None: it won't be)."""
     if isinstance(error, BackendRejected):
-        transition_quietly(job, S.FAILED, SYSTEM, f"dispatch failed: {error}")
+        transition_quietly(job, JobStatus.FAILED, SYSTEM, f"dispatch failed: {error}")
         return None
     if isinstance(error, BackendUnavailable):
         job_retry_note(job=job, reason=f"retrying: {error}")
@@ -188,7 +189,7 @@ def _start_failed(job: Job, backend: ComputeBackend, error: Exception) -> float 
 
 def _retry_later(job: Job, seconds: float) -> float:
     """Release the job's claim and make it due again in `seconds`."""
-    Job.objects.filter(pk=job.pk, status=S.DISPATCHING).update(
+    Job.objects.filter(pk=job.pk, status=JobStatus.DISPATCHING).update(
         dispatch_claimed_by="",
         dispatch_claimed_until=None,
         dispatch_after=timezone.now() + timedelta(seconds=seconds),
@@ -199,16 +200,18 @@ def _retry_later(job: Job, seconds: float) -> float:
 def job_backend_resume(*, job: Job) -> Job:
     """Task side of a resume: start the suspended attempt again on its backend."""
     job.refresh_from_db(from_queryset=Job.objects.with_backend_relations())
-    if job.status != S.RESUMING:
+    if job.status != JobStatus.RESUMING:
         return job
     backend = get_backend(job.backend)
     try:
         _assign_devices(job, backend)
         backend.resume(job)
     except BackendRejected as error:
-        return transition_quietly(job, S.FAILED, SYSTEM, f"resume failed: {error}")
+        return transition_quietly(job, JobStatus.FAILED, SYSTEM, f"resume failed: {error}")
     if backend.starts_immediately:
-        return _after_start(job, backend, S.RUNNING, "resumed from the checkpoint", S.RESUMING)
+        return _after_start(
+            job, backend, JobStatus.RUNNING, "resumed from the checkpoint", JobStatus.RESUMING
+        )
     job.refresh_from_db()
     if job.status in UNDO_AFTER:
         _undo(job, backend)
@@ -235,7 +238,7 @@ def _after_start_many(
     started = jobs_transition_many(
         jobs=jobs, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({source})
     )
-    if source == S.DISPATCHING:
+    if source == JobStatus.DISPATCHING:
         for job in started:
             dispatch_latency_observe(
                 job=job, backend_name=backend.name, admitted_at=entered_source_at[job.pk]
@@ -272,10 +275,10 @@ def _dispatch_failed(job: Job, backend: ComputeBackend, error: Exception) -> flo
     if job.dispatch_failures >= limit:
         transition_quietly(
             job,
-            S.FAILED,
+            JobStatus.FAILED,
             SYSTEM,
             f"dispatch failed {job.dispatch_failures} times; last error: {described}",
-            expected_from=frozenset({S.DISPATCHING}),
+            expected_from=frozenset({JobStatus.DISPATCHING}),
         )
         try:
             backend.cancel(job)

@@ -22,7 +22,6 @@ from jobs.services.dispatch import dispatch_sweep_now, transition_quietly
 from jobs.state import job_run_seconds, job_wait_update
 
 log = logging.getLogger(__name__)
-S = JobStatus
 
 
 def job_apply_observation(*, job: Job, observation: Observation) -> Job:
@@ -33,53 +32,72 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
     changes: dict[str, Any] = {}
     if observation.exit_code is not None:
         changes["exit_code"] = observation.exit_code
-    if status == S.CANCELLING:
+    if status == JobStatus.CANCELLING:
         if phase in ("running", "pending"):
             return job  # still stopping: it holds its compute, and is billed, until it ends
         # However the work ended (stopped, exited meanwhile, lost), the cancel decides;
         # its bill ends now, when the end is observed.
         job = transition_quietly(
             job,
-            S.CANCELLED,
+            JobStatus.CANCELLED,
             BACKEND,
             f"{job.status_reason}; compute released",
             assigned_devices=[],
             **changes,
         )
         return _released(job)
-    if phase == "running" and status in (S.PROVISIONING, S.RESUMING, S.DISPATCHING):
-        return transition_quietly(job, S.RUNNING, BACKEND, "running")
-    if phase == "pending" and status in (S.PROVISIONING, S.RESUMING) and observation.reason:
+    if phase == "running" and status in (
+        JobStatus.PROVISIONING,
+        JobStatus.RESUMING,
+        JobStatus.DISPATCHING,
+    ):
+        return transition_quietly(job, JobStatus.RUNNING, BACKEND, "running")
+    if (
+        phase == "pending"
+        and status in (JobStatus.PROVISIONING, JobStatus.RESUMING)
+        and observation.reason
+    ):
         # Why it isn't running yet (Kueue admission, scheduling, image pull): shown as is.
         return job_wait_update(job=job, kind=WaitKind.BACKEND, reason=observation.reason)
     if phase == "succeeded" and status in HOLDING_COMPUTE:
-        job = transition_quietly(job, S.SUCCEEDED, BACKEND, "completed", **changes)
+        job = transition_quietly(job, JobStatus.SUCCEEDED, BACKEND, "completed", **changes)
     elif phase == "failed" and status in HOLDING_COMPUTE:
-        job = transition_quietly(job, S.FAILED, BACKEND, observation.reason, **changes)
-    elif phase in ("suspended", "cancelled") and status == S.PAUSING:
+        job = transition_quietly(job, JobStatus.FAILED, BACKEND, observation.reason, **changes)
+    elif phase in ("suspended", "cancelled") and status == JobStatus.PAUSING:
         # A budget pause keeps its reason (it names the budget) on the paused job.
         reason = (
             f"{job.status_reason}; compute released"
             if job.paused_by_budget
             else "stopped; compute released"
         )
-        job = transition_quietly(job, S.PAUSED, BACKEND, reason, assigned_devices=[], **changes)
-    elif phase == "preempted" and status in (S.RUNNING, S.PROVISIONING, S.RESUMING):
         job = transition_quietly(
-            job, S.PREEMPTED, BACKEND, observation.reason or "spot capacity reclaimed"
+            job, JobStatus.PAUSED, BACKEND, reason, assigned_devices=[], **changes
         )
-        if job.status == S.PREEMPTED:
+    elif phase == "preempted" and status in (
+        JobStatus.RUNNING,
+        JobStatus.PROVISIONING,
+        JobStatus.RESUMING,
+    ):
+        job = transition_quietly(
+            job, JobStatus.PREEMPTED, BACKEND, observation.reason or "spot capacity reclaimed"
+        )
+        if job.status == JobStatus.PREEMPTED:
             job = transition_quietly(
                 job,
-                S.QUEUED,
+                JobStatus.QUEUED,
                 SYSTEM,
                 "requeued as a new attempt from the checkpoint",
                 attempt=job.attempt + 1,
                 assigned_devices=[],
                 wait_kind=WaitKind.ADMISSION,
             )
-    elif phase == "missing" and status in (S.RUNNING, S.PROVISIONING, S.RESUMING, S.PAUSING):
-        job = transition_quietly(job, S.FAILED, BACKEND, f"lost: {observation.reason}")
+    elif phase == "missing" and status in (
+        JobStatus.RUNNING,
+        JobStatus.PROVISIONING,
+        JobStatus.RESUMING,
+        JobStatus.PAUSING,
+    ):
+        job = transition_quietly(job, JobStatus.FAILED, BACKEND, f"lost: {observation.reason}")
     else:
         return job
     return _released(job)
@@ -125,7 +143,7 @@ def jobs_observe(
         # Jobs told to stop get SIGKILL once their grace period is over.
         recently_stopped = Job.objects.filter(
             backend=backend_name,
-            status__in=[S.CANCELLED, S.FAILED, S.SUCCEEDED],
+            status__in=[JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.SUCCEEDED],
             finished_at__gte=now - timedelta(hours=1),
         )
         stopping = Job.objects.filter(backend=backend_name, status__in=STOPPING)
@@ -143,11 +161,11 @@ def _observe_one(job: Job, backend: ComputeBackend, now: datetime) -> None:
     if job_run_seconds(job, now) > job.max_runtime_minutes * 60:
         job = transition_quietly(
             job,
-            S.FAILED,
+            JobStatus.FAILED,
             SYSTEM,
             f"exceeded the maximum runtime of {job.max_runtime_minutes} minutes",
         )
-        if job.status == S.FAILED:
+        if job.status == JobStatus.FAILED:
             backend.cancel(job)
             jobs_admit(pools=job_pools(job))
             return
@@ -175,19 +193,20 @@ def jobs_reconcile(
     stuck_before = now - timedelta(seconds=stuck_after_seconds)
     acted: set[int] = set()
     redo: dict[str, Any] = {
-        S.PAUSING: tasks.job_suspend_task,
-        S.CANCELLING: tasks.job_cancel_task,
-        S.RESUMING: tasks.job_resume_task,
+        JobStatus.PAUSING: tasks.job_suspend_task,
+        JobStatus.CANCELLING: tasks.job_cancel_task,
+        JobStatus.RESUMING: tasks.job_resume_task,
     }
     stuck = Job.objects.filter(
-        status__in=[*redo, S.DISPATCHING, S.PROVISIONING], status_changed_at__lt=stuck_before
+        status__in=[*redo, JobStatus.DISPATCHING, JobStatus.PROVISIONING],
+        status_changed_at__lt=stuck_before,
     )
     provisioning: dict[str, list[int]] = {}
     sweep = False
     for job_id, status, backend_name in stuck.values_list("pk", "status", "backend"):
-        if status == S.PROVISIONING:
+        if status == JobStatus.PROVISIONING:
             provisioning.setdefault(backend_name, []).append(job_id)
-        elif status == S.DISPATCHING:
+        elif status == JobStatus.DISPATCHING:
             sweep = True
         else:
             enqueue_on_commit(redo[status], job_id)

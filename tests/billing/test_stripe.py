@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 
 from billing import tasks as billing_tasks
-from billing.invoicing import (
+from billing.invoices.services import (
     billing_profile_for,
     invoice_finalize,
     invoice_mark_paid,

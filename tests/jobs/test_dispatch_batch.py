@@ -18,7 +18,6 @@ from jobs.state import jobs_transition_many
 from tests.jobs import test_hardening_dispatch, test_kubernetes_lifecycle
 from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns
 
-S = JobStatus
 # Fixtures shared with those tests: the simulated cluster, and tasks recorded, not sent.
 cluster = test_kubernetes_lifecycle.cluster
 dropped = test_hardening_dispatch.dropped
@@ -34,7 +33,7 @@ def dispatching(world, count: int, prefix: str = "b") -> list[Job]:
         )
         for n in range(count)
     ]
-    assert {job.status for job in jobs} == {S.DISPATCHING}
+    assert {job.status for job in jobs} == {JobStatus.DISPATCHING}
     return jobs
 
 
@@ -53,10 +52,14 @@ def test_a_batch_starts_each_job_once(world, cluster):
     assert kube_job_names(cluster, jobs[0]) == sorted(f"gg-{job.pk}-a1" for job in jobs)
     for job in jobs:
         job.refresh_from_db()
-        assert job.status == S.PROVISIONING
+        assert job.status == JobStatus.PROVISIONING
         events = [(e.from_status, e.to_status, e.reason) for e in job.events.all()]
-        assert events[-1] == (S.DISPATCHING, S.PROVISIONING, "submitted to the cluster")
-        assert [e for e in events if e[1] == S.PROVISIONING] == [events[-1]]
+        assert events[-1] == (
+            JobStatus.DISPATCHING,
+            JobStatus.PROVISIONING,
+            "submitted to the cluster",
+        )
+        assert [e for e in events if e[1] == JobStatus.PROVISIONING] == [events[-1]]
 
 
 def test_a_batch_costs_the_same_statements_for_two_jobs_or_five(world, cluster):
@@ -93,7 +96,7 @@ def test_a_job_cancelled_while_its_objects_are_made_is_undone(world, cluster, mo
 
     assert sorted(job.pk for job in started) == [jobs[0].pk, jobs[2].pk]
     victim.refresh_from_db()
-    assert victim.status == S.CANCELLED
+    assert victim.status == JobStatus.CANCELLED
     assert kube_job_names(cluster, victim) == sorted(f"gg-{j.pk}-a1" for j in (jobs[0], jobs[2]))
 
 
@@ -149,7 +152,7 @@ def test_a_rejected_job_fails_alone(world, cluster):
 
     assert sorted(job.pk for job in started) == [jobs[1].pk, jobs[2].pk]
     refused.refresh_from_db()
-    assert refused.status == S.FAILED
+    assert refused.status == JobStatus.FAILED
     assert "not made by this console" in refused.status_reason
 
 
@@ -182,7 +185,7 @@ def test_a_job_that_errs_is_put_off_for_a_later_sweep(
 
     assert sorted(job.pk for job in started) == [jobs[0].pk, jobs[1].pk]
     unlucky.refresh_from_db()
-    assert unlucky.status == S.DISPATCHING
+    assert unlucky.status == JobStatus.DISPATCHING
     assert unlucky.wait_kind == WaitKind.RETRY
     assert unlucky.dispatch_failures == counted
     assert unlucky.dispatch_after > timezone.now()
@@ -194,7 +197,7 @@ def test_a_job_that_errs_is_put_off_for_a_later_sweep(
     Job.objects.filter(pk=unlucky.pk).update(dispatch_after=timezone.now())
     assert services.jobs_dispatch_pending() == 1
     unlucky.refresh_from_db()
-    assert unlucky.status == S.PROVISIONING
+    assert unlucky.status == JobStatus.PROVISIONING
     assert f"gg-{unlucky.pk}-a1" in kube_job_names(cluster, unlucky)
 
 
@@ -215,9 +218,9 @@ def test_an_admission_pass_queues_one_sweep_for_the_jobs_it_admits(
         )
         for n in range(3)
     ]
-    assert blocker.status == S.DISPATCHING
-    assert {job.status for job in waiting} == {S.QUEUED}
-    Job.objects.filter(pk=blocker.pk).update(status=S.SUCCEEDED)  # its GPUs are free again
+    assert blocker.status == JobStatus.DISPATCHING
+    assert {job.status for job in waiting} == {JobStatus.QUEUED}
+    Job.objects.filter(pk=blocker.pk).update(status=JobStatus.SUCCEEDED)  # its GPUs are free again
 
     with django_capture_on_commit_callbacks(execute=True):
         admitted = services.jobs_admit()
@@ -226,7 +229,7 @@ def test_an_admission_pass_queues_one_sweep_for_the_jobs_it_admits(
     assert dropped.sent == [("jobs.tasks.jobs_dispatch_task", (), None)]
     dropped.run("jobs.tasks.jobs_dispatch_task")
     assert {job.status for job in Job.objects.filter(pk__in=[j.pk for j in waiting])} == {
-        S.PROVISIONING
+        JobStatus.PROVISIONING
     }
 
 
@@ -234,19 +237,19 @@ def test_many_transitions_skip_jobs_that_moved_meanwhile(world, cluster):
     jobs = dispatching(world, 4)
     services.job_cancel(job=jobs[0], actor=SYSTEM)
     stale = Job.objects.get(pk=jobs[0].pk)
-    stale.status = S.DISPATCHING  # what the batch read before the cancel
+    stale.status = JobStatus.DISPATCHING  # what the batch read before the cancel
 
     with CaptureQueriesContext(connection) as captured:
         moved = jobs_transition_many(
             jobs=[stale, *jobs[1:]],
-            to=S.PROVISIONING,
+            to=JobStatus.PROVISIONING,
             actor=SYSTEM,
             reason="submitted to the cluster",
-            expected_from=frozenset({S.DISPATCHING}),
+            expected_from=frozenset({JobStatus.DISPATCHING}),
         )
 
     assert [job.pk for job in moved] == [job.pk for job in jobs[1:]]
-    assert all(job.status == S.PROVISIONING for job in jobs[1:])  # callers' instances too
-    assert Job.objects.get(pk=jobs[0].pk).status == S.CANCELLED
+    assert all(job.status == JobStatus.PROVISIONING for job in jobs[1:])  # callers' instances too
+    assert Job.objects.get(pk=jobs[0].pk).status == JobStatus.CANCELLED
     writes = [q["sql"].split()[0] for q in captured.captured_queries]
     assert writes.count("UPDATE") == 1 and writes.count("INSERT") == 1

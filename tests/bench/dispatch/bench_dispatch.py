@@ -62,7 +62,6 @@ from tests.servers import purge_queues, stop_process_group
 
 pytestmark = pytest.mark.timeout(900)
 
-S = JobStatus
 QUEUE_LENGTHS = (1, 100, 1000)
 JOBS_PER_RUN = int(os.environ.get("GPUGEEK_BENCH_JOBS", "100"))
 DISPATCHERS = int(os.environ.get("GPUGEEK_BENCH_DISPATCHERS", "4"))
@@ -178,19 +177,19 @@ def cluster(transactional_db, settings, tmp_path):
 def fill_queue(template: Job, length: int) -> None:
     """Grow the admission queue to `length` jobs waiting for the full A100 node (bulk rows,
     as if submitted earlier), then let admission record their reasons once."""
-    have = Job.objects.filter(status=S.QUEUED).count()
+    have = Job.objects.filter(status=JobStatus.QUEUED).count()
     rows = []
     for number in range(have, length):
         row = copy.copy(template)
         row.pk = None
         row.name = f"waiting-{number}"
-        row.status = S.QUEUED
+        row.status = JobStatus.QUEUED
         row.status_reason = ""
         row.created_at = row.status_changed_at = timezone.now()
         rows.append(row)
     Job.objects.bulk_create(rows, batch_size=500)
     services.jobs_admit()
-    assert Job.objects.filter(status=S.QUEUED).count() == length
+    assert Job.objects.filter(status=JobStatus.QUEUED).count() == length
 
 
 def a100_blocker(world) -> Job:
@@ -200,8 +199,8 @@ def a100_blocker(world) -> Job:
         user=world.member,
         spec=JobSpec(name="a100-holder", **{**LAUNCH, "gpu_type": "a100-80gb", "gpus_per_node": 8}),
     )
-    assert job.status == S.DISPATCHING, job.status_reason
-    Job.objects.filter(pk=job.pk).update(status=S.RUNNING)  # setup, not under test
+    assert job.status == JobStatus.DISPATCHING, job.status_reason
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)  # setup, not under test
     return Job.objects.get(pk=job.pk)
 
 
@@ -215,7 +214,7 @@ def submit_all(client, run: Run) -> None:
         before = time.perf_counter()
         response = client.post("/api/v1/jobs", payload, format="json")
         run.submit_seconds.append(time.perf_counter() - before)
-        if response.status_code != 201 or response.data["status"] != S.DISPATCHING:
+        if response.status_code != 201 or response.data["status"] != JobStatus.DISPATCHING:
             run.errors.append(f"submit {number}: {response.status_code} {response.data}")
             continue
         run.job_ids.append(response.data["id"])
@@ -350,7 +349,7 @@ def test_dispatch_throughput_and_submit_latency_by_queue_length(cluster, world, 
         assert not run.errors, run.errors[:5]
         assert run.job_ids, f"nothing launched at queue length {run.queued}"
         statuses = set(Job.objects.filter(pk__in=run.job_ids).values_list("status", flat=True))
-        assert statuses == {S.PROVISIONING}, statuses
+        assert statuses == {JobStatus.PROVISIONING}, statuses
     kube_jobs = cluster.job_names(f"gg-t-{world.tenant.pk}")
     expected = {f"gg-{job_id}-a1" for run in runs for job_id in run.job_ids}
     assert expected <= kube_jobs

@@ -42,7 +42,6 @@ from tests.servers import ROOT, child_env, purge_queues, stop_process_group, wai
 
 pytestmark = pytest.mark.timeout(1800)
 
-S = JobStatus
 DEFAULT_BACKLOG = "500" if bench_size() == "smoke" else "10000"
 BACKLOG = int(os.environ.get("GPUGEEK_BENCH_BACKLOG", DEFAULT_BACKLOG))
 WORKER_THREADS = 2  # one batch's database work overlaps the other's API calls
@@ -90,7 +89,7 @@ def dispatch_worker(backlog_cluster, tmp_path):
         stop_process_group(process)
 
 
-def accepted_backlog(template: Job, count: int, status: str = S.QUEUED) -> list[int]:
+def accepted_backlog(template: Job, count: int, status: str = JobStatus.QUEUED) -> list[int]:
     """`count` accepted launches like `template`, queued (bulk rows, as if submitted
     while their pool was full), or admitted (`status` dispatching)."""
     now = timezone.now()
@@ -100,7 +99,7 @@ def accepted_backlog(template: Job, count: int, status: str = S.QUEUED) -> list[
         row.pk = None
         row.name = f"backlog-{number}"
         row.status = status
-        row.status_reason = "waiting for capacity" if status == S.QUEUED else "admitted"
+        row.status_reason = "waiting for capacity" if status == JobStatus.QUEUED else "admitted"
         row.created_at = row.status_changed_at = now
         rows.append(row)
     return [row.pk for row in Job.objects.bulk_create(rows, batch_size=1000)]
@@ -112,9 +111,9 @@ def warmed_up(world, worker_log) -> Job:
     template = services.job_submit(
         tenant=world.tenant, user=world.member, spec=JobSpec(name="warm-up", **LAUNCH)
     )
-    assert template.status == S.DISPATCHING, template.status_reason
+    assert template.status == JobStatus.DISPATCHING, template.status_reason
     wait_until(
-        lambda: Job.objects.filter(pk=template.pk, status=S.PROVISIONING).exists(),
+        lambda: Job.objects.filter(pk=template.pk, status=JobStatus.PROVISIONING).exists(),
         60,
         what=f"the warm-up job dispatched by the worker:\n{worker_log.read_text()}",
     )
@@ -123,7 +122,7 @@ def warmed_up(world, worker_log) -> Job:
 
 def all_provisioning(job_ids: list[int], started: float, worker_log) -> float:
     """Seconds from `started` until every job is `provisioning`."""
-    pending = Job.objects.filter(pk__in=job_ids).exclude(status=S.PROVISIONING)
+    pending = Job.objects.filter(pk__in=job_ids).exclude(status=JobStatus.PROVISIONING)
     while pending.exists():
         assert time.perf_counter() < started + 1200, f"not dispatched:\n{worker_log.read_text()}"
         time.sleep(0.05)
@@ -191,7 +190,7 @@ def test_sustained_dispatch_of_launches_admitted_at_once(backlog_cluster, dispat
     from the first hand-over to the last job reaching `provisioning`."""
     worker, worker_log = dispatch_worker
     template = warmed_up(world, worker_log)
-    job_ids = accepted_backlog(template, BACKLOG, status=S.DISPATCHING)
+    job_ids = accepted_backlog(template, BACKLOG, status=JobStatus.DISPATCHING)
 
     worker_cpu = cpu_seconds(worker.pid)
     started = time.perf_counter()

@@ -17,8 +17,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing import tasks
-from billing.credit_ledger import credit_balance_move
-from billing.invoicing import billing_profile_for, number_take
+from billing.credit_notes.ledger import credit_balance_move
+from billing.invoices.services import billing_profile_for, number_take
 from billing.models import (
     CENTS,
     CreditMovementKind,
@@ -30,7 +30,8 @@ from billing.models import (
 )
 from console.models import User
 from console.queueing import enqueue_on_commit
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 
 ZERO = Decimal(0)
 CREDITABLE = (InvoiceStatus.OPEN, InvoiceStatus.PAID, InvoiceStatus.UNCOLLECTIBLE)
@@ -109,7 +110,7 @@ def credit_note_create(
         if locked.status not in CREDITABLE:
             raise ServiceError(
                 f"A {locked.get_status_display().lower()} invoice can't be credited.",
-                code="conflict",
+                code=ErrorCode.CONFLICT,
             )
         if total > locked.left_to_credit:
             raise ServiceError(
