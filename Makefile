@@ -17,12 +17,11 @@ $(VENV)/.installed: requirements.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	touch $@
 
-# htmx and its ws extension from npm (package-lock.json), plotly.js from the plotly wheel.
+# htmx from npm (package-lock.json), plotly.js from the plotly wheel.
 $(VENDOR)/.installed: package-lock.json $(VENV)/.installed
 	npm ci --no-audit --no-fund --loglevel=error
 	mkdir -p $(VENDOR)
 	cp node_modules/htmx.org/dist/htmx.min.js $(VENDOR)/htmx.min.js
-	cp node_modules/htmx-ext-ws/dist/ws.js $(VENDOR)/htmx-ext-ws.js
 	$(PY) -c "import plotly, pathlib, shutil; shutil.copy(pathlib.Path(plotly.__file__).parent / 'package_data' / 'plotly.min.js', '$(VENDOR)/plotly.min.js')"
 	touch $@
 

@@ -1,4 +1,4 @@
-"""The database views behind `LiveUsageRollup`: the job rollups plus every meter's held
+"""The database views behind `LiveUsageRollup`: the job rollups plus every meter's pending
 hour (see `JobMeter`).
 
 They are dropped before and created after every `migrate` rather than in a migration (as
@@ -9,7 +9,7 @@ meter stores its hour's day, so no date function is needed.
 
 from __future__ import annotations
 
-# A meter's held hour as rollup rows: each of its two slots as an hourly and a daily row.
+# A meter's pending hour as rollup rows: each of its two slots as an hourly and a daily row.
 # Every column has the type of the rollup table's: PostgreSQL pushes a query's conditions
 # into the branches of a UNION ALL (and so uses the table's indexes) only then.
 _SLOT_ROWS = """
@@ -19,7 +19,7 @@ _SLOT_ROWS = """
            j.project AS project, COALESCE(g.slug, 'cpu') AS gpu_type, m.tier_{n} AS tier,
            r.slug AS region, m.currency AS currency, m.gpu_seconds_{n} AS gpu_seconds,
            m.cpu_seconds_{n} AS cpu_seconds, m.amount_{n} AS amount,
-           m.on_demand_amount_{n} AS on_demand_amount, m.hour AS held_hour
+           m.on_demand_amount_{n} AS on_demand_amount, m.hour AS pending_hour
     FROM billing_jobmeter AS m
     JOIN jobs_job AS j ON j.id = m.job_id
     LEFT JOIN marketplace_gputype AS g ON g.id = j.gpu_type_id

@@ -28,20 +28,19 @@ from decimal import ROUND_CEILING, Decimal
 from django.db import transaction
 from django.utils import timezone
 
-from billing.invoicing import invoice_draft_create, previous_month
+from billing.invoices.services import invoice_draft_create, previous_month
 from billing.metering import meter_tick
 from billing.models import Budget, BudgetAction, Invoice, UsageRecord
 from billing.services import budget_create
 from console.models import AuditEvent, Membership, Tenant
 from console.permissions import Capability, has_capability
-from jobs.actors import BACKEND, SYSTEM
+from jobs.actors import BACKEND, SYSTEM, Actor
 from jobs.models import FINISHED, Job, JobEvent, JobStatus, Priority, WaitKind
 from jobs.services.spec import spot_nodes_for
-from jobs.state import can_transition
+from jobs.state import job_transition_in_past, timeline_event
 from marketplace.demo import DEMO_POOLS
 from marketplace.models import Image, NodePool, Tier
 
-S = JobStatus
 ZERO = Decimal(0)
 KEY_PREFIX = "demo-history-"
 DEFAULT_SEED = 15
@@ -185,7 +184,7 @@ def _offers() -> list[Offer]:
 @dataclass
 class _Plan:
     job: Job  # unsaved: spec and placement; `_play` writes its timeline
-    submitter: str  # the timeline's label of who launched it
+    submitter: Actor  # who launched it
     run_seconds: int  # running time the work needs, over all attempts
     outcome: str  # succeeded, failed, timed_out, cancelled, cancelled_early, preempted, paused
     cut: float  # where in the run the failure, cancel, preemption or pause comes
@@ -226,7 +225,7 @@ def _tenant_plans(tenant, index, offers, images, days, now, seed) -> list[_Plan]
         latest = now - timedelta(seconds=margin)
         job.created_at = _submit_time(start, latest, job_rng)
         job.idempotency_key = f"{KEY_PREFIX}{number:03d}"
-        submitter = user.email if user else SYSTEM.label
+        submitter = Actor.of_user(user) if user else SYSTEM
         plans.append(
             _Plan(job, submitter, run_seconds, outcome, job_rng.uniform(0.1, 0.8), job_rng)
         )
@@ -267,7 +266,7 @@ def _job(tenant, user, offer: Offer, name, project, rng) -> Job:
         on_demand_nodes=on_demand_nodes,
         priority=Priority.LOW if spot_nodes and rng.random() < 0.2 else Priority.NORMAL,
         checkpoint_path=f"/checkpoints/{name}" if spot_nodes else "",
-        status=S.QUEUED,
+        status=JobStatus.QUEUED,
         status_reason="waiting for admission",
         wait_kind=WaitKind.ADMISSION,
     )
@@ -346,43 +345,22 @@ class _Fleet:
 
 
 class _Timeline:
-    """A job's timeline as `jobs.state.job_transition` and `job_note` write it (the same
-    legality check, fields and events), at past instants. The state machine itself
-    stamps `now` and tells the owner and live pages of each change, which the past must
-    not do; tests/billing/test_demo_history.py replays these timelines through it."""
+    """A job's timeline written by the state machine (`jobs.state`: the same legality
+    check, fields and events) at past instants, on the unsaved job: nothing is locked,
+    saved or published (the owner and live pages hear nothing of the past)."""
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.events: list[JobEvent] = []
 
-    def note(self, at: datetime, actor: str, reason: str) -> None:
-        self._event(at, self.job.status, actor, reason)
+    def note(self, at: datetime, actor: Actor, reason: str) -> None:
+        self.events.append(timeline_event(self.job, actor=actor, reason=reason, at=at))
 
-    def _event(self, at: datetime, previous: str, actor: str, reason: str) -> None:
-        job = self.job
-        event = JobEvent(at=at, from_status=previous, to_status=job.status, actor=actor)
-        event.reason, event.attempt = reason[:1000], job.attempt
+    def go(self, at: datetime, to: str, actor: Actor, reason: str, **changes) -> datetime:
+        event = job_transition_in_past(
+            job=self.job, to=to, actor=actor, reason=reason, at=at, **changes
+        )
         self.events.append(event)
-
-    def go(self, at: datetime, to: str, actor: str, reason: str, **changes) -> datetime:
-        job = self.job
-        if not can_transition(job.status, to):
-            raise ValueError(f"history job {job.name}: {job.status} can't become {to}")
-        previous = job.status
-        job.status, job.status_reason, job.status_changed_at = to, reason[:500], at
-        job.wait_kind = changes.pop("wait_kind", WaitKind.NONE)
-        if to == S.RUNNING and job.started_at is None:
-            job.started_at = at
-        if previous == S.RUNNING and job.running_since is not None:
-            job.run_seconds += max(0.0, (at - job.running_since).total_seconds())
-            job.running_since = None
-        if to == S.RUNNING:
-            job.running_since = at
-        if to in FINISHED:
-            job.finished_at = at
-        for field, value in changes.items():
-            setattr(job, field, value)
-        self._event(at, previous, actor, reason)
         return at
 
 
@@ -412,21 +390,21 @@ def _play(plan: _Plan, timeline: _Timeline, fleet: _Fleet, *, limit: datetime) -
         paused_for = rng.randint(3600, 14 * 3600) if outcome == "paused" else 0
         held = run + provisioning + paused_for + 300
         at = fleet.earliest(needs, at + wait, held)
-        admitted = timeline.go(at, S.DISPATCHING, SYSTEM.label, "admitted")
+        admitted = timeline.go(at, JobStatus.DISPATCHING, SYSTEM, "admitted")
         dispatched = at + timedelta(milliseconds=rng.randint(50, 2000))  # the dispatch task
-        at = timeline.go(dispatched, S.PROVISIONING, SYSTEM.label, "submitted to the cluster")
+        at = timeline.go(dispatched, JobStatus.PROVISIONING, SYSTEM, "submitted to the cluster")
         at += provisioning * s
         if outcome == "cancelled_early":
             _cancel(timeline, plan, at)
         else:
-            at = timeline.go(at, S.RUNNING, BACKEND.label, "running") + run * s
+            at = timeline.go(at, JobStatus.RUNNING, BACKEND, "running") + run * s
         if attempt < len(runs):
             rank = job.on_demand_nodes + rng.randrange(job.spot_nodes)
-            timeline.go(at, S.PREEMPTED, BACKEND.label, RECLAIMED.format(rank=rank))
+            timeline.go(at, JobStatus.PREEMPTED, BACKEND, RECLAIMED.format(rank=rank))
             timeline.go(
                 at,
-                S.QUEUED,
-                SYSTEM.label,
+                JobStatus.QUEUED,
+                SYSTEM,
                 REQUEUED,
                 attempt=job.attempt + 1,
                 assigned_devices=[],
@@ -443,28 +421,36 @@ def _play(plan: _Plan, timeline: _Timeline, fleet: _Fleet, *, limit: datetime) -
 def _pause_and_resume(timeline: _Timeline, plan: _Plan, running_at, run: int, paused_for: int):
     rng, s = plan.rng, timedelta(seconds=1)
     at = running_at + int(run * plan.cut) * s
-    timeline.go(at, S.PAUSING, plan.submitter, "paused by user")
+    timeline.go(at, JobStatus.PAUSING, plan.submitter, "paused by user")
     stopped = rng.randint(15, 60)
     timeline.go(
-        at + stopped * s, S.PAUSED, BACKEND.label, "stopped; compute released", assigned_devices=[]
+        at + stopped * s,
+        JobStatus.PAUSED,
+        BACKEND,
+        "stopped; compute released",
+        assigned_devices=[],
     )
     at += (stopped + paused_for) * s
-    timeline.go(at, S.RESUMING, plan.submitter, "resumed by user", paused_by_budget=False)
-    at = timeline.go(at + rng.randint(30, 120) * s, S.RUNNING, BACKEND.label, "running")
+    timeline.go(at, JobStatus.RESUMING, plan.submitter, "resumed by user", paused_by_budget=False)
+    at = timeline.go(at + rng.randint(30, 120) * s, JobStatus.RUNNING, BACKEND, "running")
     timeline.go(
-        at + (run - int(run * plan.cut)) * s, S.SUCCEEDED, BACKEND.label, "completed", exit_code=0
+        at + (run - int(run * plan.cut)) * s,
+        JobStatus.SUCCEEDED,
+        BACKEND,
+        "completed",
+        exit_code=0,
     )
 
 
 def _cancel(timeline: _Timeline, plan: _Plan, at: datetime) -> None:
     """A cancel as the console records it: `cancelling` until the backend reports the
     work gone (its grace period), then `cancelled`."""
-    timeline.go(at, S.CANCELLING, plan.submitter, "cancelled by user")
+    timeline.go(at, JobStatus.CANCELLING, plan.submitter, "cancelled by user")
     stopped = at + timedelta(seconds=plan.rng.randint(2, 30))
     timeline.go(
         stopped,
-        S.CANCELLED,
-        BACKEND.label,
+        JobStatus.CANCELLED,
+        BACKEND,
         "cancelled by user; compute released",
         assigned_devices=[],
     )
@@ -476,15 +462,19 @@ def _finish(timeline: _Timeline, plan: _Plan, at: datetime) -> None:
         rank = rng.randrange(job.nodes)
         code, why = rng.choice([(1, ""), (1, ""), (137, "out of memory (OOMKilled), ")])
         timeline.go(
-            at, S.FAILED, BACKEND.label, f"rank {rank}: {why}exit code {code}", exit_code=code
+            at,
+            JobStatus.FAILED,
+            BACKEND,
+            f"rank {rank}: {why}exit code {code}",
+            exit_code=code,
         )
     elif plan.outcome == "timed_out":
         reason = f"exceeded the maximum runtime of {job.max_runtime_minutes} minutes"
-        timeline.go(at, S.FAILED, SYSTEM.label, reason)
+        timeline.go(at, JobStatus.FAILED, SYSTEM, reason)
     elif plan.outcome == "cancelled":
         _cancel(timeline, plan, at)
     else:
-        timeline.go(at, S.SUCCEEDED, BACKEND.label, "completed", exit_code=0)
+        timeline.go(at, JobStatus.SUCCEEDED, BACKEND, "completed", exit_code=0)
 
 
 def _launch_audits(jobs: list[Job]) -> list[AuditEvent]:

@@ -26,7 +26,7 @@ from billing.models import UsageRecord
 from console.models import Tenant
 from jobs.models import BILLED_STATUSES, Job, JobEvent
 from jobs.selectors import job_events, job_from_row
-from marketplace.price_book import PriceBook, price_book
+from marketplace.price_book_cache import PriceBook, price_book
 from marketplace.pricing import after_tenant_discount, tenant_discount_percent
 
 COST_QUANTUM = Decimal("0.000001")
@@ -60,7 +60,7 @@ _priced_by = attrgetter(*PRICED_BY)
 
 def jobs_run_rates(jobs) -> dict[int, Decimal | None]:
     """Each job's hourly price, from the price book in force as offers read it (kept in
-    memory: marketplace.price_book) after its tenant's discount: a constant number of
+    memory: marketplace.price_book_cache) after its tenant's discount: a constant number of
     queries, however many configurations. None for a job without a price."""
     if not jobs:
         return {}

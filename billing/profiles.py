@@ -13,10 +13,11 @@ from decimal import Decimal
 from django.db import transaction
 from django.http import HttpRequest
 
-from billing.invoicing import billing_profile_for
+from billing.invoices.services import billing_profile_for
 from billing.models import TenantBillingProfile
 from console.models import Tenant, User
-from console.services import ServiceError, audit_record
+from console.service_errors import ServiceError
+from console.services import audit_record
 
 MAX_TAX_PERCENT = Decimal(100)
 TAX_QUANTUM = Decimal("0.001")

@@ -1,8 +1,8 @@
 """Billing's metrics for /metrics. Scrape-time (registered with console.metrics from
 `billing.receivers.connect()`): how far metering lags behind now. Counted where budgets
 enforce: how long a used-up budget's jobs ran on before their pause was asked. The tick's
-own run time is `gpugeek_celery_task_last_duration_seconds{task="billing.tasks.meter_tick_task"}`,
-counted by console for every task."""
+own run time is console's `gpugeek_celery_task_last_duration_seconds` of its task,
+counted for every task."""
 
 from __future__ import annotations
 

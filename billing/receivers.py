@@ -10,7 +10,7 @@ from django.db.models.signals import post_migrate, pre_migrate
 
 from billing import dbviews, panels, staff_tenants
 from billing.job_costs import BillingJobCosts
-from billing.metering.tick import release_held_usage
+from billing.metering.tick import release_pending_usage
 from billing.payments.selectors import dashboard_payments_context
 from billing.prometheus import MeteringCollector
 from billing.services import BudgetLaunchPolicy
@@ -22,7 +22,7 @@ from jobs import extensions
 def job_deleting_keep_usage(sender, job_ids: list[int], **kwargs) -> None:
     """A deleted job's usage stays in the job rollups: move what its meter holds there
     first (this waits for any metering tick to end, and holds off the next)."""
-    release_held_usage(job_ids)
+    release_pending_usage(job_ids)
 
 
 def connect(app_config: AppConfig) -> None:

@@ -33,7 +33,7 @@ from billing.models import (
     UsageRecord,
 )
 from billing.services import period_start
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace.models import GpuType
 
 GROUP_BY = {
@@ -337,11 +337,6 @@ def top_jobs(*, tenant, query: CostQuery, limit: int = 10) -> list[dict]:
 def tier_split(*, tenant, query: CostQuery) -> dict:
     """Spot vs other tiers, and what spot saved against on-demand prices."""
     return _tier_split_from(_cells(tenant, query, "tier"))
-
-
-def value_by_gpu_type(*, tenant, query: CostQuery) -> list[dict]:
-    """Cost per GPU-hour and per PFLOP-hour of each GPU type actually used."""
-    return _value_from(_cells(tenant, query, "gpu_type"))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
 
+from billing import tasks
 from billing.job_costs import total_run_rate
 from billing.metering.tick import meter_tick
 from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
@@ -33,13 +34,13 @@ from console.crypto import decrypt_json, encrypt_json
 from console.models import Membership, Tenant, User
 from console.permissions import Role
 from console.queueing import enqueue_on_commit
-from console.services import ServiceError, audit_record, notify
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record, notify
 from jobs.actors import BUDGET
-from jobs.models import BILLED_STATUSES, Job, JobStatus, Priority
+from jobs.models import BILLED_STATUSES, PAUSABLE, Job, JobStatus, Priority
 from jobs.services import JobSpec, job_pause_once, job_resume
 
 log = logging.getLogger(__name__)
-S = JobStatus
 DEFAULT_THRESHOLDS = [50, 80, 100]
 BUDGET_NOTIFY_ROLES = (Role.OWNER, Role.ADMIN, Role.FINANCE)
 
@@ -133,7 +134,9 @@ def budget_create(
             )
     except IntegrityError:
         raise ServiceError(
-            f"A budget named “{values['name']}” exists already.", code="conflict", field="name"
+            f"A budget named “{values['name']}” exists already.",
+            code=ErrorCode.CONFLICT,
+            field="name",
         ) from None
     budget.new_webhook_secret = new_secret or None
     budget_enforce(tenant=tenant)
@@ -178,7 +181,9 @@ def budget_update(*, budget: Budget, user: User | None, request=None, **changes)
             )
     except IntegrityError:
         raise ServiceError(
-            f"A budget named “{values['name']}” exists already.", code="conflict", field="name"
+            f"A budget named “{values['name']}” exists already.",
+            code=ErrorCode.CONFLICT,
+            field="name",
         ) from None
     budget.new_webhook_secret = new_secret or None
     # A raised amount may resume paused jobs (or a lowered one pause them) at once.
@@ -191,7 +196,7 @@ def budget_webhook_secret_rotate(*, budget: Budget, user: User | None, request=N
     readable. The old secret stops verifying at once (signatures use the stored one)."""
     if not budget.webhook_url:
         # The budget's state, not the (empty) request, is what refuses: a conflict.
-        raise ServiceError("Set a webhook URL first.", code="conflict", field="webhook_url")
+        raise ServiceError("Set a webhook URL first.", code=ErrorCode.CONFLICT, field="webhook_url")
     new_secret = _new_webhook_secret()
     with transaction.atomic():
         Budget.objects.filter(pk=budget.pk).update(
@@ -311,7 +316,7 @@ class BudgetLaunchPolicy:
             raise ServiceError(
                 f"Budget “{blocking.name}” is used up for this month: only critical jobs can "
                 "be launched until it is raised or the month ends.",
-                code="payment_required",
+                code=ErrorCode.PAYMENT_REQUIRED,
             )
 
 
@@ -344,7 +349,7 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
     if kind == "actual" and threshold >= 100 and budget.action == BudgetAction.PAUSE_NON_CRITICAL:
         critical = list(
             _jobs_in_scope(budget)
-            .filter(status__in=[S.RUNNING, S.PROVISIONING], priority=Priority.CRITICAL)
+            .filter(status__in=PAUSABLE, priority=Priority.CRITICAL)
             .values_list("name", flat=True)
         )
         body += " Non-critical jobs are paused and new ones are refused."
@@ -382,7 +387,7 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
             "currency": budget.currency,
             "period_start": period_start(now).isoformat(),
         }
-        enqueue_on_commit("billing.tasks.budget_webhook_task", budget.pk, payload)
+        enqueue_on_commit(tasks.budget_webhook_task, budget.pk, payload)
     return True
 
 
@@ -445,9 +450,7 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
             f"{budget.amount:.2f} {budget.currency})"
         )
         for job in (
-            _jobs_in_scope(budget)
-            .filter(status__in=[S.RUNNING, S.PROVISIONING])
-            .exclude(priority=Priority.CRITICAL)
+            _jobs_in_scope(budget).filter(status__in=PAUSABLE).exclude(priority=Priority.CRITICAL)
         ):
             try:
                 if not job_pause_once(job=job, actor=BUDGET, reason=reason):
@@ -465,7 +468,9 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
             )
 
     # Resume only what a budget paused, and only when no exhausted budget covers it now.
-    for job in Job.objects.for_tenant(tenant).filter(status=S.PAUSED, paused_by_budget=True):
+    for job in Job.objects.for_tenant(tenant).filter(
+        status=JobStatus.PAUSED, paused_by_budget=True
+    ):
         if any(not s.budget.project or s.budget.project == job.project for s in blocking):
             continue
         try:

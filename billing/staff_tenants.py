@@ -11,8 +11,8 @@ from decimal import Decimal
 from django.http import HttpRequest
 from django.utils import timezone
 
-from billing.finance_forms import BillingProfileForm
-from billing.finance_selectors import TenantMoney, tenant_money
+from billing.finance.forms import BillingProfileForm
+from billing.finance.selectors import TenantMoney, tenant_money
 from billing.models import TenantBillingProfile
 from console.models import Tenant
 from console.staff_extensions import (

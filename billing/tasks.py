@@ -8,12 +8,13 @@ from typing import Any
 
 from celery import shared_task
 
-from billing import invoicing, services
+from billing import services
+from billing.invoices import services as invoicing
 from billing.models import Budget, CreditNote, Invoice
 from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable
 from console.queueing import enqueue_now
-from console.services import ServiceError
+from console.service_errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,6 @@ def invoices_stripe_push_pending_task() -> None:
     since that isn't there either."""
     now = datetime.now(UTC)
     for invoice_id in stripe_sync.invoices_awaiting_push(now=now):
-        enqueue_now("billing.tasks.invoice_push_to_stripe", invoice_id)
+        enqueue_now(invoice_push_to_stripe, invoice_id)
     for credit_note_id in stripe_sync.credit_notes_awaiting_push(now=now):
-        enqueue_now("billing.tasks.credit_note_push_to_stripe", credit_note_id)
+        enqueue_now(credit_note_push_to_stripe, credit_note_id)

@@ -1,6 +1,8 @@
 from django.urls import path
 
-from billing import finance_views, invoice_views, views
+from billing import views
+from billing.finance import views as finance_views
+from billing.invoices import views as invoice_views
 from billing.payments import views as payment_views
 
 app_name = "billing"

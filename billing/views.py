@@ -17,8 +17,9 @@ from billing.forms import BudgetForm, CostFilterForm
 from billing.models import Budget, BudgetAlert
 from console.confirm import confirm_then_act
 from console.csv import csv_writer
+from console.forms import add_service_error
 from console.permissions import Capability, capability_required, has_capability
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from jobs.models import Job
 
@@ -47,7 +48,7 @@ def _cost_query(request: HttpRequest) -> tuple[CostFilterForm, selectors.CostQue
             data.get("range") or "this_month", start=data.get("start"), end=data.get("end")
         )
     except ServiceError as error:
-        form.add_error(error.field if error.field in form.fields else None, error.message)
+        add_service_error(form, error)
         return form, None
     return form, selectors.CostQuery(
         start=start,
@@ -157,7 +158,7 @@ def budgets(request: HttpRequest) -> HttpResponse:
                     tenant=request.tenant, user=request.user, request=request, **form.cleaned_data
                 )
             except ServiceError as error:
-                form.add_error(error.field if error.field in form.fields else None, error.message)
+                add_service_error(form, error)
             else:
                 messages.success(request, f"Budget “{budget.name}” created.")
                 _show_secret_once(request, budget)
@@ -195,7 +196,7 @@ def budget_edit(request: HttpRequest, budget_id: int) -> HttpResponse:
                 budget=budget, user=request.user, request=request, **form.cleaned_data
             )
         except ServiceError as error:
-            form.add_error(error.field if error.field in form.fields else None, error.message)
+            add_service_error(form, error)
         else:
             messages.success(request, f"Budget “{budget.name}” saved.")
             _show_secret_once(request, budget)

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from console.services import ServiceError
+from console.service_errors import ServiceError
 
 FIELD = "webhook_url"
 SCHEMES = {"http": 80, "https": 443}

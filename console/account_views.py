@@ -24,8 +24,10 @@ from console.forms import (
     SignupForm,
     SignupVerifyForm,
     WorkerPasswordResetForm,
+    add_service_error,
 )
-from console.views import _service_error_to_form, _use_tenant
+from console.service_errors import ServiceError
+from console.views import _use_tenant
 
 
 def _verify_link_for(request: HttpRequest):
@@ -104,8 +106,8 @@ def signup(request: HttpRequest) -> HttpResponse:
                 reset_url=request.build_absolute_uri(reverse("password_reset")),
                 request=request,
             )
-        except services.ServiceError as error:
-            _service_error_to_form(form, error)
+        except ServiceError as error:
+            add_service_error(form, error)
         else:
             # The same answer whether or not the address had an account.
             return redirect("signup_sent")
@@ -131,9 +133,9 @@ def signup_verify(request: HttpRequest, uidb64: str, token: str) -> HttpResponse
         user = registration.account_verify(
             uidb64=uidb64, token=token, password=form.cleaned_data["password"], request=request
         )
-    except services.ServiceError as error:
+    except ServiceError as error:
         if error.field in form.fields:
-            _service_error_to_form(form, error)
+            add_service_error(form, error)
             return render(request, template, {"form": form})
         return render(request, template, {"invalid": error.message}, status=400)
     login(request, user, backend="console.auth_backends.EmailBackend")

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django_htmx.http import HttpResponseClientRedirect
 
-from console.services import ServiceError
+from console.service_errors import ServiceError
 
 
 def confirm_then_act(

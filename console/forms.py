@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Protocol
+
 from django import forms
 from django.contrib.auth.forms import AuthenticationForm, PasswordResetForm
 from django.core.exceptions import ValidationError
@@ -8,6 +10,19 @@ from django.template.loader import render_to_string
 from console import registration, services
 from console.models import User
 from console.permissions import Role
+
+
+class FieldRefusal(Protocol):
+    """A refusal that names the input to blame, if any: a `ServiceError`, a `PricingError`."""
+
+    message: str
+    field: str | None
+
+
+def add_service_error(form: forms.BaseForm, error: FieldRefusal) -> None:
+    """Show a service's refusal on the form that asked: beside its field when the form
+    has that field, above the form otherwise."""
+    form.add_error(error.field if error.field in form.fields else None, error.message)
 
 
 class EmailAuthenticationForm(AuthenticationForm):

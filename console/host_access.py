@@ -17,7 +17,8 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from console.models import Tenant, User
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def host_access_check(*, tenant: Tenant) -> None:
         raise ServiceError(
             f"Only one organisation may run jobs on this host, and {', '.join(others)} "
             f"already does. {isolation.note}",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
         )
 
 
@@ -76,7 +77,7 @@ def tenant_set_may_run_on_host(
     Audited on the platform and the tenant's log; setting the value it has already
     changes nothing; a grant the host can't isolate is refused (`host_access_check`)."""
     if not user.is_staff:
-        raise ServiceError("Only platform staff can change this.", code="forbidden")
+        raise ServiceError("Only platform staff can change this.", code=ErrorCode.FORBIDDEN)
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
     if tenant.may_run_on_host != allowed:
         if allowed:

@@ -1,9 +1,10 @@
-"""The one way to queue a Celery task from a service: after commit, by name.
+"""The one way to queue a Celery task from a service: the task object, after commit.
 
-Queuing by name keeps services free of imports of task modules (tasks import services,
-not the other way round). A broker outage at commit must not fail the request whose
-transaction already committed: it is logged, and the periodic reconcilers redo the work
-from the database rows, which are the truth.
+Services import their app's task module as a module (`from jobs import tasks`) and the
+task modules import services the same way, so the cycle resolves at call time and
+"find usages" finds every sender. A broker outage at commit must not fail the request
+whose transaction already committed: it is logged, and the periodic reconcilers redo
+the work from the database rows, which are the truth.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import current_app
+from celery import Task
 from django.conf import settings
 from django.db import transaction
 
@@ -19,22 +20,20 @@ log = logging.getLogger(__name__)
 _clients: dict[str, Any] = {}
 
 
-def enqueue_now(task_name: str, *args: Any) -> bool:
-    """Send `task_name` (its dotted name) now; False when the broker can't take it.
-
-    By name (`send_task`): the sending process needn't have imported the task's module;
-    the worker, which registers every task, runs it with the task's own options."""
+def enqueue_now(task: Task, *args: Any, countdown: float | None = None) -> bool:
+    """Send `task` now (to run in `countdown` seconds, if given); False when the broker
+    can't take it."""
     try:
-        current_app.send_task(task_name, args=args)
+        task.apply_async(args=args, countdown=countdown)
     except Exception:
-        log.exception("could not queue %s%r; a reconciler will redo it", task_name, args)
+        log.exception("could not queue %s%r; a reconciler will redo it", task.name, args)
         return False
     return True
 
 
-def enqueue_on_commit(task_name: str, *args: Any) -> None:
-    """Send `task_name` once the current transaction commits (at once outside one)."""
-    transaction.on_commit(lambda: enqueue_now(task_name, *args))
+def enqueue_on_commit(task: Task, *args: Any) -> None:
+    """Send `task` once the current transaction commits (at once outside one)."""
+    transaction.on_commit(lambda: enqueue_now(task, *args))
 
 
 def redis_prefix() -> str:
@@ -46,8 +45,8 @@ def redis_prefix() -> str:
 
 def broker_redis():
     """A client of the Redis the broker runs on (REDIS_URL), kept per process, for
-    hand-offs that ride beside the task queue. Short timeouts: an answer that takes
-    seconds is a lost connection."""
+    the log followers' leases. Short timeouts: an answer that takes seconds is a lost
+    connection."""
     import redis
 
     url = settings.REDIS_URL or "redis://127.0.0.1:1/0"

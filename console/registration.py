@@ -32,8 +32,8 @@ from django.utils.encoding import force_bytes, force_str
 from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
 from console.models import Tenant, User
+from console.service_errors import ErrorCode, ServiceError
 from console.services import (
-    ServiceError,
     audit_record,
     awaiting_verification,
     email_send_later,
@@ -143,7 +143,7 @@ def user_signup(
     e-mailed instead and the caller must answer as for a new account, so the page never
     tells who has an account here. Refused unless `settings.SIGNUP` is `open`."""
     if not signup_open():
-        raise ServiceError(signup_closed_message(), code="forbidden")
+        raise ServiceError(signup_closed_message(), code=ErrorCode.FORBIDDEN)
     email = User.objects.normalize_email(email).strip().lower()
     # Every check that can fail runs before the address is looked up, so errors look the
     # same for a known and an unknown address.
@@ -226,7 +226,7 @@ def account_verify(
     leaves the link usable. The row is locked: two clicks activate it once."""
     user = verification_link_user(uidb64=uidb64, token=token, lock=True)
     if user is None:
-        raise ServiceError(INVALID_LINK, code="not_found")
+        raise ServiceError(INVALID_LINK, code=ErrorCode.NOT_FOUND)
     if not user.check_password(password):
         raise ServiceError(WRONG_PASSWORD, field="password")
     user.is_active = True

@@ -97,14 +97,6 @@ def audit_events_for_tenant(
     return events
 
 
-def audit_events_for_platform(*, action_prefix: str | None = None) -> QuerySet[AuditEvent]:
-    """Staff view: every event, platform-level ones included."""
-    events = AuditEvent.objects.select_related("actor", "tenant")
-    if action_prefix:
-        events = events.filter(action__startswith=action_prefix)
-    return events
-
-
 def tenants_for_staff() -> QuerySet[Tenant]:
     from django.db.models import Count
 

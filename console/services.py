@@ -18,6 +18,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
 
+from console import tasks
 from console.caching import forget
 from console.models import (
     ApiToken,
@@ -33,23 +34,10 @@ from console.permissions import Capability, Role, can_assign_role, has_capabilit
 from console.queueing import enqueue_now
 from console.realtime import publish_membership_changed
 from console.selectors import membership_of, unread_cache_key
+from console.service_errors import ErrorCode, ServiceError
 from console.token_lookup import forget_tokens, resolved_token
 
 logger = logging.getLogger(__name__)
-
-
-class ServiceError(Exception):
-    """A refused request, with a message fit to show the user.
-
-    `code` maps to an HTTP status in the API: "invalid" 400, "conflict" 409,
-    "forbidden" 403, "not_found" 404.
-    """
-
-    def __init__(self, message: str, *, code: str = "invalid", field: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.field = field
 
 
 # --- audit ----
@@ -96,7 +84,7 @@ def audit_record(
 def email_send_later(*, subject: str, body: str, recipients: list[str]) -> bool:
     """Queue an e-mail for the worker. A broker outage must not fail the page that
     triggered it (the invitation link is also shown on screen), so it is logged instead."""
-    return enqueue_now("console.tasks.send_email_task", subject, body, recipients)
+    return enqueue_now(tasks.send_email_task, subject, body, recipients)
 
 
 # --- tenants and sign-up ----
@@ -119,7 +107,7 @@ def tenant_create(
     if not name:
         raise ServiceError("Give the organisation a name.", field="name")
     if slug and Tenant.objects.filter(slug=slug).exists():
-        raise ServiceError(f"The slug “{slug}” is taken.", code="conflict", field="slug")
+        raise ServiceError(f"The slug “{slug}” is taken.", code=ErrorCode.CONFLICT, field="slug")
     tenant = Tenant.objects.create(name=name, slug=slug or _unique_slug(name))
     Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
     audit_record(
@@ -174,7 +162,7 @@ def _validate_new_user(email: str, password: str) -> str:
     if User.objects.filter(email__iexact=email).exists():
         raise ServiceError(
             "An account with this e-mail already exists. Sign in instead.",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
             field="email",
         )
     try:
@@ -202,14 +190,14 @@ def invitation_create(
         raise ServiceError("Choose a valid role.", field="role")
     if not can_assign_role(by_membership, role):
         raise ServiceError(
-            "Only an owner can invite another owner.", code="forbidden", field="role"
+            "Only an owner can invite another owner.", code=ErrorCode.FORBIDDEN, field="role"
         )
     if Membership.objects.for_tenant(tenant).filter(user__email__iexact=email).exists():
-        raise ServiceError(f"{email} is already a member.", code="conflict", field="email")
+        raise ServiceError(f"{email} is already a member.", code=ErrorCode.CONFLICT, field="email")
     if Invitation.objects.for_tenant(tenant).pending().filter(email__iexact=email).exists():
         raise ServiceError(
             f"{email} already has a pending invitation; revoke it to send a new one.",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
             field="email",
         )
     raw_token = secrets.token_urlsafe(32)
@@ -252,20 +240,24 @@ def invitation_for_token(raw_token: str) -> Invitation:
         .first()
     )
     if invitation is None:
-        raise ServiceError("This invitation link is not valid.", code="not_found")
+        raise ServiceError("This invitation link is not valid.", code=ErrorCode.NOT_FOUND)
     state = invitation.state
     if state == "accepted":
-        raise ServiceError("This invitation has already been used.", code="conflict")
+        raise ServiceError("This invitation has already been used.", code=ErrorCode.CONFLICT)
     if state == "revoked":
-        raise ServiceError("This invitation was revoked. Ask for a new one.", code="conflict")
+        raise ServiceError(
+            "This invitation was revoked. Ask for a new one.", code=ErrorCode.CONFLICT
+        )
     if state == "expired":
-        raise ServiceError("This invitation has expired. Ask for a new one.", code="conflict")
+        raise ServiceError(
+            "This invitation has expired. Ask for a new one.", code=ErrorCode.CONFLICT
+        )
     if not _inviter_may_grant(invitation):
         raise ServiceError(
             f"This invitation is no longer valid: the person who sent it can no longer add "
             f"members to {invitation.tenant.name} as {invitation.get_role_display()}. Ask an "
             "owner or admin there for a new one.",
-            code="forbidden",
+            code=ErrorCode.FORBIDDEN,
         )
     return invitation
 
@@ -293,11 +285,11 @@ def invitation_accept(
     # Lock the row: two clicks on one link must not make two memberships or reuse it.
     invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
     if invitation.state != "pending":
-        raise ServiceError("This invitation has already been used.", code="conflict")
+        raise ServiceError("This invitation has already been used.", code=ErrorCode.CONFLICT)
     if invitation.email.lower() != user.email.lower():
         raise ServiceError(
             f"This invitation is for {invitation.email}; you are signed in as {user.email}.",
-            code="forbidden",
+            code=ErrorCode.FORBIDDEN,
         )
     membership, created = Membership.objects.get_or_create(
         tenant=invitation.tenant, user=user, defaults={"role": invitation.role}
@@ -328,7 +320,7 @@ def signup_with_invitation(
         raise ServiceError(
             "Sign-up is closed: ask the platform's staff to create your account, then "
             "sign in and follow this link again.",
-            code="forbidden",
+            code=ErrorCode.FORBIDDEN,
         )
     invitation = invitation_for_token(raw_token)
     # The invitation reached the address: an unverified sign-up for it (anyone's) yields.
@@ -390,12 +382,12 @@ def membership_change_role(
         by_membership, membership.role
     ):
         raise ServiceError(
-            "Only an owner can change an owner's role or make an owner.", code="forbidden"
+            "Only an owner can change an owner's role or make an owner.", code=ErrorCode.FORBIDDEN
         )
     if membership.role == Role.OWNER and _owner_count(membership.tenant) <= 1:
         raise ServiceError(
             "An organisation needs at least one owner; make someone else owner first.",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
         )
     previous = membership.role
     membership.role = role
@@ -422,10 +414,11 @@ def membership_remove(
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     leaving = membership.pk == by_membership.pk
     if not leaving and not can_assign_role(by_membership, membership.role):
-        raise ServiceError("Only an owner can remove an owner.", code="forbidden")
+        raise ServiceError("Only an owner can remove an owner.", code=ErrorCode.FORBIDDEN)
     if membership.role == Role.OWNER and _owner_count(membership.tenant) <= 1:
         raise ServiceError(
-            "The last owner can't be removed; make someone else owner first.", code="conflict"
+            "The last owner can't be removed; make someone else owner first.",
+            code=ErrorCode.CONFLICT,
         )
     now = timezone.now()
     ApiToken.objects.for_tenant(membership.tenant).active().filter(user=membership.user).update(
@@ -471,9 +464,11 @@ def api_token_create(
         raise ServiceError("Keep the name under 100 characters.", field="name")
     if tenant is None:
         if not user.is_staff:
-            raise ServiceError("You are not a member of any organisation.", code="forbidden")
+            raise ServiceError(
+                "You are not a member of any organisation.", code=ErrorCode.FORBIDDEN
+            )
     elif not Membership.objects.for_tenant(tenant).filter(user=user).exists():
-        raise ServiceError("You are not a member of this organisation.", code="forbidden")
+        raise ServiceError("You are not a member of this organisation.", code=ErrorCode.FORBIDDEN)
     raw = ApiToken.PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         tenant=tenant, user=user, name=name, prefix=raw[:12], key_hash=sha256_hex(raw)

@@ -402,8 +402,10 @@ JOB_TERMINATION_GRACE_SECONDS = env_int("JOB_TERMINATION_GRACE_SECONDS", 30)
 WATCHER_INTERVAL = env_int("WATCHER_INTERVAL", 2)
 # A dispatch failing with an unexpected error is retried this often, then the job fails.
 DISPATCH_MAX_ATTEMPTS = env_int("DISPATCH_MAX_ATTEMPTS", 5)
-# Jobs one admission pass admits together are dispatched in batches of this many.
+# A dispatch sweep claims admitted jobs in batches of this many, each for at most
+# DISPATCH_CLAIM_SECONDS (a dead worker's claim lapses then, for the next sweep).
 DISPATCH_BATCH_SIZE = env_int("DISPATCH_BATCH_SIZE", 100)
+DISPATCH_CLAIM_SECONDS = env_int("DISPATCH_CLAIM_SECONDS", 60)
 # DCGM exporter metrics of Kubernetes jobs (the sandbox serves a compatible API).
 PROMETHEUS_URL = env_str("PROMETHEUS_URL", f"{SANDBOX_URL}/prometheus" if SANDBOX_URL else "")
 LOG_ARCHIVE_DIR = env_str("LOG_ARCHIVE_DIR", "")  # default: <data dir>/log-archive

@@ -16,7 +16,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from console.models import Tenant, User
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 
 # Sent with `tenant` and `reason`, inside the suspending transaction (jobs pauses the
 # tenant's running jobs). Sent again when staff repeat a suspension, so a job that was
@@ -31,13 +32,13 @@ class TenantSuspended(ServiceError):
 
     def __init__(self, reason: str):
         super().__init__(
-            f"Your organisation is suspended: {reason}. Contact support.", code="forbidden"
+            f"Your organisation is suspended: {reason}. Contact support.", code=ErrorCode.FORBIDDEN
         )
 
 
 def _require_staff(user: User) -> None:
     if not user.is_staff:
-        raise ServiceError("Only platform staff can change this.", code="forbidden")
+        raise ServiceError("Only platform staff can change this.", code=ErrorCode.FORBIDDEN)
 
 
 def suspended_tenant_ids() -> set[int]:

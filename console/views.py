@@ -24,9 +24,11 @@ from console.forms import (
     RoleForm,
     TenantForm,
     TenantSuspendForm,
+    add_service_error,
 )
 from console.models import Invitation, Membership, Tenant
 from console.permissions import Capability, capability_required, has_capability, staff_required
+from console.service_errors import ErrorCode, ServiceError
 from console.staff_extensions import staff_column_headers, staff_panels, staff_tenant_cells
 from console.tenancy import SESSION_TENANT_KEY, get_for_tenant_or_404
 
@@ -35,11 +37,6 @@ PAGE_SIZE = 50
 
 def _use_tenant(request: HttpRequest, tenant: Tenant) -> None:
     request.session[SESSION_TENANT_KEY] = tenant.pk
-
-
-def _service_error_to_form(form, error: services.ServiceError) -> None:
-    field = error.field if error.field in form.fields else None
-    form.add_error(field, error.message)
 
 
 # --- dashboard and tenants ----
@@ -80,8 +77,8 @@ def tenant_create(request: HttpRequest) -> HttpResponse:
             tenant = services.tenant_create(
                 name=form.cleaned_data["name"], owner=request.user, request=request
             )
-        except services.ServiceError as error:
-            _service_error_to_form(form, error)
+        except ServiceError as error:
+            add_service_error(form, error)
         else:
             _use_tenant(request, tenant)
             messages.success(request, f"{tenant.name} created; you are its owner.")
@@ -130,8 +127,8 @@ def members(request: HttpRequest) -> HttpResponse:
                     ),
                     request=request,
                 )
-            except services.ServiceError as error:
-                _service_error_to_form(form, error)
+            except ServiceError as error:
+                add_service_error(form, error)
             else:
                 invite_link = request.build_absolute_uri(reverse("invitation_accept", args=[raw]))
                 messages.success(
@@ -170,7 +167,7 @@ def member_role(request: HttpRequest, membership_id: int) -> HttpResponse:
             messages.success(
                 request, f"{membership.user.email} is now {form.cleaned_data['role']}."
             )
-        except services.ServiceError as error:
+        except ServiceError as error:
             messages.error(request, error.message)
     return redirect("members")
 
@@ -188,7 +185,7 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
             services.membership_remove(
                 membership=membership, by_membership=request.membership, request=request
             )
-        except services.ServiceError as error:
+        except ServiceError as error:
             messages.error(request, error.message)
             return redirect("members")
         if leaving:
@@ -232,12 +229,12 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
     """Public: the link in the e-mail. New people set a password; others sign in first."""
     try:
         invitation = services.invitation_for_token(token)
-    except services.ServiceError as error:
+    except ServiceError as error:
         return render(
             request,
             "console/invitation_invalid.html",
             {"reason": error.message},
-            status=404 if error.code == "not_found" else 410,
+            status=404 if error.code == ErrorCode.NOT_FOUND else 410,
         )
     form = InvitationSignupForm(request.POST or None)
     account = get_user_model().objects.filter(email__iexact=invitation.email).first()
@@ -261,9 +258,9 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
                 login(request, user, backend="console.auth_backends.EmailBackend")
             else:
                 membership = None
-        except services.ServiceError as error:
+        except ServiceError as error:
             if error.field and error.field in form.fields:
-                _service_error_to_form(form, error)
+                add_service_error(form, error)
                 membership = None
             else:
                 messages.error(request, error.message)
@@ -301,8 +298,8 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
                 name=form.cleaned_data["name"],
                 request=request,
             )
-        except services.ServiceError as error:
-            _service_error_to_form(form, error)
+        except ServiceError as error:
+            add_service_error(form, error)
         else:
             new_token = {"name": token.name, "value": raw}
             form = ApiTokenForm()
@@ -417,8 +414,8 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
             tenant = services.tenant_create(
                 name=form.cleaned_data["name"], owner=request.user, request=request
             )
-        except services.ServiceError as error:
-            _service_error_to_form(form, error)
+        except ServiceError as error:
+            add_service_error(form, error)
         else:
             messages.success(
                 request, f"{tenant.name} created with you as owner; invite its people from Members."
@@ -451,7 +448,7 @@ def staff_tenant_detail(request: HttpRequest, tenant_slug: str) -> HttpResponse:
             host_access.tenant_set_may_run_on_host(
                 tenant=tenant, allowed=allowed, user=request.user, request=request
             )
-        except services.ServiceError as error:
+        except ServiceError as error:
             messages.error(request, error.message)
         else:
             messages.success(
@@ -492,8 +489,8 @@ def staff_tenant_suspend(request: HttpRequest, tenant_slug: str) -> HttpResponse
                 user=request.user,
                 request=request,
             )
-        except services.ServiceError as error:
-            _service_error_to_form(form, error)
+        except ServiceError as error:
+            add_service_error(form, error)
         else:
             messages.success(request, f"{tenant.name} is suspended; its running jobs are pausing.")
             target = reverse("staff_tenant_detail", args=[tenant.slug])

@@ -1,6 +1,7 @@
 """Who acted on a job: a typed value, so rules read its kind rather than parse text.
 
-The timeline stores `label` (a user's e-mail, "budget", "system"…) for reading."""
+The timeline stores the kind and, for a person, the user (`JobEvent.actor_kind`,
+`actor_user`); `label` (a user's e-mail, "budget", "system"…) is how it reads."""
 
 from __future__ import annotations
 
@@ -36,3 +37,6 @@ SYSTEM = Actor(ActorKind.SYSTEM, "system")
 BACKEND = Actor(ActorKind.BACKEND, "backend")
 BUDGET = Actor(ActorKind.BUDGET, "budget")
 ALERTS = Actor(ActorKind.ALERT, "alerts")
+SUSPENSION = Actor(ActorKind.SUSPENSION, "suspension")
+# Each kind that is not a person acts as one of these.
+NON_USER_ACTORS = {actor.kind: actor for actor in (SYSTEM, BACKEND, BUDGET, ALERTS, SUSPENSION)}

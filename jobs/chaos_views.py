@@ -12,7 +12,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from console.confirm import confirm_then_act
 from console.permissions import staff_required
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.services import chaos
 from marketplace.models import NodePool, Tier
 

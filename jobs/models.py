@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
+from jobs.actors import NON_USER_ACTORS, ActorKind
 
 
 class JobStatus(models.TextChoices):
@@ -45,6 +46,8 @@ BILLED_STATUSES = frozenset({BILL_OPENS, *STOPPING})
 ON_BACKEND = frozenset({JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RESUMING, *STOPPING})
 # Statuses that hold compute (count against capacity and quota).
 HOLDING_COMPUTE = frozenset({JobStatus.DISPATCHING, *ON_BACKEND})
+# Statuses a pause (by a user, a budget, a suspension, an alert rule) starts from.
+PAUSABLE = frozenset({JobStatus.RUNNING, JobStatus.PROVISIONING})
 
 
 class WaitKind(models.TextChoices):
@@ -202,13 +205,12 @@ class Job(TenantOwnedModel):
         return self.status in FINISHED
 
     @property
-    def is_critical(self) -> bool:
-        return self.priority == Priority.CRITICAL
+    def can_pause(self) -> bool:
+        return self.status in PAUSABLE
 
     @property
-    def backend_name(self) -> str:
-        """Deterministic name of this attempt's backend objects (`gg-<id>-a<attempt>`)."""
-        return f"gg-{self.pk}-a{self.attempt}"
+    def is_critical(self) -> bool:
+        return self.priority == Priority.CRITICAL
 
 
 class JobEvent(models.Model):
@@ -218,7 +220,11 @@ class JobEvent(models.Model):
     at = models.DateTimeField(default=timezone.now, db_index=True)
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16, blank=True)
-    actor = models.CharField(max_length=254)  # user e-mail, "system", "budget", "backend"
+    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
+    # The person, when actor_kind is user; None once their account is deleted.
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     reason = models.CharField(max_length=1000, blank=True)
     attempt = models.PositiveIntegerField(default=1)
 
@@ -230,6 +236,15 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_status} → {self.to_status}"
+
+    @property
+    def actor(self) -> str:
+        """Who acted, as one word the API has always given: the person's e-mail, or
+        "system", "backend", "budget", "alerts", "suspension". Reads `actor_user`:
+        select it with the events."""
+        if self.actor_kind != ActorKind.USER:
+            return NON_USER_ACTORS[ActorKind(self.actor_kind)].label
+        return self.actor_user.email if self.actor_user else "deleted user"
 
 
 class TenantSecret(TenantOwnedModel):

@@ -9,28 +9,27 @@ from console.services import notify
 from jobs.actors import Actor
 from jobs.models import JobStatus
 
-S = JobStatus
 NOTIFY = {
-    S.SUCCEEDED: ("success", "{name} succeeded"),
-    S.FAILED: ("error", "{name} failed"),
-    S.PREEMPTED: ("warning", "{name} was preempted"),
-    S.CANCELLING: ("warning", "{name} was cancelled"),
-    S.CANCELLED: ("warning", "{name} was cancelled"),
-    S.PAUSED: ("warning", "{name} was paused"),
+    JobStatus.SUCCEEDED: ("success", "{name} succeeded"),
+    JobStatus.FAILED: ("error", "{name} failed"),
+    JobStatus.PREEMPTED: ("warning", "{name} was preempted"),
+    JobStatus.CANCELLING: ("warning", "{name} was cancelled"),
+    JobStatus.CANCELLED: ("warning", "{name} was cancelled"),
+    JobStatus.PAUSED: ("warning", "{name} was paused"),
 }
 # Changes a person made themselves need no message; only the system's, backend's or
 # budget's do (a cancel by a colleague is still told).
-QUIET_ACTORS_FOR = {S.CANCELLING, S.CANCELLED, S.PAUSED}
+QUIET_ACTORS_FOR = {JobStatus.CANCELLING, JobStatus.CANCELLED, JobStatus.PAUSED}
 
 
 def job_status_notify(job, to: str, actor: Actor, reason: str, *, previous: str = "") -> None:
     if to not in NOTIFY or job.created_by is None:
         return
-    if to == S.CANCELLED and previous == S.CANCELLING:
+    if to == JobStatus.CANCELLED and previous == JobStatus.CANCELLING:
         return  # told when the cancel was asked (by whom), not again when the work ended
     if to in QUIET_ACTORS_FOR and actor.user_id == job.created_by_id:
         return
-    if to == S.PAUSED and not job.paused_by_budget:
+    if to == JobStatus.PAUSED and not job.paused_by_budget:
         return
     level, title = NOTIFY[to]
     path = reverse("jobs:detail", args=[job.pk])

@@ -13,6 +13,7 @@ from console.host_access import host_isolation_register
 from console.metrics import scrape_collector_register
 from console.queueing import enqueue_now, enqueue_on_commit
 from console.tenant_admin import tenant_reactivated, tenant_suspended
+from jobs import tasks
 from jobs.extensions import job_deleting, launch_policy_register
 from jobs.models import Job
 from jobs.prometheus import JobsCollector
@@ -25,7 +26,7 @@ from marketplace.signals import registry_credential_removed
 
 
 def remove_pull_secret_copies(sender, tenant_id: int, registry: str, **kwargs) -> None:
-    enqueue_on_commit("jobs.tasks.registry_pull_secret_remove_task", tenant_id, registry)
+    enqueue_on_commit(tasks.registry_pull_secret_remove_task, tenant_id, registry)
 
 
 def pause_suspended_tenant(sender, tenant, reason: str, **kwargs) -> None:
@@ -41,7 +42,7 @@ def sync_sandbox_capacity_now(sender=None, **kwargs) -> None:
     """With the sandbox cluster, its pools are synced as soon as a worker is up, so that
     offers say "simulated" on the first visit rather than after the first beat period."""
     if settings.SANDBOX_URL:
-        enqueue_now("jobs.tasks.capacity_sync_task")
+        enqueue_now(tasks.capacity_sync_task)
 
 
 def discard_deleted_jobs_files(sender, job_ids: list[int], **kwargs) -> None:

@@ -10,8 +10,6 @@ from console.permissions import Capability, has_capability
 from jobs.backends import configured_backends, get_backend
 from jobs.models import Job, JobEvent, JobStatus, Priority
 
-S = JobStatus
-
 
 def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") -> QuerySet[Job]:
     """The tenant's jobs the jobs page lists, filtered: what its pages count. Read a
@@ -51,7 +49,7 @@ def jobs_for_tenant(*, tenant, status: str | None = None, query: str = "") -> Qu
 
 
 def job_events(*, job: Job) -> QuerySet[JobEvent]:
-    return JobEvent.objects.filter(job=job).order_by("at", "pk")
+    return JobEvent.objects.filter(job=job).select_related("actor_user").order_by("at", "pk")
 
 
 PRIORITY_ORDER = (Priority.CRITICAL, Priority.NORMAL, Priority.LOW)
@@ -64,7 +62,7 @@ def queued_in_order() -> QuerySet[Job]:
         output_field=IntegerField(),
     )
     return (
-        Job.objects.filter(status=S.QUEUED)
+        Job.objects.filter(status=JobStatus.QUEUED)
         .annotate(priority_rank=rank)
         .order_by("priority_rank", "created_at", "pk")
     )
@@ -81,7 +79,7 @@ def wanting_pools(pool_ids: list[int]) -> Q:
 
 
 def queued_in_pools(pool_ids: list[int]) -> QuerySet[Job]:
-    return Job.objects.filter(status=S.QUEUED).filter(wanting_pools(pool_ids))
+    return Job.objects.filter(status=JobStatus.QUEUED).filter(wanting_pools(pool_ids))
 
 
 def before_in_queue(job: Job) -> Q:
@@ -129,7 +127,7 @@ _JOB_COLUMNS = tuple(field.attname for field in Job._meta.concrete_fields)
 def queue_positions(jobs: list[Job]) -> dict[int, int]:
     """1-based queue position of each queued job among the jobs waiting for its pools
     (its own pools, not the whole platform's queue)."""
-    wanted = [j for j in jobs if j.status == S.QUEUED]
+    wanted = [j for j in jobs if j.status == JobStatus.QUEUED]
     if not wanted:
         return {}
     if len(wanted) == 1:  # a job page or an API answer: one indexed count

@@ -12,35 +12,65 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from console.services import ServiceError
+from console.service_errors import ErrorCode, ServiceError
 from jobs import realtime
 from jobs.actors import Actor
 from jobs.models import FINISHED, Job, JobEvent, JobStatus, WaitKind
 from jobs.notifications import job_status_notify
 
-S = JobStatus
 # A cancel of a job whose work may run on its backend goes through `cancelling` (still
 # holding and billing its compute) until the backend reports the work ended; one that
 # runs nothing (queued, dispatching, paused, preempted) is `cancelled` at once.
 TRANSITIONS: dict[str, frozenset[str]] = {
-    S.QUEUED: frozenset({S.DISPATCHING, S.CANCELLED, S.FAILED}),
-    S.DISPATCHING: frozenset(
-        {S.PROVISIONING, S.RUNNING, S.FAILED, S.CANCELLED, S.QUEUED, S.SUCCEEDED}
+    JobStatus.QUEUED: frozenset({JobStatus.DISPATCHING, JobStatus.CANCELLED, JobStatus.FAILED}),
+    JobStatus.DISPATCHING: frozenset(
+        {
+            JobStatus.PROVISIONING,
+            JobStatus.RUNNING,
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+            JobStatus.QUEUED,
+            JobStatus.SUCCEEDED,
+        }
     ),
-    S.PROVISIONING: frozenset(
-        {S.RUNNING, S.FAILED, S.CANCELLING, S.PREEMPTED, S.PAUSING, S.SUCCEEDED}
+    JobStatus.PROVISIONING: frozenset(
+        {
+            JobStatus.RUNNING,
+            JobStatus.FAILED,
+            JobStatus.CANCELLING,
+            JobStatus.PREEMPTED,
+            JobStatus.PAUSING,
+            JobStatus.SUCCEEDED,
+        }
     ),
-    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLING, S.PAUSING, S.PREEMPTED}),
-    S.PAUSING: frozenset({S.PAUSED, S.FAILED, S.CANCELLING, S.SUCCEEDED}),
-    S.PAUSED: frozenset({S.RESUMING, S.CANCELLED}),
-    S.RESUMING: frozenset(
-        {S.PROVISIONING, S.RUNNING, S.FAILED, S.CANCELLING, S.SUCCEEDED, S.PREEMPTED}
+    JobStatus.RUNNING: frozenset(
+        {
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.CANCELLING,
+            JobStatus.PAUSING,
+            JobStatus.PREEMPTED,
+        }
     ),
-    S.CANCELLING: frozenset({S.CANCELLED}),
-    S.PREEMPTED: frozenset({S.QUEUED, S.CANCELLED, S.FAILED}),
-    S.SUCCEEDED: frozenset(),
-    S.FAILED: frozenset(),
-    S.CANCELLED: frozenset(),
+    JobStatus.PAUSING: frozenset(
+        {JobStatus.PAUSED, JobStatus.FAILED, JobStatus.CANCELLING, JobStatus.SUCCEEDED}
+    ),
+    JobStatus.PAUSED: frozenset({JobStatus.RESUMING, JobStatus.CANCELLED}),
+    JobStatus.RESUMING: frozenset(
+        {
+            JobStatus.PROVISIONING,
+            JobStatus.RUNNING,
+            JobStatus.FAILED,
+            JobStatus.CANCELLING,
+            JobStatus.SUCCEEDED,
+            JobStatus.PREEMPTED,
+        }
+    ),
+    JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED}),
+    JobStatus.PREEMPTED: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED, JobStatus.FAILED}),
+    JobStatus.SUCCEEDED: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
 }
 
 
@@ -50,7 +80,7 @@ class IllegalTransition(ServiceError):
     def __init__(self, job: Job, to: str):
         self.job, self.to = job, to
         super().__init__(
-            f"A {job.get_status_display().lower()} job can't become {to}.", code="conflict"
+            f"A {job.get_status_display().lower()} job can't become {to}.", code=ErrorCode.CONFLICT
         )
 
 
@@ -65,15 +95,10 @@ def job_transition(
     actor: Actor,
     reason: str = "",
     expected_from: frozenset[str] | None = None,
-    fresh: bool = False,
     **changes,
 ) -> Job:
     """Move `job` to `to`. The row is locked and re-read, so two racing callers can't both
-    apply a change; `expected_from` lets a caller act only from given statuses. `fresh`:
-    the caller inserted the row in its still-open transaction, where no one else can see
-    it, so it is changed as given (no re-read, lock or savepoint: a launch's admission)."""
-    if fresh:
-        return _transition(job, job, to, actor, reason, expected_from, changes)
+    apply a change; `expected_from` lets a caller act only from given statuses."""
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         return _transition(locked, job, to, actor, reason, expected_from, changes)
@@ -89,6 +114,9 @@ TRANSITION_FIELDS = (
     "wait_kind",
     "run_seconds",
     "running_since",
+    "dispatch_claimed_by",
+    "dispatch_claimed_until",
+    "dispatch_after",
 )
 
 
@@ -132,27 +160,50 @@ def _apply(
     # A new status starts without a wait unless the caller names one (e.g. requeued).
     locked.wait_kind = changes.pop("wait_kind", WaitKind.NONE)
     locked.status_changed_at = now
-    if to == S.RUNNING and locked.started_at is None:
+    if to == JobStatus.RUNNING and locked.started_at is None:
         locked.started_at = now
     # Running time is what max runtime counts: spans in `running` only.
-    if previous == S.RUNNING and locked.running_since is not None:
+    if previous == JobStatus.RUNNING and locked.running_since is not None:
         locked.run_seconds += max(0.0, (now - locked.running_since).total_seconds())
         locked.running_since = None
-    if to == S.RUNNING:
+    if to == JobStatus.RUNNING:
         locked.running_since = now
     if to in FINISHED:
         locked.finished_at = now
+    if to == JobStatus.DISPATCHING:  # a new start: due at once, for any sweep
+        locked.dispatch_claimed_by, locked.dispatch_claimed_until = "", None
+        locked.dispatch_after = None
     for field, value in changes.items():
         setattr(locked, field, value)
+    return timeline_event(locked, actor=actor, reason=reason, at=now, previous=previous)
+
+
+def timeline_event(
+    job: Job, *, actor: Actor, reason: str, at: datetime, previous: str | None = None
+) -> JobEvent:
+    """`job`'s timeline entry (not saved) from `previous` (None: no change) to its status."""
     return JobEvent(
-        job=locked,
-        at=now,
-        from_status=previous,
-        to_status=to,
-        actor=actor.label,
+        job=job,
+        at=at,
+        from_status=job.status if previous is None else previous,
+        to_status=job.status,
+        actor_kind=actor.kind,
+        actor_user_id=actor.user_id,
         reason=reason[:1000],
-        attempt=locked.attempt,
+        attempt=job.attempt,
     )
+
+
+def job_transition_in_past(
+    *, job: Job, to: str, actor: Actor, reason: str, at: datetime, **changes
+) -> JobEvent:
+    """What `job_transition` does to `job`, at the past instant `at`, on an unsaved job:
+    the same legality check and fields; returns the timeline entry (not saved). Nothing
+    is locked, saved or published: for a history of jobs that ended long ago (the demo
+    data), written in bulk by its caller."""
+    if not can_transition(job.status, to):
+        raise IllegalTransition(job, to)
+    return _apply(job, to, actor, reason, changes, at)
 
 
 def jobs_transition_many(
@@ -192,7 +243,7 @@ def jobs_transition_many(
 def job_run_seconds(job: Job, now: datetime) -> float:
     """Seconds `job` has spent running, over all its attempts, as of `now`."""
     since = job.running_since
-    if since is None and job.status == S.RUNNING:
+    if since is None and job.status == JobStatus.RUNNING:
         since = job.status_changed_at  # running since before running_since was kept
     current = (now - since).total_seconds() if since else 0.0
     return job.run_seconds + max(0.0, current)
@@ -200,14 +251,7 @@ def job_run_seconds(job: Job, now: datetime) -> float:
 
 def job_note(*, job: Job, actor: Actor, reason: str) -> None:
     """A timeline entry without a status change (e.g. a backend event, a retry)."""
-    JobEvent.objects.create(
-        job=job,
-        from_status=job.status,
-        to_status=job.status,
-        actor=actor.label,
-        reason=reason[:1000],
-        attempt=job.attempt,
-    )
+    timeline_event(job, actor=actor, reason=reason, at=timezone.now()).save()
 
 
 def job_wait_update(*, job: Job, kind: str, reason: str) -> Job:

@@ -5,18 +5,15 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from django.conf import settings
 from django.utils import timezone
 
-from jobs import services
+# Modules, not names: services import this module to queue its tasks (the cycle
+# resolves at call time).
+from jobs import metrics, services
 from jobs.backends import BackendUnavailable, configured_backends, get_backend
-from jobs.logs.archive import logs_archive_finished
-from jobs.metrics import metrics_collect, metrics_downsample
+from jobs.logs import archive
 from jobs.models import Job, JobStatus
-from jobs.services.dispatch import DispatchRetry
-from jobs.services.files import job_files_discard, jobs_files_prune
-from jobs.services.launch_dispatch import dispatch_launched
-from marketplace.services import capacity_sync
+from marketplace import services as marketplace_services
 
 log = logging.getLogger(__name__)
 
@@ -30,29 +27,11 @@ RETRY = {
 }
 
 
-# An unexpected dispatch error is counted by the service, which raises DispatchRetry
-# until DISPATCH_MAX_ATTEMPTS and then fails the job.
-@shared_task(**{**RETRY, "autoretry_for": (BackendUnavailable, DispatchRetry)})
-def job_dispatch_task(job_id: int) -> None:
-    job = Job.objects.with_backend_relations().filter(pk=job_id).first()
-    if job is None:  # deleted meanwhile: nothing to do
-        return
-    services.job_dispatch(job=job, fresh=True)
-
-
-@shared_task(acks_late=True)
-def jobs_dispatch_task(job_ids: list[int]) -> None:
-    """Dispatch a batch of admitted jobs (a full admission pass queues one); a job that
-    fails in it is handed to its own job_dispatch_task."""
-    services.jobs_dispatch(job_ids=job_ids)
-
-
 @shared_task(bind=True, acks_late=True)
-def jobs_dispatch_launched_task(self) -> None:
-    """Dispatch the launches listed since the last sweep, in batches
-    (`jobs.services.launch_dispatch`); a redelivery of this task redoes its claimed
-    batch."""
-    dispatch_launched(sweep_id=self.request.id or "eager")
+def jobs_dispatch_task(self) -> None:
+    """The one dispatch task: start every admitted job (`dispatching` rows), in batches
+    (`jobs.services.dispatch`); a redelivery of this task takes its own claims again."""
+    services.jobs_dispatch_pending(sweep_id=self.request.id)
 
 
 @shared_task(**RETRY)
@@ -100,9 +79,10 @@ def capacity_sync_task() -> None:
     others, and its pools keep their last known capacity until it answers again."""
     for backend in configured_backends():
         try:
-            capacity_sync(backend=backend)
+            marketplace_services.capacity_sync(backend=backend)
         except BackendUnavailable as error:
             log.warning("capacity sync of %s failed: %s", backend.name, error)
+    services.jobs_admit()  # capacity may have appeared (or gone) in any pool
 
 
 @shared_task(acks_late=True)
@@ -111,37 +91,27 @@ def jobs_reconcile_task() -> None:
 
 
 @shared_task(acks_late=True)
-def jobs_observe_task() -> None:
-    """Fallback observation pass (the watcher does this continuously)."""
-    for name in settings.COMPUTE_BACKENDS:
-        try:
-            services.jobs_observe(backend_name=name)
-        except BackendUnavailable:
-            continue
-
-
-@shared_task(acks_late=True)
 def metrics_collect_task() -> None:
     """GPU samples of running jobs (NVML locally, Prometheus/DCGM on Kubernetes), alerts."""
-    metrics_collect()
+    metrics.metrics_collect()
 
 
 @shared_task(acks_late=True)
 def metrics_downsample_task() -> None:
-    metrics_downsample()
+    metrics.metrics_downsample()
 
 
 @shared_task(acks_late=True)
 def logs_archive_task() -> None:
     """Compress the full log of finished jobs so it outlives their pods."""
-    logs_archive_finished()
+    archive.logs_archive_finished()
 
 
 @shared_task(acks_late=True)
 def job_files_discard_task(backend_name: str, job_ids: list[int]) -> None:
-    job_files_discard(backend_name=backend_name, job_ids=job_ids)
+    services.job_files_discard(backend_name=backend_name, job_ids=job_ids)
 
 
 @shared_task(acks_late=True)
 def jobs_files_prune_task() -> None:
-    jobs_files_prune(now=timezone.now())
+    services.jobs_files_prune(now=timezone.now())

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from console.confirm import confirm_then_act
+from console.forms import add_service_error
 from console.paging import CappedPaginator
 from console.permissions import (
     Capability,
@@ -21,7 +22,7 @@ from console.permissions import (
     may_change_template,
     template_change_check,
 )
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from jobs import selectors, services
 from jobs.actors import Actor
@@ -85,7 +86,7 @@ def launch(request: HttpRequest) -> HttpResponse:
                 tenant=request.tenant, user=request.user, spec=spec, request=request
             )
         except ServiceError as error:
-            form.add_error(error.field if error.field in form.fields else None, error.message)
+            add_service_error(form, error)
         else:
             if job.status == JobStatus.QUEUED:
                 messages.info(request, f"“{job.name}” is queued: {job.status_reason}.")
@@ -310,7 +311,7 @@ def secrets(request: HttpRequest) -> HttpResponse:
                     tenant=request.tenant, user=request.user, request=request, **form.cleaned_data
                 )
             except ServiceError as error:
-                form.add_error(error.field if error.field in form.fields else None, error.message)
+                add_service_error(form, error)
             else:
                 messages.success(
                     request, f"Secret {secret.name} saved; its value won't be shown again."

@@ -6,6 +6,6 @@ class MarketplaceConfig(AppConfig):
     verbose_name = "Marketplace"
 
     def ready(self) -> None:
-        from marketplace.price_book import connect_signals  # models are ready only now
+        from marketplace.price_book_cache import connect_signals  # models are ready only now
 
         connect_signals()

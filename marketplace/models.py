@@ -208,7 +208,7 @@ class PriceEntry(models.Model):
 class CatalogRevision(models.Model):
     """One row whose token changes, in the same transaction, with every change to what
     offers show (price versions and entries, GPU types, regions): processes that keep
-    the price book in memory check it with one cheap read (marketplace.price_book)."""
+    the price book in memory check it with one cheap read (marketplace.price_book_cache)."""
 
     token = models.CharField(max_length=32)
 

@@ -23,7 +23,7 @@ from marketplace.models import (
     Tier,
     free_capacity,
 )
-from marketplace.price_book import price_book
+from marketplace.price_book_cache import price_book
 from marketplace.pricing import after_tenant_discount, tenant_discount_percent
 
 THOUSAND = Decimal(1000)
@@ -176,10 +176,6 @@ def offers(
         return not (available_only and offer.available <= 0)
 
     return sorted(filter(keep, rows), key=SORTS.get(sort, SORTS["price"]))
-
-
-def gpu_types_active() -> QuerySet[GpuType]:
-    return GpuType.objects.filter(is_active=True)
 
 
 def regions_active() -> QuerySet[Region]:

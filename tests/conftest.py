@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -12,13 +13,14 @@ from redis.exceptions import RedisError
 from rest_framework.test import APIClient
 
 from console import services
-from console.celery import app as celery_app
 from console.models import Membership, Tenant, User
 from console.permissions import Role
+from jobs.services.dispatch import SWEEP_QUEUED_KEY
 from marketplace.demo import seed_catalog
 from marketplace.inventory import NodeInventory
 from marketplace.models import GpuType, PriceVersion, Region
 from marketplace.services import capacity_sync
+from tests.broker import broker_replaced
 from tests.factories import DEFAULT_PASSWORD, MembershipFactory, TenantFactory, UserFactory
 
 # The fake Kubernetes API server (real HTTP, official client) as the `kube_api` fixture.
@@ -178,11 +180,15 @@ hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 @pytest.fixture
 def tasks_in_process(monkeypatch):
-    """Tasks queued by name (console.queueing) run in-process, as the worker would run
-    them: only the broker is left out."""
-    celery_app.loader.import_default_modules()  # the worker's autodiscovery
+    """Tasks queued by console.queueing run in-process, as the worker would run them:
+    only the broker is left out (a countdown runs at once)."""
+    broker_replaced(monkeypatch, lambda task, args, countdown: task.apply(args=args, throw=True))
 
-    def run_in_process(name, args=(), kwargs=None, **options):
-        return celery_app.tasks[name].apply(args=args, kwargs=kwargs or {}, throw=True)
 
-    monkeypatch.setattr(celery_app, "send_task", run_in_process)
+@pytest.fixture(autouse=True)
+def _no_dispatch_sweep_mark_left():
+    """A test that queued a sweep no worker took leaves its "queued" mark for a few
+    seconds; the next test's admissions must queue their own."""
+    yield
+    with contextlib.suppress(Exception):
+        cache.delete(SWEEP_QUEUED_KEY)

@@ -21,8 +21,8 @@ import httpx
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.utils.module_loading import import_string
 
-from console import queueing
 from console.celery import app as celery_app
 from console.launcher import free_loopback_port
 
@@ -154,16 +154,13 @@ class CeleryWorker:
 
 
 def purge_queues() -> None:
-    """Drop the tasks earlier tests queued and nobody ran, and the launches they listed
-    for a dispatch sweep (jobs.services.launch_dispatch), with its "sweep queued" mark:
-    left, that mark would keep this test's launches from queueing their sweep."""
+    """Drop the tasks earlier tests queued and nobody ran, and a dispatch sweep's "queued"
+    mark: left, it would keep this test's launches from queueing their sweep."""
+    from django.core.cache import cache
+
     celery_app.control.purge()
-    client = queueing.broker_redis()
-    # (By pattern: this module is imported before Django is set up, by the fork server,
-    # so it can't import jobs.services.launch_dispatch, whose KEY_ROOT this is.)
-    listed = list(client.scan_iter(f"{queueing.redis_prefix()}:dispatch:*", count=1000))
-    if listed:
-        client.delete(*listed)
+    # (By name: this module is imported by the fork server before Django is set up.)
+    cache.delete(import_string("jobs.services.dispatch.SWEEP_QUEUED_KEY"))
 
 
 @pytest.fixture

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from django.template import engines
 
+from console.celery import app as celery_app
+from console.service_errors import ErrorCode, ServiceError
+
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ["console", "marketplace", "jobs", "billing"]
 # The project shell in console/ wires every room together and may name them all.
@@ -181,15 +184,15 @@ def python_files():
 
 
 def test_queries_are_the_orm_s_not_compiled_beside_it():
-    # Every read goes through the ORM (a hot one is kept in Django's cache); the compiled
-    # queries left are admission's, which its rewrite on the job row removes.
-    allowed = {"jobs/services/admission.py"}
+    # Every read goes through the ORM (what every request asks is kept in Django's cache,
+    # console.caching); no compiled-SQL cache beside it.
+    assert not (ROOT / "console" / "compiled.py").exists()
     importers = {
         relative
         for relative, path in python_files()
-        if "console.compiled" in imported_modules(path) and relative != "console/compiled.py"
+        if any(module.startswith("console.compiled") for module in imported_modules(path))
     }
-    assert importers <= allowed
+    assert importers == set()
 
 
 HTML_BUILT_IN_PYTHON = re.compile(r"\b(mark_safe|format_html_join)\b")
@@ -211,3 +214,63 @@ def test_rows_are_written_by_templates_not_built_in_python():
 def test_templates_are_read_once_per_process():
     loaders = repr(engines["django"].engine.loaders)
     assert "django.template.loaders.cached.Loader" in loaders
+
+
+# --- one dispatch path, tasks by object (issue 27) -----------------------------------------
+
+_APPS = "|".join([*ORDER, SANDBOX])
+DOTTED_TASK = re.compile(rf"""["'](?:{_APPS})\.tasks\.\w+["']""")
+CELERY_CONFIGURATION = {"console/settings.py"}
+
+
+def test_no_task_is_referenced_by_a_dotted_string():
+    """Outside Celery's own configuration (the beat schedule), tasks are queued as task
+    objects: "find usages" finds every sender, and a renamed task fails at import."""
+    found = []
+    for app in [*ORDER, SANDBOX]:
+        for relative, path in app_modules(app):
+            if relative in CELERY_CONFIGURATION:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if DOTTED_TASK.search(line) and not line.lstrip().startswith("#"):
+                    found.append(f"{relative}:{number}: {line.strip()}")
+    assert found == []
+
+
+def test_one_dispatch_task_and_no_dispatch_list_beside_celery():
+    """Every admitted job is started by the one sweep over `dispatching` rows (the job row
+    is the queue): no second dispatch task, no Redis list of dispatches of its own."""
+    celery_app.loader.import_default_modules()
+    dispatch_tasks = sorted(name for name in celery_app.tasks if "dispatch" in name)
+    assert dispatch_tasks == ["jobs.tasks.jobs_dispatch_task"]
+    for _, path in app_modules("jobs"):
+        source = path.read_text()
+        assert "rpush" not in source and "lrange" not in source, path
+
+
+# Billing's parts are packages with the same rooms (billing/invoices/views.py), not flat
+# modules named by prefix beside them (billing/invoice_views.py).
+FLAT_ROOM = re.compile(r"^\w+_(views|selectors|forms|services|pdf|charts)\.py$")
+
+
+def test_billing_has_no_flat_prefixed_modules():
+    flat = sorted(p.name for p in (ROOT / "billing").glob("*.py") if FLAT_ROOM.match(p.name))
+    assert flat == []
+
+
+def _defines(path: Path, name: str) -> bool:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(tree))
+
+
+def test_service_error_is_defined_once_with_an_enum_code():
+    homes = [
+        relative
+        for app in ORDER
+        for relative, path in app_modules(app)
+        if _defines(path, "ServiceError")
+    ]
+    assert homes == ["console/service_errors.py"]
+    assert ServiceError("x").code is ErrorCode.INVALID
+    with pytest.raises(ValueError):
+        ServiceError("x", code="nope")  # type: ignore[arg-type]

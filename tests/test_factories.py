@@ -12,12 +12,10 @@ from tests.factories import (
 )
 from tests.jobs_helpers import advance, advance_to
 
-S = JobStatus
-
 
 def test_a_factory_job_is_queued_on_its_pool(db):
     job = JobFactory()
-    assert job.status == S.QUEUED and not JobEvent.objects.filter(job=job).exists()
+    assert job.status == JobStatus.QUEUED and not JobEvent.objects.filter(job=job).exists()
     assert (job.backend, job.region, job.gpu_type) == ("local", job.pool.region, None)
     assert (job.nodes, job.on_demand_nodes, job.spot_nodes) == (1, 1, 0)
     assert JobFactory().pool == job.pool  # the same local CPU pool, reused
@@ -31,12 +29,17 @@ def test_a_gpu_job_takes_its_pools_type_and_width(db):
 
 def test_other_statuses_come_only_through_the_state_machine(db):
     with pytest.raises(ValueError):
-        JobFactory(status=S.RUNNING)
-    job = advance_to(JobFactory(), S.PAUSED)
-    assert job.status == S.PAUSED
+        JobFactory(status=JobStatus.RUNNING)
+    job = advance_to(JobFactory(), JobStatus.PAUSED)
+    assert job.status == JobStatus.PAUSED
     path = list(JobEvent.objects.filter(job=job).order_by("pk").values_list("to_status", flat=True))
-    assert path == [S.DISPATCHING, S.PROVISIONING, S.PAUSING, S.PAUSED]
-    assert advance(job, S.RESUMING, S.RUNNING).started_at is not None
+    assert path == [
+        JobStatus.DISPATCHING,
+        JobStatus.PROVISIONING,
+        JobStatus.PAUSING,
+        JobStatus.PAUSED,
+    ]
+    assert advance(job, JobStatus.RESUMING, JobStatus.RUNNING).started_at is not None
 
 
 def test_catalog_factories(db):

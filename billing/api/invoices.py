@@ -11,8 +11,9 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from billing import credit_notes, invoicing
-from billing.invoice_selectors import invoices_visible
+from billing.credit_notes import services as credit_notes
+from billing.invoices import services as invoicing
+from billing.invoices.selectors import invoices_visible
 from billing.models import CreditNote, Invoice, InvoiceLine
 from billing.payments.selectors import STRIPE_SYNC_STATUSES, invoice_stripe_state
 from billing.selectors import utc_midnight

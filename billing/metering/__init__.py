@@ -9,7 +9,7 @@ turns it takes), `writers` (SQL writers), `rollups` (rollup moves, marks, rebuil
 
 from billing.metering.rollups import RollupMarks, roll_closed_days, rollup_marks, rollups_rebuild
 from billing.metering.spans import Span, billed_spans
-from billing.metering.tick import TickResult, meter_tick, release_held_usage
+from billing.metering.tick import TickResult, meter_tick, release_pending_usage
 
 __all__ = [
     "RollupMarks",
@@ -17,7 +17,7 @@ __all__ = [
     "TickResult",
     "billed_spans",
     "meter_tick",
-    "release_held_usage",
+    "release_pending_usage",
     "roll_closed_days",
     "rollup_marks",
     "rollups_rebuild",

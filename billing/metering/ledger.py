@@ -65,8 +65,8 @@ def _tiers(job: JobRow) -> list[tuple[str, int]]:
     return [(tier, units) for tier, units in shares if units > 0]
 
 
-class Held(NamedTuple):
-    """What a meter holds (see `JobMeter`): the hour, its currency, each slot's tier."""
+class PendingHour(NamedTuple):
+    """A meter's pending hour (see `JobMeter`): the hour, its currency, each slot's tier."""
 
     hour: datetime | None
     currency: str
@@ -74,29 +74,29 @@ class Held(NamedTuple):
     tier_2: str
 
 
-NOTHING_HELD = Held(None, "", "", "")
+NO_PENDING_HOUR = PendingHour(None, "", "", "")
 
 
 class MeterPlan(NamedTuple):
-    """What one tick does with a job's usage, given what its meter held: the meter's new
-    held state, the sums added to its slots, and the rollup pieces (indices) that go to
+    """What one tick does with a job's usage, given its meter's pending hour: the meter's new
+    pending hour, the sums added to its slots, and the rollup pieces (indices) that go to
     the job's rollup rows at once."""
 
-    held: Held
+    pending: PendingHour
     day: datetime | None
     sums: tuple[Decimal, ...]  # slot 1's four sums (ROLLUP_SUMS), then slot 2's
     direct: tuple[int, ...]
 
-    def changes(self, held: Held) -> bool:
-        """Whether the meter that held `held` changes."""
-        return self.held != held or any(self.sums)
+    def changes(self, pending: PendingHour) -> bool:
+        """Whether the meter whose pending hour was `pending` changes."""
+        return self.pending != pending or any(self.sums)
 
 
 class TickLedger:
     """A tick's records as (job, priced piece) charges, each piece priced once per tick
     (see the module docstring).
 
-    Rollups are planned the same way, once per (pieces of a job, what its meter held).
+    Rollups are planned the same way, once per (pieces of a job, its meter's pending hour).
     Pieces of the tick's hour go to the meter's slots; the rest (another hour, a third
     tier, another currency) become rollup pieces charged to the job's rollup rows."""
 
@@ -115,17 +115,17 @@ class TickLedger:
         self.rollup_charges: list[tuple[JobRow, int]] = []  # (job, index into the above)
         self._rollup_index: dict[tuple, int] = {}
 
-    def charge(self, job: JobRow, spans: list[Span], held: Held) -> int:
+    def charge(self, job: JobRow, spans: list[Span], pending: PendingHour) -> int:
         """Charge a job's billed spans; returns the index of its meter's plan. Jobs alike
-        in all that prices them, billed the same spans from the same held state (most
+        in all that prices them, billed the same spans from the same pending hour (most
         running jobs, each tick), share the work."""
         discount = self.book.discounts.get(job.tenant_id, ZERO)
         per_node = job.gpus_per_node if job.gpu_type_id else job.cpus
-        alike = (tuple(spans), held, job.gpu_type_id, job.region_id, job.pool__tier,
+        alike = (tuple(spans), pending, job.gpu_type_id, job.region_id, job.pool__tier,
                  job.on_demand_nodes, job.spot_nodes, per_node, discount)  # fmt: skip
         charged = self._charged.get(alike)
         if charged is None:
-            charged = self._charged[alike] = self._price(job, spans, held, discount)
+            charged = self._charged[alike] = self._price(job, spans, pending, discount)
         pieces, plan = charged
         self.charges.extend([(job, index) for index in pieces])
         direct = self.plans[plan].direct
@@ -133,7 +133,7 @@ class TickLedger:
             self.rollup_charges.extend([(job, index) for index in direct])
         return plan
 
-    def _price(self, job: JobRow, spans, held: Held, discount: Decimal) -> tuple:
+    def _price(self, job: JobRow, spans, pending: PendingHour, discount: Decimal) -> tuple:
         """(indices of the job's priced pieces, index of its meter's plan)."""
         tiers = _tiers(job)
         pieces = []
@@ -146,7 +146,7 @@ class TickLedger:
                         index = self._index[key] = len(self.pieces)
                         self.pieces.append(self._tail(job, piece, tier, units, discount))
                     pieces.append(index)
-        key = (tuple(pieces), held)
+        key = (tuple(pieces), pending)
         plan = self._plan_index.get(key)
         if plan is None:
             plan = self._plan_index[key] = len(self.plans)
@@ -190,8 +190,8 @@ class TickLedger:
                 row[i] += value * count
         return sums
 
-    def _plan(self, pieces: tuple[int, ...], held: Held) -> MeterPlan:
-        hour, currency, tiers = held.hour, held.currency, [held.tier_1, held.tier_2]
+    def _plan(self, pieces: tuple[int, ...], pending: PendingHour) -> MeterPlan:
+        hour, currency, tiers = pending.hour, pending.currency, [pending.tier_1, pending.tier_2]
         sums = [ZERO] * 8
         direct: dict[tuple, list[Decimal]] = {}
         for index in pieces:
@@ -226,9 +226,9 @@ class TickLedger:
                 index = self._rollup_index[piece] = len(self.rollup_pieces)
                 self.rollup_pieces.append(piece)
             indices.append(index)
-        new_held = Held(hour, currency, *tiers)
+        new_pending = PendingHour(hour, currency, *tiers)
         day = hour.replace(hour=0) if hour is not None else None
-        return MeterPlan(new_held, day, tuple(sums), tuple(indices))
+        return MeterPlan(new_pending, day, tuple(sums), tuple(indices))
 
     def _tail(self, job: JobRow, piece: Span, tier: str, units: int, discount: Decimal):
         start = piece.start

@@ -1,7 +1,7 @@
 """The job rollups and daily totals that metering keeps alongside the ledger.
 
 Statements only (the transactions that take turns around them are in `tick`): moving
-meters' held hours into the hourly and daily job rollups, rolling closed days into the
+meters' pending hours into the hourly and daily job rollups, rolling closed days into the
 monthly ones, the marks of how far both went, adding ledger rows to rollups and totals,
 and `rollups_rebuild`, the repair tool that recomputes them all from the ledger.
 """
@@ -17,7 +17,7 @@ from django.db.models import Min
 
 from billing.dbviews import METER_ROLLUP
 from billing.metering.tables import (
-    EMPTY_HELD,
+    EMPTY_PENDING_HOUR,
     ROLLUP_COLUMNS,
     ROLLUP_KEY,
     ROLLUP_LABELS,
@@ -54,7 +54,7 @@ def rollup_marks() -> RollupMarks:
     )
 
 
-def move_held_to_rollups(where: str, params: list) -> None:
+def move_pending_to_rollups(where: str, params: list) -> None:
     """Add what the meters matching `where` (on the meter rollup view) hold to the job
     rollups; the caller empties those meters."""
     # Each meter is one job and its two slots hold two tiers, so the rows have distinct
@@ -183,7 +183,7 @@ def rollups_add(rows, *, monthly_before: datetime | None) -> None:
 @transaction.atomic
 def rollups_rebuild(*, tenant_id: int | None = None) -> int:
     """Recompute every rollup and daily total from the ledger (a repair tool; the tick
-    never needs it). What the meters held is then in the rollups, so they hold nothing."""
+    never needs it). What the meters had pending is then in the rollups, so none is pending."""
     rollups, totals = UsageRollup.objects.all(), UsageDailyTotal.objects.all()
     records, meters = UsageRecord.objects.all(), JobMeter.objects.all()
     if tenant_id is not None:
@@ -192,7 +192,7 @@ def rollups_rebuild(*, tenant_id: int | None = None) -> int:
         meters = meters.filter(job__tenant_id=tenant_id)
     rollups.delete()
     totals.delete()
-    meters.exclude(hour=None).update(**EMPTY_HELD)
+    meters.exclude(hour=None).update(**EMPTY_PENDING_HOUR)
     monthly_mark = rollup_marks().monthly
     count = 0
     batch: list[_RebuildRow] = []

@@ -30,7 +30,7 @@ METER_PLAN_COLUMNS = (
 )  # fmt: skip
 METER_SUMS = METER_PLAN_COLUMNS[5:]
 # A meter's fields once its hour has gone to the rollups.
-EMPTY_HELD = {"hour": None, "day": None, "currency": "", "tier_1": "", "tier_2": "",
+EMPTY_PENDING_HOUR = {"hour": None, "day": None, "currency": "", "tier_1": "", "tier_2": "",
               **dict.fromkeys(METER_SUMS, Decimal(0))}  # fmt: skip
 
 

@@ -17,12 +17,12 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from billing.metering.ledger import NOTHING_HELD, Held, TickLedger
+from billing.metering.ledger import NO_PENDING_HOUR, PendingHour, TickLedger
 from billing.metering.postgres import fetch_rows
 from billing.metering.prices import PriceBook
-from billing.metering.rollups import move_held_to_rollups, roll_closed_days, rollup_marks
+from billing.metering.rollups import move_pending_to_rollups, roll_closed_days, rollup_marks
 from billing.metering.spans import JOB_COLUMNS, JobRow, StatusChange, billed_spans
-from billing.metering.tables import EMPTY_HELD
+from billing.metering.tables import EMPTY_PENDING_HOUR
 from billing.metering.writers import tick_writer
 from billing.models import HourlyRollupMark, JobMeter, MonthlyRollupMark
 from jobs.models import BILLED_STATUSES, Job, JobEvent
@@ -64,7 +64,7 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     if mark is None or mark < hour:
         if mark is not None:
             result = _tick(now=hour)
-        _release_held_hours(hour)
+        _release_pending_hours(hour)
     return result.merged(_tick(now=now))
 
 
@@ -117,8 +117,8 @@ def _meter(*, now: datetime) -> TickResult:
     # changes meters, and the jobs' own rows are locked.
     candidates = Job.objects.filter(CANDIDATES).values("pk")
     meters = {
-        job_id: (until, is_open, Held(*held))
-        for job_id, until, is_open, *held in fetch_rows(
+        job_id: (until, is_open, PendingHour(*pending))
+        for job_id, until, is_open, *pending in fetch_rows(
             JobMeter.objects.filter(job__in=candidates).values_list(*METER_READ)
         )
     }
@@ -144,20 +144,20 @@ def _meter(*, now: datetime) -> TickResult:
             since = next(
                 (e.at for e in events if e.to_status in BILLED_STATUSES), job.started_at or now
             )
-            held = NOTHING_HELD
+            pending = NO_PENDING_HOUR
         else:
-            since, _, held = meter
+            since, _, pending = meter
         still_billed = job.status in BILLED_STATUSES
         # A job that ended after this tick's clock was read (while we waited for its row
         # lock) is billed to its real end, not cut at `now`.
         until = now if still_billed or not events else max(now, events[-1].at)
-        plan = ledger.charge(job, billed_spans(events, since, until), held)
+        plan = ledger.charge(job, billed_spans(events, since, until), pending)
         # A job that isn't billed now has nothing left to bill before `until`. A cursor
         # never moves back (a late tick of a concurrent round bills nothing).
         metered_until = max(since, now if still_billed else until)
         if meter is None:
             new_meters.append((job.pk, metered_until, still_billed, plan))
-        elif meter[:2] != (metered_until, still_billed) or ledger.plans[plan].changes(held):
+        elif meter[:2] != (metered_until, still_billed) or ledger.plans[plan].changes(pending):
             moved_meters.append((job.pk, metered_until, still_billed, plan))
 
     writer = tick_writer()
@@ -168,7 +168,7 @@ def _meter(*, now: datetime) -> TickResult:
     return TickResult(len(jobs), len(ledger.charges), ledger.tenants)
 
 
-def _release_held_hours(hour: datetime) -> None:
+def _release_pending_hours(hour: datetime) -> None:
     """Move every meter's hour before `hour` into the hourly and daily job rollups, and
     the days closed since into the monthly ones; move the marks."""
     with _ticks_take_turns():
@@ -176,19 +176,19 @@ def _release_held_hours(hour: datetime) -> None:
         if marks.hourly is not None and marks.hourly >= hour:
             return  # a concurrent round has done it
         dt = connection.ops.adapt_datetimefield_value
-        move_held_to_rollups("held_hour < %s", [dt(hour)])
-        JobMeter.objects.filter(hour__lt=hour).update(**EMPTY_HELD)
+        move_pending_to_rollups("pending_hour < %s", [dt(hour)])
+        JobMeter.objects.filter(hour__lt=hour).update(**EMPTY_PENDING_HOUR)
         if not HourlyRollupMark.objects.update(rolled_until=hour):
             HourlyRollupMark.objects.create(rolled_until=hour)
         roll_closed_days(marks.monthly, hour)
 
 
 @transaction.atomic
-def release_held_usage(job_ids: list[int]) -> None:
+def release_pending_usage(job_ids: list[int]) -> None:
     """Move what these jobs' meters hold into their rollups now (before the jobs and
     their meters are deleted: the job rollups outlive the job)."""
     if not job_ids:
         return
     _wait_for_turn()  # an hour's rollup move would otherwise move them too
-    move_held_to_rollups(f"job_ref IN ({', '.join(['%s'] * len(job_ids))})", job_ids)
-    JobMeter.objects.filter(job_id__in=job_ids).update(**EMPTY_HELD)
+    move_pending_to_rollups(f"job_ref IN ({', '.join(['%s'] * len(job_ids))})", job_ids)
+    JobMeter.objects.filter(job_id__in=job_ids).update(**EMPTY_PENDING_HOUR)

@@ -56,8 +56,8 @@ def tick_writer() -> _Writer:
 
 def _plan_values(plan: MeterPlan) -> tuple:
     """A plan as METER_PLAN_COLUMNS' values."""
-    held = plan.held
-    return (held.hour, plan.day, held.currency, held.tier_1, held.tier_2, *plan.sums)
+    pending = plan.pending
+    return (pending.hour, plan.day, pending.currency, pending.tier_1, pending.tier_2, *plan.sums)
 
 
 class _Writer(ABC):
@@ -66,7 +66,7 @@ class _Writer(ABC):
     @abstractmethod
     def meters(self, plans: list[MeterPlan], new: list[tuple], moved: list[tuple]) -> None:
         """Insert the new meters and update the moved ones ((job, metered until, open,
-        plan index) each): the cursor, the held hour, and the plan's sums added to the
+        plan index) each): the cursor, the pending hour, and the plan's sums added to the
         slots."""
 
     @abstractmethod
@@ -164,11 +164,11 @@ class _PostgresWriter(_Writer):
                     [json_columns(new, METER_ROW_COLUMNS), *plan_values],
                 )
             if moved:
-                held = ", ".join(f"{c} = p.{c}" for c in METER_PLAN_COLUMNS[:5])
+                pending = ", ".join(f"{c} = p.{c}" for c in METER_PLAN_COLUMNS[:5])
                 added = ", ".join(f"{c} = m.{c} + p.{c}" for c in METER_SUMS)
                 cursor.execute(
                     f"UPDATE {METER_TABLE} AS m "  # noqa: S608
-                    f"SET metered_until = v.metered_until, open = v.open, {held}, {added} "
+                    f"SET metered_until = v.metered_until, open = v.open, {pending}, {added} "
                     f"FROM {json_rows_sql(METER_ROW_COLUMNS)} AS v "
                     f"JOIN {plan_rows} AS p ON p.n = v.plan WHERE m.job_id = v.job_id",
                     [json_columns(moved, METER_ROW_COLUMNS), *plan_values],

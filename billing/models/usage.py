@@ -21,7 +21,8 @@ SECONDS = {"max_digits": 20, "decimal_places": 3}
 
 class JobMeter(models.Model):
     """How far a job's usage has been written to the ledger (the metering cursor), and
-    the job's usage in the hour being metered that its job rollups don't hold yet.
+    the job's usage in the hour being metered that its job rollups don't hold yet (the
+    meter's pending hour).
 
     Each tick adds its records' sums here, to the row it rewrites anyway, rather than to
     the job's hourly and daily rollup rows: at 10,000 running jobs that is 15,000 upserts
@@ -33,7 +34,7 @@ class JobMeter(models.Model):
     job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="meter")
     metered_until = models.DateTimeField()
     open = models.BooleanField(default=True, db_index=True)
-    # The hour held (None: none; the slots' values are then meaningless) and its day,
+    # The pending hour (None: none; the slots' values are then meaningless) and its day,
     # stored so that the view needs no date functions (it is the same SQL everywhere).
     hour = models.DateTimeField(null=True, blank=True)
     day = models.DateTimeField(null=True, blank=True)

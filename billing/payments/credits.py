@@ -18,8 +18,8 @@ from decimal import Decimal
 
 from django.db import transaction
 
-from billing.credit_ledger import credit_balance_move
-from billing.invoicing import billing_profile_for
+from billing.credit_notes.ledger import credit_balance_move
+from billing.invoices.services import billing_profile_for
 from billing.models import (
     CreditMovementKind,
     CreditPack,
@@ -38,7 +38,8 @@ from billing.payments.stripe_sync import stripe_customer_for
 from console.models import Tenant, User
 from console.permissions import Capability, has_capability
 from console.selectors import membership_of
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +60,9 @@ def credit_checkout_start(
     organisation's money; checked here too, whoever calls."""
     membership = membership_of(user=user, tenant=tenant)
     if not has_capability(membership, Capability.BUY_CREDIT):
-        raise ServiceError(ONLY_OWNER, code="forbidden")
+        raise ServiceError(ONLY_OWNER, code=ErrorCode.FORBIDDEN)
     if not stripe_configured():
-        raise ServiceError(NOT_CONFIGURED, code="conflict")
+        raise ServiceError(NOT_CONFIGURED, code=ErrorCode.CONFLICT)
     if not pack.active:
         raise ServiceError("This credit pack is no longer offered.", field="pack")
     purchase = CreditPurchase.objects.create(
@@ -114,7 +115,7 @@ def credit_checkout_start(
     except StripeUnavailable:
         raise ServiceError(
             "Stripe can't be reached right now; nothing was charged. Try again in a minute.",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
         ) from None
     except StripeRefused as error:
         log.error("Stripe refused a checkout session for %s: %s", tenant.slug, error)

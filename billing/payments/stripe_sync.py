@@ -29,7 +29,7 @@ import stripe
 from django.db import transaction
 from django.db.models import F, Q
 
-from billing.invoicing import billing_profile_for
+from billing.invoices.services import billing_profile_for
 from billing.models import (
     CENTS,
     CreditNote,

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 from billing.payments import credits, selectors, webhook
 from billing.payments.client import stripe_configured
 from console.permissions import Capability, capability_required
-from console.services import ServiceError
+from console.service_errors import ServiceError
 
 
 @csrf_exempt  # Stripe signs the body instead; no session or cookie is involved

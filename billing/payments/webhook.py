@@ -9,7 +9,7 @@
 - Order doesn't matter: with an API key the object is read again from Stripe, and its
   current status is applied; without one (or when Stripe can't be reached) the event's
   own copy is. Either way only forward transitions of our lifecycle are applied
-  (`billing.invoicing`: paid, void and uncollectible are terminal but for
+  (`billing.invoices.services`: paid, void and uncollectible are terminal but for
   uncollectible → paid), and a payment failure is recorded only on an open invoice. So a
   `payment_failed` or `voided` that arrives after `paid` leaves the invoice paid.
 """
@@ -26,7 +26,7 @@ import stripe
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from billing import invoicing
+from billing.invoices import services as invoicing
 from billing.models import (
     CreditPurchase,
     Invoice,

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 from django.http import JsonResponse
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from console.services import ServiceError
-
-SERVICE_ERROR_STATUS = {
-    "invalid": status.HTTP_400_BAD_REQUEST,
-    "forbidden": status.HTTP_403_FORBIDDEN,
-    "not_found": status.HTTP_404_NOT_FOUND,
-    "conflict": status.HTTP_409_CONFLICT,
-    "payment_required": status.HTTP_402_PAYMENT_REQUIRED,
-}
+from console.service_errors import ErrorCode, ServiceError
 
 
 def error_body(detail: str, code: str, fields: dict | None = None) -> dict:
@@ -51,8 +43,10 @@ def _first_message(errors) -> str:
 def _validation_body(exc: exceptions.ValidationError) -> dict:
     detail = exc.detail
     if isinstance(detail, dict):
-        return error_body(_first_message(detail) or "Invalid input.", "invalid", dict(detail))
-    return error_body(_first_message(detail) or "Invalid input.", "invalid")
+        return error_body(
+            _first_message(detail) or "Invalid input.", ErrorCode.INVALID, dict(detail)
+        )
+    return error_body(_first_message(detail) or "Invalid input.", ErrorCode.INVALID)
 
 
 def exception_handler(exc, context):
@@ -62,7 +56,7 @@ def exception_handler(exc, context):
         fields = {exc.field: [exc.message]} if exc.field else None
         return Response(
             error_body(exc.message, exc.code, fields),
-            status=SERVICE_ERROR_STATUS.get(exc.code, 400),
+            status=exc.code.http_status,
         )
     response = drf_exception_handler(exc, context)
     if response is None:

@@ -287,9 +287,15 @@ class LogPageSerializer(serializers.Serializer):
 
 
 class JobEventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(
+        read_only=True,
+        help_text='Who acted: the person\'s e-mail, or "system", "backend", "budget", '
+        '"alerts", "suspension"',
+    )
+
     class Meta:
         model = JobEvent
-        fields = ["at", "from_status", "to_status", "actor", "reason", "attempt"]
+        fields = ["at", "from_status", "to_status", "actor", "actor_kind", "reason", "attempt"]
 
 
 class LogLineSerializer(serializers.Serializer):

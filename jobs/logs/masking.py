@@ -34,7 +34,3 @@ class SecretMasker:
         if self.pattern is None:
             return text
         return self.pattern.sub(MASK, text)
-
-
-def mask_secrets(text: str, secrets: Iterable[str]) -> str:
-    return SecretMasker(secrets)(text)

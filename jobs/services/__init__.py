@@ -3,7 +3,8 @@
 - `spec`: what a launch asks for and its validation against the catalog;
 - `launch`: recording a launch (policies, secrets, admission) and clones;
 - `admission`: which queued jobs take compute, and what the others wait for;
-- `dispatch`: starting attempts on their backend (tasks);
+- `dispatch`: starting admitted attempts on their backend (the sweep task);
+- `files`: what finished jobs left on the host;
 - `actions`: pause, resume, cancel, delete;
 - `observe`: backend observations, max runtime, grace, the reconciler;
 - `secrets`, `templates`: organisation secrets and launch templates.
@@ -20,8 +21,14 @@ from jobs.services.actions import (
     job_pause_once,
     job_resume,
 )
-from jobs.services.admission import job_admit_submitted, jobs_admit
-from jobs.services.dispatch import job_backend_resume, job_dispatch, jobs_dispatch
+from jobs.services.admission import jobs_admit
+from jobs.services.dispatch import (
+    job_backend_resume,
+    job_dispatch,
+    jobs_dispatch,
+    jobs_dispatch_pending,
+)
+from jobs.services.files import job_files_discard, jobs_files_prune
 from jobs.services.launch import job_clone, job_submit
 from jobs.services.observe import job_apply_observation, jobs_observe, jobs_reconcile
 from jobs.services.secrets import tenant_secret_delete, tenant_secret_set, tenant_secrets_resolve
@@ -44,19 +51,21 @@ __all__ = [
     "ActionRefused",
     "JobSpec",
     "ResolvedSpec",
-    "job_admit_submitted",
     "job_apply_observation",
     "job_backend_resume",
     "job_cancel",
     "job_clone",
     "job_delete",
     "job_dispatch",
+    "job_files_discard",
     "job_pause",
     "job_pause_once",
     "job_resume",
     "job_submit",
     "jobs_admit",
     "jobs_dispatch",
+    "jobs_dispatch_pending",
+    "jobs_files_prune",
     "jobs_observe",
     "jobs_reconcile",
     "launch_template_delete",

@@ -7,27 +7,26 @@ from django.db import transaction
 
 from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
-from console.services import ServiceError, audit_record
-from jobs.actors import Actor, ActorKind
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
+from jobs import tasks
+from jobs.actors import SUSPENSION, Actor, ActorKind
 from jobs.extensions import job_deleting, launch_check
-from jobs.models import FINISHED, ON_BACKEND, Job, JobStatus
+from jobs.models import FINISHED, ON_BACKEND, PAUSABLE, Job, JobStatus
 from jobs.services.admission import (
     blocking_wait,
     held_usage,
+    job_pools,
     jobs_admit,
     locked_admission_state,
 )
 from jobs.services.spec import spec_from_job
 from jobs.state import job_transition
 
-S = JobStatus
-
-SUSPENSION = Actor(ActorKind.SUSPENSION, "suspension")
-
 
 class ActionRefused(ServiceError):
     def __init__(self, message: str):
-        super().__init__(message, code="conflict")
+        super().__init__(message, code=ErrorCode.CONFLICT)
 
 
 def job_pause(*, job: Job, actor: Actor, reason: str = "paused by user") -> Job:
@@ -42,20 +41,20 @@ def job_pause_once(*, job: Job, actor: Actor, reason: str) -> bool:
     callers (budgets, alert rules) record only the pauses they made. A budget's pause is
     marked, so raising the budget resumes exactly those jobs."""
     job.refresh_from_db()
-    if job.status in (S.PAUSING, S.PAUSED):
+    if job.status in (JobStatus.PAUSING, JobStatus.PAUSED):
         return False
-    if job.status not in (S.RUNNING, S.PROVISIONING):
+    if job.status not in PAUSABLE:
         raise ActionRefused(f"Only a running job can be paused; this one is {job.status}.")
     with transaction.atomic():
         job_transition(
             job=job,
-            to=S.PAUSING,
+            to=JobStatus.PAUSING,
             actor=actor,
             reason=reason,
-            expected_from=frozenset({S.RUNNING, S.PROVISIONING}),
+            expected_from=PAUSABLE,
             paused_by_budget=actor.kind == ActorKind.BUDGET,
         )
-        enqueue_on_commit("jobs.tasks.job_suspend_task", job.pk)
+        enqueue_on_commit(tasks.job_suspend_task, job.pk)
     return True
 
 
@@ -65,26 +64,27 @@ def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Jo
     the budget), as does a suspended organisation (403); then it must fit, like an
     admission."""
     job.refresh_from_db()
-    if job.status in (S.RESUMING, S.RUNNING, S.PROVISIONING):
+    if job.status in (JobStatus.RESUMING, JobStatus.RUNNING, JobStatus.PROVISIONING):
         return job
-    if job.status != S.PAUSED:
+    if job.status != JobStatus.PAUSED:
         raise ActionRefused(f"Only a paused job can be resumed; this one is {job.status}.")
     # job.tenant is read afresh (refresh_from_db drops the cached row): a suspension
     # that landed since the job was loaded refuses the resume.
     launch_check(tenant=job.tenant, spec=spec_from_job(job))
     with transaction.atomic():
         # A paused job released its compute: it must fit again, like a new admission.
-        pools, quotas = locked_admission_state(tenant_id=job.tenant_id)
-        wait = blocking_wait(job, pools, held_usage(), quotas)
+        pools, quotas = locked_admission_state(job)
+        usage = held_usage(pool_ids=list(pools), tenant_ids=[job.tenant_id])
+        wait = blocking_wait(job, pools, usage, quotas)
         if wait:
             raise ActionRefused(
                 f"Not enough free capacity to resume now ({wait.message}); try "
                 "again when other jobs finish."
             )
         job = job_transition(
-            job=job, to=S.RESUMING, actor=actor, reason=reason, paused_by_budget=False
+            job=job, to=JobStatus.RESUMING, actor=actor, reason=reason, paused_by_budget=False
         )
-        enqueue_on_commit("jobs.tasks.job_resume_task", job.pk)
+        enqueue_on_commit(tasks.job_resume_task, job.pk)
     return job
 
 
@@ -93,7 +93,7 @@ def jobs_pause_for_suspension(*, tenant: Tenant, reason: str) -> list[Job]:
     it; returns those this call paused. Queued jobs wait (admission skips a suspended
     organisation); jobs already starting are paused when the suspension is repeated."""
     paused = []
-    for job in Job.objects.for_tenant(tenant).filter(status__in=[S.RUNNING, S.PROVISIONING]):
+    for job in Job.objects.for_tenant(tenant).filter(status__in=PAUSABLE):
         try:
             if not job_pause_once(
                 job=job, actor=SUSPENSION, reason=f"organisation suspended: {reason}"
@@ -124,16 +124,16 @@ def job_cancel(*, job: Job, actor: Actor, reason: str = "cancelled by user") -> 
         # The row's status decides where the cancel goes: read it under the lock the
         # transition takes, so a job that started meanwhile goes through `cancelling`.
         status = Job.objects.select_for_update().values_list("status", flat=True).get(pk=job.pk)
-        if status in (S.CANCELLED, S.CANCELLING):
+        if status in (JobStatus.CANCELLED, JobStatus.CANCELLING):
             job.refresh_from_db()
             return job
         if status in FINISHED:
             raise ActionRefused(f"The job has already {status}.")
-        to = S.CANCELLING if status in ON_BACKEND else S.CANCELLED
+        to = JobStatus.CANCELLING if status in ON_BACKEND else JobStatus.CANCELLED
         job = job_transition(job=job, to=to, actor=actor, reason=reason)
-        enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
-        if to == S.CANCELLED:
-            jobs_admit()
+        enqueue_on_commit(tasks.job_cancel_task, job.pk)
+        if to == JobStatus.CANCELLED:
+            jobs_admit(pools=job_pools(job))
     return job
 
 

@@ -4,31 +4,20 @@ against free capacity and each tenant's quota. The only writer of queue waits.""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Q, QuerySet, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, QuerySet, Sum
 
-from console.compiled import StandIns, compiled, compiled_instances
-from console.models import Tenant
-from console.queueing import enqueue_on_commit
 from console.tenant_admin import suspended_tenant_ids
 from jobs.actors import SYSTEM
-from jobs.models import HOLDING_COMPUTE, QUOTA_WAITS, Job, JobStatus, WaitKind
-from jobs.selectors import (
-    before_in_queue,
-    job_pool_fields,
-    queued_in_order,
-    ranked_below,
-    wanting_pools,
-)
-from jobs.services.launch_dispatch import dispatch_launched_on_commit
-from jobs.state import job_transition, job_wait_update, jobs_transition_many
+from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
+from jobs.selectors import before_in_queue, queued_in_order, queued_in_pools, wanting_pools
+from jobs.services.dispatch import dispatch_on_commit
+from jobs.state import job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
-S = JobStatus
 ADMITTED = "admitted"
 # Rows per statement when a pass admits many (SQLite caps a statement's parameters).
 ADMIT_CHUNK = 1000
@@ -55,40 +44,27 @@ class Usage:
         self.tenant_jobs[job.tenant_id] += 1
 
 
-def held_usage(*, tenant_id: int | None = None, pools: bool = True) -> Usage:
+def held_usage(
+    *, pool_ids: Collection[int] | None = None, tenant_ids: Collection[int] | None = None
+) -> Usage:
     """Compute held, summed in the database (one row per pool/tenant and GPU type, not per
-    job): every pool's (unless not `pools`) and every tenant's, or `tenant_id`'s."""
+    job): of the pools `pool_ids` and the tenants `tenant_ids` (None: all of them)."""
     usage = Usage()
-    for pool_field, nodes_field in (
-        (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes")) if pools else ()
-    ):
-
-        def by_pool(at: StandIns, pool_field=pool_field, nodes_field=nodes_field) -> QuerySet:
-            rows = Job.objects.holding_compute().order_by()
-            return (
-                rows.filter(**{f"{pool_field}__isnull": False})
-                .values_list(pool_field)
-                .annotate(
-                    gpus=Sum(F(nodes_field) * F("gpus_per_node")),
-                    vcpus=Sum(F(nodes_field) * F("cpus")),
-                )
-            )
-
-        for pool_id, gpus, vcpus in compiled(("held-by-pool", pool_field), by_pool).rows():
+    holding = Job.objects.holding_compute().order_by()
+    for pool_field, nodes_field in (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes")):
+        rows = holding.filter(**{f"{pool_field}__isnull": False})
+        if pool_ids is not None:
+            rows = rows.filter(**{f"{pool_field}__in": list(pool_ids)})
+        for pool_id, gpus, vcpus in rows.values_list(pool_field).annotate(
+            gpus=Sum(F(nodes_field) * F("gpus_per_node")), vcpus=Sum(F(nodes_field) * F("cpus"))
+        ):
             usage.pool_gpus[pool_id] += gpus or 0
             usage.pool_vcpus[pool_id] += vcpus or 0
-
-    def by_tenant(at: StandIns) -> QuerySet:
-        rows = Job.objects.holding_compute().order_by()
-        if tenant_id is not None:
-            rows = rows.filter(tenant_id=at.int("tenant"))
-        return rows.values_list("tenant_id", "gpu_type_id").annotate(
-            gpus=Sum(F("nodes") * F("gpus_per_node")), jobs=Count("pk")
-        )
-
-    by_tenant_shape = ("held-by-tenant", tenant_id is None)
-    for owner, gpu_type_id, gpus, jobs in compiled(by_tenant_shape, by_tenant).rows(
-        tenant=tenant_id
+    if tenant_ids is not None and not tenant_ids:
+        return usage
+    rows = holding if tenant_ids is None else holding.filter(tenant_id__in=list(tenant_ids))
+    for owner, gpu_type_id, gpus, jobs in rows.values_list("tenant_id", "gpu_type_id").annotate(
+        gpus=Sum(F("nodes") * F("gpus_per_node")), jobs=Count("pk")
     ):
         usage.tenant_gpus[(owner, gpu_type_id)] += gpus or 0
         usage.tenant_jobs[owner] += jobs
@@ -160,230 +136,137 @@ def _wait(job: Job, wait: Wait) -> None:
     job_wait_update(job=job, kind=wait.kind, reason=wait.message)
 
 
-def _admit_launched(job: Job) -> None:
-    """Admit the job its launch's transaction has just inserted (no re-read or lock)."""
-    job_transition(job=job, to=S.DISPATCHING, actor=SYSTEM, reason=ADMITTED, fresh=True)
-    dispatch_launched_on_commit(job)
+def job_pools(job: Job) -> list[int]:
+    """The pools a job takes compute from (on demand, spot): what admission passes for it
+    look at."""
+    return [pool_id for pool_id in (job.pool_id, job.spot_pool_id) if pool_id]
 
 
-def _enqueue_dispatches(jobs: list[Job]) -> None:
-    """One job: its own dispatch task. More (a pass that freed capacity for a backlog):
-    batches of DISPATCH_BATCH_SIZE, each dispatched together (`jobs_dispatch`)."""
-    if len(jobs) == 1:
-        enqueue_on_commit("jobs.tasks.job_dispatch_task", jobs[0].pk)
-        return
-    size = settings.DISPATCH_BATCH_SIZE
-    for start in range(0, len(jobs), size):
-        batch = [job.pk for job in jobs[start : start + size]]
-        enqueue_on_commit("jobs.tasks.jobs_dispatch_task", batch)
+def _locked_pools(pool_ids: Collection[int] | None) -> dict[int, NodePool]:
+    """The active pools (of `pool_ids`, or all), locked in pk order: the first locks of
+    every admission, so two passes over a pool serialise."""
+    pools = NodePool.objects.select_for_update().filter(is_active=True).order_by("pk")
+    if pool_ids is not None:
+        pools = pools.filter(pk__in=list(pool_ids))
+    return {pool.pk: pool for pool in pools}
 
 
-def locked_admission_state(
-    *, tenant_id: int | None = None
-) -> tuple[dict[int, NodePool], dict[int, list[TenantQuota]]]:
-    """The active pools, locked in pk order (the lock order every admission takes, so
-    admissions of a pool serialise), and the quotas (of one tenant, or all)."""
-    pools = {
-        p.pk: p for p in NodePool.objects.select_for_update().filter(is_active=True).order_by("pk")
-    }
+def _locked_quotas(tenant_ids: Collection[int]) -> dict[int, list[TenantQuota]]:
+    """The quotas of `tenant_ids`, locked in pk order after the pools: two admissions of
+    one tenant's jobs on different pools serialise on them."""
     quotas: dict[int, list[TenantQuota]] = defaultdict(list)
-    rows = (
-        TenantQuota.objects.all()
-        if tenant_id is None
-        else TenantQuota.objects.filter(tenant_id=tenant_id)
-    )
-    for quota in rows:
+    rows = TenantQuota.objects.select_for_update().filter(tenant_id__in=list(tenant_ids))
+    for quota in rows.order_by("pk"):
         quotas[quota.tenant_id].append(quota)
-    return pools, quotas
+    return quotas
 
 
-def _admission_view(job: Job) -> dict[str, int]:
-    """What a launch's admission reads once its pools are locked, in one indexed query
-    (each was a statement of its own, while the pool locks were held): the other queued
-    jobs that want `job`'s pools (ahead of it by what holds them, behind it, and all),
-    whether its tenant is suspended now, and the GPUs and vCPUs its pools hold
-    (`<field>_gpus`, `<field>_vcpus`). Compiled once per shape."""
-    pool_ids = job_pool_fields(job)
-
-    def build(at: StandIns) -> QuerySet:
-        like = Job(
-            pk=at.int("pk"),
-            tenant_id=at.int("tenant"),
-            priority=job.priority,
-            created_at=at.datetime("created_at"),
-            **{name: at.int(name) for name in pool_ids},
-        )
-        pools = [getattr(like, name) for name in pool_ids]
-        mine, quota_wait = Q(tenant_id=like.tenant_id), Q(wait_kind__in=OWN_TENANT_WAITS)
-        queued = Q(status=S.QUEUED) & wanting_pools(pools) & ~Q(pk=like.pk)
-        ahead = queued & before_in_queue(like)
-        holding = Q(status__in=HOLDING_COMPUTE)
-        held = {}
-        for name, pool_id in zip(pool_ids, pools, strict=True):
-            # A pool's usage, as held_usage sums it: its on-demand and its spot nodes.
-            on_demand, spot = holding & Q(pool_id=pool_id), holding & Q(spot_pool_id=pool_id)
-            for unit, per_node in (("gpus", "gpus_per_node"), ("vcpus", "cpus")):
-                held[f"{name}_{unit}"] = Coalesce(
-                    Sum(F("on_demand_nodes") * F(per_node), filter=on_demand), 0
-                ) + Coalesce(Sum(F("spot_nodes") * F(per_node), filter=spot), 0)
-        return (
-            Job.objects.filter(queued | (holding & wanting_pools(pools)) | Q(pk=like.pk))
-            .order_by()
-            .values(one=Value(1))  # constant: no GROUP BY, one row
-            .annotate(
-                others_capacity=Count("pk", filter=ahead & ~mine & ~quota_wait),
-                own_capacity=Count("pk", filter=ahead & mine & ~quota_wait),
-                own_quota=Count("pk", filter=ahead & mine & quota_wait),
-                # Behind it by priority. A job of its own priority queued after it is a
-                # launch that committed first while this one waited for the lock: it was
-                # decided without seeing this job, and a full pass for it would only
-                # relabel its wait (from capacity to "behind earlier jobs"), at the cost
-                # of reading the whole queue on every concurrent launch into a full pool.
-                behind=Count("pk", filter=queued & ranked_below(like)),
-                all=Count("pk", filter=queued),
-                # Read after the locks, so a suspension committed meanwhile is seen.
-                suspended=Count("pk", filter=Q(pk=like.pk, tenant__suspended_at__isnull=False)),
-                **held,
-            )
-        )
-
-    shape = ("admission-view", job.priority, tuple(pool_ids))
-    row = compiled(shape, build).first(
-        pk=job.pk, tenant=job.tenant_id, created_at=job.created_at, **pool_ids
-    )
-    assert row is not None  # the job itself is a row of it
-    return row
+def locked_admission_state(job: Job) -> tuple[dict[int, NodePool], dict[int, list[TenantQuota]]]:
+    """What admission locks and reads to judge `job` alone (a resume): its pools and its
+    tenant's quotas, in admission's lock order."""
+    return _locked_pools(job_pools(job)), _locked_quotas([job.tenant_id])
 
 
-def _locked_pools(pool_ids: list[int]) -> list[NodePool]:
-    """The active pools of `pool_ids`, row-locked in pk order (compiled once per count)."""
-
-    def build(at: StandIns) -> QuerySet[NodePool]:
-        wanted = [at.int(f"pool{n}") for n in range(len(pool_ids))]
-        return NodePool.objects.select_for_update().filter(pk__in=wanted, is_active=True)
-
-    return compiled_instances(
-        ("admission-pools", len(pool_ids)),
-        NodePool,
-        lambda at: build(at).order_by("pk"),
-        **{f"pool{n}": pool_id for n, pool_id in enumerate(pool_ids)},
-    )
+def _pools_reached(pool_ids: Collection[int]) -> set[int]:
+    """`pool_ids` and every pool a queued job wants together with one of them (on demand
+    beside spot), transitively: what one pass must look at so that no job of the pass
+    is judged on a pool it didn't lock. Usually one query that finds nothing new."""
+    reached, frontier = set(pool_ids), set(pool_ids)
+    while frontier:
+        pairs = queued_in_pools(list(frontier)).order_by().values_list("pool_id", "spot_pool_id")
+        frontier = {pool_id for pair in pairs.distinct() for pool_id in pair if pool_id} - reached
+        reached |= frontier
+    return reached
 
 
-def job_admit_submitted(*, job: Job, tenant_has_quotas: bool = True) -> bool:
-    """Admission of one just-queued job, at a cost independent of the queue's length.
+def _hold_rest(rest: QuerySet[Job], suspended: set[int]) -> None:
+    """The queue after the point where every pool of the pass is blocked: each job waits
+    behind earlier ones (or for its organisation's suspension), as the loop would have
+    said. Only those whose wait changes are read (none, when the labels are current)."""
+    for wait, jobs in (
+        (SUSPENDED, rest.filter(tenant_id__in=suspended)),
+        (BEHIND_IN_POOL, rest.exclude(tenant_id__in=suspended)),
+    ):
+        for job in jobs.exclude(wait_kind=wait.kind, status_reason=wait.message):
+            _wait(job, wait)
 
-    It keeps `jobs_admit`'s order: if a job ranked before it (higher priority, or same
-    priority and earlier) waits for one of its pools, it waits too (no overtaking), unless
-    that job is held only by another tenant's quota; otherwise it is checked against the
-    free capacity and its tenant's quota. The queue isn't re-examined: nothing freed
-    compute since the last full pass (`jobs_admit` runs whenever a job ends, pauses or is
-    cancelled, and in the reconciler), so every job already queued still doesn't fit.
-    Returns whether it was admitted; its wait says why not. When it goes before jobs
-    already waiting for its pools, a full pass follows.
 
-    `tenant_has_quotas=False` (the launch's validation just found none) skips locking
-    and reading quota rows: locking none serialises nothing anyway, and a quota created
-    in the milliseconds since then applies from the next launch on.
+def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = None) -> list[Job]:
+    """Admit queued jobs in priority, then FIFO, order while they fit: of the queues of
+    `pools` (those a launch, a cancel, an ending job or a capacity change touched), or of
+    every pool. The only admission; returns the jobs it admitted.
+
+    A job that doesn't fit its pool blocks later jobs for that pool (no overtaking); a job
+    held back by its tenant's quota blocks only that tenant's later jobs there; a
+    suspended organisation's jobs wait without blocking anyone. Once every pool of the
+    pass is blocked the rest of the queue can't move, so the pass stops there: a launch
+    into a full pool costs a few rows, not the whole queue.
+
+    `launched`: the job its launch's transaction has just inserted (part of that
+    transaction, and of `pools`); it is changed in place.
     """
-    pool_ids = sorted(pid for pid in (job.pool_id, job.spot_pool_id) if pid)
-    # Part of the launch's transaction (job_submit): no savepoint of its own, as a
-    # failure here rolls the whole launch back anyway.
     with transaction.atomic(savepoint=False):
-        # The same row locks as jobs_admit (pools, in pk order) serialise admissions of a
-        # pool; the tenant's quota rows serialise its admissions across pools.
-        pools = {pool.pk: pool for pool in _locked_pools(pool_ids)}
-        quotas: dict[int, list[TenantQuota]] = defaultdict(list)
-        if tenant_has_quotas:
-            for quota in compiled_instances(
-                "admission-quotas",
-                TenantQuota,
-                lambda at: (
-                    TenantQuota.objects.for_tenant(Tenant(pk=at.int("tenant")))
-                    .select_for_update()
-                    .order_by("pk")
-                ),
-                tenant=job.tenant_id,
-            ):
-                quotas[quota.tenant_id].append(quota)
-        view = _admission_view(job)
-        if view["suspended"]:  # suspended since its launch check
-            _wait(job, SUSPENDED)
-            return False
-        # Another tenant's job held only by its quota blocks nobody else (as in jobs_admit).
-        wait: Wait | None
-        if view["others_capacity"] or view["own_capacity"]:
-            wait = BEHIND_IN_POOL
-        elif view["own_quota"]:
-            wait = BEHIND_OWN_QUOTA
-        else:
-            # A tenant without quotas needs no usage of its own (blocking_wait reads none).
-            usage = (
-                held_usage(tenant_id=job.tenant_id, pools=False)
-                if quotas[job.tenant_id]
-                else Usage()
-            )
-            for name, pool_id in job_pool_fields(job).items():
-                usage.pool_gpus[pool_id] = view[f"{name}_gpus"]
-                usage.pool_vcpus[pool_id] = view[f"{name}_vcpus"]
-            wait = blocking_wait(job, pools, usage, quotas)
-        if wait:
-            _wait(job, wait)
-        else:
-            _admit_launched(job)
-        if view["behind"] if wait else view["all"]:
-            # It went past waiting jobs (a higher priority, or another tenant's quota
-            # wait): that can change what holds them back, so a full pass re-sorts them.
-            # A launch into a pool where it is last, the common case, skips this.
-            jobs_admit()
-            job.refresh_from_db()
-        return job.status == S.DISPATCHING
-
-
-@transaction.atomic
-def jobs_admit() -> list[Job]:
-    """Admit queued jobs in priority, then FIFO, order while they fit.
-
-    A job that doesn't fit its pool blocks later jobs for that pool (no overtaking);
-    a job held back by its tenant's quota blocks only that tenant's later jobs there.
-    """
-    pools, quotas = locked_admission_state()
-    usage = held_usage()
-    blocked_pools: set[int] = set()
-    # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
-    blocked_by_quota: set[tuple[int, int]] = set()
-    suspended = suspended_tenant_ids()
-    admitted = []
-    for job in queued_in_order().select_for_update():
-        job_pools = {pid for pid in (job.pool_id, job.spot_pool_id) if pid}
-        wait: Wait | None
-        if job.tenant_id in suspended:
-            _wait(job, SUSPENDED)  # holds back no one: its organisation's jobs all wait
-            continue
-        if job_pools & blocked_pools:
-            wait = BEHIND_IN_POOL
-        elif {(job.tenant_id, pid) for pid in job_pools} & blocked_by_quota:
-            wait = BEHIND_OWN_QUOTA
-        else:
-            wait = blocking_wait(job, pools, usage, quotas)
-        if wait:
+        reach = None if pools is None else _pools_reached(pools)
+        locked_pools = _locked_pools(reach)
+        queue = queued_in_order()
+        if reach is not None:
+            queue = queue.filter(wanting_pools(list(reach)))
+        # Jobs queued into these pools from now on wait for the pool locks to commit.
+        tenant_ids = set(queue.order_by().values_list("tenant_id", flat=True).distinct())
+        quotas = _locked_quotas(tenant_ids)
+        usage = held_usage(pool_ids=reach, tenant_ids=list(quotas))
+        # Read after the locks, so a suspension committed meanwhile is seen.
+        suspended = suspended_tenant_ids()
+        every_pool = set(locked_pools) if reach is None else reach
+        blocked_pools: set[int] = set()
+        # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
+        blocked_by_quota: set[tuple[int, int]] = set()
+        admitted: list[Job] = []
+        launched_waits = launched is not None
+        for job in queue.iterator(chunk_size=ADMIT_CHUNK):
+            if launched is not None and job.pk == launched.pk:
+                job, launched_waits = launched, False
+            wanted = set(job_pools(job))
+            wait: Wait | None
+            if job.tenant_id not in tenant_ids:
+                # Queued without the pool locks (a requeue) after the tenants were read:
+                # its quotas weren't, so it is judged by its own pass; nothing overtakes it.
+                blocked_pools |= wanted
+                continue
+            if job.tenant_id in suspended:
+                _wait(job, SUSPENDED)  # holds back no one: its organisation's jobs all wait
+                continue
+            if wanted & blocked_pools:
+                wait = BEHIND_IN_POOL
+            elif {(job.tenant_id, pid) for pid in wanted} & blocked_by_quota:
+                wait = BEHIND_OWN_QUOTA
+            else:
+                wait = blocking_wait(job, locked_pools, usage, quotas)
+            if wait is None:
+                usage.add(job)
+                admitted.append(job)
+                continue
             if wait.kind == WaitKind.QUOTA:
-                blocked_by_quota |= {(job.tenant_id, pid) for pid in job_pools}
+                blocked_by_quota |= {(job.tenant_id, pid) for pid in wanted}
             elif wait.kind != WaitKind.QUOTA_QUEUE:
-                blocked_pools |= job_pools
+                blocked_pools |= wanted
             _wait(job, wait)
-            continue
-        usage.add(job)
-        admitted.append(job)
-    # A pass that frees capacity for a backlog admits it in a few statements, not a
-    # transition each (10,000 jobs: seconds instead of minutes).
-    for start in range(0, len(admitted), ADMIT_CHUNK):
-        jobs_transition_many(
-            jobs=admitted[start : start + ADMIT_CHUNK],
-            to=S.DISPATCHING,
-            actor=SYSTEM,
-            reason=ADMITTED,
-            expected_from=frozenset({S.QUEUED}),
-        )
-    _enqueue_dispatches(admitted)
+            if every_pool <= blocked_pools:
+                _hold_rest(queue.filter(~before_in_queue(job)).exclude(pk=job.pk), suspended)
+                break
+        if launched is not None and launched_waits:
+            # The pass stopped before it: its pools are all held by earlier jobs.
+            _wait(launched, SUSPENDED if launched.tenant_id in suspended else BEHIND_IN_POOL)
+        # A pass that frees capacity for a backlog admits it in a few statements, not a
+        # transition each (10,000 jobs: seconds instead of minutes).
+        for start in range(0, len(admitted), ADMIT_CHUNK):
+            jobs_transition_many(
+                jobs=admitted[start : start + ADMIT_CHUNK],
+                to=JobStatus.DISPATCHING,
+                actor=SYSTEM,
+                reason=ADMITTED,
+                expected_from=frozenset({JobStatus.QUEUED}),
+            )
+        if admitted:
+            dispatch_on_commit()
     return admitted

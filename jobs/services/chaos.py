@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 from jobs.backends import BackendUnavailable, configured_backends
 from jobs.backends.base import ChaosControls, ChaosRefused
 from marketplace.models import NodePool, Tier
@@ -33,7 +34,7 @@ def _controls() -> ChaosControls:
         raise ServiceError(
             "No simulated cluster is running: chaos controls exist only for the sandbox "
             "cluster (SANDBOX_CLUSTER, started by runconsole).",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
         )
     return controls
 
@@ -44,7 +45,7 @@ def _carry_out(action, *args, **kwargs):
     except ChaosRefused as error:
         raise ServiceError(str(error)) from error
     except BackendUnavailable as error:
-        raise ServiceError(str(error), code="conflict") from error
+        raise ServiceError(str(error), code=ErrorCode.CONFLICT) from error
 
 
 def chaos_nodes() -> list[dict]:

@@ -1,26 +1,40 @@
-"""Dispatch: start an admitted job's attempt (or a resumed one) on its backend.
-Runs in Celery tasks after commit; safe to run twice.
+"""Dispatch: start admitted jobs' attempts (or resumed ones) on their backend. The job
+row is the queue: admission moves jobs to `dispatching`, and one Celery task
+(`jobs.tasks.jobs_dispatch_task`, a sweep) claims those rows in batches and starts them.
+Safe to run twice.
 
 Invariants:
+- Every route to a start is the sweep: a launch admitted at once, a pass that freed
+  capacity for a backlog, a retry, the reconciler. A sweep claims its rows (`_claim`:
+  `FOR UPDATE SKIP LOCKED` on PostgreSQL), so two sweeps never start one job; a claim
+  outlives a dead worker by DISPATCH_CLAIM_SECONDS at most, and the redelivery of the
+  same task takes its own claims again at once.
 - A cancel that lands while the backend call runs never leaves work running: the status
   change after the call re-reads the job under its row lock (`jobs_transition_many`), and a
   job cancelled (or failed) meanwhile has what this call started undone.
-- An unexpected error is counted (`Job.dispatch_failures`) and retried; after
-  DISPATCH_MAX_ATTEMPTS the job fails with the error, so it never holds capacity forever.
+- An unavailable backend or an unexpected error waits (`Job.dispatch_after`, with a
+  back-off) for a later sweep; unexpected errors are counted (`Job.dispatch_failures`) and
+  at DISPATCH_MAX_ATTEMPTS the job fails with the error, so it never holds capacity forever.
 - Two dispatches on one backend never hand out the same GPU device (`_assign_devices`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import uuid
 import zlib
 from collections import defaultdict
+from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
+from django.utils import timezone
 
-from console.queueing import enqueue_on_commit
+from console.queueing import enqueue_now, enqueue_on_commit
+from jobs import tasks
 from jobs.actors import SYSTEM, Actor
 from jobs.backends import BackendRejected, BackendUnavailable, ComputeBackend, get_backend
 from jobs.models import Job, JobStatus, WaitKind
@@ -28,97 +42,176 @@ from jobs.prometheus import dispatch_latency_observe
 from jobs.state import IllegalTransition, job_retry_note, job_transition, jobs_transition_many
 
 log = logging.getLogger(__name__)
-S = JobStatus
 # Statuses a racing action may have ended the job in while its backend call ran; what
 # the call started must then be undone.
-UNDO_AFTER = frozenset({S.CANCELLING, S.CANCELLED, S.FAILED})
+UNDO_AFTER = frozenset({JobStatus.CANCELLING, JobStatus.CANCELLED, JobStatus.FAILED})
+# A sweep queued but not started keeps later admissions from queueing another, for at
+# most this long (if its worker died with it, the admissions after that queue another).
+SWEEP_QUEUED_KEY = "jobs:dispatch:sweep-queued"
+SWEEP_QUEUED_SECONDS = 5
+# Waits before a failed start is tried again: an unavailable backend, and the first of
+# the doubling waits after an unexpected error (at most RETRY_MAX_SECONDS).
+RETRY_UNAVAILABLE_SECONDS = 3
+RETRY_FIRST_SECONDS = 2
+RETRY_MAX_SECONDS = 15
 
 
-class DispatchRetry(Exception):
-    """An unexpected dispatch error, counted; the task retries it (with backoff)."""
+def dispatch_on_commit() -> None:
+    """Start the jobs this transaction admitted, once it commits."""
+    transaction.on_commit(dispatch_sweep_now)
 
 
-def job_dispatch(*, job: Job, fresh: bool = False) -> Job:
-    """Start the admitted job's attempt on its backend. Safe to run twice.
-    `fresh`: the caller has just read the job `with_backend_relations()`."""
-    if not fresh:
-        job.refresh_from_db(from_queryset=Job.objects.with_backend_relations())
-    if job.status != S.DISPATCHING:
-        return job  # done already, or cancelled meanwhile
-    backend = get_backend(job.backend)
+def dispatch_sweep_now() -> None:
+    """Queue a sweep unless one is queued and hasn't started (it will see these rows)."""
     try:
-        _assign_devices(job, backend)
-        backend.submit(job)
-    except Exception as error:
-        return _start_failed(job, backend, error)
-    return _after_start(job, backend, *_started_as(backend), S.DISPATCHING)
+        due = cache.add(SWEEP_QUEUED_KEY, 1, timeout=SWEEP_QUEUED_SECONDS)
+    except Exception:  # the cache is the broker's Redis: the send below says the rest
+        log.warning("the dispatch sweep mark is unavailable; queueing a sweep anyway")
+        due = True
+    if due and not enqueue_now(tasks.jobs_dispatch_task):
+        with contextlib.suppress(Exception):  # the next admission queues it again
+            cache.delete(SWEEP_QUEUED_KEY)
+
+
+def jobs_dispatch_pending(*, sweep_id: str | None = None) -> int:
+    """The sweep: claim `dispatching` rows in batches of DISPATCH_BATCH_SIZE and start
+    them, until none is due; first, the rows an earlier delivery of this same task
+    claimed. Returns how many it claimed."""
+    with contextlib.suppress(Exception):
+        cache.delete(SWEEP_QUEUED_KEY)  # admissions from now on queue the next sweep
+    sweep_id = sweep_id or uuid.uuid4().hex
+    handled, first = 0, True
+    while job_ids := _claim(sweep_id, with_own=first):
+        jobs_dispatch(job_ids=job_ids)
+        handled += len(job_ids)
+        first = False
+    return handled
+
+
+def _claim(sweep_id: str, *, with_own: bool) -> list[int]:
+    """Claim a batch of due `dispatching` rows for this sweep (in pk order, skipping rows
+    another sweep has locked or claimed)."""
+    now = timezone.now()
+    free = Q(dispatch_claimed_until__isnull=True) | Q(dispatch_claimed_until__lt=now)
+    if with_own:
+        free |= Q(dispatch_claimed_by=sweep_id)
+    due = Q(dispatch_after__isnull=True) | Q(dispatch_after__lte=now)
+    with transaction.atomic():
+        # SQLite has no row locks (Django leaves the clause out): its writers serialise.
+        rows = Job.objects.select_for_update(skip_locked=True).filter(
+            free, due, status=JobStatus.DISPATCHING
+        )
+        batch = rows.order_by("pk").values_list("pk", flat=True)[: settings.DISPATCH_BATCH_SIZE]
+        job_ids = list(batch)
+        if job_ids:
+            until = now + timedelta(seconds=settings.DISPATCH_CLAIM_SECONDS)
+            Job.objects.filter(pk__in=job_ids).update(
+                dispatch_claimed_by=sweep_id, dispatch_claimed_until=until
+            )
+    return job_ids
+
+
+def job_dispatch(*, job: Job) -> Job:
+    """Start one admitted job now (what a sweep does for its batch); the job as it is
+    afterwards."""
+    jobs_dispatch(job_ids=[job.pk])
+    job.refresh_from_db()
+    return job
+
+
+def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
+    """Start admitted jobs: one read; on a backend that hands out devices (the local
+    host), each job's devices and start in turn; elsewhere the backend's `submit_many`
+    (Kubernetes creates their objects concurrently); one transaction moving those
+    started. A job whose start fails waits for a later sweep (`_start_failed`), so one
+    job's trouble never holds back or repeats the others'. Returns the jobs it started."""
+    jobs = Job.objects.with_backend_relations().filter(pk__in=job_ids, status=JobStatus.DISPATCHING)
+    by_backend: dict[str, list[Job]] = defaultdict(list)
+    for job in jobs.order_by("pk"):
+        by_backend[job.backend].append(job)
+    started: list[Job] = []
+    retry_in: list[float] = []
+    for name, group in by_backend.items():
+        backend = get_backend(name)
+        outcomes = _submit(backend, group)
+        for job in group:
+            error = outcomes[job.pk]
+            if error is not None:
+                delay = _start_failed(job, backend, error)
+                if delay is not None:
+                    retry_in.append(delay)
+        submitted = [job for job in group if outcomes[job.pk] is None]
+        if submitted:
+            started += _after_start_many(
+                submitted, backend, *_started_as(backend), JobStatus.DISPATCHING
+            )
+    if retry_in:  # one later sweep for every job this one had to put off
+        enqueue_now(tasks.jobs_dispatch_task, countdown=min(retry_in))
+    return started
+
+
+def _submit(backend: ComputeBackend, jobs: list[Job]) -> dict[int, Exception | None]:
+    """Start the jobs on the backend: the error of each that failed, or None."""
+    if not backend.assigns_devices:
+        return backend.submit_many(jobs)
+    outcomes: dict[int, Exception | None] = {}
+    for job in jobs:  # devices are handed out one start at a time
+        try:
+            _assign_devices(job, backend)
+            backend.submit(job)
+        except Exception as error:
+            outcomes[job.pk] = error
+        else:
+            outcomes[job.pk] = None
+    return outcomes
 
 
 def _started_as(backend: ComputeBackend) -> tuple[str, str]:
     """The status (and reason) a dispatched job has: a process starts at once, pods
     still have to be scheduled."""
     if backend.starts_immediately:
-        return S.RUNNING, "started"
-    return S.PROVISIONING, "submitted to the cluster"
+        return JobStatus.RUNNING, "started"
+    return JobStatus.PROVISIONING, "submitted to the cluster"
 
 
-def _start_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job:
-    """What a failed dispatch leaves: a rejected job fails; an unavailable backend gets a
-    retry note and is raised again; an unexpected error is counted (`_dispatch_failed`,
-    which raises DispatchRetry until the limit)."""
+def _start_failed(job: Job, backend: ComputeBackend, error: Exception) -> float | None:
+    """What a failed start leaves: a rejected job fails; an unavailable backend gets a
+    retry note and waits; an unexpected error is counted (`_dispatch_failed`). Returns in
+    how many seconds the job is due again (None: it won't be)."""
     if isinstance(error, BackendRejected):
-        return transition_quietly(job, S.FAILED, SYSTEM, f"dispatch failed: {error}")
+        transition_quietly(job, JobStatus.FAILED, SYSTEM, f"dispatch failed: {error}")
+        return None
     if isinstance(error, BackendUnavailable):
         job_retry_note(job=job, reason=f"retrying: {error}")
-        raise error
+        return _retry_later(job, RETRY_UNAVAILABLE_SECONDS)
     return _dispatch_failed(job, backend, error)
 
 
-def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
-    """Dispatch many admitted jobs at once (`jobs.tasks.jobs_dispatch_task`): one read,
-    their backend's `submit_many` (Kubernetes creates their objects concurrently), and
-    one transaction moving those started. A job whose start fails here goes on alone
-    through `job_dispatch_task` (its retries, failure count and limit), so one job's
-    trouble never holds back or repeats the others'. Returns the jobs it started."""
-    jobs = Job.objects.with_backend_relations().filter(pk__in=job_ids, status=S.DISPATCHING)
-    by_backend: dict[str, list[Job]] = defaultdict(list)
-    for job in jobs.order_by("pk"):
-        by_backend[job.backend].append(job)
-    started: list[Job] = []
-    for name, group in by_backend.items():
-        backend = get_backend(name)
-        if backend.assigns_devices:  # devices are handed out one dispatch at a time
-            for job in group:
-                enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
-            continue
-        outcomes = backend.submit_many(group)
-        for job in group:
-            error = outcomes[job.pk]
-            if error is None:
-                continue
-            try:
-                _start_failed(job, backend, error)
-            except (BackendUnavailable, DispatchRetry):
-                enqueue_on_commit("jobs.tasks.job_dispatch_task", job.pk)
-        submitted = [job for job in group if outcomes[job.pk] is None]
-        if submitted:
-            started += _after_start_many(submitted, backend, *_started_as(backend), S.DISPATCHING)
-    return started
+def _retry_later(job: Job, seconds: float) -> float:
+    """Release the job's claim and make it due again in `seconds`."""
+    Job.objects.filter(pk=job.pk, status=JobStatus.DISPATCHING).update(
+        dispatch_claimed_by="",
+        dispatch_claimed_until=None,
+        dispatch_after=timezone.now() + timedelta(seconds=seconds),
+    )
+    return seconds
 
 
 def job_backend_resume(*, job: Job) -> Job:
     """Task side of a resume: start the suspended attempt again on its backend."""
     job.refresh_from_db(from_queryset=Job.objects.with_backend_relations())
-    if job.status != S.RESUMING:
+    if job.status != JobStatus.RESUMING:
         return job
     backend = get_backend(job.backend)
     try:
         _assign_devices(job, backend)
         backend.resume(job)
     except BackendRejected as error:
-        return transition_quietly(job, S.FAILED, SYSTEM, f"resume failed: {error}")
+        return transition_quietly(job, JobStatus.FAILED, SYSTEM, f"resume failed: {error}")
     if backend.starts_immediately:
-        return _after_start(job, backend, S.RUNNING, "resumed from the checkpoint", S.RESUMING)
+        return _after_start(
+            job, backend, JobStatus.RUNNING, "resumed from the checkpoint", JobStatus.RESUMING
+        )
     job.refresh_from_db()
     if job.status in UNDO_AFTER:
         _undo(job, backend)
@@ -145,7 +238,7 @@ def _after_start_many(
     started = jobs_transition_many(
         jobs=jobs, to=to, actor=SYSTEM, reason=reason, expected_from=frozenset({source})
     )
-    if source == S.DISPATCHING:
+    if source == JobStatus.DISPATCHING:
         for job in started:
             dispatch_latency_observe(
                 job=job, backend_name=backend.name, admitted_at=entered_source_at[job.pk]
@@ -162,40 +255,41 @@ def _after_start_many(
 def _undo(job: Job, backend: ComputeBackend) -> None:
     """Stop what a dispatch started for a job that ended meanwhile. An unreachable backend
     hands the stop to `job_cancel_task`, which retries it: raising here would end a
-    sweep's batch early, and a retried dispatch skips a job no longer dispatching."""
+    sweep's batch early, and a later sweep skips a job no longer dispatching."""
     log.info("job %s became %s while it was being started: stopping it", job.pk, job.status)
     try:
         backend.cancel(job)
     except BackendUnavailable as error:
         log.warning("stopping job %s failed (%s): retried by its cancel task", job.pk, error)
-        enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
+        enqueue_on_commit(tasks.job_cancel_task, job.pk)
 
 
-def _dispatch_failed(job: Job, backend: ComputeBackend, error: Exception) -> Job:
+def _dispatch_failed(job: Job, backend: ComputeBackend, error: Exception) -> float | None:
     """Count an unexpected dispatch error; fail the job at DISPATCH_MAX_ATTEMPTS (undoing
-    whatever the attempt left), else note it and raise DispatchRetry for the task."""
+    whatever the attempt left), else note it and put it off (doubling waits)."""
     log.exception("dispatch of job %s failed unexpectedly", job.pk)
     Job.objects.filter(pk=job.pk).update(dispatch_failures=F("dispatch_failures") + 1)
     job.refresh_from_db(fields=["dispatch_failures"])
     limit = settings.DISPATCH_MAX_ATTEMPTS
     described = f"{type(error).__name__}: {error}"[:300]
     if job.dispatch_failures >= limit:
-        job = transition_quietly(
+        transition_quietly(
             job,
-            S.FAILED,
+            JobStatus.FAILED,
             SYSTEM,
             f"dispatch failed {job.dispatch_failures} times; last error: {described}",
-            expected_from=frozenset({S.DISPATCHING}),
+            expected_from=frozenset({JobStatus.DISPATCHING}),
         )
         try:
             backend.cancel(job)
         except Exception:  # best effort: the reconciler stops what still runs
             log.exception("undoing the failed dispatch of job %s failed", job.pk)
-        return job
+        return None
     job_retry_note(
         job=job, reason=f"retrying after an error ({job.dispatch_failures}/{limit}): {described}"
     )
-    raise DispatchRetry(described) from error
+    wait = RETRY_FIRST_SECONDS * 2 ** (job.dispatch_failures - 1)
+    return _retry_later(job, min(wait, RETRY_MAX_SECONDS))
 
 
 def _assign_devices(job: Job, backend: ComputeBackend) -> None:

@@ -11,17 +11,16 @@ from console.crypto import encrypt_json
 from console.models import Tenant, User
 from console.permissions import Capability, has_capability
 from console.selectors import membership_of
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 from console.tenant_admin import TenantSuspended
 from jobs.actors import SYSTEM, Actor
 from jobs.extensions import launch_check
 from jobs.models import Job, JobStatus, Priority, WaitKind
-from jobs.services.admission import job_admit_submitted
+from jobs.services.admission import job_pools, jobs_admit
 from jobs.services.secrets import secrets_named_again, tenant_secrets_resolve
 from jobs.services.spec import JobSpec, spec_from_job, spec_validate, validate_env
 from jobs.state import job_note
-
-S = JobStatus
 
 
 def job_submit(
@@ -76,7 +75,7 @@ def job_submit(
                 spot_pool=placement.spot_pool,
                 spot_nodes=placement.spot_nodes,
                 on_demand_nodes=placement.on_demand_nodes,
-                status=S.QUEUED,
+                status=JobStatus.QUEUED,
                 status_reason="waiting for admission",
                 wait_kind=WaitKind.ADMISSION,
                 idempotency_key=idempotency_key or "",
@@ -90,7 +89,7 @@ def job_submit(
                 request=request,
                 metadata={"gpus": job.total_gpus, "nodes": job.nodes, "image": job.image_reference},
             )
-            job_admit_submitted(job=job, tenant_has_quotas=bool(resolved.quotas))
+            jobs_admit(pools=job_pools(job), launched=job)
     except IntegrityError:
         existing = Job.objects.for_tenant(tenant).filter(idempotency_key=idempotency_key).first()
         if existing is None:
@@ -119,7 +118,7 @@ def _check_priority_allowed(*, tenant: Tenant, user: User | None, priority: str)
     if not has_capability(membership, Capability.LAUNCH_CRITICAL):
         raise ServiceError(
             "Only owners and admins may launch with priority critical; choose normal or low.",
-            code="forbidden",
+            code=ErrorCode.FORBIDDEN,
             field="priority",
         )
 

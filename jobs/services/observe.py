@@ -9,18 +9,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from console.queueing import enqueue_on_commit
+from jobs import tasks
 from jobs.actors import BACKEND, SYSTEM
 from jobs.backends import BackendUnavailable, ComputeBackend, Observation, get_backend
 from jobs.models import FINISHED, HOLDING_COMPUTE, ON_BACKEND, STOPPING, Job, JobStatus, WaitKind
-from jobs.services.admission import jobs_admit
-from jobs.services.dispatch import transition_quietly
+from jobs.services.admission import job_pools, jobs_admit
+from jobs.services.dispatch import dispatch_sweep_now, transition_quietly
 from jobs.state import job_run_seconds, job_wait_update
 
 log = logging.getLogger(__name__)
-S = JobStatus
 
 
 def job_apply_observation(*, job: Job, observation: Observation) -> Job:
@@ -31,53 +32,72 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
     changes: dict[str, Any] = {}
     if observation.exit_code is not None:
         changes["exit_code"] = observation.exit_code
-    if status == S.CANCELLING:
+    if status == JobStatus.CANCELLING:
         if phase in ("running", "pending"):
             return job  # still stopping: it holds its compute, and is billed, until it ends
         # However the work ended (stopped, exited meanwhile, lost), the cancel decides;
         # its bill ends now, when the end is observed.
         job = transition_quietly(
             job,
-            S.CANCELLED,
+            JobStatus.CANCELLED,
             BACKEND,
             f"{job.status_reason}; compute released",
             assigned_devices=[],
             **changes,
         )
         return _released(job)
-    if phase == "running" and status in (S.PROVISIONING, S.RESUMING, S.DISPATCHING):
-        return transition_quietly(job, S.RUNNING, BACKEND, "running")
-    if phase == "pending" and status in (S.PROVISIONING, S.RESUMING) and observation.reason:
+    if phase == "running" and status in (
+        JobStatus.PROVISIONING,
+        JobStatus.RESUMING,
+        JobStatus.DISPATCHING,
+    ):
+        return transition_quietly(job, JobStatus.RUNNING, BACKEND, "running")
+    if (
+        phase == "pending"
+        and status in (JobStatus.PROVISIONING, JobStatus.RESUMING)
+        and observation.reason
+    ):
         # Why it isn't running yet (Kueue admission, scheduling, image pull): shown as is.
         return job_wait_update(job=job, kind=WaitKind.BACKEND, reason=observation.reason)
     if phase == "succeeded" and status in HOLDING_COMPUTE:
-        job = transition_quietly(job, S.SUCCEEDED, BACKEND, "completed", **changes)
+        job = transition_quietly(job, JobStatus.SUCCEEDED, BACKEND, "completed", **changes)
     elif phase == "failed" and status in HOLDING_COMPUTE:
-        job = transition_quietly(job, S.FAILED, BACKEND, observation.reason, **changes)
-    elif phase in ("suspended", "cancelled") and status == S.PAUSING:
+        job = transition_quietly(job, JobStatus.FAILED, BACKEND, observation.reason, **changes)
+    elif phase in ("suspended", "cancelled") and status == JobStatus.PAUSING:
         # A budget pause keeps its reason (it names the budget) on the paused job.
         reason = (
             f"{job.status_reason}; compute released"
             if job.paused_by_budget
             else "stopped; compute released"
         )
-        job = transition_quietly(job, S.PAUSED, BACKEND, reason, assigned_devices=[], **changes)
-    elif phase == "preempted" and status in (S.RUNNING, S.PROVISIONING, S.RESUMING):
         job = transition_quietly(
-            job, S.PREEMPTED, BACKEND, observation.reason or "spot capacity reclaimed"
+            job, JobStatus.PAUSED, BACKEND, reason, assigned_devices=[], **changes
         )
-        if job.status == S.PREEMPTED:
+    elif phase == "preempted" and status in (
+        JobStatus.RUNNING,
+        JobStatus.PROVISIONING,
+        JobStatus.RESUMING,
+    ):
+        job = transition_quietly(
+            job, JobStatus.PREEMPTED, BACKEND, observation.reason or "spot capacity reclaimed"
+        )
+        if job.status == JobStatus.PREEMPTED:
             job = transition_quietly(
                 job,
-                S.QUEUED,
+                JobStatus.QUEUED,
                 SYSTEM,
                 "requeued as a new attempt from the checkpoint",
                 attempt=job.attempt + 1,
                 assigned_devices=[],
                 wait_kind=WaitKind.ADMISSION,
             )
-    elif phase == "missing" and status in (S.RUNNING, S.PROVISIONING, S.RESUMING, S.PAUSING):
-        job = transition_quietly(job, S.FAILED, BACKEND, f"lost: {observation.reason}")
+    elif phase == "missing" and status in (
+        JobStatus.RUNNING,
+        JobStatus.PROVISIONING,
+        JobStatus.RESUMING,
+        JobStatus.PAUSING,
+    ):
+        job = transition_quietly(job, JobStatus.FAILED, BACKEND, f"lost: {observation.reason}")
     else:
         return job
     return _released(job)
@@ -88,8 +108,8 @@ def _released(job: Job) -> Job:
     queue (and, finished, has what it left on its backend removed)."""
     if job.status not in HOLDING_COMPUTE:
         if job.status in FINISHED and get_backend(job.backend).releases_after_finish:
-            enqueue_on_commit("jobs.tasks.job_release_task", job.pk)
-        jobs_admit()
+            enqueue_on_commit(tasks.job_release_task, job.pk)
+        jobs_admit(pools=job_pools(job))
     return job
 
 
@@ -123,7 +143,7 @@ def jobs_observe(
         # Jobs told to stop get SIGKILL once their grace period is over.
         recently_stopped = Job.objects.filter(
             backend=backend_name,
-            status__in=[S.CANCELLED, S.FAILED, S.SUCCEEDED],
+            status__in=[JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.SUCCEEDED],
             finished_at__gte=now - timedelta(hours=1),
         )
         stopping = Job.objects.filter(backend=backend_name, status__in=STOPPING)
@@ -141,13 +161,13 @@ def _observe_one(job: Job, backend: ComputeBackend, now: datetime) -> None:
     if job_run_seconds(job, now) > job.max_runtime_minutes * 60:
         job = transition_quietly(
             job,
-            S.FAILED,
+            JobStatus.FAILED,
             SYSTEM,
             f"exceeded the maximum runtime of {job.max_runtime_minutes} minutes",
         )
-        if job.status == S.FAILED:
+        if job.status == JobStatus.FAILED:
             backend.cancel(job)
-            jobs_admit()
+            jobs_admit(pools=job_pools(job))
             return
     job_apply_observation(job=job, observation=backend.observe(job))
 
@@ -161,7 +181,7 @@ def jobs_reconcile(
     """Redo what a lost task (a broker outage at commit, a Redis restart) left undone, by
     the age of each job's status. Returns the ids of the jobs acted on.
 
-    - `dispatching` too long: dispatch again (idempotent);
+    - `dispatching` too long: a dispatch sweep (it takes every due row, a lapsed claim's too);
     - `pausing` too long: tell the backend to suspend again;
     - `cancelling` too long: tell the backend to cancel again;
     - `resuming` too long: resume again (idempotent);
@@ -172,22 +192,27 @@ def jobs_reconcile(
     now = now or timezone.now()
     stuck_before = now - timedelta(seconds=stuck_after_seconds)
     acted: set[int] = set()
-    redo: dict[str, str] = {
-        S.DISPATCHING: "jobs.tasks.job_dispatch_task",
-        S.PAUSING: "jobs.tasks.job_suspend_task",
-        S.CANCELLING: "jobs.tasks.job_cancel_task",
-        S.RESUMING: "jobs.tasks.job_resume_task",
+    redo: dict[str, Any] = {
+        JobStatus.PAUSING: tasks.job_suspend_task,
+        JobStatus.CANCELLING: tasks.job_cancel_task,
+        JobStatus.RESUMING: tasks.job_resume_task,
     }
     stuck = Job.objects.filter(
-        status__in=[*redo, S.PROVISIONING], status_changed_at__lt=stuck_before
+        status__in=[*redo, JobStatus.DISPATCHING, JobStatus.PROVISIONING],
+        status_changed_at__lt=stuck_before,
     )
     provisioning: dict[str, list[int]] = {}
+    sweep = False
     for job_id, status, backend_name in stuck.values_list("pk", "status", "backend"):
-        if status == S.PROVISIONING:
+        if status == JobStatus.PROVISIONING:
             provisioning.setdefault(backend_name, []).append(job_id)
+        elif status == JobStatus.DISPATCHING:
+            sweep = True
         else:
             enqueue_on_commit(redo[status], job_id)
         acted.add(job_id)
+    if sweep:
+        transaction.on_commit(dispatch_sweep_now)
     for backend_name, job_ids in provisioning.items():
         try:
             jobs_observe(backend_name=backend_name, now=now, job_ids=job_ids)
@@ -214,9 +239,9 @@ def _reconcile_finished(job: Job) -> bool:
         log.exception("observing finished job %s failed", job.pk)
         return False
     if phase in ("running", "pending"):
-        enqueue_on_commit("jobs.tasks.job_cancel_task", job.pk)
+        enqueue_on_commit(tasks.job_cancel_task, job.pk)
         return True
     if backend.releases_after_finish:
-        enqueue_on_commit("jobs.tasks.job_release_task", job.pk)
+        enqueue_on_commit(tasks.job_release_task, job.pk)
         return True
     return False

@@ -12,7 +12,7 @@ from django.db.models import F
 
 from console.crypto import decrypt_json
 from console.models import Tenant
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.models import Job, Priority
 from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Tier
 from marketplace.selectors import (

@@ -16,7 +16,7 @@ from console.permissions import (
     IsPlatformStaffElseNotFound,
     IsTenantMember,
 )
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import selectors, services
 from marketplace.api import serializers as s
 from marketplace.models import (

@@ -1,7 +1,7 @@
 """Writes for the marketplace, one module per concern:
 
 - `capacity`: `capacity_sync`, the backends' node pools refreshed from their inventory;
-- `prices`: the price book (preview, publish, withdraw) and tenant discounts;
+- `price_book`: the price book (preview, publish, withdraw) and tenant discounts;
 - `catalog`: staff edits of GPU types and node pools, and tenant quotas;
 - `images`: the registry allow-list, public and private images, registry logins.
 
@@ -28,7 +28,7 @@ from marketplace.services.images import (
     registry_credential_set,
     registry_normalise,
 )
-from marketplace.services.prices import (
+from marketplace.services.price_book import (
     PreviewRow,
     PriceRow,
     price_version_preview,

@@ -12,7 +12,8 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from console.models import Tenant, User
-from console.services import ServiceError, audit_record
+from console.service_errors import ServiceError
+from console.services import audit_record
 from marketplace.models import GpuType, NodePool, TenantQuota
 
 # --- GPU types and node pools ----

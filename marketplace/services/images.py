@@ -14,7 +14,8 @@ from django.utils.text import slugify
 
 from console.crypto import encrypt_json
 from console.models import Tenant, User
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 from marketplace.images import InvalidReference, is_allowed, parse_reference
 from marketplace.models import AllowedRegistry, Image, RegistryCredential
 from marketplace.signals import registry_credential_removed
@@ -141,7 +142,7 @@ def image_create(
     # A private image may not shadow a public one either (launches name images by slug).
     if Image.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True), slug=slug).exists():
         raise ServiceError(
-            f"An image with slug “{slug}” exists already.", code="conflict", field="slug"
+            f"An image with slug “{slug}” exists already.", code=ErrorCode.CONFLICT, field="slug"
         )
     image = Image.objects.create(tenant=tenant, slug=slug, reference=normalised, **fields)
     audit_record(

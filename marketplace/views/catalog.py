@@ -12,8 +12,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from console.confirm import confirm_then_act
+from console.forms import add_service_error
 from console.permissions import Capability, capability_required, has_capability
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from marketplace import selectors, services
 from marketplace.forms import (
@@ -25,7 +26,7 @@ from marketplace.forms import (
 )
 from marketplace.models import AllowedRegistry, Image, RegistryCredential
 from marketplace.pricing import PricingError, estimate_cost
-from marketplace.views.common import form_error, image_create_from_form
+from marketplace.views.common import image_create_from_form
 
 
 @login_required
@@ -90,7 +91,7 @@ def estimate(request: HttpRequest) -> HttpResponse:
                 tenant=request.tenant,
             )
         except PricingError as error:
-            form_error(form, error)
+            add_service_error(form, error)
     template = "marketplace/partials/estimate.html" if request.htmx else "marketplace/estimate.html"
     return render(request, template, {"estimate_form": form, "estimate": result})
 
@@ -146,7 +147,7 @@ def _registry_credential_save(request: HttpRequest, form: RegistryCredentialForm
             tenant=request.tenant, user=request.user, request=request, **form.cleaned_data
         )
     except ServiceError as error:
-        form_error(form, error)
+        add_service_error(form, error)
         return False
     messages.success(
         request,

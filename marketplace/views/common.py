@@ -1,21 +1,16 @@
-"""Helpers shared by the catalog and staff pages: a service's refusal shown on its form,
-and image creation from the image form (private on the catalog, public on staff pages)."""
+"""Shared by the catalog and staff pages: image creation from the image form (private on
+the catalog, public on staff pages)."""
 
 from __future__ import annotations
 
-from django import forms
 from django.http import HttpRequest
 
+from console.forms import add_service_error
 from console.models import Tenant
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import services
 from marketplace.forms import ImageForm
 from marketplace.models import Image
-from marketplace.pricing import PricingError
-
-
-def form_error(form: forms.BaseForm, error: ServiceError | PricingError) -> None:
-    form.add_error(error.field if error.field in form.fields else None, error.message)
 
 
 def image_create_from_form(
@@ -36,5 +31,5 @@ def image_create_from_form(
             **{k: (v if v is not None else []) for k, v in data.items()},
         )
     except ServiceError as error:
-        form_error(form, error)
+        add_service_error(form, error)
         return None

@@ -13,12 +13,12 @@ from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods
 
+from console.forms import add_service_error
 from console.permissions import staff_required
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import extensions, selectors, services
 from marketplace.forms import PriceVersionForm
 from marketplace.models import GpuType, PriceVersion, Region
-from marketplace.views.common import form_error
 
 
 def _price_rows_from_post(request: HttpRequest) -> tuple[list[services.PriceRow], list[str]]:
@@ -111,7 +111,7 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
                         request=request,
                     )
                 except ServiceError as error:
-                    form_error(form, error)
+                    add_service_error(form, error)
                 else:
                     messages.success(
                         request,

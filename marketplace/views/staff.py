@@ -16,9 +16,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.confirm import confirm_then_act
+from console.forms import add_service_error
 from console.models import Tenant
 from console.permissions import staff_required
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import services
 from marketplace.forms import (
     AllowedRegistryForm,
@@ -36,7 +37,7 @@ from marketplace.models import (
     TenantPricing,
     TenantQuota,
 )
-from marketplace.views.common import form_error, image_create_from_form
+from marketplace.views.common import image_create_from_form
 
 
 @staff_required
@@ -64,7 +65,7 @@ def _staff_model_edit(
         try:
             saved = update({name: form.cleaned_data[name] for name in form.changed_data})
         except ServiceError as error:
-            form_error(form, error)
+            add_service_error(form, error)
         else:
             messages.success(request, f"{saved} saved.")
             return redirect("marketplace:staff_catalog")
@@ -209,7 +210,9 @@ def staff_tenant_commercials(request: HttpRequest, tenant_slug: str) -> HttpResp
                 messages.success(request, "Quota saved.")
                 return redirect("marketplace:staff_tenant_commercials", tenant_slug=tenant.slug)
         except ServiceError as error:
-            form_error(quota_form if request.POST.get("form") == "quota" else pricing_form, error)
+            add_service_error(
+                quota_form if request.POST.get("form") == "quota" else pricing_form, error
+            )
     return render(
         request,
         "marketplace/staff_tenant_commercials.html",

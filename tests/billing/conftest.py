@@ -4,14 +4,11 @@ from types import SimpleNamespace
 
 from django.db import transaction
 
-from billing.credit_ledger import credit_balance_move
-from billing.invoicing import billing_profile_for
+from billing.credit_notes.ledger import credit_balance_move
+from billing.invoices.services import billing_profile_for
 from billing.models import CreditMovementKind, LiveUsageRollup
 from jobs.actors import SYSTEM
-from jobs.models import JobStatus
 from tests.jobs_helpers import advance_to, at_time, submit
-
-S = JobStatus
 
 
 def make_job(world, *, name="train", cpus=1, priority="normal", project="", start=None):

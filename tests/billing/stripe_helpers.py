@@ -12,7 +12,7 @@ from decimal import Decimal
 from django.test import Client
 from django.urls import reverse
 
-from billing.invoicing import invoice_adjustment_add, invoice_draft_create, invoice_finalize
+from billing.invoices.services import invoice_adjustment_add, invoice_draft_create, invoice_finalize
 from billing.models import Invoice
 from tests.fakes.stripe_api import FakeStripe, sign
 

@@ -16,8 +16,8 @@ from billing.metering import meter_tick
 from billing.models import Budget, UsageRecord
 from billing.selectors import CostQuery
 from billing.services import period_start, run_rate
-from jobs.models import Job
-from tests.billing.conftest import S, make_job, set_status
+from jobs.models import Job, JobStatus
+from tests.billing.conftest import make_job, set_status
 from tests.conftest import token_client
 
 BUDGETS = "/api/v1/budgets"
@@ -183,8 +183,8 @@ def usage(world, other_world, catalog):
     start = datetime(day.year, day.month, day.day, 22, tzinfo=UTC)
     ours = make_job(world, name="etl", project="data", start=start)
     theirs = make_job(other_world, name="secret-etl", start=start)
-    set_status(ours, S.RUNNING, start)
-    set_status(theirs, S.RUNNING, start)
+    set_status(ours, JobStatus.RUNNING, start)
+    set_status(theirs, JobStatus.RUNNING, start)
     for hours in (1, 3, 5):
         meter_tick(now=start + timedelta(hours=hours))
     return {"first": start.date(), "second": start.date() + timedelta(days=1)}
@@ -294,7 +294,7 @@ def test_cost_summary(apis, world, catalog):
     now = timezone.now()
     since = max(now - timedelta(minutes=10), period_start(now))
     job = make_job(world, name="train", start=since)
-    set_status(job, S.RUNNING, since)
+    set_status(job, JobStatus.RUNNING, since)
     meter_tick(now=now)
     apis["owner"].post(BUDGETS, {"name": "All", "amount": "1000"}, format="json")
     body = apis["viewer"].get(SUMMARY).json()
@@ -333,7 +333,9 @@ def test_run_rate_prices_each_configuration_once(world, catalog, django_assert_m
 
     def running(n: int, cpus: int) -> None:
         for i in range(n):
-            set_status(make_job(world, name=f"{cpus}-{i}", cpus=cpus), S.RUNNING, timezone.now())
+            set_status(
+                make_job(world, name=f"{cpus}-{i}", cpus=cpus), JobStatus.RUNNING, timezone.now()
+            )
 
     running(2, cpus=1)
     running(1, cpus=2)
@@ -356,8 +358,8 @@ def test_jobs_api_cost_of_a_finished_job_is_its_ledger(world, apis):
     jobs = []
     for number, seconds in enumerate((125, 3700)):
         job = make_job(world, name=f"ran {number}", cpus=2, start=start)
-        set_status(job, S.RUNNING, start)
-        set_status(job, S.SUCCEEDED, start + timedelta(seconds=seconds))
+        set_status(job, JobStatus.RUNNING, start)
+        set_status(job, JobStatus.SUCCEEDED, start + timedelta(seconds=seconds))
         jobs.append(job)
     meter_tick(now=start + timedelta(hours=2))
     listed = {row["id"]: row for row in apis["member"].get("/api/v1/jobs").json()["results"]}

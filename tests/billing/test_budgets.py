@@ -33,13 +33,13 @@ from billing.services import (
     period_start,
 )
 from console.models import AuditEvent, Notification
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.actors import Actor
 from jobs.backends import Observation
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, JobStatus
 from jobs.services import job_apply_observation, job_pause, job_resume
 from marketplace.models import PriceVersion
-from tests.billing.conftest import S, make_job, set_status
+from tests.billing.conftest import make_job, set_status
 from tests.concurrency import run_at_once
 from tests.conftest import signed_in_client, token_client
 from tests.jobs_helpers import at_time
@@ -51,7 +51,7 @@ TINY = "0.000001"  # the smallest budget: any usage exhausts it
 def running_job(world, *, name, since, priority="normal", project=""):
     """A 1-vCPU job submitted just before `since` and running since then."""
     job = make_job(world, name=name, priority=priority, project=project, start=since)
-    return set_status(job, S.RUNNING, since)
+    return set_status(job, JobStatus.RUNNING, since)
 
 
 def ten_minutes_ago(now):
@@ -113,7 +113,7 @@ def test_each_threshold_alerts_once_per_period(world, catalog):
     assert AuditEvent.objects.filter(action="budget.threshold_actual").count() == 3
     # An alert-only budget never pauses.
     job.refresh_from_db()
-    assert job.status == S.RUNNING
+    assert job.status == JobStatus.RUNNING
 
     # A new month: each threshold alerts again, once.
     next_month = period_end(start)
@@ -135,7 +135,7 @@ def exhausted(world, catalog):
     train = running_job(world, name="train", since=since)
     serve = running_job(world, name="serve", since=since, priority="critical")
     budget = budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
-    assert Job.objects.get(pk=train.pk).status == S.RUNNING  # no spend yet
+    assert Job.objects.get(pk=train.pk).status == JobStatus.RUNNING  # no spend yet
     meter_and_enforce(now=now)
     train.refresh_from_db()
     serve.refresh_from_db()
@@ -144,14 +144,14 @@ def exhausted(world, catalog):
 
 def test_at_100_percent_non_critical_jobs_pause_and_critical_keep_running(world, exhausted):
     budget, train, serve = exhausted
-    assert train.status == S.PAUSING and train.paused_by_budget
+    assert train.status == JobStatus.PAUSING and train.paused_by_budget
     assert "budget" in train.status_reason and "Team cap" in train.status_reason
-    pausing = JobEvent.objects.get(job=train, to_status=S.PAUSING)
+    pausing = JobEvent.objects.get(job=train, to_status=JobStatus.PAUSING)
     assert pausing.actor == "budget"
     train = suspended(train)
-    assert train.status == S.PAUSED and train.paused_by_budget
+    assert train.status == JobStatus.PAUSED and train.paused_by_budget
     assert "budget" in train.status_reason and "Team cap" in train.status_reason
-    assert serve.status == S.RUNNING and not serve.paused_by_budget
+    assert serve.status == JobStatus.RUNNING and not serve.paused_by_budget
     # The 100 % alert names the critical job that keeps running.
     note = Notification.objects.get(user=world.owner, title="Budget “Team cap” reached 100 %")
     assert "Critical jobs keep running: serve" in note.body
@@ -160,7 +160,7 @@ def test_at_100_percent_non_critical_jobs_pause_and_critical_keep_running(world,
     # Repeated ticks don't pause again or alert again.
     for _ in range(2):
         meter_and_enforce(now=timezone.now())
-    assert JobEvent.objects.filter(job=train, to_status=S.PAUSING).count() == 1
+    assert JobEvent.objects.filter(job=train, to_status=JobStatus.PAUSING).count() == 1
     assert BudgetAlert.objects.filter(budget=budget, threshold=100, kind="actual").count() == 1
 
 
@@ -170,7 +170,7 @@ def test_new_non_critical_launches_are_refused(world, exhausted):
     assert refused.value.code == "payment_required"
     assert "Team cap" in refused.value.message
     critical = make_job(world, name="urgent", priority="critical")
-    assert critical.status in (S.QUEUED, S.DISPATCHING)
+    assert critical.status in (JobStatus.QUEUED, JobStatus.DISPATCHING)
 
     api = token_client(world.member, world.tenant)
     job = {"name": "api job", "image": "python-3.11", "command": ["true"], "cpus": 1}
@@ -192,17 +192,17 @@ def test_raising_the_budget_resumes_only_what_it_paused(world, catalog):
     budget = budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
     meter_and_enforce(now=now)
     train = suspended(train)
-    assert train.status == S.PAUSED and train.paused_by_budget
+    assert train.status == JobStatus.PAUSED and train.paused_by_budget
 
     budget_update(budget=budget, user=world.finance, amount="1000")
     train.refresh_from_db()
     mine.refresh_from_db()
-    assert train.status == S.RESUMING and not train.paused_by_budget
-    assert JobEvent.objects.get(job=train, to_status=S.RESUMING).actor == "budget"
-    assert mine.status == S.PAUSED  # a job the user paused stays paused
+    assert train.status == JobStatus.RESUMING and not train.paused_by_budget
+    assert JobEvent.objects.get(job=train, to_status=JobStatus.RESUMING).actor == "budget"
+    assert mine.status == JobStatus.PAUSED  # a job the user paused stays paused
     assert AuditEvent.objects.filter(action="job.resumed_by_budget").count() == 1
     # Launches are allowed again.
-    assert make_job(world, name="again").status in (S.QUEUED, S.DISPATCHING)
+    assert make_job(world, name="again").status in (JobStatus.QUEUED, JobStatus.DISPATCHING)
 
 
 def test_deleting_the_budget_resumes_the_jobs_it_paused(world, exhausted):
@@ -210,7 +210,7 @@ def test_deleting_the_budget_resumes_the_jobs_it_paused(world, exhausted):
     train = suspended(train)
     budget_delete(budget=budget, user=world.owner)
     train.refresh_from_db()
-    assert train.status == S.RESUMING
+    assert train.status == JobStatus.RESUMING
     assert AuditEvent.objects.filter(action="budget.deleted").exists()
 
 
@@ -218,13 +218,13 @@ def test_a_new_period_resumes_the_jobs_it_paused(world, exhausted):
     _, train, _ = exhausted
     train = suspended(train)
     budget_enforce(tenant=world.tenant, now=timezone.now())
-    assert Job.objects.get(pk=train.pk).status == S.PAUSED  # still this month
+    assert Job.objects.get(pk=train.pk).status == JobStatus.PAUSED  # still this month
     next_month = period_end(timezone.now()) + timedelta(minutes=1)
     # The resume asks the budget again (as a launch would), at the clock's time: the new
     # month's, as it would be for a real tick.
     with at_time(next_month):
         budget_enforce(tenant=world.tenant, now=next_month)
-    assert Job.objects.get(pk=train.pk).status == S.RESUMING
+    assert Job.objects.get(pk=train.pk).status == JobStatus.RESUMING
 
 
 # --- resume under a used-up budget ----
@@ -252,8 +252,8 @@ def test_resuming_a_job_the_budget_paused_is_refused_like_a_launch(world, exhaus
     assert 'class="flash flash-error"' in page.content.decode()
 
     train.refresh_from_db()
-    assert train.status == S.PAUSED and train.paused_by_budget
-    assert not JobEvent.objects.filter(job=train, to_status=S.RESUMING).exists()
+    assert train.status == JobStatus.PAUSED and train.paused_by_budget
+    assert not JobEvent.objects.filter(job=train, to_status=JobStatus.RESUMING).exists()
     meter_and_enforce(now=timezone.now())
     assert UsageRecord.objects.filter(job=train).count() == records  # nothing billed since
 
@@ -272,11 +272,11 @@ def test_a_job_its_user_paused_stays_paused_under_a_used_up_budget(world, catalo
     with pytest.raises(ServiceError) as refused:
         job_resume(job=mine, actor=Actor.of_user(world.member))
     assert refused.value.code == "payment_required" and "Team cap" in refused.value.message
-    assert Job.objects.get(pk=mine.pk).status == S.PAUSED
+    assert Job.objects.get(pk=mine.pk).status == JobStatus.PAUSED
     # A critical job is outside the budget's pause, for a resume as for a launch.
     response = token_client(world.admin, world.tenant).post(f"/api/v1/jobs/{serve.pk}/resume")
     assert response.status_code == 200, response.content
-    assert response.json()["status"] == S.RESUMING
+    assert response.json()["status"] == JobStatus.RESUMING
 
 
 def test_a_project_budget_counts_and_pauses_only_its_project(world, catalog):
@@ -295,13 +295,13 @@ def test_a_project_budget_counts_and_pauses_only_its_project(world, catalog):
         amount=(vision_spend * Decimal("1.5")).quantize(Decimal(TINY)),
         project="vision",
     )
-    assert Job.objects.get(pk=vision.pk).status == S.RUNNING
+    assert Job.objects.get(pk=vision.pk).status == JobStatus.RUNNING
     status = next(s for s in services.budget_statuses(tenant=world.tenant) if s.budget == budget)
     assert status.spend == vision_spend
     # Below the project's spend: only the project's job pauses, only its launches stop.
     budget_update(budget=budget, user=world.owner, amount=TINY)
-    assert Job.objects.get(pk=vision.pk).status == S.PAUSING
-    assert Job.objects.get(pk=nlp.pk).status == S.RUNNING
+    assert Job.objects.get(pk=vision.pk).status == JobStatus.PAUSING
+    assert Job.objects.get(pk=nlp.pk).status == JobStatus.RUNNING
     with pytest.raises(ServiceError):
         make_job(world, name="vision-2", project="vision")
     assert make_job(world, name="nlp-2", project="nlp").project == "nlp"
@@ -320,8 +320,8 @@ def test_concurrent_enforcement_pauses_each_job_once(world, catalog):
     budget_enforce(tenant=world.tenant, now=now)  # and a third, afterwards
     for job in jobs:
         job.refresh_from_db()
-        assert job.status == S.PAUSING
-        assert JobEvent.objects.filter(job=job, to_status=S.PAUSING).count() == 1
+        assert job.status == JobStatus.PAUSING
+        assert JobEvent.objects.filter(job=job, to_status=JobStatus.PAUSING).count() == 1
     assert BudgetAlert.objects.filter(budget=budget, kind="actual", threshold=100).count() == 1
     reached = Notification.objects.filter(user=world.owner, title__contains="reached 100 %")
     assert reached.count() == 1
@@ -346,7 +346,7 @@ def test_a_racing_enforcement_does_not_audit_the_pause_twice(world, catalog, mon
 
     monkeypatch.setattr(billing.services, "job_pause_once", pause_after_the_other_tick)
     paused = budget_enforce(tenant=world.tenant, now=now)
-    assert JobEvent.objects.filter(job=train, to_status=S.PAUSING).count() == 1
+    assert JobEvent.objects.filter(job=train, to_status=JobStatus.PAUSING).count() == 1
     audits = AuditEvent.objects.filter(action="job.paused_by_budget", target_id=str(train.pk))
     assert audits.count() == 1
     assert paused == []  # this tick paused nothing

@@ -30,10 +30,11 @@ from billing.metering import meter_tick
 from billing.models import AMOUNT_QUANTUM, JobMeter, MonthlyRollupMark, UsageRollup
 from billing.selectors import CostQuery
 from billing.services import period_start
-from console.services import ServiceError
+from console.service_errors import ServiceError
+from jobs.models import JobStatus
 from jobs.services import JobSpec, job_submit
 from marketplace.models import GpuType, PriceVersion
-from tests.billing.conftest import S, make_job, set_status
+from tests.billing.conftest import make_job, set_status
 from tests.conftest import signed_in_client
 from tests.jobs_helpers import at_time
 
@@ -91,25 +92,25 @@ def seed_usage(world, other_world, start: datetime) -> dict[str, int]:
         return start + timedelta(hours=hours)
 
     timeline = [
-        (h(0), "bert-large", S.RUNNING, None),
-        (h(0.25), "intruder", S.RUNNING, None),
-        (h(6), "llama-finetune", S.RUNNING, None),
-        (h(16), "etl-nightly", S.RUNNING, None),
-        (h(18), "llama-finetune", S.PAUSING, None),
-        (h(18.01), "llama-finetune", S.PAUSED, None),
-        (h(20.5), "etl-nightly", S.SUCCEEDED, None),
-        (h(21.5), "sdxl-render", S.RUNNING, None),
-        (h(24), "llama-finetune", S.RESUMING, None),
-        (h(24.1), "llama-finetune", S.RUNNING, None),
-        (h(36), "bert-large", S.SUCCEEDED, None),
-        (h(38), "sdxl-render", S.PREEMPTED, None),
-        (h(38), "sdxl-render", S.QUEUED, 2),
-        (h(39), "sdxl-render", S.RUNNING, None),
-        (h(42), "resnet-sweep", S.RUNNING, None),
-        (h(54), "llama-finetune", S.SUCCEEDED, None),
-        (h(62), "sdxl-render", S.FAILED, None),
-        (h(65), "resnet-sweep", S.SUCCEEDED, None),
-        (h(70), "intruder", S.SUCCEEDED, None),
+        (h(0), "bert-large", JobStatus.RUNNING, None),
+        (h(0.25), "intruder", JobStatus.RUNNING, None),
+        (h(6), "llama-finetune", JobStatus.RUNNING, None),
+        (h(16), "etl-nightly", JobStatus.RUNNING, None),
+        (h(18), "llama-finetune", JobStatus.PAUSING, None),
+        (h(18.01), "llama-finetune", JobStatus.PAUSED, None),
+        (h(20.5), "etl-nightly", JobStatus.SUCCEEDED, None),
+        (h(21.5), "sdxl-render", JobStatus.RUNNING, None),
+        (h(24), "llama-finetune", JobStatus.RESUMING, None),
+        (h(24.1), "llama-finetune", JobStatus.RUNNING, None),
+        (h(36), "bert-large", JobStatus.SUCCEEDED, None),
+        (h(38), "sdxl-render", JobStatus.PREEMPTED, None),
+        (h(38), "sdxl-render", JobStatus.QUEUED, 2),
+        (h(39), "sdxl-render", JobStatus.RUNNING, None),
+        (h(42), "resnet-sweep", JobStatus.RUNNING, None),
+        (h(54), "llama-finetune", JobStatus.SUCCEEDED, None),
+        (h(62), "sdxl-render", JobStatus.FAILED, None),
+        (h(65), "resnet-sweep", JobStatus.SUCCEEDED, None),
+        (h(70), "intruder", JobStatus.SUCCEEDED, None),
     ]
     ticks = [h(3 * n + 0.1) for n in range(25)]
     for at, name, status, attempt in sorted(timeline, key=lambda e: e[0]):
@@ -261,7 +262,7 @@ def test_the_running_hour_held_by_meters_is_in_every_figure(usage, world):
     every figure by job, and every other, still equals the ledger."""
     last_day = datetime.combine(usage["last_day"], datetime.min.time(), tzinfo=UTC)
     job = make_job(world, name="live-run", cpus=4, start=last_day + timedelta(hours=6, minutes=10))
-    set_status(job, S.RUNNING, last_day + timedelta(hours=6, minutes=10))
+    set_status(job, JobStatus.RUNNING, last_day + timedelta(hours=6, minutes=10))
     meter_tick(now=last_day + timedelta(hours=6, minutes=40))
     assert JobMeter.objects.get(job=job).hour == last_day + timedelta(hours=6)
     assert not UsageRollup.objects.filter(job_ref=job.pk).exists()
@@ -347,7 +348,7 @@ def test_spot_saves_against_on_demand(usage, world):
 
 def test_value_per_gpu_hour_and_per_pflop_uses_the_gpu_types_tflops(usage, world):
     sums = ledger_sums(world.tenant, usage["query"], ["gpu_type"])
-    rows = selectors.value_by_gpu_type(tenant=world.tenant, query=usage["query"])
+    rows = selectors.cost_explorer(tenant=world.tenant, query=usage["query"]).value
     assert [r["gpu_type"] for r in rows] == ["a100-80gb", "h100-80gb", "l40s"]  # no "cpu"
     tflops = dict(GpuType.objects.values_list("slug", "peak_tflops"))
     for row in rows:

@@ -16,8 +16,8 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from billing.demo_history import KEY_PREFIX, seed_demo_history
-from billing.invoice_selectors import ledger_invoice_mismatches
-from billing.invoicing import (
+from billing.invoices.selectors import ledger_invoice_mismatches
+from billing.invoices.services import (
     invoice_draft_delete,
     invoice_finalize,
     invoices_draft_monthly,
@@ -54,7 +54,6 @@ from marketplace.models import PriceVersion, Tier
 from marketplace.pricing import unit_prices
 from tests.conftest import signed_in_client, token_client
 
-S = JobStatus
 ZERO = Decimal(0)
 
 
@@ -105,31 +104,32 @@ def test_every_job_finished_with_the_timeline_the_state_machine_writes(seeded):
         events = list(job.events.all())
         submitted = events[0]
         assert (submitted.from_status, submitted.to_status, submitted.reason) == (
-            S.QUEUED,
-            S.QUEUED,
+            JobStatus.QUEUED,
+            JobStatus.QUEUED,
             "submitted",
         )
-        assert submitted.at == job.created_at and submitted.actor == job.created_by.email
+        assert submitted.at == job.created_at and submitted.actor_user == job.created_by
+        assert submitted.actor_kind == ActorKind.USER
         assert [e.at for e in events] == sorted(e.at for e in events)
-        status, attempt, running_since, run_seconds = S.QUEUED, 1, None, 0.0
+        status, attempt, running_since, run_seconds = JobStatus.QUEUED, 1, None, 0.0
         for event in events[1:]:
             assert event.from_status == status and can_transition(status, event.to_status)
-            if event.to_status == S.QUEUED:  # a requeue starts the next attempt
-                assert status == S.PREEMPTED and event.attempt == attempt + 1
+            if event.to_status == JobStatus.QUEUED:  # a requeue starts the next attempt
+                assert status == JobStatus.PREEMPTED and event.attempt == attempt + 1
                 attempt += 1
             assert event.attempt == attempt
-            if status == S.RUNNING:
+            if status == JobStatus.RUNNING:
                 run_seconds += (event.at - running_since).total_seconds()
-            running_since = event.at if event.to_status == S.RUNNING else None
+            running_since = event.at if event.to_status == JobStatus.RUNNING else None
             status = event.to_status
-        running = [e.at for e in events if e.to_status == S.RUNNING]
+        running = [e.at for e in events if e.to_status == JobStatus.RUNNING]
         assert job.status == status and job.status in FINISHED
         assert job.status_reason == events[-1].reason and job.wait_kind == ""
         assert job.finished_at == job.status_changed_at == events[-1].at < now
         assert job.started_at == (running[0] if running else None)
         assert job.attempt == attempt and job.running_since is None
         assert job.run_seconds == pytest.approx(run_seconds)
-        assert job.exit_code == {S.SUCCEEDED: 0}.get(job.status, job.exit_code)
+        assert job.exit_code == {JobStatus.SUCCEEDED: 0}.get(job.status, job.exit_code)
         assert job.labels == {"demo": "history"} and job.image.reference == job.image_reference
         assert job.nodes == job.on_demand_nodes + job.spot_nodes
         assert (job.pool is not None) == bool(job.on_demand_nodes)
@@ -152,11 +152,11 @@ def test_every_job_finished_with_the_timeline_the_state_machine_writes(seeded):
     assert any(job.spot_nodes and not job.on_demand_nodes for job in jobs)
     assert sum(job.nodes > 1 for job in jobs) >= 5
     statuses = Counter(job.status for job in jobs)
-    assert statuses[S.SUCCEEDED] > 0.7 * len(jobs)
-    assert statuses[S.FAILED] >= 3 and statuses[S.CANCELLED] >= 3
+    assert statuses[JobStatus.SUCCEEDED] > 0.7 * len(jobs)
+    assert statuses[JobStatus.FAILED] >= 3 and statuses[JobStatus.CANCELLED] >= 3
     requeued = [job for job in jobs if job.attempt > 1]
-    assert len(requeued) >= 3 and all(job.status == S.SUCCEEDED for job in requeued)
-    assert JobEvent.objects.filter(job__in=jobs, to_status=S.PAUSED).exists()
+    assert len(requeued) >= 3 and all(job.status == JobStatus.SUCCEEDED for job in requeued)
+    assert JobEvent.objects.filter(job__in=jobs, to_status=JobStatus.PAUSED).exists()
     durations = [(j.finished_at - j.started_at) for j in jobs if j.started_at]
     assert min(durations) < timedelta(hours=1) and max(durations) > timedelta(hours=30)
 
@@ -199,7 +199,7 @@ def test_timelines_replay_through_the_state_machine(seeded):
         copy.created_by = None  # tells no one
         copy.idempotency_key = ""
         copy.status, copy.status_reason, copy.wait_kind = (
-            S.QUEUED,
+            JobStatus.QUEUED,
             "waiting for admission",
             "admission",
         )
@@ -208,19 +208,22 @@ def test_timelines_replay_through_the_state_machine(seeded):
         copy.save()
         for event in status_changes(job):
             changes = {}
-            if event.to_status == S.QUEUED:
+            if event.to_status == JobStatus.QUEUED:
                 changes = {
                     "attempt": event.attempt,
                     "assigned_devices": [],
                     "wait_kind": "admission",
                 }
-            if event.to_status in (S.SUCCEEDED, S.FAILED) and job.exit_code is not None:
+            if (
+                event.to_status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+                and job.exit_code is not None
+            ):
                 changes = {"exit_code": job.exit_code}
             with patch("django.utils.timezone.now", return_value=event.at):
                 job_transition(
                     job=copy,
                     to=event.to_status,
-                    actor=Actor(ActorKind.SYSTEM, event.actor),
+                    actor=Actor(ActorKind(event.actor_kind), event.actor, event.actor_user_id),
                     reason=event.reason,
                     **changes,
                 )
@@ -238,7 +241,15 @@ def test_timelines_replay_through_the_state_machine(seeded):
             "exit_code",
         )
         assert [getattr(copy, f) for f in fields] == [getattr(job, f) for f in fields]
-        columns = ("at", "from_status", "to_status", "actor", "reason", "attempt")
+        columns = (
+            "at",
+            "from_status",
+            "to_status",
+            "actor_kind",
+            "actor_user_id",
+            "reason",
+            "attempt",
+        )
         recorded = [tuple(getattr(e, c) for c in columns) for e in status_changes(job)]
         assert list(copy.events.values_list(*columns)) == recorded
 

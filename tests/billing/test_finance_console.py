@@ -21,8 +21,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from billing import finance_charts
-from billing.finance_selectors import (
+from billing.finance import charts as finance_charts
+from billing.finance.selectors import (
     AGEING_BUCKETS,
     InvoiceFilter,
     ageing_bucket,
@@ -31,7 +31,7 @@ from billing.finance_selectors import (
     invoice_ageing,
     invoice_totals,
 )
-from billing.invoicing import (
+from billing.invoices.services import (
     invoice_adjustment_add,
     invoice_draft_create,
     invoice_finalize,

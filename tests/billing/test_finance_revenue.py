@@ -20,13 +20,14 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from billing.finance_selectors import finance_scope, month_start, next_month
-from billing.invoicing import invoice_draft_create, invoice_finalize, invoice_void
+from billing.finance.revenue import revenue_dashboard
+from billing.finance.selectors import finance_scope, month_start, next_month
+from billing.invoices.services import invoice_draft_create, invoice_finalize, invoice_void
 from billing.metering import meter_tick
 from billing.models import AMOUNT_QUANTUM, HOURS_QUANTUM, InvoiceLine, LineKind, UsageRecord
-from billing.revenue_selectors import revenue_dashboard
+from jobs.models import JobStatus
 from marketplace.models import GpuType, NodePool, PriceVersion
-from tests.billing.conftest import S, set_status
+from tests.billing.conftest import set_status
 from tests.billing.test_finance_console import by_testid, page_text
 from tests.conftest import signed_in_client
 from tests.factories import UserFactory
@@ -45,13 +46,13 @@ def run(world, name, *, start, hours, gpu_type=None, gpus=0, spot=False):
         spec.update(cpus=2)
     with override_settings(COMPUTE_BACKENDS=["kubernetes"]), at_time(start - timedelta(seconds=5)):
         job = submit(world, name, **spec)
-    set_status(job, S.RUNNING, start)
+    set_status(job, JobStatus.RUNNING, start)
     end = start + timedelta(hours=hours)
     at = start + timedelta(minutes=30)
     while at < end:
         meter_tick(now=at)
         at += timedelta(minutes=30)
-    set_status(job, S.SUCCEEDED, end)
+    set_status(job, JobStatus.SUCCEEDED, end)
     meter_tick(now=end + timedelta(seconds=1))
     return job
 

@@ -13,14 +13,15 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.finance_selectors import month_start, tenant_money
-from billing.invoicing import invoice_finalize
+from billing.finance.selectors import month_start, tenant_money
+from billing.invoices.services import invoice_finalize
 from billing.metering import meter_tick
 from billing.models import TenantBillingProfile, UsageRecord
 from billing.profiles import billing_profile_update
 from console.models import AuditEvent
-from console.services import ServiceError
-from tests.billing.conftest import S, give_credit, make_job, set_status
+from console.service_errors import ServiceError
+from jobs.models import JobStatus
+from tests.billing.conftest import give_credit, make_job, set_status
 from tests.billing.test_finance_console import make_invoice, month, page_text
 from tests.conftest import make_world, signed_in_client
 from tests.factories import UserFactory
@@ -37,8 +38,8 @@ def money(world, other_world, catalog):
     nothing at all."""
     start = month_start(timezone.now()) + timedelta(minutes=1)
     job = make_job(world, name="mtd", cpus=2, start=start)
-    set_status(job, S.RUNNING, start)
-    set_status(job, S.SUCCEEDED, start + timedelta(minutes=40))
+    set_status(job, JobStatus.RUNNING, start)
+    set_status(job, JobStatus.SUCCEEDED, start + timedelta(minutes=40))
     meter_tick(now=start + timedelta(minutes=41))
     invoice = make_invoice(world.tenant, start=month(2026, 3), amount="42.42")
     give_credit(world.tenant, "12.50")

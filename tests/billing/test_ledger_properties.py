@@ -49,10 +49,10 @@ from billing.models import (
     UsageRecord,
 )
 from billing.selectors import price_gaps
-from jobs.models import Job
+from jobs.models import Job, JobStatus
 from jobs.services import JobSpec, job_submit
 from marketplace.models import PriceEntry, PriceVersion, TenantPricing
-from tests.billing.conftest import S, live_rollups, make_job, set_status
+from tests.billing.conftest import live_rollups, make_job, set_status
 from tests.conftest import signed_in_client
 from tests.factories import MembershipFactory, UserFactory
 from tests.jobs_helpers import at_time
@@ -60,7 +60,7 @@ from tests.jobs_helpers import at_time
 SECONDS_QUANTUM = Decimal("0.001")
 HUNDRED = Decimal(100)
 DISCOUNT = Decimal("12.50")
-BILLED = {S.RUNNING, S.PAUSING, S.CANCELLING}
+BILLED = {JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.CANCELLING}
 ROLLUP_FIELDS = ("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")
 
 
@@ -115,7 +115,7 @@ class ModelJob:
     def __init__(self, job, units: dict[str, int]):
         self.job = job
         self.units = units  # tier -> GPUs (or vCPUs) on that tier
-        self.status = S.QUEUED
+        self.status = JobStatus.QUEUED
         self.attempt = job.attempt
         self.spans: list[list] = []  # [start, end | None, attempt]
 
@@ -227,54 +227,60 @@ class LedgerMachine(RuleBasedStateMachine):
         candidates = self._with(*statuses)
         return candidates[index % len(candidates)]
 
-    @precondition(lambda self: self._with(S.QUEUED, S.RESUMING))
+    @precondition(lambda self: self._with(JobStatus.QUEUED, JobStatus.RESUMING))
     @rule(index=st.integers(0, 1))
     def start(self, index):
         """Queued (a first or a new attempt) or resuming → running."""
-        self._pick(index, S.QUEUED, S.RESUMING).move(S.RUNNING, self.now)
+        self._pick(index, JobStatus.QUEUED, JobStatus.RESUMING).move(JobStatus.RUNNING, self.now)
 
-    @precondition(lambda self: self._with(S.RUNNING))
+    @precondition(lambda self: self._with(JobStatus.RUNNING))
     @rule(index=st.integers(0, 1))
     def pause(self, index):
-        self._pick(index, S.RUNNING).move(S.PAUSING, self.now)
+        self._pick(index, JobStatus.RUNNING).move(JobStatus.PAUSING, self.now)
 
-    @precondition(lambda self: self._with(S.PAUSING))
+    @precondition(lambda self: self._with(JobStatus.PAUSING))
     @rule(index=st.integers(0, 1))
     def suspended(self, index):
         """The backend released the compute of a pausing job."""
-        self._pick(index, S.PAUSING).move(S.PAUSED, self.now)
+        self._pick(index, JobStatus.PAUSING).move(JobStatus.PAUSED, self.now)
 
-    @precondition(lambda self: self._with(S.PAUSED))
+    @precondition(lambda self: self._with(JobStatus.PAUSED))
     @rule(index=st.integers(0, 1))
     def resume(self, index):
-        self._pick(index, S.PAUSED).move(S.RESUMING, self.now)
+        self._pick(index, JobStatus.PAUSED).move(JobStatus.RESUMING, self.now)
 
-    @precondition(lambda self: self._with(S.RUNNING))
+    @precondition(lambda self: self._with(JobStatus.RUNNING))
     @rule(index=st.integers(0, 1))
     def preempt(self, index):
         """Spot capacity reclaimed: the attempt ends and the job queues as a new attempt."""
-        job = self._pick(index, S.RUNNING)
-        job.move(S.PREEMPTED, self.now)
-        job.move(S.QUEUED, self.now, attempt=job.attempt + 1)
+        job = self._pick(index, JobStatus.RUNNING)
+        job.move(JobStatus.PREEMPTED, self.now)
+        job.move(JobStatus.QUEUED, self.now, attempt=job.attempt + 1)
 
-    @precondition(lambda self: self._with(S.RUNNING, S.PAUSING))
+    @precondition(lambda self: self._with(JobStatus.RUNNING, JobStatus.PAUSING))
     @rule(index=st.integers(0, 1))
     def cancel(self, index):
         """A cancel: the work still runs (billed) until the backend reports it gone."""
-        self._pick(index, S.RUNNING, S.PAUSING).move(S.CANCELLING, self.now)
+        self._pick(index, JobStatus.RUNNING, JobStatus.PAUSING).move(JobStatus.CANCELLING, self.now)
 
-    @precondition(lambda self: self._with(S.CANCELLING))
+    @precondition(lambda self: self._with(JobStatus.CANCELLING))
     @rule(index=st.integers(0, 1))
     def cancelled(self, index):
         """The backend reported the cancelled job's work gone."""
-        self._pick(index, S.CANCELLING).move(S.CANCELLED, self.now)
+        self._pick(index, JobStatus.CANCELLING).move(JobStatus.CANCELLED, self.now)
 
-    @precondition(lambda self: self._with(S.RUNNING, S.PAUSING, S.QUEUED, S.PAUSED))
-    @rule(index=st.integers(0, 1), outcome=st.sampled_from([S.SUCCEEDED, S.FAILED]))
+    @precondition(
+        lambda self: self._with(
+            JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.QUEUED, JobStatus.PAUSED
+        )
+    )
+    @rule(index=st.integers(0, 1), outcome=st.sampled_from([JobStatus.SUCCEEDED, JobStatus.FAILED]))
     def finish(self, index, outcome):
         """Ends at its real time: succeeded or failed if it held compute, else cancelled."""
-        job = self._pick(index, S.RUNNING, S.PAUSING, S.QUEUED, S.PAUSED)
-        job.move(outcome if job.status in BILLED else S.CANCELLED, self.now)
+        job = self._pick(
+            index, JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.QUEUED, JobStatus.PAUSED
+        )
+        job.move(outcome if job.status in BILLED else JobStatus.CANCELLED, self.now)
 
     # --- invariants ---
 
@@ -437,7 +443,7 @@ def test_a_price_book_gap_is_recorded_at_zero_with_the_reason(world, catalog, ca
     first = PriceVersion.objects.order_by("effective_from").first()
     start = first.effective_from - timedelta(minutes=10)
     job = make_job(world, name="early", cpus=1, start=start)
-    set_status(job, S.RUNNING, start)
+    set_status(job, JobStatus.RUNNING, start)
     meter_tick(now=first.effective_from + timedelta(minutes=5))
     records = list(UsageRecord.objects.filter(job_ref=job.pk).order_by("interval_start"))
     # Intervals are also cut at hour boundaries, so either side may be several records.
@@ -461,11 +467,11 @@ def test_a_tick_whose_clock_is_older_than_a_job_end_still_bills_the_tail(world, 
     first = PriceVersion.objects.order_by("effective_from").first()
     start = first.effective_from + timedelta(days=1)
     job = make_job(world, name="racing", cpus=1, start=start)
-    set_status(job, S.RUNNING, start)
+    set_status(job, JobStatus.RUNNING, start)
     meter_tick(now=start + timedelta(seconds=30))
     # The job ends at +100 s; the next tick read the clock at +60 s and then waited for the
     # job's row lock (held by that transition), so it sees the end with an older `now`.
-    set_status(job, S.SUCCEEDED, start + timedelta(seconds=100))
+    set_status(job, JobStatus.SUCCEEDED, start + timedelta(seconds=100))
     meter_tick(now=start + timedelta(seconds=60))
     meter_tick(now=start + timedelta(seconds=200))
     billed = UsageRecord.objects.filter(job_ref=job.pk).aggregate(s=Sum("cpu_seconds"))["s"]

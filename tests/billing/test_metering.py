@@ -14,10 +14,10 @@ from billing.models import (
     UsageRecord,
     UsageRollup,
 )
-from jobs.models import Job
+from jobs.models import Job, JobStatus
 from jobs.services import job_delete
 from marketplace.models import PriceVersion
-from tests.billing.conftest import T0, S, live_rollup, live_rollups, make_job, set_status
+from tests.billing.conftest import T0, live_rollup, live_rollups, make_job, set_status
 from tests.billing.test_ledger_properties import cpu_job, gpu_job
 from tests.concurrency import run_at_once
 from tests.jobs_helpers import at_time
@@ -28,7 +28,7 @@ CPU_PRICE = Decimal("0.0125")  # demo price per vCPU-hour in region "local"
 
 def test_running_job_is_billed_per_second_and_rolls_up(world, catalog):
     job = make_job(world, cpus=2, start=T0)
-    set_status(job, S.RUNNING, T0)
+    set_status(job, JobStatus.RUNNING, T0)
     meter_tick(now=T0 + timedelta(seconds=30))
     meter_tick(now=T0 + timedelta(seconds=90))
     records = list(UsageRecord.objects.filter(job_ref=job.pk))
@@ -50,7 +50,7 @@ def test_running_job_is_billed_per_second_and_rolls_up(world, catalog):
 
 def test_duplicate_tick_writes_nothing_twice(world, catalog):
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0)
+    set_status(job, JobStatus.RUNNING, T0)
     meter_tick(now=T0 + timedelta(seconds=30))
     meter_tick(now=T0 + timedelta(seconds=30))
     assert UsageRecord.objects.filter(job_ref=job.pk).count() == 1
@@ -59,12 +59,12 @@ def test_duplicate_tick_writes_nothing_twice(world, catalog):
 
 def test_pause_is_not_billed_and_end_is_exact(world, catalog):
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0)
-    set_status(job, S.PAUSING, T0 + timedelta(seconds=10))
-    set_status(job, S.PAUSED, T0 + timedelta(seconds=15))
-    set_status(job, S.RESUMING, T0 + timedelta(seconds=100))
-    set_status(job, S.RUNNING, T0 + timedelta(seconds=105))
-    set_status(job, S.SUCCEEDED, T0 + timedelta(seconds=125))
+    set_status(job, JobStatus.RUNNING, T0)
+    set_status(job, JobStatus.PAUSING, T0 + timedelta(seconds=10))
+    set_status(job, JobStatus.PAUSED, T0 + timedelta(seconds=15))
+    set_status(job, JobStatus.RESUMING, T0 + timedelta(seconds=100))
+    set_status(job, JobStatus.RUNNING, T0 + timedelta(seconds=105))
+    set_status(job, JobStatus.SUCCEEDED, T0 + timedelta(seconds=125))
     meter_tick(now=T0 + timedelta(seconds=300))  # one late tick catches everything up
     spans = [(r.interval_start, r.interval_end) for r in UsageRecord.objects.filter(job_ref=job.pk)]
     assert spans == [
@@ -80,11 +80,11 @@ def test_a_cancel_is_billed_until_the_work_ended(world, catalog):
     """`cancelling` holds compute: billed from the cancel until the backend reported the
     work gone (here 40 s of grace), a tick in between billing it as still running."""
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0)
-    set_status(job, S.CANCELLING, T0 + timedelta(seconds=60))
+    set_status(job, JobStatus.RUNNING, T0)
+    set_status(job, JobStatus.CANCELLING, T0 + timedelta(seconds=60))
     meter_tick(now=T0 + timedelta(seconds=90))
     assert JobMeter.objects.get(job=job).open
-    set_status(job, S.CANCELLED, T0 + timedelta(seconds=100))
+    set_status(job, JobStatus.CANCELLED, T0 + timedelta(seconds=100))
     meter_tick(now=T0 + timedelta(seconds=120))
     spans = [(r.interval_start, r.interval_end) for r in UsageRecord.objects.filter(job_ref=job.pk)]
     assert spans == [
@@ -99,10 +99,10 @@ def test_a_job_stopped_before_it_ran_pays_nothing_for_its_stop(world, catalog):
     pods not started) bills nothing, however long its stop takes."""
     cancelled, paused = make_job(world, start=T0), make_job(world, name="paused", start=T0)
     for job, stopping, stopped in (
-        (cancelled, S.CANCELLING, S.CANCELLED),
-        (paused, S.PAUSING, S.PAUSED),
+        (cancelled, JobStatus.CANCELLING, JobStatus.CANCELLED),
+        (paused, JobStatus.PAUSING, JobStatus.PAUSED),
     ):
-        set_status(job, S.PROVISIONING, T0)
+        set_status(job, JobStatus.PROVISIONING, T0)
         set_status(job, stopping, T0 + timedelta(seconds=10))
         meter_tick(now=T0 + timedelta(seconds=30))
         set_status(job, stopped, T0 + timedelta(seconds=40))
@@ -112,7 +112,7 @@ def test_a_job_stopped_before_it_ran_pays_nothing_for_its_stop(world, catalog):
 
 def test_intervals_split_at_hours_and_price_changes(world, catalog):
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0 + timedelta(minutes=50))
+    set_status(job, JobStatus.RUNNING, T0 + timedelta(minutes=50))
     old = PriceVersion.objects.get()
     new = PriceVersion.objects.create(
         currency="USD",
@@ -146,7 +146,7 @@ def test_intervals_split_at_hours_and_price_changes(world, catalog):
 
 def test_meters_hold_the_open_hour_the_next_hour_writes_it_and_late_records_join(world, catalog):
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0 + timedelta(minutes=58))
+    set_status(job, JobStatus.RUNNING, T0 + timedelta(minutes=58))
     meter_tick(now=T0 + timedelta(minutes=59))
     assert not UsageRollup.objects.exists()  # hour 10 still runs: its meter holds it
     assert HourlyRollupMark.objects.get().rolled_until == T0
@@ -167,8 +167,8 @@ def test_meters_hold_the_open_hour_the_next_hour_writes_it_and_late_records_join
     # A job that ran in hour 10 but is metered only now (it ended between ticks) joins
     # the hour already written.
     late = make_job(world, name="late", start=T0)
-    set_status(late, S.RUNNING, T0 + timedelta(minutes=30))
-    set_status(late, S.SUCCEEDED, T0 + timedelta(minutes=31))
+    set_status(late, JobStatus.RUNNING, T0 + timedelta(minutes=30))
+    set_status(late, JobStatus.SUCCEEDED, T0 + timedelta(minutes=31))
     meter_tick(now=T0 + timedelta(minutes=62))
     late_hourly = UsageRollup.objects.get(bucket="hour", job_ref=late.pk)
     assert late_hourly.bucket_start == T0 and late_hourly.cpu_seconds == Decimal(60)
@@ -181,10 +181,10 @@ def test_meters_hold_the_open_hour_the_next_hour_writes_it_and_late_records_join
     assert UsageRollup.objects.get(bucket="hour", bucket_start=T0 + HOUR).cpu_seconds == 120
 
 
-def test_deleting_a_job_keeps_its_held_usage_in_the_rollups(world, catalog):
+def test_deleting_a_job_keeps_its_pending_usage_in_the_rollups(world, catalog):
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0)
-    set_status(job, S.SUCCEEDED, T0 + timedelta(minutes=5))
+    set_status(job, JobStatus.RUNNING, T0)
+    set_status(job, JobStatus.SUCCEEDED, T0 + timedelta(minutes=5))
     meter_tick(now=T0 + timedelta(minutes=6))
     assert JobMeter.objects.get(job=job).hour == T0
     job_id, before = job.pk, live_rollups(job_ref=job.pk)
@@ -200,7 +200,7 @@ def test_monthly_rollups_sum_closed_days_and_late_records_join_them(world, catal
     october_31 = datetime(2026, 10, 31, tzinfo=UTC)
     november_1 = datetime(2026, 11, 1, tzinfo=UTC)
     job = make_job(world, start=october_31 + timedelta(hours=23))
-    set_status(job, S.RUNNING, october_31 + timedelta(hours=23))
+    set_status(job, JobStatus.RUNNING, october_31 + timedelta(hours=23))
     meter_tick(now=october_31 + timedelta(hours=23, minutes=30))
     assert MonthlyRollupMark.objects.get().rolled_until == october_31
     assert not UsageRollup.objects.filter(bucket="month").exists()  # October 31 still runs
@@ -218,8 +218,8 @@ def test_monthly_rollups_sum_closed_days_and_late_records_join_them(world, catal
 
     # A job that ran on October 31 but is metered only now joins October's row directly.
     late = make_job(world, name="late", start=october_31 + timedelta(hours=20))
-    set_status(late, S.RUNNING, october_31 + timedelta(hours=20))
-    set_status(late, S.SUCCEEDED, october_31 + timedelta(hours=20, minutes=10))
+    set_status(late, JobStatus.RUNNING, october_31 + timedelta(hours=20))
+    set_status(late, JobStatus.SUCCEEDED, october_31 + timedelta(hours=20, minutes=10))
     meter_tick(now=november_1 + timedelta(minutes=40))
     assert UsageRollup.objects.get(bucket="month", job_ref=late.pk).cpu_seconds == Decimal(600)
     assert not UsageRollup.objects.filter(bucket="month", bucket_start=november_1).exists()
@@ -236,12 +236,12 @@ def test_monthly_rollups_sum_closed_days_and_late_records_join_them(world, catal
 
 def test_query_count_is_constant(world, catalog, django_assert_max_num_queries):
     for n in range(3):
-        set_status(make_job(world, name=f"a{n}", start=T0), S.RUNNING, T0)
+        set_status(make_job(world, name=f"a{n}", start=T0), JobStatus.RUNNING, T0)
     meter_tick(now=T0 + timedelta(seconds=10))
     with django_assert_max_num_queries(15) as few:
         meter_tick(now=T0 + timedelta(seconds=20))
     for n in range(5):
-        set_status(make_job(world, name=f"b{n}", start=T0), S.RUNNING, T0)
+        set_status(make_job(world, name=f"b{n}", start=T0), JobStatus.RUNNING, T0)
     meter_tick(now=T0 + timedelta(seconds=30))
     with django_assert_max_num_queries(len(few.captured_queries)):
         meter_tick(now=T0 + timedelta(seconds=40))
@@ -251,13 +251,13 @@ def test_a_run_between_two_ticks_after_the_meter_closed_is_billed(world, catalog
     """The meter closes when a job stops; a new attempt that runs and stops again before
     the next tick must still be found and billed."""
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0)
-    set_status(job, S.PREEMPTED, T0 + timedelta(seconds=10))
-    set_status(job, S.QUEUED, T0 + timedelta(seconds=10), attempt=2)
+    set_status(job, JobStatus.RUNNING, T0)
+    set_status(job, JobStatus.PREEMPTED, T0 + timedelta(seconds=10))
+    set_status(job, JobStatus.QUEUED, T0 + timedelta(seconds=10), attempt=2)
     meter_tick(now=T0 + timedelta(seconds=20))
     assert not JobMeter.objects.get(job=job).open
-    set_status(job, S.RUNNING, T0 + timedelta(seconds=30))
-    set_status(job, S.FAILED, T0 + timedelta(seconds=75))
+    set_status(job, JobStatus.RUNNING, T0 + timedelta(seconds=30))
+    set_status(job, JobStatus.FAILED, T0 + timedelta(seconds=75))
     meter_tick(now=T0 + timedelta(seconds=90))
     spans = [
         (r.attempt, r.interval_start, r.interval_end)
@@ -314,17 +314,17 @@ def _lifecycles(world) -> list:
         cpu, gpu, short = cpu_job(world, name="cpu"), gpu_job(world, name="gpu"), make_job(world)
     # Text the fast path must carry through JSON unchanged (quotes, escapes, non-ASCII).
     Job.objects.filter(pk=cpu.pk).update(name='cpu "α"\\n\t{', project="p,\u00e9'}")
-    set_status(cpu, S.RUNNING, t0)
-    set_status(gpu, S.RUNNING, t0 + timedelta(seconds=7, microseconds=250))
-    set_status(cpu, S.PAUSING, t0 + timedelta(minutes=10))
-    set_status(cpu, S.PAUSED, t0 + timedelta(minutes=11))
-    set_status(cpu, S.RESUMING, t0 + timedelta(minutes=30))
-    set_status(cpu, S.RUNNING, t0 + timedelta(minutes=31))
-    set_status(gpu, S.PREEMPTED, t0 + timedelta(minutes=45))
-    set_status(gpu, S.QUEUED, t0 + timedelta(minutes=45), attempt=2)
-    set_status(gpu, S.RUNNING, t0 + timedelta(minutes=50))
-    set_status(short, S.RUNNING, t0 + timedelta(minutes=61))
-    set_status(short, S.SUCCEEDED, t0 + timedelta(minutes=62))
+    set_status(cpu, JobStatus.RUNNING, t0)
+    set_status(gpu, JobStatus.RUNNING, t0 + timedelta(seconds=7, microseconds=250))
+    set_status(cpu, JobStatus.PAUSING, t0 + timedelta(minutes=10))
+    set_status(cpu, JobStatus.PAUSED, t0 + timedelta(minutes=11))
+    set_status(cpu, JobStatus.RESUMING, t0 + timedelta(minutes=30))
+    set_status(cpu, JobStatus.RUNNING, t0 + timedelta(minutes=31))
+    set_status(gpu, JobStatus.PREEMPTED, t0 + timedelta(minutes=45))
+    set_status(gpu, JobStatus.QUEUED, t0 + timedelta(minutes=45), attempt=2)
+    set_status(gpu, JobStatus.RUNNING, t0 + timedelta(minutes=50))
+    set_status(short, JobStatus.RUNNING, t0 + timedelta(minutes=61))
+    set_status(short, JobStatus.SUCCEEDED, t0 + timedelta(minutes=62))
     old = first
     new = PriceVersion.objects.create(
         currency="USD",
@@ -414,9 +414,9 @@ def test_upgrading_writes_the_hours_not_rolled_up_before_from_the_ledger(world, 
 
     upgrade = importlib.import_module("billing.migrations.0009_meter_holds_open_hour")
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0 + timedelta(minutes=50))
+    set_status(job, JobStatus.RUNNING, T0 + timedelta(minutes=50))
     meter_tick(now=T0 + timedelta(minutes=70))
-    # The state the old code left: hour 10 rolled up, hour 11 not, nothing held.
+    # The state the old code left: hour 10 rolled up, hour 11 not, nothing pending.
     rollups_rebuild()
     UsageRollup.objects.filter(bucket="hour", bucket_start=T0 + HOUR).delete()
     hour_10 = UsageRollup.objects.get(bucket="hour", bucket_start=T0)
@@ -437,7 +437,7 @@ def test_concurrent_rounds_at_an_hours_start_count_every_second_once(world, cata
     the rollups still equal the ledger. On SQLite the writers are serialised anyway."""
     jobs = [make_job(world, name=f"train-{n}", start=T0) for n in range(3)]
     for job in jobs:
-        set_status(job, S.RUNNING, T0 + timedelta(minutes=40))
+        set_status(job, JobStatus.RUNNING, T0 + timedelta(minutes=40))
     meter_tick(now=T0 + timedelta(minutes=59, seconds=30))
     run_at_once(lambda: meter_tick(now=T0 + timedelta(minutes=60, seconds=15)))
     # Nothing was billed twice (not even caught by the unique key and repaired).
@@ -455,7 +455,7 @@ def test_concurrent_rounds_at_an_hours_start_count_every_second_once(world, cata
 def test_a_late_tick_with_an_earlier_clock_changes_nothing(world, catalog, caplog):
     """What a concurrent round's late step looks like: its clock is before the meters."""
     job = make_job(world, start=T0)
-    set_status(job, S.RUNNING, T0)
+    set_status(job, JobStatus.RUNNING, T0)
     meter_tick(now=T0 + timedelta(minutes=5))
     before = _snapshot()
     tick._tick(now=T0 + timedelta(minutes=4))

@@ -8,7 +8,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from billing.services import budget_create, meter_and_enforce, period_start
-from tests.billing.conftest import S, make_job, set_status
+from jobs.models import JobStatus
+from tests.billing.conftest import make_job, set_status
 from tests.console.test_prometheus_metrics import TOKEN, scrape, value
 
 LAG = "gpugeek_budget_enforcement_lag_seconds"
@@ -20,7 +21,9 @@ def test_the_lag_runs_from_the_tick_to_each_pause(world, catalog, settings):
     tick_at = timezone.now() - timedelta(seconds=20)
     since = max(tick_at - timedelta(minutes=10), period_start(tick_at))
     jobs = [
-        set_status(make_job(world, name=name, priority=priority, start=since), S.RUNNING, since)
+        set_status(
+            make_job(world, name=name, priority=priority, start=since), JobStatus.RUNNING, since
+        )
         for name, priority in (("train", "normal"), ("eval", "normal"), ("serve", "critical"))
     ]
     budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount="0.000001")
@@ -32,7 +35,7 @@ def test_the_lag_runs_from_the_tick_to_each_pause(world, catalog, settings):
     after = scrape()
     for job in jobs:
         job.refresh_from_db()
-    assert [job.status for job in jobs] == [S.PAUSING, S.PAUSING, S.RUNNING]
+    assert [job.status for job in jobs] == [JobStatus.PAUSING, JobStatus.PAUSING, JobStatus.RUNNING]
     assert value(after, f"{LAG}_count") - value(before, f"{LAG}_count") == 2
     assert 40 <= value(after, f"{LAG}_sum") - value(before, f"{LAG}_sum") < 80
     for le, paused in (("10.0", 0), ("30.0", 2)):

@@ -14,7 +14,8 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from billing.invoicing import (
+from billing import tasks as billing_tasks
+from billing.invoices.services import (
     billing_profile_for,
     invoice_finalize,
     invoice_mark_paid,
@@ -32,6 +33,7 @@ from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable
 from console.celery import app as celery_app
 from console.models import AuditEvent
+from console.queueing import enqueue_now
 from tests.billing.stripe_helpers import (
     DEC,
     WEBHOOK_SECRET,
@@ -40,6 +42,7 @@ from tests.billing.stripe_helpers import (
     fake_stripe_configured,
     finalized_with,
 )
+from tests.broker import broker_replaced
 from tests.concurrency import run_at_once
 from tests.conftest import signed_in_client
 
@@ -162,14 +165,13 @@ def tasks_retried_in_process(monkeypatch):
     """Tasks queued by name run in-process like `tasks_in_process`, but errors are not
     thrown at the caller: Celery's eager apply then runs each retry at once (no
     countdown), as a worker would run them after their backoff."""
-    celery_app.loader.import_default_modules()
     results = []
 
-    def run_in_process(name, args=(), kwargs=None, **options):
-        results.append(celery_app.tasks[name].apply(args=args, kwargs=kwargs or {}))
+    def run_in_process(task, args, countdown):
+        results.append(task.apply(args=args))
         return results[-1]
 
-    monkeypatch.setattr(celery_app, "send_task", run_in_process)
+    broker_replaced(monkeypatch, run_in_process)
     return results
 
 
@@ -205,7 +207,7 @@ def test_stripe_down_for_good_the_page_says_not_yet_sent(
 ):
     invoice = finalized_with(world.tenant, Decimal("42"))
     stripe_api.fail_next(100)
-    celery_app.send_task("billing.tasks.invoice_push_to_stripe", args=(invoice.pk,))
+    enqueue_now(billing_tasks.invoice_push_to_stripe, invoice.pk)
     (result,) = tasks_retried_in_process
     assert result.state == "FAILURE" and isinstance(result.result, StripeUnavailable)
     assert len(stripe_api.requests) == 17  # the first try and 16 retries, then it gives up

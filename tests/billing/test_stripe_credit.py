@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from billing.credit_notes import credit_note_create
-from billing.invoicing import billing_profile_for, invoice_mark_paid
+from billing.credit_notes.services import credit_note_create
+from billing.invoices.services import billing_profile_for, invoice_mark_paid
 from billing.models import (
     CreditMovement,
     CreditMovementKind,
@@ -18,7 +18,7 @@ from billing.models import (
     CreditPurchaseStatus,
 )
 from billing.payments import credits, stripe_sync
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from tests.billing.stripe_helpers import (
     WEBHOOK_SECRET,
     deliver,

@@ -9,8 +9,8 @@ from decimal import Decimal
 
 import pytest
 
-from billing.credit_notes import credit_note_create
-from billing.invoicing import invoice_mark_paid
+from billing.credit_notes.services import credit_note_create
+from billing.invoices.services import invoice_mark_paid
 from billing.models import CreditMovementKind, StripeCreditNote
 from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable

@@ -22,7 +22,7 @@ from billing import services, webhooks
 from billing.models import Budget
 from billing.services import budget_create, budget_update
 from billing.tasks import budget_webhook_task
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from tests.conftest import signed_in_client, token_client
 
 PUBLIC = "https://93.184.215.14/hooks/budget"  # a public address (never contacted)

@@ -21,6 +21,7 @@ from django.utils.http import urlsafe_base64_encode
 from console import registration, services
 from console.models import ApiToken, AuditEvent, Membership, Tenant, User
 from console.permissions import Role
+from console.service_errors import ServiceError
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 STRONG = "a-long-unusual-passphrase-17"
@@ -130,7 +131,7 @@ def test_invite_and_closed_policies_refuse_the_sign_up_post_and_say_so(
         login_page = client.get(LOGIN)
         with django_capture_on_commit_callbacks(execute=True):
             posted = client.post(SIGNUP, signup_form("stranger@example.test"))
-        with pytest.raises(services.ServiceError) as refused:
+        with pytest.raises(ServiceError) as refused:
             registration.user_signup(
                 email="direct@example.test",
                 password=STRONG,
@@ -190,7 +191,7 @@ def test_closed_policy_refuses_an_invitation_sign_up_but_lets_members_accept(wor
         {"full_name": "New", "password1": STRONG, "password2": STRONG},
         follow=True,
     )
-    with pytest.raises(services.ServiceError) as direct:
+    with pytest.raises(ServiceError) as direct:
         services.signup_with_invitation(raw_token=raw_new, password=STRONG)
     existing_client = Client()
     existing_client.force_login(other, backend="console.auth_backends.EmailBackend")

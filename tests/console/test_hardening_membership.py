@@ -20,7 +20,7 @@ from console import realtime as console_realtime
 from console import services
 from console.models import AuditEvent, Invitation, Membership
 from console.permissions import ROLE_CAPABILITIES, Capability, Role
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs import realtime
 from tests.conftest import signed_in_client
 from tests.factories import UserFactory

@@ -21,7 +21,7 @@ from console.models import (
     sha256_hex,
 )
 from console.permissions import Role
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from tests.factories import InvitationFactory, MembershipFactory, UserFactory
 
 CLIENT_IP = "203.0.113.7"

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from console.tenant_admin import TenantSuspended, tenant_reactivate, tenant_suspend
 from jobs.actors import Actor
 from jobs.models import Job, JobEvent, JobStatus, WaitKind
@@ -18,7 +18,6 @@ from tests.conftest import signed_in_client, token_client
 from tests.factories import UserFactory
 from tests.jobs_helpers import advance_to, submit
 
-S = JobStatus
 REASON = "unpaid invoices since March"
 MESSAGE = f"Your organisation is suspended: {REASON}. Contact support."
 
@@ -30,7 +29,7 @@ def staff(db):
 
 @pytest.fixture
 def running(world, catalog):
-    return advance_to(submit(world, "train"), S.RUNNING)
+    return advance_to(submit(world, "train"), JobStatus.RUNNING)
 
 
 def api_url(slug: str, action: str) -> str:
@@ -48,10 +47,10 @@ def test_suspending_pauses_running_jobs_through_the_state_machine(world, staff, 
 
     assert tenant.suspended_at is not None and tenant.suspension_reason == REASON
     running.refresh_from_db()
-    assert running.status == S.PAUSING
+    assert running.status == JobStatus.PAUSING
     assert not running.paused_by_budget
     event = JobEvent.objects.filter(job=running).last()
-    assert (event.from_status, event.to_status) == (S.RUNNING, S.PAUSING)
+    assert (event.from_status, event.to_status) == (JobStatus.RUNNING, JobStatus.PAUSING)
     assert event.actor == "suspension"
     assert "organisation suspended" in event.reason and REASON in event.reason
     audit = AuditEvent.objects.get(action="tenant.suspended")
@@ -68,10 +67,10 @@ def test_suspending_pauses_running_jobs_through_the_state_machine(world, staff, 
 def test_another_tenants_jobs_are_untouched(world, other_world, staff, catalog):
     other_world.tenant.may_run_on_host = True
     other_world.tenant.save()
-    theirs = advance_to(submit(other_world, "theirs"), S.RUNNING)
+    theirs = advance_to(submit(other_world, "theirs"), JobStatus.RUNNING)
     tenant_suspend(tenant=world.tenant, reason=REASON, user=staff)
     theirs.refresh_from_db()
-    assert theirs.status == S.RUNNING
+    assert theirs.status == JobStatus.RUNNING
 
 
 def test_suspension_is_idempotent_and_needs_a_reason(world, staff, running):
@@ -82,7 +81,7 @@ def test_suspension_is_idempotent_and_needs_a_reason(world, staff, running):
     again = tenant_suspend(tenant=world.tenant, reason="another reason", user=staff)
     assert (again.suspended_at, again.suspension_reason) == (first.suspended_at, REASON)
     assert AuditEvent.objects.filter(action="tenant.suspended").count() == 1
-    assert JobEvent.objects.filter(job=running, to_status=S.PAUSING).count() == 1
+    assert JobEvent.objects.filter(job=running, to_status=JobStatus.PAUSING).count() == 1
     tenant_reactivate(tenant=world.tenant, user=staff)
     tenant_reactivate(tenant=world.tenant, user=staff)
     assert AuditEvent.objects.filter(action="tenant.reactivated").count() == 1
@@ -130,7 +129,7 @@ def test_a_suspended_tenant_cannot_launch_by_api_or_form(world, staff, catalog, 
 
 def test_resume_is_refused_while_suspended_and_allowed_after(world, staff, running):
     tenant_suspend(tenant=world.tenant, reason=REASON, user=staff)
-    paused = advance_to(running, S.PAUSED)  # the backend reports the pause done
+    paused = advance_to(running, JobStatus.PAUSED)  # the backend reports the pause done
     with pytest.raises(TenantSuspended) as refused:
         job_resume(job=paused, actor=Actor.of_user(world.member))
     assert refused.value.message == MESSAGE
@@ -141,10 +140,10 @@ def test_resume_is_refused_while_suspended_and_allowed_after(world, staff, runni
 
     tenant_reactivate(tenant=world.tenant, user=staff)
     paused.refresh_from_db()
-    assert paused.status == S.PAUSED  # nothing resumes by itself
+    assert paused.status == JobStatus.PAUSED  # nothing resumes by itself
     response = api.post(f"/api/v1/jobs/{paused.pk}/resume")
     assert response.status_code == 200, response.content
-    assert response.json()["status"] == S.RESUMING
+    assert response.json()["status"] == JobStatus.RESUMING
     audit = AuditEvent.objects.get(action="tenant.reactivated")
     assert audit.actor_label == "staff@gpugeek.test"
 
@@ -157,7 +156,7 @@ def test_queued_jobs_wait_for_the_suspension_and_are_admitted_after(
     pool = NodePool.objects.get(backend="local", gpu_type=None, tier="on_demand")
     big = submit(other_world, "big", cpus=pool.allocatable_vcpus)  # fills the pool
     queued = submit(world, "later")
-    assert (queued.status, queued.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
+    assert (queued.status, queued.wait_kind) == (JobStatus.QUEUED, WaitKind.CAPACITY)
     tenant_suspend(tenant=world.tenant, reason=REASON, user=staff)
     queued.refresh_from_db()
     assert (queued.wait_kind, queued.status_reason) == (
@@ -167,12 +166,12 @@ def test_queued_jobs_wait_for_the_suspension_and_are_admitted_after(
     # Compute frees up: still not admitted while suspended, and it holds back no one else.
     job_cancel(job=big, actor=Actor.of_user(other_world.member))
     queued.refresh_from_db()
-    assert (queued.status, queued.wait_kind) == (S.QUEUED, WaitKind.SUSPENDED)
+    assert (queued.status, queued.wait_kind) == (JobStatus.QUEUED, WaitKind.SUSPENDED)
     theirs = submit(other_world, "theirs")
-    assert theirs.status == S.DISPATCHING
+    assert theirs.status == JobStatus.DISPATCHING
     tenant_reactivate(tenant=world.tenant, user=staff)
     queued.refresh_from_db()
-    assert queued.status == S.DISPATCHING
+    assert queued.status == JobStatus.DISPATCHING
 
 
 def test_members_see_a_banner_on_every_page(world, staff, catalog):

@@ -14,10 +14,11 @@ from playwright.sync_api import expect
 from billing.metering import meter_tick
 from billing.services import period_start
 from jobs.backends.local import LocalBackend
+from jobs.models import JobStatus
 from jobs.services import JobSpec, job_submit
 from marketplace.demo import seed_catalog
 from marketplace.services import capacity_sync
-from tests.billing.conftest import S, set_status
+from tests.billing.conftest import set_status
 from tests.jobs_helpers import at_time
 
 pytestmark = pytest.mark.e2e
@@ -54,7 +55,7 @@ def seed_usage(world, monkeypatch) -> None:
                     spot_ratio=Decimal(spot_ratio),
                 ),
             )
-        set_status(job, S.RUNNING, since)
+        set_status(job, JobStatus.RUNNING, since)
     meter_tick(now=now)
 
 

@@ -14,14 +14,15 @@ from django.conf import settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from billing.invoicing import invoice_draft_create, invoice_finalize
+from billing.invoices.services import invoice_draft_create, invoice_finalize
 from billing.metering import meter_tick
 from billing.models import Invoice
 from console.models import AuditEvent
 from jobs.backends.local import LocalBackend
+from jobs.models import JobStatus
 from marketplace.demo import seed_catalog
 from marketplace.services import capacity_sync
-from tests.billing.conftest import S, make_job, set_status
+from tests.billing.conftest import make_job, set_status
 from tests.e2e.test_launch_job import sign_in
 from tests.fakes.stripe_api import sign
 
@@ -42,9 +43,9 @@ def last_months_invoice(world) -> Invoice:
     last_month = (this_month - timedelta(days=1)).replace(day=1)
     start = datetime(last_month.year, last_month.month, 10, 8, tzinfo=UTC)
     job = make_job(world, name="nightly-etl", start=start)
-    set_status(job, S.RUNNING, start)
+    set_status(job, JobStatus.RUNNING, start)
     meter_tick(now=start + timedelta(hours=3))
-    set_status(job, S.SUCCEEDED, start + timedelta(hours=6))
+    set_status(job, JobStatus.SUCCEEDED, start + timedelta(hours=6))
     meter_tick(now=start + timedelta(hours=7))
     draft = invoice_draft_create(
         tenant=world.tenant, period_start=last_month, period_end=this_month

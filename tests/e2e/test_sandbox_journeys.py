@@ -28,10 +28,12 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from billing import tasks as billing_tasks
 from console.env import stored_sandbox_token
 from console.models import Tenant
 from console.queueing import enqueue_now
 from jobs import services
+from jobs.actors import ActorKind
 from jobs.backends import get_backend
 from jobs.backends.kubernetes.sandbox import sandbox_nodes, write_sandbox_files
 from jobs.logs.leases import followed
@@ -56,7 +58,6 @@ from tests.servers import (
 
 pytestmark = pytest.mark.e2e
 
-S = JobStatus
 SCREENS = ROOT / "var" / "e2e-screens"
 A100_ON_DEMAND = "demo-us-west-a100-80gb-on-demand"
 A100_SPOT = "demo-us-west-a100-80gb-spot"
@@ -196,7 +197,7 @@ def launch(tenant, user, **overrides) -> Job:
     }
     values.update(overrides)
     job = services.job_submit(tenant=tenant, user=user, spec=JobSpec(**values))
-    assert job.status == S.DISPATCHING, job.status_reason
+    assert job.status == JobStatus.DISPATCHING, job.status_reason
     return job
 
 
@@ -273,7 +274,7 @@ def received_statuses(page) -> list[tuple[str, int]]:
 
 def assert_no_alerts(page, job: Job) -> None:
     shown = page.get_by_test_id("alerts").locator("li").all_inner_texts()
-    raised = list(job.events.filter(actor="alerts").values_list("reason", flat=True))
+    raised = list(job.events.filter(actor_kind=ActorKind.ALERT).values_list("reason", flat=True))
     assert not shown and not raised, (shown, raised)
     expect(page.get_by_test_id("alerts")).to_be_hidden()
 
@@ -423,7 +424,7 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
     cost_card = page.locator(".stat", has_text="Cost to date")
     cost = money(cost_card.locator(".stat-value").inner_text())
     job.refresh_from_db()
-    assert job.status == S.SUCCEEDED and job.exit_code == 0
+    assert job.status == JobStatus.SUCCEEDED and job.exit_code == 0
     # What it cost: the seconds it held the spot node, at the spot price (never zero,
     # never more than the whole launch-to-finish time would cost).
     hourly_spot = estimate_cost(
@@ -454,7 +455,7 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
     page, base = browser_page, stack.server.url
     journey = "2-budget"
     job = launch(world.tenant, world.member, name="nightly-eval")
-    wait_for_status(job, S.RUNNING, stack)
+    wait_for_status(job, JobStatus.RUNNING, stack)
 
     # The tenant admin sets a small monthly budget: nothing is metered yet, so nothing
     # pauses now.
@@ -470,7 +471,7 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
     expect(page.locator("tr[data-budget='GPU research']")).to_contain_text("0.0000 / 0.01")
     screenshot(page, journey, "1-budget-set")
     job.refresh_from_db()
-    assert job.status == S.RUNNING
+    assert job.status == JobStatus.RUNNING
 
     # The admin watches the job list; one metering tick (beat's task, sent now) bills
     # the seconds run so far, crosses the budget and pauses the job.
@@ -483,7 +484,7 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
     wait_until(lambda: timezone.now() - job.started_at > timedelta(seconds=6), 10, what="6 s")
     page.evaluate("window.ggSameDocument = true")
     tick_sent = timezone.now()
-    assert enqueue_now("billing.tasks.meter_tick_task")
+    assert enqueue_now(billing_tasks.meter_tick_task)
     banner = page.locator("#messages .flash", has_text="reached 100 %")
     expect(banner).to_contain_text("GPU research", timeout=15_000)
     expect(row).to_contain_text(re.compile("Pausing|Paused"), timeout=10_000)
@@ -495,9 +496,9 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
         ("GPU research", 80),
         ("GPU research", 100),
     }, alerts
-    job = wait_for_status(job, S.PAUSED, stack, timeout=20)
+    job = wait_for_status(job, JobStatus.PAUSED, stack, timeout=20)
     assert job.paused_by_budget
-    pause = job.events.get(to_status=S.PAUSING)
+    pause = job.events.get(to_status=JobStatus.PAUSING)
     # Paused by that one tick, seconds after it was sent.
     assert pause.actor == "budget"
     assert tick_sent < pause.at < tick_sent + timedelta(seconds=15), (tick_sent, pause.at)
@@ -609,8 +610,8 @@ def test_staff_reclaim_spot_capacity_and_the_job_resumes_as_a_new_attempt(
     assert numbers == sorted(set(numbers)), "lines out of order or shown twice"
     assert page.evaluate("window.ggSameDocument") is True, "the page was reloaded"
     job.refresh_from_db()
-    assert (job.status, job.attempt) == (S.RUNNING, 2)
-    assert not job.events.filter(to_status=S.FAILED).exists()
+    assert (job.status, job.attempt) == (JobStatus.RUNNING, 2)
+    assert not job.events.filter(to_status=JobStatus.FAILED).exists()
     # The new attempt trains on (from its checkpoint) and its GPUs chart on.
     points = chart_points(page)
     expect(log.locator(".log-line").last).to_contain_text("epoch", timeout=10_000)

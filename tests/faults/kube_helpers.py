@@ -30,6 +30,7 @@ from marketplace.demo import seed_catalog
 from marketplace.models import NodePool
 from marketplace.services import capacity_sync
 from sandbox.cluster import SandboxCluster
+from tests.broker import run_body
 from tests.faults.helpers import REPORTED
 
 TOKEN = "faults-sandbox-token"
@@ -244,9 +245,9 @@ class InProcessWorker:
             for n in range(threads)
         ]
 
-    def send_task(self, name, args=(), kwargs=None, **options):
-        assert not kwargs, f"{name} was queued with keyword arguments"
-        self._push(name, tuple(args or ()), tries=0, delay=0.0)
+    def send(self, task, args: tuple, countdown: float | None) -> None:
+        """The broker's part (`tests.broker.broker_replaced`)."""
+        self._push(task.name, args, tries=0, delay=countdown or 0.0)
 
     def _push(self, name: str, args: tuple, *, tries: int, delay: float) -> None:
         with self._cond:
@@ -293,7 +294,7 @@ class InProcessWorker:
     def _run(self, name: str, args: tuple, tries: int) -> None:
         task = self.app.tasks[name]
         try:
-            task.__wrapped__(*args)  # the task's own body, without Celery's wrappers
+            run_body(task, args)
             with self._cond:
                 self.ran += 1
         except tuple(getattr(task, "autoretry_for", ()) or ()) as error:

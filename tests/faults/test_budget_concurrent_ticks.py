@@ -24,16 +24,15 @@ from django.utils import timezone
 import billing.services
 from billing.models import Budget, BudgetAlert, UsageRecord
 from billing.services import budget_create, meter_and_enforce, period_start
-from console.celery import app as celery_app
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.models import Job, JobEvent, JobStatus
 from tests.billing.conftest import make_job, set_status
+from tests.broker import broker_replaced
 from tests.concurrency import run_at_once
 from tests.conftest import make_world
 from tests.faults.kube_helpers import report
 
-S = JobStatus
 ROUNDS = 8
 NON_CRITICAL = 4  # per round: normal and low priority
 CRITICAL = 2
@@ -48,11 +47,11 @@ def test_two_concurrent_ticks_pause_each_non_critical_job_once(catalog, monkeypa
     queued: list[tuple[str, tuple]] = []
     lock = threading.Lock()
 
-    def record_task(name, args=(), kwargs=None, **options):
+    def record_task(task, args, countdown):
         with lock:
-            queued.append((name, tuple(args or ())))
+            queued.append((task.name, args))
 
-    monkeypatch.setattr(celery_app, "send_task", record_task)
+    broker_replaced(monkeypatch, record_task)
     # How often the other tick got to a job first (its pause then made no change here).
     attempts = {"made": 0, "found_done": 0}
     real_pause_once = billing.services.job_pause_once
@@ -78,7 +77,7 @@ def test_two_concurrent_ticks_pause_each_non_critical_job_once(catalog, monkeypa
         ]
         critical = [_running(world, f"serve-{n}", since, "critical") for n in range(CRITICAL)]
         budget = budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
-        assert all(Job.objects.get(pk=j.pk).status == S.RUNNING for j in paused_kind)
+        assert all(Job.objects.get(pk=j.pk).status == JobStatus.RUNNING for j in paused_kind)
         # Two ticks at once: the same clock in even rounds, a second apart in odd ones.
         clocks = [now, now] if number % 2 == 0 else [now, now + timedelta(seconds=1)]
         pick = itertools.count()
@@ -90,22 +89,22 @@ def test_two_concurrent_ticks_pause_each_non_critical_job_once(catalog, monkeypa
     for world, budget, paused_kind, critical, since in rounds:
         for job in paused_kind:
             job.refresh_from_db()
-            events = JobEvent.objects.filter(job=job, to_status=S.PAUSING)
+            events = JobEvent.objects.filter(job=job, to_status=JobStatus.PAUSING)
             audit = AuditEvent.objects.filter(action="job.paused_by_budget", target_id=str(job.pk))
             tasks = queued.count((SUSPEND, (job.pk,)))
             pause_events += events.count()
             audits += audit.count()
             suspend_tasks += tasks
-            lost += job.status != S.PAUSING
+            lost += job.status != JobStatus.PAUSING
             doubled += max(0, events.count() - 1) + max(0, audit.count() - 1) + max(0, tasks - 1)
-            assert job.status == S.PAUSING and job.paused_by_budget, job.status
+            assert job.status == JobStatus.PAUSING and job.paused_by_budget, job.status
             assert [e.actor for e in events] == ["budget"]
             assert "Team cap" in events.get().reason
             assert audit.count() == 1 and tasks == 1
         for job in critical:
             job.refresh_from_db()
-            assert job.status == S.RUNNING and not job.paused_by_budget
-            assert not JobEvent.objects.filter(job=job, to_status=S.PAUSING).exists()
+            assert job.status == JobStatus.RUNNING and not job.paused_by_budget
+            assert not JobEvent.objects.filter(job=job, to_status=JobStatus.PAUSING).exists()
             assert not AuditEvent.objects.filter(
                 target_id=str(job.pk), action__in=["job.paused_by_budget", "job.resumed_by_budget"]
             ).exists()
@@ -152,4 +151,4 @@ def _running(world, name: str, since, priority: str) -> Job:
     """A 1-vCPU job submitted just before `since` and running since then (critical jobs
     are launched by an admin: members may not)."""
     job = make_job(world, name=name, priority=priority, start=since)
-    return set_status(job, S.RUNNING, since)
+    return set_status(job, JobStatus.RUNNING, since)

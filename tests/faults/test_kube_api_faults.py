@@ -29,12 +29,12 @@ from decimal import Decimal
 
 import pytest
 
-from console.celery import app as celery_app
 from jobs import services, tasks
 from jobs.actors import Actor
 from jobs.backends.kubernetes import manifests
 from jobs.models import Job, JobEvent, JobStatus
 from jobs.services import ActionRefused, JobSpec
+from tests.broker import broker_replaced
 from tests.faults.kube_helpers import (
     AGREES,
     CPU_US_WEST,
@@ -49,7 +49,6 @@ from tests.faults.kube_helpers import (
     start_sandbox,
 )
 
-S = JobStatus
 JOBS = 30
 FAULT_SECONDS = 30.0
 SETTLE_SECONDS = 40.0
@@ -99,7 +98,7 @@ def test_jobs_converge_after_api_errors_and_timeouts(
     ledger = StoreLedger().install(server)
     tally = FaultTally().install(server)
     worker = InProcessWorker(threads=2)
-    monkeypatch.setattr(celery_app, "send_task", worker.send_task)
+    broker_replaced(monkeypatch, worker.send)
     watcher = Loop("watcher", lambda: services.jobs_observe(backend_name="kubernetes"), 0.2)
     reconciler = Loop("reconciler", lambda: services.jobs_reconcile(stuck_after_seconds=5), 2.0)
     user = Actor.of_user(world.member)
@@ -132,7 +131,11 @@ def test_jobs_converge_after_api_errors_and_timeouts(
             if faults_from is None:
                 for job in jobs:
                     job.refresh_from_db()
-                started_up = [j for j in jobs if j.status not in (S.DISPATCHING, S.PROVISIONING)]
+                started_up = [
+                    j
+                    for j in jobs
+                    if j.status not in (JobStatus.DISPATCHING, JobStatus.PROVISIONING)
+                ]
                 if len(started_up) == len(jobs) or time.monotonic() - started > PRE_FAULT_LIMIT:
                     server.fail_fraction(ERROR_SHARE, FAULT_SECONDS, status=500)
                     server.slow_fraction(SLOW_SHARE, FAULT_SECONDS, delay=SLOW_BY)
@@ -144,11 +147,14 @@ def test_jobs_converge_after_api_errors_and_timeouts(
             for index, job in enumerate(jobs):
                 job.refresh_from_db()
                 action = None
-                if index in CANCEL_RUNNING - acted["cancel"] and job.status == S.RUNNING:
+                if index in CANCEL_RUNNING - acted["cancel"] and job.status == JobStatus.RUNNING:
                     action = "cancel", services.job_cancel
-                elif index in PAUSE - acted["pause"] and job.status == S.RUNNING:
+                elif index in PAUSE - acted["pause"] and job.status == JobStatus.RUNNING:
                     action = "pause", services.job_pause
-                elif index in RESUME & acted["pause"] - acted["resume"] and job.status == S.PAUSED:
+                elif (
+                    index in RESUME & acted["pause"] - acted["resume"]
+                    and job.status == JobStatus.PAUSED
+                ):
                     action = "resume", services.job_resume
                 if action is not None:
                     try:
@@ -195,7 +201,10 @@ def test_jobs_converge_after_api_errors_and_timeouts(
     statuses = Counter(
         Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
     )
-    lost = statuses[S.FAILED] + JobEvent.objects.filter(job__in=jobs, to_status=S.FAILED).count()
+    lost = (
+        statuses[JobStatus.FAILED]
+        + JobEvent.objects.filter(job__in=jobs, to_status=JobStatus.FAILED).count()
+    )
     assert lost == 0, statuses
 
     # Nothing doubled: each Kubernetes Job name (one attempt, one tier) stored once, all
@@ -212,10 +221,10 @@ def test_jobs_converge_after_api_errors_and_timeouts(
         expected = {manifests.job_name(job, tier) for tier, _, _ in manifests.tiers(job)}
         assert names == expected or (index in CANCEL_AT_ONCE and names <= expected), (index, names)
         provisioning = JobEvent.objects.filter(
-            job=job, from_status=S.DISPATCHING, to_status=S.PROVISIONING
+            job=job, from_status=JobStatus.DISPATCHING, to_status=JobStatus.PROVISIONING
         )
         assert provisioning.count() <= 1
-        running = JobEvent.objects.filter(job=job, to_status=S.RUNNING).count()
+        running = JobEvent.objects.filter(job=job, to_status=JobStatus.RUNNING).count()
         assert running <= 1 + (index in acted["resume"])
     assert ledger.most_live_per_rank <= 1
 
@@ -242,15 +251,15 @@ def test_a_late_suspend_task_does_not_stop_a_resumed_job(world, settings, tmp_pa
     user = Actor.of_user(world.member)
     try:
         job = services.job_submit(tenant=world.tenant, user=world.member, spec=job_spec(3))
-        job = _settle(services.job_dispatch(job=job), S.RUNNING)
+        job = _settle(services.job_dispatch(job=job), JobStatus.RUNNING)
         services.job_pause(job=job, actor=user)
         tasks.job_suspend_task(job.pk)
-        job = _settle(job, S.PAUSED)
+        job = _settle(job, JobStatus.PAUSED)
         services.job_resume(job=job, actor=user)
         tasks.job_resume_task(job.pk)
-        job = _settle(job, S.RUNNING)
+        job = _settle(job, JobStatus.RUNNING)
         tasks.job_suspend_task(job.pk)  # the pause's task, delivered once more
-        job = _settle(job, S.RUNNING)
+        job = _settle(job, JobStatus.RUNNING)
         assert cluster_state(cluster.server, job) == "running"
     finally:
         cluster.stop()

@@ -34,11 +34,11 @@ from django.test import override_settings
 
 from billing.metering import meter_tick
 from billing.models import LiveUsageRollup, UsageDailyTotal, UsageRecord
-from jobs.models import Job
+from jobs.models import Job, JobStatus
 from jobs.services import JobSpec, job_submit
 from marketplace.models import GpuType, PriceVersion, Region
 from marketplace.pricing import unit_prices
-from tests.billing.conftest import T0, S, make_job, set_status
+from tests.billing.conftest import T0, make_job, set_status
 from tests.factories import PriceEntryFactory, PriceVersionFactory
 from tests.faults.helpers import report_counts
 from tests.servers import purge_queues
@@ -56,7 +56,7 @@ TICK_SECONDS = (20, 100)  # random whole seconds between two ticks' clocks
 # The kill comes at a random moment within this many typical tick durations: about
 # half of the attempts are cut short, the others are killed just after.
 KILL_WITHIN = 2.0
-BILLED = {S.RUNNING, S.PAUSING}
+BILLED = {JobStatus.RUNNING, JobStatus.PAUSING}
 PRICE_CHANGE = T0 + timedelta(minutes=50)
 HOUR = timedelta(hours=1)
 
@@ -164,38 +164,38 @@ def test_terminated_tick_connections_bill_every_second_once(world, catalog, no_w
     cpu_short = make_job(world, name="cpu-short", start=T0)
     gpu = gpu_job(world)
     plans = {
-        "cpu-two": (cpu_two, {"on_demand": 2}, [(minutes(0), S.RUNNING, None)]),
+        "cpu-two": (cpu_two, {"on_demand": 2}, [(minutes(0), JobStatus.RUNNING, None)]),
         "cpu-pause": (
             cpu_pause,
             {"on_demand": 1},
             [
-                (minutes(7.2), S.RUNNING, None),
-                (minutes(31), S.PAUSING, None),
-                (minutes(32.5), S.PAUSED, None),
-                (minutes(58), S.RESUMING, None),
-                (minutes(58.25), S.RUNNING, None),
+                (minutes(7.2), JobStatus.RUNNING, None),
+                (minutes(31), JobStatus.PAUSING, None),
+                (minutes(32.5), JobStatus.PAUSED, None),
+                (minutes(58), JobStatus.RESUMING, None),
+                (minutes(58.25), JobStatus.RUNNING, None),
             ],
         ),
         "cpu-short": (
             cpu_short,
             {"on_demand": 1},
-            [(minutes(20), S.RUNNING, None), (minutes(21.01), S.SUCCEEDED, None)],
+            [(minutes(20), JobStatus.RUNNING, None), (minutes(21.01), JobStatus.SUCCEEDED, None)],
         ),
         "gpu": (
             gpu,
             {"on_demand": 1, "spot": 1},
             [
-                (minutes(3), S.RUNNING, None),
-                (minutes(75), S.PREEMPTED, None),
-                (minutes(75), S.QUEUED, 2),
-                (minutes(80.5), S.RUNNING, None),
-                (minutes(100), S.SUCCEEDED, None),
+                (minutes(3), JobStatus.RUNNING, None),
+                (minutes(75), JobStatus.PREEMPTED, None),
+                (minutes(75), JobStatus.QUEUED, 2),
+                (minutes(80.5), JobStatus.RUNNING, None),
+                (minutes(100), JobStatus.SUCCEEDED, None),
             ],
         ),
     }
     for n in range(8):  # more of the same: a tick with more rows to write
         job = make_job(world, name=f"cpu-{n}", start=T0)
-        plans[f"cpu-{n}"] = (job, {"on_demand": 1}, [(minutes(n * 4 + 1), S.RUNNING, None)])
+        plans[f"cpu-{n}"] = (job, {"on_demand": 1}, [(minutes(n * 4 + 1), JobStatus.RUNNING, None)])
     changes = sorted(
         (at, name, status, attempt)
         for name, (_, _, timeline) in plans.items()

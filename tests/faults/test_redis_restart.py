@@ -56,7 +56,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-S = JobStatus
 SUBMISSIONS = 500
 KILL_BETWEEN = (150, 300)  # Redis is killed before a random submission in this range
 OUTAGE_SECONDS = 2.0  # submissions go on meanwhile, each failing to queue its dispatch
@@ -190,11 +189,13 @@ def test_redis_restart_during_submissions_loses_no_job(
 
     def all_dispatched() -> bool:
         nonlocal reconcile_seconds
-        if not Job.objects.filter(status=S.DISPATCHING).exists():
+        if not Job.objects.filter(status=JobStatus.DISPATCHING).exists():
             return drained(redis_server)  # and no redone dispatch is left to run
         if drained(redis_server):
             stuck_before = timezone.now() - timedelta(seconds=STUCK_AFTER)
-            stuck = Job.objects.filter(status=S.DISPATCHING, status_changed_at__lt=stuck_before)
+            stuck = Job.objects.filter(
+                status=JobStatus.DISPATCHING, status_changed_at__lt=stuck_before
+            )
             stuck_ids = set(stuck.values_list("pk", flat=True))
             began = time.monotonic()
             redone.update(stuck_ids & set(services.jobs_reconcile(stuck_after_seconds=STUCK_AFTER)))
@@ -209,22 +210,27 @@ def test_redis_restart_during_submissions_loses_no_job(
     created = api_tally.job_creates()
     listed = {item["metadata"]["name"] for item in cluster.list("jobs", f"gg-t-{world.tenant.pk}")}
     launches = Counter(
-        JobEvent.objects.filter(to_status=S.PROVISIONING).values_list("job_id", flat=True)
+        JobEvent.objects.filter(to_status=JobStatus.PROVISIONING).values_list("job_id", flat=True)
     )
-    lost = sum(1 for job in jobs if f"gg-{job.pk}-a1" not in listed or job.status != S.PROVISIONING)
+    lost = sum(
+        1 for job in jobs if f"gg-{job.pk}-a1" not in listed or job.status != JobStatus.PROVISIONING
+    )
     doubled = (
         max(0, len(jobs) - SUBMISSIONS)
         + sum(n - 1 for n in created.values())
         + sum(n - 1 for n in launches.values())
     )
-    stuck = sum(1 for job in jobs if job.status == S.DISPATCHING)
+    stuck = sum(1 for job in jobs if job.status == JobStatus.DISPATCHING)
     # How long each job spent in `dispatching`: from its admission to its launch.
     entered = dict(
-        JobEvent.objects.filter(to_status=S.DISPATCHING)
+        JobEvent.objects.filter(to_status=JobStatus.DISPATCHING)
         .values_list("job_id")
         .annotate(at=Max("at"))
     )
-    left = {event.job_id: event.at for event in JobEvent.objects.filter(to_status=S.PROVISIONING)}
+    left = {
+        event.job_id: event.at
+        for event in JobEvent.objects.filter(to_status=JobStatus.PROVISIONING)
+    }
     waits = [(left[pk] - entered[pk]).total_seconds() for pk in left if pk in entered]
     not_queued = sum(
         1 for r in caplog.records if r.name == "console.queueing" and "could not queue" in r.msg

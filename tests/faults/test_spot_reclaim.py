@@ -39,7 +39,6 @@ from tests.faults.kube_helpers import (
     start_sandbox,
 )
 
-S = JobStatus
 GPUS = 4
 SHAPES = [(2, Decimal("1")), (3, Decimal("0.67")), (4, Decimal("0.5"))]  # nodes, spot ratio
 DURATION = 8  # seconds of simulated training per job (2 steps a second)
@@ -73,7 +72,7 @@ class Driver:
         services.jobs_observe(backend_name="kubernetes")
         for job in self.jobs:
             job.refresh_from_db()
-            if job.status == S.DISPATCHING:  # what the queued dispatch task does
+            if job.status == JobStatus.DISPATCHING:  # what the queued dispatch task does
                 services.job_dispatch(job=job)
                 job.refresh_from_db()
             self.seen.add(job.status)
@@ -138,7 +137,7 @@ def test_spot_reclaim_resumes_from_the_checkpoint_and_bills_what_ran(
             job = services.job_submit(
                 tenant=world.tenant, user=world.member, spec=spec(index, nodes, ratio)
             )
-            assert job.status == S.DISPATCHING, job.status_reason
+            assert job.status == JobStatus.DISPATCHING, job.status_reason
             jobs.append(services.job_dispatch(job=job))
         assert [(j.on_demand_nodes, j.spot_nodes) for j in jobs] == [(0, 2), (1, 2), (2, 2)]
         drive = Driver(jobs)
@@ -146,7 +145,7 @@ def test_spot_reclaim_resumes_from_the_checkpoint_and_bills_what_ran(
         # Running, each rank 0 has saved a checkpoint.
         drive.until(
             lambda: all(
-                j.status == S.RUNNING
+                j.status == JobStatus.RUNNING
                 and any(
                     f"saved checkpoint /ckpt/run-{i}/step-" in t and "(rank 0)" in t
                     for t in log_lines(j)
@@ -171,11 +170,11 @@ def test_spot_reclaim_resumes_from_the_checkpoint_and_bills_what_ran(
 
         # Each attempt ends; the job is requeued as attempt 2 and started again.
         drive.until(
-            lambda: all(j.attempt == 2 and j.status == S.RUNNING for j in jobs), "attempt 2"
+            lambda: all(j.attempt == 2 and j.status == JobStatus.RUNNING for j in jobs), "attempt 2"
         )
         resumed_at = {}
         for index, job in enumerate(jobs):
-            preempted = JobEvent.objects.get(job=job, to_status=S.PREEMPTED)
+            preempted = JobEvent.objects.get(job=job, to_status=JobStatus.PREEMPTED)
             assert preempted.attempt == 1
             assert "TerminationByKubelet" in preempted.reason, preempted.reason
             ns = manifests.namespace_name(job.tenant_id)
@@ -206,7 +205,10 @@ def test_spot_reclaim_resumes_from_the_checkpoint_and_bills_what_ran(
             assert resumed_at[job.pk] > 0
 
         # The rest of the work, then a last tick after the end.
-        drive.until(lambda: all(j.status in (S.SUCCEEDED, S.FAILED) for j in jobs), "the end")
+        drive.until(
+            lambda: all(j.status in (JobStatus.SUCCEEDED, JobStatus.FAILED) for j in jobs),
+            "the end",
+        )
         now = timezone.now()
         drive.tick(now)
         drive.tick(now + timedelta(seconds=30))
@@ -214,9 +216,9 @@ def test_spot_reclaim_resumes_from_the_checkpoint_and_bills_what_ran(
         cluster.stop()
     assert server.errors == []
 
-    failed_events = JobEvent.objects.filter(job__in=jobs, to_status=S.FAILED).count()
-    assert failed_events == 0 and S.FAILED not in drive.seen
-    assert {j.status for j in jobs} == {S.SUCCEEDED}
+    failed_events = JobEvent.objects.filter(job__in=jobs, to_status=JobStatus.FAILED).count()
+    assert failed_events == 0 and JobStatus.FAILED not in drive.seen
+    assert {j.status for j in jobs} == {JobStatus.SUCCEEDED}
 
     version = PriceVersion.objects.order_by("-effective_from").first()
     on_demand_price = PriceEntry.objects.get(

@@ -15,9 +15,10 @@ interpreter.
 
 What was cut short is redone the two ways production redoes it: Redis hands an
 unacknowledged task to a worker once the (short) visibility timeout has passed, and the
-reconciler (`jobs_reconcile`, the beat's job, run here by the test) re-enqueues
-dispatches stuck in `dispatching`. Both may run a dispatch that already happened, or run
-it twice at once; deterministic names and "409 is done" must make that harmless.
+reconciler (`jobs_reconcile`, the beat's job, run here by the test) queues a sweep for
+jobs stuck in `dispatching` (it takes them once the dead sweep's claims lapse). Both may
+run a dispatch that already happened, or run it twice at once; deterministic names and
+"409 is done" must make that harmless.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-S = JobStatus
 TRIALS = 50  # kills, each of a worker that has just received a dispatch
 # A dispatch by a fresh worker makes 12 API requests (9 to check the namespace's set-up,
 # the Service, then one Job per tier). A kill point is a number of them (0–12) or, past
@@ -74,7 +74,7 @@ SETTLE_SECONDS = 30  # after the kills, for every job to leave `dispatching`
 MAX_JOBS = 60
 LIVE_WORKERS = 3  # the next victim and two starting: a worker start is the slow part
 NODES_PER_TIER = 8  # 8 GPUs each: 64 one-GPU ranks per tier, more than MAX_JOBS
-LAUNCHED = {S.PROVISIONING, S.RUNNING}
+LAUNCHED = {JobStatus.PROVISIONING, JobStatus.RUNNING}
 TASK_ENDED = re.compile(rf"Task {DISPATCH_TASK}\[[0-9a-f-]+\] (?:succeeded|retry|raised)")
 H100 = {
     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
@@ -109,7 +109,11 @@ def cluster(kube_api, settings, tmp_path):
 def workers(cluster, tmp_path):
     purge_queues()  # earlier tests may have left messages on this queue
     pool = Workers(
-        tmp_path, forked=True, **worker_env(CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT))
+        tmp_path, forked=True, **worker_env(
+            CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
+            # A killed sweep's claims lapse this soon, for the reconciler's sweep.
+            DISPATCH_CLAIM_SECONDS="1",
+        )
     )
     try:
         yield pool
@@ -137,7 +141,7 @@ def launch(world, number: int) -> Job:
             region="us-west",
         ),
     )
-    assert job.status == S.DISPATCHING, job.status_reason
+    assert job.status == JobStatus.DISPATCHING, job.status_reason
     return job
 
 
@@ -160,7 +164,7 @@ def progress(job_ids: set[int], api: ApiTally) -> str:
     if len(job_ids) != 1:  # the reconciler handed out several, or a redelivery came
         return "several_jobs" if job_ids else "redelivery"
     [job] = Job.objects.filter(pk__in=job_ids)
-    if job.status != S.DISPATCHING:
+    if job.status != JobStatus.DISPATCHING:
         return "launched"
     made = [name for name in api.job_creates() if name.startswith(f"gg-{job.pk}-")]
     return ("no_job", "one_tier", "both_tiers")[len(made)]
@@ -198,7 +202,7 @@ def test_workers_killed_at_random_points_of_dispatch_leave_one_job_per_attempt_a
         # Hand the workers a dispatch: redo those stuck in `dispatching`, as the
         # reconciler does, or else launch a new job.
         stuck_before = timezone.now() - timedelta(seconds=STUCK_AFTER)
-        stuck = Job.objects.filter(status=S.DISPATCHING, status_changed_at__lt=stuck_before)
+        stuck = Job.objects.filter(status=JobStatus.DISPATCHING, status_changed_at__lt=stuck_before)
         handed = set(stuck.values_list("pk", flat=True))
         if handed:  # (the reconciler also looks at jobs still provisioning: not counted)
             handed &= set(services.jobs_reconcile(stuck_after_seconds=STUCK_AFTER))
@@ -230,7 +234,7 @@ def test_workers_killed_at_random_points_of_dispatch_leave_one_job_per_attempt_a
     workers.start_ready()
 
     def settled() -> bool:
-        if Job.objects.filter(status=S.DISPATCHING).exists():
+        if Job.objects.filter(status=JobStatus.DISPATCHING).exists():
             services.jobs_reconcile(stuck_after_seconds=STUCK_AFTER)
             return False
         return quiet(settings.CELERY_TASK_DEFAULT_QUEUE)  # no late delivery left to run
@@ -251,7 +255,7 @@ def test_workers_killed_at_random_points_of_dispatch_leave_one_job_per_attempt_a
     for job in Job.objects.order_by("pk"):
         expected = {f"gg-{job.pk}-a{job.attempt}", f"gg-{job.pk}-a{job.attempt}-spot"}
         ours = {name for name in created if name.startswith(f"gg-{job.pk}-")}
-        launches = job.events.filter(to_status=S.PROVISIONING).count()
+        launches = job.events.filter(to_status=JobStatus.PROVISIONING).count()
         if job.status not in LAUNCHED or ours != expected or not expected <= listed:
             lost += 1
             problems.append(f"job {job.pk}: {job.status} ({job.status_reason}), Jobs {ours}")
@@ -259,7 +263,7 @@ def test_workers_killed_at_random_points_of_dispatch_leave_one_job_per_attempt_a
         if job.attempt != 1 or extra:
             doubled += 1
             problems.append(f"job {job.pk}: attempt {job.attempt}, {extra} extra creates/launches")
-    stuck = Job.objects.filter(status=S.DISPATCHING).count()
+    stuck = Job.objects.filter(status=JobStatus.DISPATCHING).count()
     report_counts(
         "worker-kill",
         trials=kills,

@@ -39,8 +39,8 @@ def sign_in(client: httpx.Client, email: str, password: str) -> httpx.Response:
 # tests/faults/) --------------------------------------------------------------------------------
 
 
-# A launch's dispatch: its own task, or the sweep that dispatches launches in batches.
-DISPATCH_TASK = r"jobs\.tasks\.(?:job_dispatch_task|jobs_dispatch_launched_task)"
+# The one dispatch task: a sweep over the admitted jobs' rows.
+DISPATCH_TASK = r"jobs\.tasks\.jobs_dispatch_task"
 DISPATCH_RECEIVED = re.compile(rf"Task {DISPATCH_TASK}\[([0-9a-f-]+)\] received")
 
 

@@ -1,7 +1,8 @@
 """Dispatch is at-least-once in delivery and exactly-once in effect (DESIGN.md, "Reliability
 model"): a Celery worker killed with SIGKILL while its Kubernetes Job create is in flight
-leaves the task unacknowledged; Redis redelivers it after the visibility timeout (or the
-reconciler re-enqueues the stuck dispatch), and the deterministic Job names plus "409 is
+leaves the task unacknowledged; Redis redelivers it after the visibility timeout (and the
+sweep takes its own claims again), or the reconciler queues a sweep that takes the job
+once the dead sweep's claim lapses; and the deterministic Job names plus "409 is
 success" make the second run finish the launch without a second Job, whichever of the two
 creates reaches the API server first.
 
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from jobs import services
 from jobs.backends.kubernetes import KubernetesBackend
@@ -37,8 +39,8 @@ from tests.servers import child_env, purge_queues, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-S = JobStatus
 VISIBILITY_TIMEOUT = 5  # seconds; production keeps Celery's hour (the reconciler is faster)
+CLAIM_SECONDS = 2
 JOB_CREATE = r"^/apis/batch/v1/namespaces/[^/]+/jobs$"
 H100 = {
     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
@@ -71,6 +73,8 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., list[Work
                     KUBECONFIG=settings.KUBECONFIG,  # as the test set it
                     CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
                     KUBERNETES_REQUEST_TIMEOUT="20",  # longer than any hang below
+                    # A killed sweep's claim lapses this soon (production: a minute).
+                    DISPATCH_CLAIM_SECONDS=str(CLAIM_SECONDS),
                 ),
             )
             started.append(worker)
@@ -135,7 +139,7 @@ def launch_two_tier_job(world) -> Job:
             region="us-west",
         ),
     )
-    assert job.status == S.DISPATCHING, job.status_reason
+    assert job.status == JobStatus.DISPATCHING, job.status_reason
     return job
 
 
@@ -155,7 +159,7 @@ def job_creates(cluster) -> list:
 
 
 def provisioning_events(job: Job) -> int:
-    return job.events.filter(to_status=S.PROVISIONING).count()
+    return job.events.filter(to_status=JobStatus.PROVISIONING).count()
 
 
 def wait_for_status(
@@ -191,7 +195,7 @@ def test_worker_killed_mid_create_is_redelivered_and_ends_with_one_job_per_tier(
     first.kill_group()
     [original_task] = first.received()
     job.refresh_from_db()
-    assert job.status == S.DISPATCHING  # the killed worker never recorded the launch
+    assert job.status == JobStatus.DISPATCHING  # the killed worker never recorded the launch
 
     # The server finishes what the dead client began: the on-demand Job exists, the spot
     # one was never asked for.
@@ -201,7 +205,7 @@ def test_worker_killed_mid_create_is_redelivered_and_ends_with_one_job_per_tier(
     # A worker starting after the visibility timeout sweeps the abandoned task back.
     time.sleep(max(0.0, hung_at + VISIBILITY_TIMEOUT + 0.5 - time.monotonic()))
     [second] = start_worker()
-    job = wait_for_status(job, S.PROVISIONING, [first, second])
+    job = wait_for_status(job, JobStatus.PROVISIONING, [first, second])
 
     assert second.received() == [original_task]  # redelivered, not re-enqueued
     created = kube_jobs(cluster, job)
@@ -228,11 +232,17 @@ def test_reconciler_redispatches_killed_dispatch_and_late_create_adds_no_job(
     [survivor] = [w for w in workers if w is not victim]
     victim.kill_group()
     job.refresh_from_db()
-    assert job.status == S.DISPATCHING
+    assert job.status == JobStatus.DISPATCHING
     assert kube_jobs(cluster, job) == {}  # the create is still hanging
+    # The dead sweep's claim on the job lapses; then the reconciler's sweep may take it.
+    wait_until(
+        lambda: Job.objects.filter(pk=job.pk, dispatch_claimed_until__lt=timezone.now()).exists(),
+        CLAIM_SECONDS + 5,
+        what="the killed sweep's claim to lapse",
+    )
 
     assert services.jobs_reconcile(stuck_after_seconds=0) == [job.pk]
-    job = wait_for_status(job, S.PROVISIONING, workers)
+    job = wait_for_status(job, JobStatus.PROVISIONING, workers)
     assert time.monotonic() < hung_at + hang_seconds, "the reconciler was slower than the hang"
     created = kube_jobs(cluster, job)
     assert sorted(created) == [f"gg-{job.pk}-a1", f"gg-{job.pk}-a1-spot"]
@@ -244,7 +254,7 @@ def test_reconciler_redispatches_killed_dispatch_and_late_create_adds_no_job(
     assert kube_jobs(cluster, job) == created
     assert len([r for r in job_creates(cluster) if f'"gg-{job.pk}-a1"' in r.body]) == 2
     job.refresh_from_db()
-    assert job.status == S.PROVISIONING
+    assert job.status == JobStatus.PROVISIONING
     assert provisioning_events(job) == 1
 
 
@@ -258,7 +268,7 @@ def test_two_concurrent_dispatches_create_one_job_per_tier(cluster, world):
     run_at_once(lambda: services.job_dispatch(job=Job.objects.get(pk=job.pk)))
 
     job.refresh_from_db()
-    assert job.status == S.PROVISIONING
+    assert job.status == JobStatus.PROVISIONING
     assert sorted(kube_jobs(cluster, job)) == [f"gg-{job.pk}-a1", f"gg-{job.pk}-a1-spot"]
     on_demand_creates = [r for r in job_creates(cluster) if f'"gg-{job.pk}-a1"' in r.body]
     assert len(on_demand_creates) == 2  # both really raced to create the same Job

@@ -24,7 +24,6 @@ from tests.billing.conftest import make_job, set_status
 from tests.concurrency import run_at_once
 from tests.jobs_helpers import submit
 
-S = JobStatus
 ROUNDS = 8
 
 pytestmark = [
@@ -56,12 +55,12 @@ def test_metering_ticks_and_admissions_at_once_never_deadlock(world, catalog):
     running = []
     for n in range(6):
         job = make_job(world, name=f"run-{n}", cpus=2)
-        set_status(job, S.RUNNING, since)
+        set_status(job, JobStatus.RUNNING, since)
         running.append(job)
     # A requeued job: queued, yet a metering candidate (it changed since it was metered).
     requeued = make_job(world, name="requeued", cpus=2)
-    set_status(requeued, S.RUNNING, since)
-    set_status(requeued, S.QUEUED, since + timedelta(minutes=1), attempt=2)
+    set_status(requeued, JobStatus.RUNNING, since)
+    set_status(requeued, JobStatus.QUEUED, since + timedelta(minutes=1), attempt=2)
     budget_create(tenant=world.tenant, user=world.owner, name="Cap", amount="1000000")
 
     def metering() -> None:
@@ -82,5 +81,7 @@ def test_metering_ticks_and_admissions_at_once_never_deadlock(world, catalog):
     at_once(metering, launches, cancels, metering)
 
     # Cancelling (no backend here reports their work gone): still holding their compute.
-    assert not Job.objects.filter(pk__in=[j.pk for j in running]).exclude(status=S.CANCELLING)
+    assert not Job.objects.filter(pk__in=[j.pk for j in running]).exclude(
+        status=JobStatus.CANCELLING
+    )
     assert Job.objects.filter(tenant=world.tenant, name__startswith="new-").count() == ROUNDS

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from billing import tasks as billing_tasks
 from console.launcher import free_loopback_port
 from console.queueing import enqueue_now
 from tests.factories import JobFactory, NodePoolFactory
@@ -141,7 +142,7 @@ def test_the_web_process_reports_what_the_worker_process_counted(console_server,
     line = 'gpugeek_celery_tasks_total{outcome="success",task="billing.tasks.meter_tick_task"}'
     assert line not in scrape_text(server)
 
-    assert enqueue_now("billing.tasks.meter_tick_task")
+    assert enqueue_now(billing_tasks.meter_tick_task)
 
     wait_until(lambda: line in scrape_text(server), 30, what=f"{line} in /metrics")
     text = scrape_text(server)

@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.models import Tenant
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs import services
 from jobs.actors import BACKEND, SYSTEM
 from jobs.backends import Observation
@@ -37,7 +37,6 @@ from tests import jobs_helpers
 from tests.factories import JobFactory
 from tests.jobs_helpers import advance_to
 
-S = JobStatus
 PRIORITY_NAMES = ["critical", "normal", "low"]
 CPU_POOL_VCPUS = 4
 
@@ -104,11 +103,11 @@ def gpu_job(world, name: str = "gpu", *, gpus: int, gpu_type: str = "h100-80gb",
     return submit(world, name, gpu_type=gpu_type, gpus_per_node=gpus, cpus=None, **spec)
 
 
-def finish(job: Job, to: str = S.SUCCEEDED) -> Job:
+def finish(job: Job, to: str = JobStatus.SUCCEEDED) -> Job:
     """What the watcher records when a job ends (without admitting anything itself)."""
     job.refresh_from_db()
-    if job.status == S.DISPATCHING:
-        job_transition(job=job, to=S.RUNNING, actor=BACKEND, reason="running")
+    if job.status == JobStatus.DISPATCHING:
+        job_transition(job=job, to=JobStatus.RUNNING, actor=BACKEND, reason="running")
     return job_transition(job=job, to=to, actor=BACKEND, reason="done")
 
 
@@ -130,40 +129,40 @@ def test_job_over_free_capacity_queues_with_reason_and_is_admitted_only_when_ano
     world, pools
 ):
     first = submit(world, "first", cpus=3)
-    assert first.status == S.DISPATCHING and first.status_reason == "admitted"
+    assert first.status == JobStatus.DISPATCHING and first.status_reason == "admitted"
 
     second = submit(world, "second", cpus=2)
-    assert second.status == S.QUEUED
+    assert second.status == JobStatus.QUEUED
     assert second.status_reason == f"waiting for 2 vCPUs in {pools.cpu.name} (1 free)"
     assert queue_position(second) == 1
     assert queue_position(first) is None
 
     # Still held while it runs: another admission pass changes nothing.
-    job_transition(job=first, to=S.RUNNING, actor=BACKEND, reason="running")
+    job_transition(job=first, to=JobStatus.RUNNING, actor=BACKEND, reason="running")
     assert services.jobs_admit() == []
-    assert statuses(second) == [S.QUEUED]
+    assert statuses(second) == [JobStatus.QUEUED]
 
     finish(first)
-    assert statuses(second) == [S.QUEUED]  # the state machine alone admits nothing
+    assert statuses(second) == [JobStatus.QUEUED]  # the state machine alone admits nothing
     assert [job.pk for job in services.jobs_admit()] == [second.pk]
-    assert statuses(second) == [S.DISPATCHING]
+    assert statuses(second) == [JobStatus.DISPATCHING]
     assert reason(second) == "admitted"
     assert queue_position(second) is None
-    assert [e.to_status for e in second.events.all()] == [S.QUEUED, S.DISPATCHING]
+    assert [e.to_status for e in second.events.all()] == [JobStatus.QUEUED, JobStatus.DISPATCHING]
 
 
 def test_watcher_seeing_a_job_end_admits_the_next(world, pools):
     running = submit(world, "running", cpus=CPU_POOL_VCPUS)
     waiting = submit(world, "waiting", cpus=CPU_POOL_VCPUS)
-    job_transition(job=running, to=S.RUNNING, actor=BACKEND, reason="running")
+    job_transition(job=running, to=JobStatus.RUNNING, actor=BACKEND, reason="running")
 
     services.job_apply_observation(job=running, observation=Observation(phase="running"))
-    assert statuses(waiting) == [S.QUEUED]
+    assert statuses(waiting) == [JobStatus.QUEUED]
 
     services.job_apply_observation(
         job=running, observation=Observation(phase="succeeded", exit_code=0)
     )
-    assert statuses(running, waiting) == [S.SUCCEEDED, S.DISPATCHING]
+    assert statuses(running, waiting) == [JobStatus.SUCCEEDED, JobStatus.DISPATCHING]
 
 
 def test_cancelling_and_pausing_release_compute_for_queued_jobs(world, pools):
@@ -172,22 +171,22 @@ def test_cancelling_and_pausing_release_compute_for_queued_jobs(world, pools):
     third = submit(world, "third", cpus=CPU_POOL_VCPUS)
 
     services.job_cancel(job=holder, actor=SYSTEM)
-    assert statuses(second, third) == [S.DISPATCHING, S.QUEUED]
+    assert statuses(second, third) == [JobStatus.DISPATCHING, JobStatus.QUEUED]
 
-    job_transition(job=second, to=S.RUNNING, actor=BACKEND, reason="running")
+    job_transition(job=second, to=JobStatus.RUNNING, actor=BACKEND, reason="running")
     services.job_pause(job=second, actor=SYSTEM)
-    assert statuses(third) == [S.QUEUED]  # pausing still holds the compute
+    assert statuses(third) == [JobStatus.QUEUED]  # pausing still holds the compute
     services.job_apply_observation(job=second, observation=Observation(phase="suspended"))
-    assert statuses(second, third) == [S.PAUSED, S.DISPATCHING]
+    assert statuses(second, third) == [JobStatus.PAUSED, JobStatus.DISPATCHING]
 
 
 def test_resuming_a_paused_job_never_overcommits_its_pool(world, pools):
     paused = submit(world, "paused", cpus=CPU_POOL_VCPUS)
-    job_transition(job=paused, to=S.RUNNING, actor=BACKEND, reason="running")
+    job_transition(job=paused, to=JobStatus.RUNNING, actor=BACKEND, reason="running")
     services.job_pause(job=paused, actor=SYSTEM)
     services.job_apply_observation(job=paused, observation=Observation(phase="suspended"))
     taker = submit(world, "taker", cpus=CPU_POOL_VCPUS)
-    assert statuses(paused, taker) == [S.PAUSED, S.DISPATCHING]
+    assert statuses(paused, taker) == [JobStatus.PAUSED, JobStatus.DISPATCHING]
 
     # Refusing is one acceptable answer; waiting for admission is another.
     with contextlib.suppress(services.ActionRefused):
@@ -206,7 +205,7 @@ def test_priority_then_fifo_when_capacity_frees(world, pools):
         name: submit(world, name, cpus=CPU_POOL_VCPUS, priority=name.split("-")[0])
         for name in order
     }
-    assert {job.status for job in queued.values()} == {S.QUEUED}
+    assert {job.status for job in queued.values()} == {JobStatus.QUEUED}
     expected = ["critical-1", "critical-2", "normal-1", "normal-2", "low-1", "low-2"]
     assert [queue_position(queued[name]) for name in expected] == [1, 2, 3, 4, 5, 6]
 
@@ -226,34 +225,38 @@ def test_several_jobs_admitted_in_one_pass_in_priority_order(world, pools):
     critical = submit(world, "critical", cpus=2, priority="critical")
     finish(blocker)
     assert [job.name for job in services.jobs_admit()] == ["critical", "normal"]
-    assert statuses(low, normal, critical) == [S.QUEUED, S.DISPATCHING, S.DISPATCHING]
+    assert statuses(low, normal, critical) == [
+        JobStatus.QUEUED,
+        JobStatus.DISPATCHING,
+        JobStatus.DISPATCHING,
+    ]
 
 
 def test_blocked_big_job_is_not_overtaken_by_a_later_small_one(world, other_world, pools):
     small_running = submit(world, "running", cpus=2)
     big = submit(world, "big", cpus=CPU_POOL_VCPUS)
     small = submit(other_world, "small", cpus=1)  # would fit in the 2 free vCPUs
-    assert statuses(big, small) == [S.QUEUED, S.QUEUED]
+    assert statuses(big, small) == [JobStatus.QUEUED, JobStatus.QUEUED]
     assert reason(small) == "waiting behind earlier jobs for the same pool"
     assert queue_position(small) == 2
     # Other pools are not held up by this one's queue.
-    assert gpu_job(world, gpus=1).status == S.DISPATCHING
+    assert gpu_job(world, gpus=1).status == JobStatus.DISPATCHING
 
     assert services.jobs_admit() == []
     finish(small_running)
     services.jobs_admit()
-    assert statuses(big, small) == [S.DISPATCHING, S.QUEUED]
+    assert statuses(big, small) == [JobStatus.DISPATCHING, JobStatus.QUEUED]
     assert reason(small).startswith(f"waiting for 1 vCPUs in {pools.cpu.name}")
     finish(big)
     services.jobs_admit()
-    assert statuses(small) == [S.DISPATCHING]
+    assert statuses(small) == [JobStatus.DISPATCHING]
 
 
 def test_a_critical_job_blocked_on_its_pool_holds_back_normal_ones(world, pools):
     submit(world, "running", cpus=2)
     critical = submit(world, "critical", cpus=CPU_POOL_VCPUS, priority="critical")
     normal = submit(world, "normal", cpus=1)
-    assert statuses(critical, normal) == [S.QUEUED, S.QUEUED]
+    assert statuses(critical, normal) == [JobStatus.QUEUED, JobStatus.QUEUED]
 
 
 # --- quota -------------------------------------------------------------------------------------
@@ -263,15 +266,15 @@ def test_max_concurrent_jobs_keeps_jobs_queued_with_a_quota_reason(world, other_
     TenantQuota.objects.create(tenant=world.tenant, max_concurrent_jobs=1)
     first = submit(world, "first")
     second = submit(world, "second")
-    assert statuses(first, second) == [S.DISPATCHING, S.QUEUED]
+    assert statuses(first, second) == [JobStatus.DISPATCHING, JobStatus.QUEUED]
     assert reason(second) == "quota: at most 1 jobs at once"
 
     # Another tenant isn't held by this quota, and a quota wait blocks no pool.
-    assert submit(other_world, "theirs").status == S.DISPATCHING
+    assert submit(other_world, "theirs").status == JobStatus.DISPATCHING
 
     finish(first)
     services.jobs_admit()
-    assert statuses(second) == [S.DISPATCHING]
+    assert statuses(second) == [JobStatus.DISPATCHING]
 
 
 def test_max_gpus_per_type_keeps_jobs_queued_with_a_quota_reason(world, other_world, pools):
@@ -279,25 +282,25 @@ def test_max_gpus_per_type_keeps_jobs_queued_with_a_quota_reason(world, other_wo
     TenantQuota.objects.create(tenant=world.tenant, gpu_type=h100, max_gpus=4)
     first = gpu_job(world, "first", gpus=4)
     second = gpu_job(world, "second", gpus=2)
-    assert statuses(first, second) == [S.DISPATCHING, S.QUEUED]
+    assert statuses(first, second) == [JobStatus.DISPATCHING, JobStatus.QUEUED]
     assert reason(second) == "quota: 4 of 4 GPUs in use"
 
     # Other GPU types and other tenants are not limited by it.
-    assert gpu_job(world, "a100", gpus=4, gpu_type="a100-80gb").status == S.DISPATCHING
-    assert gpu_job(other_world, "theirs", gpus=2).status == S.DISPATCHING
+    assert gpu_job(world, "a100", gpus=4, gpu_type="a100-80gb").status == JobStatus.DISPATCHING
+    assert gpu_job(other_world, "theirs", gpus=2).status == JobStatus.DISPATCHING
 
     finish(first)
     services.jobs_admit()
-    assert statuses(second) == [S.DISPATCHING]
+    assert statuses(second) == [JobStatus.DISPATCHING]
 
 
 def test_tenant_wide_max_gpus_counts_every_gpu_type(world, pools):
     TenantQuota.objects.create(tenant=world.tenant, max_gpus=6)
     gpu_job(world, "h100", gpus=4)
     # H100 GPUs count against the tenant-wide limit of an A100 job too.
-    assert gpu_job(world, "fits", gpus=2, gpu_type="a100-80gb").status == S.DISPATCHING
+    assert gpu_job(world, "fits", gpus=2, gpu_type="a100-80gb").status == JobStatus.DISPATCHING
     a100 = gpu_job(world, "a100", gpus=4, gpu_type="a100-80gb")
-    assert a100.status == S.QUEUED
+    assert a100.status == JobStatus.QUEUED
     assert a100.status_reason == "quota: 6 of 6 GPUs in use"
 
 
@@ -311,7 +314,7 @@ def test_quota_blocked_job_is_not_overtaken_by_the_same_tenants_smaller_job(worl
     big = gpu_job(world, "big", gpus=8)
     assert reason(big) == "quota: 4 of 8 GPUs in use"
     small = gpu_job(world, "small", gpus=2)
-    assert statuses(big, small) == [S.QUEUED, S.QUEUED]
+    assert statuses(big, small) == [JobStatus.QUEUED, JobStatus.QUEUED]
 
 
 # --- admission on submit: one job, not the whole queue ------------------------------------
@@ -323,7 +326,7 @@ def _queue_for(template: Job, length: int) -> None:
     for number in range(length):
         row = Job.objects.get(pk=template.pk)
         row.pk, row.name = None, f"waiting-{number}"
-        row.status, row.status_reason = S.QUEUED, "waiting for 8 GPUs in t-a100 (0 free)"
+        row.status, row.status_reason = JobStatus.QUEUED, "waiting for 8 GPUs in t-a100 (0 free)"
         rows.append(row)
     Job.objects.bulk_create(rows)
 
@@ -332,12 +335,12 @@ def test_submit_costs_the_same_number_of_queries_whatever_the_queue_length(world
     holder = gpu_job(world, "a100-holder", gpus=8, gpu_type="a100-80gb")
     queries = []
     for length in (3, 60):
-        _queue_for(holder, length - Job.objects.filter(status=S.QUEUED).count())
+        _queue_for(holder, length - Job.objects.filter(status=JobStatus.QUEUED).count())
         with CaptureQueriesContext(connection) as captured:
             admitted = submit(world, f"cpu-{length}", cpus=1)
-        assert admitted.status == S.DISPATCHING
+        assert admitted.status == JobStatus.DISPATCHING
         queries.append(len(captured.captured_queries))
-        last = Job.objects.filter(status=S.QUEUED).order_by("pk").last()
+        last = Job.objects.filter(status=JobStatus.QUEUED).order_by("pk").last()
         with CaptureQueriesContext(connection) as captured:
             assert queue_position(last) == length
         assert len(captured.captured_queries) == 1
@@ -349,13 +352,13 @@ def test_submit_costs_the_same_number_of_queries_whatever_the_queue_length(world
 def test_a_new_critical_job_is_admitted_before_queued_normal_ones_when_it_fits(world, pools):
     submit(world, "running", cpus=2)
     normal = submit(world, "normal", cpus=CPU_POOL_VCPUS)
-    assert normal.status == S.QUEUED
+    assert normal.status == JobStatus.QUEUED
     critical = submit(world, "critical", cpus=2, priority="critical")
-    assert critical.status == S.DISPATCHING
+    assert critical.status == JobStatus.DISPATCHING
     assert queue_position(normal) == 1
     # A new normal job still queues behind the earlier normal one; a low one too.
     later = submit(world, "later", cpus=1)
-    assert (later.status, later.status_reason) == (S.QUEUED, BEHIND_IN_POOL.message)
+    assert (later.status, later.status_reason) == (JobStatus.QUEUED, BEHIND_IN_POOL.message)
     assert later.wait_kind == WaitKind.POOL_QUEUE
     assert queue_position(later) == 2
 
@@ -367,9 +370,9 @@ def test_another_tenants_quota_wait_does_not_block_a_new_job_but_its_own_does(
     submit(other_world, "theirs-running", cpus=1)
     theirs = submit(other_world, "theirs-waiting", cpus=1)
     assert theirs.status_reason == "quota: at most 1 jobs at once"
-    assert submit(world, "mine", cpus=1).status == S.DISPATCHING
+    assert submit(world, "mine", cpus=1).status == JobStatus.DISPATCHING
     again = submit(other_world, "theirs-again", cpus=1)
-    assert (again.status, again.status_reason) == (S.QUEUED, BEHIND_OWN_QUOTA.message)
+    assert (again.status, again.status_reason) == (JobStatus.QUEUED, BEHIND_OWN_QUOTA.message)
     assert (theirs.wait_kind, again.wait_kind) == (WaitKind.QUOTA, WaitKind.QUOTA_QUEUE)
     assert services.jobs_admit() == []
     assert reason(again) == BEHIND_OWN_QUOTA.message
@@ -444,10 +447,10 @@ def test_request_larger_than_the_quota_is_refused_at_submit(world, pools, scoped
 def _job_in(world, status: str) -> Job:
     """A fresh job of `world` brought to `status` by the shortest legal path."""
     job = JobFactory(tenant=world.tenant)
-    return job if status == S.QUEUED else advance_to(job, status, actor=SYSTEM)
+    return job if status == JobStatus.QUEUED else advance_to(job, status, actor=SYSTEM)
 
 
-ALL_PAIRS = list(product(S.values, S.values))
+ALL_PAIRS = list(product(JobStatus.values, JobStatus.values))
 
 
 def test_every_pair_outside_the_table_is_refused_and_writes_nothing(world, pools):
@@ -465,7 +468,7 @@ def test_every_pair_outside_the_table_is_refused_and_writes_nothing(world, pools
 
 def test_every_pair_in_the_table_writes_exactly_one_event(world, pools):
     legal = [(a, b) for a, b in ALL_PAIRS if b in TRANSITIONS[a]]
-    assert set(TRANSITIONS) == set(S.values)
+    assert set(TRANSITIONS) == set(JobStatus.values)
     for current, to in legal:
         job = _job_in(world, current)
         before = set(JobEvent.objects.filter(job=job).values_list("pk", flat=True))
@@ -480,17 +483,25 @@ def test_every_pair_in_the_table_writes_exactly_one_event(world, pools):
 
 def test_finished_states_are_final_and_expected_from_is_checked(world, pools):
     job = submit(world)
-    for final in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
+    for final in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
         assert TRANSITIONS[final] == frozenset()
-    assert job.status == S.DISPATCHING
+    assert job.status == JobStatus.DISPATCHING
     with pytest.raises(IllegalTransition):
         job_transition(
-            job=job, to=S.RUNNING, actor=SYSTEM, expected_from=frozenset({S.PROVISIONING})
+            job=job,
+            to=JobStatus.RUNNING,
+            actor=SYSTEM,
+            expected_from=frozenset({JobStatus.PROVISIONING}),
         )
-    job_transition(job=job, to=S.RUNNING, actor=SYSTEM, expected_from=frozenset({S.DISPATCHING}))
+    job_transition(
+        job=job,
+        to=JobStatus.RUNNING,
+        actor=SYSTEM,
+        expected_from=frozenset({JobStatus.DISPATCHING}),
+    )
     job.refresh_from_db()
-    assert job.status == S.RUNNING and job.started_at is not None
-    assert S.RUNNING in HOLDING_COMPUTE
+    assert job.status == JobStatus.RUNNING and job.started_at is not None
+    assert JobStatus.RUNNING in HOLDING_COMPUTE
 
 
 # --- spot placement ------------------------------------------------------------------------
@@ -544,11 +555,11 @@ def test_spot_ratio_splits_the_job_between_the_tiers(world, pools):
 def test_admission_counts_both_tiers_of_a_split_job(world, pools):
     # 2 spot + 1 on-demand nodes × 2 vCPUs: 4 of the spot pool, 2 of the on-demand one.
     split = submit(world, "split", nodes=3, cpus=2, spot_ratio=Decimal("0.5"))
-    assert split.status == S.DISPATCHING
+    assert split.status == JobStatus.DISPATCHING
     spot_only = submit(world, "spot", cpus=1, spot_ratio=Decimal("1"))
-    assert spot_only.status == S.QUEUED
+    assert spot_only.status == JobStatus.QUEUED
     assert spot_only.status_reason == f"waiting for 1 vCPUs in {pools.cpu_spot.name} (0 free)"
-    assert submit(world, "on-demand", cpus=2).status == S.DISPATCHING
+    assert submit(world, "on-demand", cpus=2).status == JobStatus.DISPATCHING
 
 
 def test_spot_ratio_without_a_spot_pool_is_refused(world, pools):
@@ -564,23 +575,23 @@ def test_a_suspension_after_the_launch_check_holds_the_job_back_at_admission(wor
         suspended_at=timezone.now(), suspension_reason="unpaid invoice"
     )
     job = submit(world, "late", cpus=1)
-    assert (job.status, job.wait_kind) == (S.QUEUED, WaitKind.SUSPENDED)
+    assert (job.status, job.wait_kind) == (JobStatus.QUEUED, WaitKind.SUSPENDED)
     assert not Job.objects.filter(status__in=HOLDING_COMPUTE).exists()
 
 
-def test_a_launch_that_waits_leaves_a_later_launch_of_its_priority_as_it_was_decided(world, pools):
+def test_a_launch_that_waits_relabels_a_later_launch_it_went_before(world, pools):
     # Two concurrent launches: the later one (created after) took the pool lock first and
-    # was decided without seeing the earlier one. When the earlier one then waits, the
-    # later one still waits too; no full pass over the queue relabels it.
+    # was decided without seeing the earlier one. The earlier one's pass then says what
+    # holds the later one now, as a full pass would, and stops there.
     gpu_job(world, "holder", gpus=8)
     later = gpu_job(world, "later", gpus=8)
+    assert later.wait_kind == WaitKind.CAPACITY
     Job.objects.filter(pk=later.pk).update(created_at=timezone.now() + timedelta(seconds=5))
     earlier = gpu_job(world, "earlier", gpus=8)
     later.refresh_from_db()
-    assert (earlier.status, earlier.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
-    assert (later.status, later.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
-    # The next full pass (a job ends, the reconciler) says what holds it now.
-    services.jobs_admit()
+    assert (earlier.status, earlier.wait_kind) == (JobStatus.QUEUED, WaitKind.CAPACITY)
+    assert (later.status, later.wait_kind) == (JobStatus.QUEUED, WaitKind.POOL_QUEUE)
+    assert services.jobs_admit() == []
     later.refresh_from_db()
     assert later.wait_kind == WaitKind.POOL_QUEUE
 
@@ -591,5 +602,5 @@ def test_a_higher_priority_launch_that_waits_relabels_the_jobs_it_went_before(wo
     assert normal.wait_kind == WaitKind.CAPACITY
     critical = gpu_job(world, "critical", gpus=8, priority="critical")
     normal.refresh_from_db()
-    assert (critical.status, critical.wait_kind) == (S.QUEUED, WaitKind.CAPACITY)
-    assert (normal.status, normal.wait_kind) == (S.QUEUED, WaitKind.POOL_QUEUE)
+    assert (critical.status, critical.wait_kind) == (JobStatus.QUEUED, WaitKind.CAPACITY)
+    assert (normal.status, normal.wait_kind) == (JobStatus.QUEUED, WaitKind.POOL_QUEUE)

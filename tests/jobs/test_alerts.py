@@ -12,6 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from jobs import alerts
+from jobs.actors import ActorKind
 from jobs.alerts import (
     RunningStats,
     gpu_idle,
@@ -204,7 +205,7 @@ def test_alerts_are_recorded_in_the_timeline_once_per_cooldown(world, catalog):
     assert sorted(a.kind for a in raised) == sorted(
         [AlertKind.UTILIZATION_UNSTABLE, AlertKind.MEMORY_LEAK, AlertKind.LOSS_EXPLOSION]
     )
-    notes = JobEvent.objects.filter(job=job, actor="alerts")
+    notes = JobEvent.objects.filter(job=job, actor_kind=ActorKind.ALERT)
     assert notes.count() == 3 and all(e.from_status == e.to_status for e in notes)
     assert "log line 31" in JobAlert.objects.get(job=job, kind=AlertKind.LOSS_EXPLOSION).message
     # The next tick sees the same state: nothing new within the cool-down.
@@ -228,4 +229,4 @@ def test_an_idle_job_is_paused_when_auto_stop_is_on(world, catalog, settings):
     assert alert.kind == AlertKind.GPU_IDLE and alert.severity == "critical"
     stopped.refresh_from_db()
     assert stopped.status == JobStatus.PAUSING
-    assert stopped.events.filter(actor="alerts", to_status="pausing").exists()
+    assert stopped.events.filter(actor_kind=ActorKind.ALERT, to_status="pausing").exists()

@@ -27,7 +27,6 @@ from tests.conftest import token_client
 from tests.jobs.test_consumers import forget_files, write_log
 from tests.jobs_helpers import advance_to
 
-S = JobStatus
 JOBS = "/api/v1/jobs"
 COST = re.compile(r"^\d+\.\d{6,}$")
 CONFLICT = 409
@@ -86,7 +85,7 @@ def test_launch_returns_the_job_with_status_and_cost(member_api, world):
         max_runtime_minutes=30,
         checkpoint_path="/ckpt",
     )
-    assert job["status"] == S.DISPATCHING
+    assert job["status"] == JobStatus.DISPATCHING
     assert job["status_reason"] == "admitted"
     assert job["attempt"] == 1
     assert COST.match(job["cost_to_date"]), job["cost_to_date"]
@@ -114,7 +113,7 @@ def test_launch_over_free_capacity_is_queued_with_reason_and_position(member_api
     pool = local_cpu_pool()
     launch(member_api, name="filler", cpus=pool.allocatable_vcpus)
     queued = launch(member_api, name="waiting", cpus=1)
-    assert queued["status"] == S.QUEUED
+    assert queued["status"] == JobStatus.QUEUED
     assert queued["status_reason"] == f"waiting for 1 vCPUs in {pool.name} (0 free)"
     assert queued["queue_position"] == 1
     assert COST.match(queued["cost_to_date"])
@@ -251,7 +250,7 @@ def test_the_log_page_is_what_the_schema_documents(member_api):
 
 def test_another_tenants_job_is_404_everywhere(member_api, other_world):
     theirs = launch(token_client(other_world.member, other_world.tenant), name="theirs")
-    set_status(theirs["id"], S.CANCELLED)
+    set_status(theirs["id"], JobStatus.CANCELLED)
     url = job_url(theirs["id"])
     for response in (
         member_api.get(url),
@@ -279,7 +278,7 @@ def test_viewer_can_read_but_not_launch_or_act(member_api, world):
 
 def test_events_are_the_timeline_in_order(member_api, world):
     job = launch(member_api)
-    set_status(job["id"], S.RUNNING, S.SUCCEEDED)
+    set_status(job["id"], JobStatus.RUNNING, JobStatus.SUCCEEDED)
     response = member_api.get(job_url(job["id"], "events"))
     assert response.status_code == 200
     events = response.json()["results"]
@@ -290,6 +289,7 @@ def test_events_are_the_timeline_in_order(member_api, world):
         ("running", "succeeded"),
     ]
     assert [e["actor"] for e in events] == [world.member.email, "system", "backend", "backend"]
+    assert [e["actor_kind"] for e in events] == ["user", "system", "backend", "backend"]
     assert [e["reason"] for e in events] == ["submitted", "admitted", "running", "succeeded"]
     assert all(set(e) >= {"at", "from_status", "to_status", "actor", "reason"} for e in events)
     assert [e["at"] for e in events] == sorted(e["at"] for e in events)
@@ -301,25 +301,25 @@ def test_events_are_the_timeline_in_order(member_api, world):
 def test_actions_are_idempotent_and_illegal_ones_are_409(member_api):
     job = launch(member_api)
     url = job_url(job["id"])
-    set_status(job["id"], S.RUNNING)
+    set_status(job["id"], JobStatus.RUNNING)
 
     paused = member_api.post(f"{url}/pause")
-    assert paused.status_code == 200 and paused.json()["status"] == S.PAUSING
-    assert member_api.post(f"{url}/pause").json()["status"] == S.PAUSING  # no-op
-    set_status(job["id"], S.PAUSED)
+    assert paused.status_code == 200 and paused.json()["status"] == JobStatus.PAUSING
+    assert member_api.post(f"{url}/pause").json()["status"] == JobStatus.PAUSING  # no-op
+    set_status(job["id"], JobStatus.PAUSED)
     assert member_api.post(f"{url}/pause").status_code == 200
 
     resumed = member_api.post(f"{url}/resume")
-    assert resumed.status_code == 200 and resumed.json()["status"] == S.RESUMING
+    assert resumed.status_code == 200 and resumed.json()["status"] == JobStatus.RESUMING
     assert member_api.post(f"{url}/resume").status_code == 200
-    set_status(job["id"], S.RUNNING)
-    assert member_api.post(f"{url}/resume").json()["status"] == S.RUNNING
+    set_status(job["id"], JobStatus.RUNNING)
+    assert member_api.post(f"{url}/resume").json()["status"] == JobStatus.RUNNING
 
     # A running job is cancelling (billed, holding its compute) until its work ends.
     cancelled = member_api.post(f"{url}/cancel")
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == S.CANCELLING
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == JobStatus.CANCELLING
     again = member_api.post(f"{url}/cancel")
-    assert again.status_code == 200 and again.json()["status"] == S.CANCELLING
+    assert again.status_code == 200 and again.json()["status"] == JobStatus.CANCELLING
     events = Job.objects.get(pk=job["id"]).events.count()
 
     for action in ("pause", "resume"):
@@ -328,18 +328,18 @@ def test_actions_are_idempotent_and_illegal_ones_are_409(member_api):
         assert "cancelling" in refused.json()["detail"]
     assert member_api.delete(url).status_code == CONFLICT  # not finished yet
     assert Job.objects.get(pk=job["id"]).events.count() == events
-    set_status(job["id"], S.CANCELLED)  # the backend reported the work gone
-    assert member_api.post(f"{url}/cancel").json()["status"] == S.CANCELLED
+    set_status(job["id"], JobStatus.CANCELLED)  # the backend reported the work gone
+    assert member_api.post(f"{url}/cancel").json()["status"] == JobStatus.CANCELLED
 
 
 def test_resuming_or_cancelling_a_succeeded_job_is_409(member_api):
     job = launch(member_api)
-    set_status(job["id"], S.RUNNING, S.SUCCEEDED)
+    set_status(job["id"], JobStatus.RUNNING, JobStatus.SUCCEEDED)
     for action in ("resume", "cancel", "pause"):
         refused = member_api.post(job_url(job["id"], action))
         assert refused.status_code == CONFLICT
         assert refused.json()["detail"]
-    assert Job.objects.get(pk=job["id"]).status == S.SUCCEEDED
+    assert Job.objects.get(pk=job["id"]).status == JobStatus.SUCCEEDED
 
 
 def test_pausing_a_queued_job_is_409_and_cancelling_it_works(member_api):
@@ -347,7 +347,7 @@ def test_pausing_a_queued_job_is_409_and_cancelling_it_works(member_api):
     queued = launch(member_api, name="queued")
     assert member_api.post(job_url(queued["id"], "pause")).status_code == CONFLICT
     cancelled = member_api.post(job_url(queued["id"], "cancel"))
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == S.CANCELLED
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == JobStatus.CANCELLED
 
 
 def test_delete_only_a_finished_job(member_api):
@@ -365,13 +365,13 @@ def test_delete_only_a_finished_job(member_api):
 
 def test_clone_is_a_new_job_with_the_same_spec(member_api):
     job = launch(member_api, env={"A": "1"}, secret_env={"TOKEN": "s3cret"}, labels={"k": "v"})
-    set_status(job["id"], S.RUNNING, S.FAILED)
+    set_status(job["id"], JobStatus.RUNNING, JobStatus.FAILED)
     response = member_api.post(job_url(job["id"], "clone"))
     assert response.status_code == 201
     clone = response.json()
     assert clone["id"] != job["id"]
     assert clone["name"] == "api job (clone)"
-    assert clone["status"] in (S.DISPATCHING, S.QUEUED)
+    assert clone["status"] in (JobStatus.DISPATCHING, JobStatus.QUEUED)
     for key in ("image", "command", "env", "secret_env", "labels", "cpus", "priority"):
         assert clone[key] == job[key], key
     assert decrypt_json(Job.objects.get(pk=clone["id"]).secret_env_encrypted) == {"TOKEN": "s3cret"}
@@ -390,19 +390,19 @@ def test_list_query_count_does_not_grow_with_jobs(member_api, world, django_asse
     add_jobs(2)
     # A running job's cost is priced live (a query of its own): running ones from the start.
     running = launch(member_api, name="running")
-    advance_to(Job.objects.get(pk=running["id"]), S.RUNNING)
+    advance_to(Job.objects.get(pk=running["id"]), JobStatus.RUNNING)
     member_api.get(JOBS)  # warm-up: the token's first use writes its last use
     with CaptureQueriesContext(connection) as few:
         assert member_api.get(JOBS).status_code == 200
     few_jobs_queries = len(few)  # now: later requests reset the connection's query log
     add_jobs(30)
     for job in Job.objects.filter(name__in=[f"bulk {n}" for n in range(0, 30, 3)]):
-        advance_to(job, S.RUNNING)
+        advance_to(job, JobStatus.RUNNING)
     with django_assert_max_num_queries(few_jobs_queries):
         response = member_api.get(JOBS)
     statuses = [job["status"] for job in response.json()["results"]]
     assert len(statuses) == 34
-    assert statuses.count(S.RUNNING) >= 11 and statuses.count(S.QUEUED) >= 19
+    assert statuses.count(JobStatus.RUNNING) >= 11 and statuses.count(JobStatus.QUEUED) >= 19
 
 
 # --- lifecycle with real processes --------------------------------------------------------------
@@ -429,7 +429,7 @@ def wait_for_line(api, url: str, text: str, timeout: float = 10) -> None:
 
 
 def dispatch(job_id: int) -> Job:
-    """What job_dispatch_task does in the worker."""
+    """What the dispatch sweep does for the job in the worker."""
     return services.job_dispatch(job=Job.objects.get(pk=job_id))
 
 
@@ -437,8 +437,8 @@ def dispatch(job_id: int) -> Job:
 def test_logs_page_by_line_number(member_api):
     program = "for i in range(1, 6): print(f'line {i}')"
     job = launch(member_api, command=["python", "-c", program])
-    assert dispatch(job["id"]).status == S.RUNNING
-    observe_until(job["id"], {S.SUCCEEDED, S.FAILED})
+    assert dispatch(job["id"]).status == JobStatus.RUNNING
+    observe_until(job["id"], {JobStatus.SUCCEEDED, JobStatus.FAILED})
     url = job_url(job["id"], "logs")
 
     first = member_api.get(url, {"since_line": 0, "limit": 2}).json()
@@ -457,7 +457,7 @@ def test_logs_page_by_line_number(member_api):
     assert member_api.get(url, {"since_line": "x"}).status_code == 400
 
     finished = member_api.get(job_url(job["id"])).json()
-    assert (finished["status"], finished["exit_code"]) == (S.SUCCEEDED, 0)
+    assert (finished["status"], finished["exit_code"]) == (JobStatus.SUCCEEDED, 0)
     assert COST.match(finished["cost_to_date"])
     refused = member_api.post(job_url(job["id"], "resume"))
     assert refused.status_code == CONFLICT and "succeeded" in refused.json()["detail"]
@@ -475,22 +475,22 @@ def test_pause_resume_cancel_a_running_job(member_api, settings):
     job = launch(member_api, command=["python", "-c", program])
     url, backend = job_url(job["id"]), LocalBackend()
     dispatch(job["id"])
-    observe_until(job["id"], {S.RUNNING})
+    observe_until(job["id"], {JobStatus.RUNNING})
     try:
-        assert member_api.post(f"{url}/pause").json()["status"] == S.PAUSING
+        assert member_api.post(f"{url}/pause").json()["status"] == JobStatus.PAUSING
         backend.suspend(Job.objects.get(pk=job["id"]))  # job_suspend_task
-        observe_until(job["id"], {S.PAUSED})
-        assert member_api.post(f"{url}/pause").json()["status"] == S.PAUSED
+        observe_until(job["id"], {JobStatus.PAUSED})
+        assert member_api.post(f"{url}/pause").json()["status"] == JobStatus.PAUSED
 
-        assert member_api.post(f"{url}/resume").json()["status"] == S.RESUMING
+        assert member_api.post(f"{url}/resume").json()["status"] == JobStatus.RESUMING
         services.job_backend_resume(job=Job.objects.get(pk=job["id"]))  # job_resume_task
-        assert member_api.get(url).json()["status"] == S.RUNNING
+        assert member_api.get(url).json()["status"] == JobStatus.RUNNING
         wait_for_line(member_api, url, "resumed")
     finally:
         cancelled = member_api.post(f"{url}/cancel")
         backend.cancel(Job.objects.get(pk=job["id"]))  # job_cancel_task
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == S.CANCELLING
-    observe_until(job["id"], {S.CANCELLED})
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == JobStatus.CANCELLING
+    observe_until(job["id"], {JobStatus.CANCELLED})
     texts = [line["text"] for line in member_api.get(f"{url}/logs").json()["lines"]]
     assert texts[:2] == ["fresh", "resumed"]
     events = [e["to_status"] for e in member_api.get(f"{url}/events").json()["results"]]

@@ -20,18 +20,17 @@ from tests.jobs_helpers import advance_to
 
 __all__ = ["member_api"]  # the fixture, imported for these tests
 
-S = JobStatus
-
 
 def test_list_rows_equal_each_job_s_page_for_every_kind_of_job(member_api, world, monkeypatch):
     tenant_secret_set(tenant=world.tenant, user=world.owner, name="HF_TOKEN", value="hf_x")
     running = launch(member_api, name="running", labels={"team": "nlp"}, env={"A": "1"})
     finished = launch(member_api, name="finished")
-    advance_to(Job.objects.get(pk=running["id"]), S.RUNNING)
-    advance_to(Job.objects.get(pk=finished["id"]), S.SUCCEEDED)
+    advance_to(Job.objects.get(pk=running["id"]), JobStatus.RUNNING)
+    advance_to(Job.objects.get(pk=finished["id"]), JobStatus.SUCCEEDED)
     launch(member_api, name="filler", cpus=local_cpu_pool().allocatable_vcpus)
     launch(member_api, name="queued", secret_env={"HF_TOKEN": "hf_y"}, project="p")
-    assert set(Job.objects.values_list("status", flat=True)) >= {S.RUNNING, S.QUEUED, S.SUCCEEDED}
+    statuses = set(Job.objects.values_list("status", flat=True))
+    assert statuses >= {JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.SUCCEEDED}
     # One instant for every reading: a running job's cost grows by the microdollar.
     instant = timezone.now()
     monkeypatch.setattr(timezone, "now", lambda: instant)

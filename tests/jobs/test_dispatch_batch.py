@@ -1,14 +1,15 @@
-"""Batch dispatch (`jobs.services.jobs_dispatch`, `jobs.tasks.jobs_dispatch_task`): many
-admitted jobs started together on the simulated Kubernetes API server, each exactly once,
-with one job's trouble handed to its own dispatch task."""
+"""Batch dispatch (`jobs.services.jobs_dispatch`, run by the sweep `jobs_dispatch_task`):
+many admitted jobs started together on the simulated Kubernetes API server, each exactly
+once, with one job's trouble put off for a later sweep."""
 
 from __future__ import annotations
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from jobs import services, tasks
+from jobs import services
 from jobs.actors import SYSTEM
 from jobs.backends import BackendUnavailable
 from jobs.backends.kubernetes import KubernetesBackend, manifests
@@ -17,7 +18,6 @@ from jobs.state import jobs_transition_many
 from tests.jobs import test_hardening_dispatch, test_kubernetes_lifecycle
 from tests.jobs.test_kubernetes_lifecycle import gpu_spec, ns
 
-S = JobStatus
 # Fixtures shared with those tests: the simulated cluster, and tasks recorded, not sent.
 cluster = test_kubernetes_lifecycle.cluster
 dropped = test_hardening_dispatch.dropped
@@ -33,7 +33,7 @@ def dispatching(world, count: int, prefix: str = "b") -> list[Job]:
         )
         for n in range(count)
     ]
-    assert {job.status for job in jobs} == {S.DISPATCHING}
+    assert {job.status for job in jobs} == {JobStatus.DISPATCHING}
     return jobs
 
 
@@ -52,10 +52,14 @@ def test_a_batch_starts_each_job_once(world, cluster):
     assert kube_job_names(cluster, jobs[0]) == sorted(f"gg-{job.pk}-a1" for job in jobs)
     for job in jobs:
         job.refresh_from_db()
-        assert job.status == S.PROVISIONING
+        assert job.status == JobStatus.PROVISIONING
         events = [(e.from_status, e.to_status, e.reason) for e in job.events.all()]
-        assert events[-1] == (S.DISPATCHING, S.PROVISIONING, "submitted to the cluster")
-        assert [e for e in events if e[1] == S.PROVISIONING] == [events[-1]]
+        assert events[-1] == (
+            JobStatus.DISPATCHING,
+            JobStatus.PROVISIONING,
+            "submitted to the cluster",
+        )
+        assert [e for e in events if e[1] == JobStatus.PROVISIONING] == [events[-1]]
 
 
 def test_a_batch_costs_the_same_statements_for_two_jobs_or_five(world, cluster):
@@ -92,7 +96,7 @@ def test_a_job_cancelled_while_its_objects_are_made_is_undone(world, cluster, mo
 
     assert sorted(job.pk for job in started) == [jobs[0].pk, jobs[2].pk]
     victim.refresh_from_db()
-    assert victim.status == S.CANCELLED
+    assert victim.status == JobStatus.CANCELLED
     assert kube_job_names(cluster, victim) == sorted(f"gg-{j.pk}-a1" for j in (jobs[0], jobs[2]))
 
 
@@ -116,7 +120,8 @@ def test_an_undo_the_cluster_refuses_is_retried_by_a_cancel_task(
     assert f"gg-{victim.pk}-a1" in kube_job_names(cluster, victim)  # not stopped yet
     cluster.clear_faults()
     # The cancel's own task and the undo's: either would stop it; both are harmless.
-    assert set(dropped.run()) == {("jobs.tasks.job_cancel_task", (victim.pk,))}
+    ran = {task for task in dropped.run() if task[0].startswith("jobs.")}  # (and a mail)
+    assert ran == {("jobs.tasks.job_cancel_task", (victim.pk,), None)}
     assert kube_job_names(cluster, victim) == sorted(f"gg-{j.pk}-a1" for j in (jobs[0], jobs[2]))
 
 
@@ -147,7 +152,7 @@ def test_a_rejected_job_fails_alone(world, cluster):
 
     assert sorted(job.pk for job in started) == [jobs[1].pk, jobs[2].pk]
     refused.refresh_from_db()
-    assert refused.status == S.FAILED
+    assert refused.status == JobStatus.FAILED
     assert "not made by this console" in refused.status_reason
 
 
@@ -155,7 +160,7 @@ def test_a_rejected_job_fails_alone(world, cluster):
     ("error", "counted"),
     [(BackendUnavailable("the API server timed out"), 0), (RuntimeError("boom"), 1)],
 )
-def test_a_job_that_errs_is_handed_to_its_own_task(
+def test_a_job_that_errs_is_put_off_for_a_later_sweep(
     world,
     cluster,
     monkeypatch,
@@ -180,19 +185,23 @@ def test_a_job_that_errs_is_handed_to_its_own_task(
 
     assert sorted(job.pk for job in started) == [jobs[0].pk, jobs[1].pk]
     unlucky.refresh_from_db()
-    assert unlucky.status == S.DISPATCHING
+    assert unlucky.status == JobStatus.DISPATCHING
     assert unlucky.wait_kind == WaitKind.RETRY
     assert unlucky.dispatch_failures == counted
-    assert dropped.names(unlucky.pk) == ["jobs.tasks.job_dispatch_task"]
-    # Its own task starts it once the API server answers again.
+    assert unlucky.dispatch_after > timezone.now()
+    (sweep,) = dropped.sent  # one sweep, for when it is due
+    assert sweep[:2] == ("jobs.tasks.jobs_dispatch_task", ()) and 1 < sweep[2] <= 3
+    assert services.jobs_dispatch_pending() == 0  # not due yet
+    # The later sweep starts it once the API server answers again.
     monkeypatch.setattr(KubernetesBackend, "_run_creates", run_creates)
-    tasks.job_dispatch_task.run(unlucky.pk)
+    Job.objects.filter(pk=unlucky.pk).update(dispatch_after=timezone.now())
+    assert services.jobs_dispatch_pending() == 1
     unlucky.refresh_from_db()
-    assert unlucky.status == S.PROVISIONING
+    assert unlucky.status == JobStatus.PROVISIONING
     assert f"gg-{unlucky.pk}-a1" in kube_job_names(cluster, unlucky)
 
 
-def test_an_admission_pass_queues_one_batch_for_the_jobs_it_admits(
+def test_an_admission_pass_queues_one_sweep_for_the_jobs_it_admits(
     world,
     cluster,
     dropped,
@@ -209,20 +218,18 @@ def test_an_admission_pass_queues_one_batch_for_the_jobs_it_admits(
         )
         for n in range(3)
     ]
-    assert blocker.status == S.DISPATCHING
-    assert {job.status for job in waiting} == {S.QUEUED}
-    Job.objects.filter(pk=blocker.pk).update(status=S.SUCCEEDED)  # its GPUs are free again
+    assert blocker.status == JobStatus.DISPATCHING
+    assert {job.status for job in waiting} == {JobStatus.QUEUED}
+    Job.objects.filter(pk=blocker.pk).update(status=JobStatus.SUCCEEDED)  # its GPUs are free again
 
     with django_capture_on_commit_callbacks(execute=True):
         admitted = services.jobs_admit()
 
     assert sorted(job.pk for job in admitted) == sorted(job.pk for job in waiting)
-    batches = [args for name, args in dropped.sent if name == "jobs.tasks.jobs_dispatch_task"]
-    assert batches == [([job.pk for job in admitted],)]
-    assert all(dropped.names(job.pk) == [] for job in waiting)  # no task of their own
+    assert dropped.sent == [("jobs.tasks.jobs_dispatch_task", (), None)]
     dropped.run("jobs.tasks.jobs_dispatch_task")
     assert {job.status for job in Job.objects.filter(pk__in=[j.pk for j in waiting])} == {
-        S.PROVISIONING
+        JobStatus.PROVISIONING
     }
 
 
@@ -230,19 +237,19 @@ def test_many_transitions_skip_jobs_that_moved_meanwhile(world, cluster):
     jobs = dispatching(world, 4)
     services.job_cancel(job=jobs[0], actor=SYSTEM)
     stale = Job.objects.get(pk=jobs[0].pk)
-    stale.status = S.DISPATCHING  # what the batch read before the cancel
+    stale.status = JobStatus.DISPATCHING  # what the batch read before the cancel
 
     with CaptureQueriesContext(connection) as captured:
         moved = jobs_transition_many(
             jobs=[stale, *jobs[1:]],
-            to=S.PROVISIONING,
+            to=JobStatus.PROVISIONING,
             actor=SYSTEM,
             reason="submitted to the cluster",
-            expected_from=frozenset({S.DISPATCHING}),
+            expected_from=frozenset({JobStatus.DISPATCHING}),
         )
 
     assert [job.pk for job in moved] == [job.pk for job in jobs[1:]]
-    assert all(job.status == S.PROVISIONING for job in jobs[1:])  # callers' instances too
-    assert Job.objects.get(pk=jobs[0].pk).status == S.CANCELLED
+    assert all(job.status == JobStatus.PROVISIONING for job in jobs[1:])  # callers' instances too
+    assert Job.objects.get(pk=jobs[0].pk).status == JobStatus.CANCELLED
     writes = [q["sql"].split()[0] for q in captured.captured_queries]
     assert writes.count("UPDATE") == 1 and writes.count("INSERT") == 1

@@ -13,7 +13,7 @@ from console import host_access
 from console import services as console_services
 from console.models import AuditEvent, Tenant
 from console.permissions import Role
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec, job_submit
 from jobs.services.spec import (

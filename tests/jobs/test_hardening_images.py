@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs.forms import LaunchForm
 from marketplace.models import Image
 from marketplace.services import image_create

@@ -31,7 +31,6 @@ from jobs.models import JobStatus
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
 from tests.jobs_helpers import launch
 
-S = JobStatus
 JOB_USER = "gg-testjob"
 
 
@@ -66,8 +65,8 @@ def test_planted_control_files_change_nothing_the_console_believes(world, catalo
     decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         job = launch(world, spec(["python", "-c", PLANT.format(decoy=decoy.pid)]))
-        job = wait_for_status(job, {S.SUCCEEDED, S.FAILED, S.CANCELLED})
-        assert job.status == S.SUCCEEDED and job.exit_code == 0, job.status_reason
+        job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+        assert job.status == JobStatus.SUCCEEDED and job.exit_code == 0, job.status_reason
         backend = LocalBackend()
         workdir, run_dir = backend.workdir(job), backend.run_dir(job)
         assert (workdir / "intent").is_dir()  # the job did plant its files…
@@ -89,7 +88,7 @@ def test_cancel_after_planting_signals_only_the_real_process(world, catalog, set
     try:
         program = PLANT.format(decoy=decoy.pid) + "import time; time.sleep(60)\n"
         job = launch(world, spec(["python", "-c", program]))
-        job = wait_for_status(job, {S.RUNNING})
+        job = wait_for_status(job, {JobStatus.RUNNING})
         wait_until(lambda: any("planted in" in t for t in output(job)), what="planting")
         backend = LocalBackend()
         child = int((backend.run_dir(job) / "child.pid").read_text())
@@ -97,7 +96,7 @@ def test_cancel_after_planting_signals_only_the_real_process(world, catalog, set
 
         services.job_pause(job=job, actor=SYSTEM)
         backend.suspend(job)
-        job = wait_for_status(job, {S.PAUSED})
+        job = wait_for_status(job, {JobStatus.PAUSED})
         assert not _alive(child)
         assert decoy.poll() is None  # the planted pid was never signalled
         # Exit code of the real process (SIGTERM, 128 + 15 from the sandbox), not the
@@ -140,8 +139,10 @@ def test_a_real_job_sees_neither_console_settings_nor_console_code(world, catalo
         "print(json.dumps({'env': sorted(os.environ), 'path': sys.path, 'cwd': os.getcwd(),"
         " 'console': importlib.util.find_spec('console') is not None}))\n"
     )
-    job = wait_for_status(launch(world, spec(["python", "-c", program])), {S.SUCCEEDED, S.FAILED})
-    assert job.status == S.SUCCEEDED, output(job)
+    job = wait_for_status(
+        launch(world, spec(["python", "-c", program])), {JobStatus.SUCCEEDED, JobStatus.FAILED}
+    )
+    assert job.status == JobStatus.SUCCEEDED, output(job)
     seen = json.loads(output(job)[0])
     assert not seen["console"]  # the console's code is not importable
     assert not any(p and Path(p).resolve() == settings.BASE_DIR for p in seen["path"])
@@ -156,7 +157,7 @@ def test_duplicate_or_redelivered_submit_of_a_fast_job_runs_it_once(world, catal
         user=world.member,
         spec=spec(["python", "-c", "print('ran', flush=True)"]),
     )
-    assert job.status == S.DISPATCHING
+    assert job.status == JobStatus.DISPATCHING
     backend = LocalBackend()
     backend.submit(job)  # the first dispatch starts it; the worker dies before recording it
     run_dir = backend.run_dir(job)
@@ -164,8 +165,8 @@ def test_duplicate_or_redelivered_submit_of_a_fast_job_runs_it_once(world, catal
     first_child = (run_dir / "child.pid").read_text()
     backend.submit(job)  # a redelivered dispatch task, after the job already ended
     job = services.job_dispatch(job=job)  # and the whole service once more
-    job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
-    assert job.status == S.SUCCEEDED
+    job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
+    assert job.status == JobStatus.SUCCEEDED
     assert output(job) == ["ran"]
     assert (run_dir / "child.pid").read_text() == first_child
 
@@ -185,7 +186,7 @@ def test_concurrent_duplicate_submits_run_the_command_once(world, catalog):
         thread.start()
     for thread in threads:
         thread.join()
-    job = wait_for_status(services.job_dispatch(job=job), {S.SUCCEEDED, S.FAILED})
+    job = wait_for_status(services.job_dispatch(job=job), {JobStatus.SUCCEEDED, JobStatus.FAILED})
     assert output(job) == ["ran"]
 
 
@@ -197,9 +198,9 @@ def test_a_cancelled_job_is_never_started(world, catalog, tmp_path):
         user=world.member,
         spec=spec(["python", "-c", f"open({str(marker)!r}, 'w').write('x')"]),
     )
-    assert job.status == S.DISPATCHING
+    assert job.status == JobStatus.DISPATCHING
     job = services.job_cancel(job=job, actor=SYSTEM)
-    assert job.status == S.CANCELLED
+    assert job.status == JobStatus.CANCELLED
     backend = LocalBackend()
     backend.cancel(job)  # the cancel task ran first…
     backend.submit(job)  # …then the dispatch that was already under way
@@ -310,9 +311,9 @@ def test_with_a_job_user_the_job_works_and_cannot_read_the_data_dir(world, catal
             env={"DATA_DIR_TO_TRY": str(data_dir)},
         ),
     )
-    job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
+    job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
     lines = output(job)
-    assert job.status == S.SUCCEEDED and job.exit_code == 0, lines
+    assert job.status == JobStatus.SUCCEEDED and job.exit_code == 0, lines
     assert [line for line in lines if line.startswith(("READ", "DENIED"))] == [
         f"DENIED {target}" for target in targets
     ]

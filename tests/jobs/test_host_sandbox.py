@@ -27,7 +27,7 @@ from django.urls import reverse
 from console import host_access
 from console.env import embedded_redis_url_file, stored_redis_password, write_private
 from console.models import Tenant
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from jobs import services
 from jobs.actors import SYSTEM
 from jobs.backends.local import LocalBackend
@@ -40,8 +40,7 @@ from tests.factories import UserFactory
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
 from tests.jobs_helpers import launch
 
-S = JobStatus
-ENDED = {S.SUCCEEDED, S.FAILED, S.CANCELLED}
+ENDED = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED}
 
 if not sandbox_support().available and not os.environ.get("CI"):
     pytest.skip(f"no host sandbox here: {sandbox_support().reason}", allow_module_level=True)
@@ -112,7 +111,7 @@ def test_an_ordinary_job_works_in_its_sandbox(world, catalog):
         "import tempfile; tempfile.TemporaryFile().write(b'x')\n"
     )
     job = run(world, program)
-    assert job.status == S.SUCCEEDED, (job.status_reason, output(job))
+    assert job.status == JobStatus.SUCCEEDED, (job.status_reason, output(job))
     assert output(job) == ["42 /workspace /workspace"]
     # Its file is in its work dir on the host, owned by the job's own uid.
     written = LocalBackend().workdir(job) / "result.txt"
@@ -129,7 +128,7 @@ def test_a_job_reads_nothing_of_the_console_by_path(world, catalog):
         Path("/etc/shadow"),
     ]
     job = run(world, PROBE_PATHS.replace("sys.argv[1:]", repr([str(t) for t in targets])))
-    assert job.status == S.SUCCEEDED, output(job)
+    assert job.status == JobStatus.SUCCEEDED, output(job)
     seen = json.loads(output(job)[0])
     assert "READ" not in seen.values(), seen
     # The console's files don't even exist in its view.
@@ -143,7 +142,7 @@ def test_a_job_runs_as_an_unprivileged_uid_outside_the_sandbox_too(world, catalo
     job = launch(
         world, spec(["python", "-c", "import time; print('up', flush=True); time.sleep(30)"])
     )
-    job = wait_for_status(job, {S.RUNNING})
+    job = wait_for_status(job, {JobStatus.RUNNING})
     wait_until(lambda: output(job) == ["up"], what="the job to start")
     uid = job_uid(job)
     assert uid not in (0, os.geteuid())
@@ -152,7 +151,7 @@ def test_a_job_runs_as_an_unprivileged_uid_outside_the_sandbox_too(world, catalo
     assert all(p.uids().real == p.uids().effective == uid for p in holders)
     services.job_cancel(job=job, actor=SYSTEM)
     LocalBackend().cancel(job)
-    wait_for_status(job, {S.CANCELLED})
+    wait_for_status(job, {JobStatus.CANCELLED})
 
 
 def test_a_job_sees_only_its_own_processes_and_not_another_tenants_environment(
@@ -166,7 +165,7 @@ def test_a_job_sees_only_its_own_processes_and_not_another_tenants_environment(
             env={"ACME_TOKEN": secret},
         ),
     )
-    victim = wait_for_status(victim, {S.RUNNING})
+    victim = wait_for_status(victim, {JobStatus.RUNNING})
     wait_until(lambda: output(victim) == ["up"], what="the victim to start")
     try:
         program = (
@@ -179,7 +178,7 @@ def test_a_job_sees_only_its_own_processes_and_not_another_tenants_environment(
             f"print(json.dumps({{'pids': pids, 'leak': any(b'{secret}' in e for e in found)}}))\n"
         )
         attacker = run(other_world, program)
-        assert attacker.status == S.SUCCEEDED, output(attacker)
+        assert attacker.status == JobStatus.SUCCEEDED, output(attacker)
         seen = json.loads(output(attacker)[0])
         assert not seen["leak"]
         # Its own python and the sandbox's init only: no host or victim process.
@@ -187,7 +186,7 @@ def test_a_job_sees_only_its_own_processes_and_not_another_tenants_environment(
     finally:
         services.job_cancel(job=victim, actor=SYSTEM)
         LocalBackend().cancel(victim)
-        wait_for_status(victim, {S.CANCELLED})
+        wait_for_status(victim, {JobStatus.CANCELLED})
 
 
 @pytest.fixture
@@ -239,14 +238,14 @@ def test_a_job_cannot_reach_the_consoles_services(world, catalog, listeners):
         "print(json.dumps(reached))\n"
     )
     job = run(world, program, timeout=60)
-    assert job.status == S.SUCCEEDED, output(job)
+    assert job.status == JobStatus.SUCCEEDED, output(job)
     assert json.loads(output(job)[0]) == []
 
 
 def test_a_job_cannot_forge_its_outcome_or_another_jobs_log(world, other_world, catalog):
     backend = LocalBackend()
     victim = run(other_world, "print('the real line', flush=True)")
-    assert victim.status == S.SUCCEEDED
+    assert victim.status == JobStatus.SUCCEEDED
     victim_log = backend.log_path(victim)
     # The attacker knows where the console keeps control files and logs on the host.
     job = launch(world, spec(["python", "-c", "pass"]))
@@ -267,7 +266,7 @@ def test_a_job_cannot_forge_its_outcome_or_another_jobs_log(world, other_world, 
     )
     job = run(world, program)
     assert not any(line.startswith("WROTE") for line in output(job)), output(job)
-    assert job.status == S.FAILED and job.exit_code == 3  # what waitpid said, not '0'
+    assert job.status == JobStatus.FAILED and job.exit_code == 3  # what waitpid said, not '0'
     assert output(victim) == ["the real line"]
 
 
@@ -283,7 +282,7 @@ def test_processes_a_job_leaves_behind_die_with_it_whatever_they_did(world, cata
         "time.sleep(60)\n"
     )
     job = launch(world, spec(["python", "-c", program]))
-    job = wait_for_status(job, {S.RUNNING})
+    job = wait_for_status(job, {JobStatus.RUNNING})
     wait_until(lambda: "escaped" in output(job), what="the escape")
     backend = LocalBackend()
     sandbox_init = int((backend.run_dir(job) / "sandbox.pid").read_text())
@@ -308,7 +307,7 @@ def test_processes_a_job_leaves_behind_die_with_it_whatever_they_did(world, cata
         return not members()
 
     wait_until(gone, timeout=30, what="every process of the job to end")
-    assert wait_for_status(job, {S.CANCELLED}).status == S.CANCELLED
+    assert wait_for_status(job, {JobStatus.CANCELLED}).status == JobStatus.CANCELLED
     if sandbox_support().own_uid:
         assert processes_of(job_uid(job)) == []
 
@@ -322,7 +321,7 @@ def test_a_job_filling_its_work_dir_is_stopped_with_the_reason(world, catalog, s
         "print('filled 200 MiB unchecked', flush=True)\n"
     )
     job = run(world, program)
-    assert job.status == S.FAILED, (job.status_reason, output(job))
+    assert job.status == JobStatus.FAILED, (job.status_reason, output(job))
     assert "disk limit of 0.02 GiB" in job.status_reason, output(job)
     assert "filled 200 MiB unchecked" not in output(job)
 
@@ -330,7 +329,7 @@ def test_a_job_filling_its_work_dir_is_stopped_with_the_reason(world, catalog, s
 def test_one_file_past_the_disk_cap_stops_the_job(world, catalog, settings):
     settings.LOCAL_JOB_DISK_GIB = 8 / 1024  # 8 MiB
     job = run(world, "open('big', 'wb').write(b'x' * (64 << 20))")
-    assert job.status == S.FAILED
+    assert job.status == JobStatus.FAILED
     assert "disk limit" in job.status_reason
 
 
@@ -348,7 +347,7 @@ def test_a_fork_bomb_is_contained_and_stopped(world, catalog, settings):
         "        time.sleep(0.01)\n"
     )
     job = run(world, program, timeout=60)
-    assert job.status == S.FAILED, (job.status_reason, output(job))
+    assert job.status == JobStatus.FAILED, (job.status_reason, output(job))
     assert "limit of 48 processes" in job.status_reason
     if sandbox_support().own_uid:
         wait_until(lambda: processes_of(job_uid(job)) == [], what="the bomb to be gone")
@@ -364,7 +363,7 @@ def test_a_job_passing_its_memory_limit_is_stopped_with_the_reason(world, catalo
         "print('allocated past the limit', flush=True)\n"
     )
     job = run(world, program, timeout=120)
-    assert job.status == S.FAILED, (job.status_reason, output(job))
+    assert job.status == JobStatus.FAILED, (job.status_reason, output(job))
     assert "allocated past the limit" not in output(job)
     assert "memory passed its limit" in job.status_reason or "MemoryError" in "\n".join(output(job))
 

@@ -19,15 +19,14 @@ from jobs.models import Job, JobStatus, LaunchTemplate
 from tests.conftest import signed_in_client, token_client
 from tests.jobs_helpers import advance_to, submit
 
-S = JobStatus
 ROLES = ("owner", "admin", "member", "viewer", "finance")
 # The status each action needs, and what the API answers when it is allowed.
 ACTIONS = {
-    "pause": (S.RUNNING, 200),
-    "resume": (S.PAUSED, 200),
-    "cancel": (S.RUNNING, 200),
-    "delete": (S.FAILED, 204),
-    "clone": (S.RUNNING, 201),
+    "pause": (JobStatus.RUNNING, 200),
+    "resume": (JobStatus.PAUSED, 200),
+    "cancel": (JobStatus.RUNNING, 200),
+    "delete": (JobStatus.FAILED, 204),
+    "clone": (JobStatus.RUNNING, 201),
 }
 # Who launched the job acted on: the actor ("own"), someone else ("other": the member
 # for owners and admins, the owner for the others), or an admin's critical job.
@@ -127,7 +126,7 @@ def test_page_actions_by_role_and_launcher(world, catalog, role, action, whose):
 def test_the_job_page_shows_only_the_actions_one_may_take(world, catalog, role):
     page = signed_in_client(getattr(world, role), world.tenant)
     for whose in WHOSE:
-        job = job_for(world, role=role, whose=whose, status=S.RUNNING)
+        job = job_for(world, role=role, whose=whose, status=JobStatus.RUNNING)
         html = page.get(reverse("jobs:detail", args=[job.pk])).content.decode()
         shown = {
             action
@@ -136,15 +135,15 @@ def test_the_job_page_shows_only_the_actions_one_may_take(world, catalog, role):
         }
         assert shown == ({"pause", "cancel", "clone"} if whose in ALLOWED[role] else set())
 
-        finished = job_for(world, role=role, whose=whose, status=S.FAILED)
+        finished = job_for(world, role=role, whose=whose, status=JobStatus.FAILED)
         html = page.get(reverse("jobs:detail", args=[finished.pk])).content.decode()
         assert (reverse("jobs:delete", args=[finished.pk]) in html) == (whose in ALLOWED[role])
 
 
 def test_the_auto_stop_of_someone_elses_job_is_theirs_to_set(world, catalog):
     """The idle auto-stop pauses the job: setting it is an action on the job."""
-    owners = job_for(world, role="member", whose="other", status=S.RUNNING)
-    mine = job_for(world, role="member", whose="own", status=S.RUNNING)
+    owners = job_for(world, role="member", whose="other", status=JobStatus.RUNNING)
+    mine = job_for(world, role="member", whose="own", status=JobStatus.RUNNING)
     api = token_client(world.member, world.tenant)
     settings = {"idle_auto_stop": True, "idle_minutes": 5}
     refused = api.put(f"/api/v1/jobs/{owners.pk}/monitor", settings, format="json")
@@ -158,7 +157,7 @@ def test_the_auto_stop_of_someone_elses_job_is_theirs_to_set(world, catalog):
 @pytest.mark.parametrize("role", ROLES)
 def test_another_tenants_job_is_404_for_every_role_and_action(world, other_world, catalog, role):
     theirs = submit(other_world, "theirs", user=other_world.owner)
-    theirs = advance_to(theirs, S.RUNNING)
+    theirs = advance_to(theirs, JobStatus.RUNNING)
     api = token_client(getattr(world, role), world.tenant)
     page = signed_in_client(getattr(world, role), world.tenant)
     url = f"/api/v1/jobs/{theirs.pk}"
@@ -176,7 +175,7 @@ def test_another_tenants_job_is_404_for_every_role_and_action(world, other_world
         if role not in ("viewer", "finance"):
             assert response.status_code == 404, response.content
     theirs.refresh_from_db()
-    assert theirs.status == S.RUNNING and Job.objects.count() == 1
+    assert theirs.status == JobStatus.RUNNING and Job.objects.count() == 1
 
 
 # --- launch templates ----------------------------------------------------------------------

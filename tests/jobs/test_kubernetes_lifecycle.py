@@ -17,7 +17,7 @@ from billing.metering import meter_tick
 from billing.models import JobMeter, UsageRecord
 from jobs import services, tasks
 from jobs.actors import SYSTEM
-from jobs.backends import BackendUnavailable, get_backend
+from jobs.backends import get_backend
 from jobs.backends.kubernetes import KubernetesBackend, manifests
 from jobs.backends.kubernetes import client as kubernetes_client
 from jobs.backends.kubernetes.watch import watch_jobs
@@ -37,7 +37,6 @@ from tests.concurrency import run_at_once
 from tests.console.test_prometheus_metrics import TOKEN, scrape, value
 from tests.jobs_helpers import launch
 
-S = JobStatus
 H100 = {
     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
     "topology.kubernetes.io/region": "us-west",
@@ -122,7 +121,7 @@ def test_two_tier_job_runs_logs_and_succeeds(world, cluster):
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     assert cluster.get("services", ns(job), f"gg-{job.pk}")["spec"]["clusterIP"] == "None"
 
-    job = settle(cluster, job, S.RUNNING)
+    job = settle(cluster, job, JobStatus.RUNNING)
     on_demand = cluster.job_pods(ns(job), f"gg-{job.pk}-a1")
     spot = cluster.job_pods(ns(job), f"gg-{job.pk}-a1-spot")
     assert [p["spec"]["nodeName"] for p in on_demand + spot] == ["h100-od-1", "h100-spot-1"]
@@ -139,27 +138,27 @@ def test_two_tier_job_runs_logs_and_succeeds(world, cluster):
     assert [line.line_no for line in backend.logs(job, since_line=2, limit=1)] == [3]
 
     cluster.succeed_job(ns(job), f"gg-{job.pk}-a1")
-    job = settle(cluster, job, S.RUNNING)  # one rank done, the other still running
+    job = settle(cluster, job, JobStatus.RUNNING)  # one rank done, the other still running
     cluster.succeed_job(ns(job), f"gg-{job.pk}-a1-spot")
-    job = settle(cluster, job, S.SUCCEEDED, S.FAILED)
-    assert job.status == S.SUCCEEDED and job.exit_code == 0
+    job = settle(cluster, job, JobStatus.SUCCEEDED, JobStatus.FAILED)
+    assert job.status == JobStatus.SUCCEEDED and job.exit_code == 0
     assert [e.to_status for e in job.events.all()][-3:] == ["provisioning", "running", "succeeded"]
 
 
 def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
-    job = settle(cluster, launch(world, gpu_spec()), S.RUNNING)
+    job = settle(cluster, launch(world, gpu_spec()), JobStatus.RUNNING)
     first_pod = live_pods(cluster, job)[0]["metadata"]["name"]
 
     job = services.job_pause(job=job, actor=SYSTEM)
-    assert job.status == S.PAUSING
+    assert job.status == JobStatus.PAUSING
     tasks.job_suspend_task(job.pk)
-    job = settle(cluster, job, S.PAUSED)
+    job = settle(cluster, job, JobStatus.PAUSED)
     assert live_pods(cluster, job) == []
     assert "compute released" in job.status_reason
 
     job = services.job_resume(job=job, actor=SYSTEM)
     tasks.job_resume_task(job.pk)
-    job = settle(cluster, job, S.RUNNING)
+    job = settle(cluster, job, JobStatus.RUNNING)
     (pod,) = live_pods(cluster, job)
     assert pod["metadata"]["name"] != first_pod
     assert pod["metadata"]["annotations"]["gpugeek.io/resumed"] == "1"
@@ -168,7 +167,7 @@ def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
 
 
 def test_a_lone_pod_without_ports_gets_no_service_and_rendezvous_on_itself(world, cluster):
-    lone = settle(cluster, launch(world, gpu_spec(gpus_per_node=4)), S.RUNNING)
+    lone = settle(cluster, launch(world, gpu_spec(gpus_per_node=4)), JobStatus.RUNNING)
     (pod,) = live_pods(cluster, lone)
     env = {entry["name"]: entry.get("value") for entry in pod["spec"]["containers"][0]["env"]}
 
@@ -187,17 +186,20 @@ def test_cancel_leaves_nothing_behind(world, cluster):
     secret = cluster.get("secrets", ns(job), f"gg-{job.pk}-env")
     assert set(secret["data"]) == {"HF_TOKEN"}
     assert cluster.get("services", ns(job), f"gg-{job.pk}") is not None
-    job = settle(cluster, job, S.RUNNING)
+    job = settle(cluster, job, JobStatus.RUNNING)
 
     job = services.job_cancel(job=job, actor=SYSTEM)
-    assert job.status == S.CANCELLING  # until its pods are seen gone
+    assert job.status == JobStatus.CANCELLING  # until its pods are seen gone
     tasks.job_cancel_task(job.pk)
     tasks.job_cancel_task(job.pk)  # twice is fine
     assert cluster.list("jobs", ns(job)) == []
     assert cluster.list("pods", ns(job), label_selector=f"gpugeek.io/job={job.pk}") == []
     assert cluster.get("services", ns(job), f"gg-{job.pk}") is None
     assert cluster.get("secrets", ns(job), f"gg-{job.pk}-env") is None
-    assert settle(cluster, job, S.CANCELLED).status_reason == "cancelled by user; compute released"
+    assert (
+        settle(cluster, job, JobStatus.CANCELLED).status_reason
+        == "cancelled by user; compute released"
+    )
 
 
 def test_a_cancelled_job_is_billed_until_its_last_pod_is_gone(world, cluster):
@@ -205,10 +207,10 @@ def test_a_cancelled_job_is_billed_until_its_last_pod_is_gone(world, cluster):
     the grace period) before their GPUs are free. The simulator deletes pods at once, so a
     pod of the attempt that is still there after the cancel stands in for one still
     terminating: the job stays cancelling, metered, until it is gone."""
-    job = settle(cluster, launch(world, gpu_spec()), S.RUNNING)
+    job = settle(cluster, launch(world, gpu_spec()), JobStatus.RUNNING)
     labels = live_pods(cluster, job)[0]["metadata"]["labels"]
     job = services.job_cancel(job=job, actor=SYSTEM)
-    assert job.status == S.CANCELLING
+    assert job.status == JobStatus.CANCELLING
     tasks.job_cancel_task(job.pk)
     assert live_pods(cluster, job) == []
     cluster.create(
@@ -224,32 +226,36 @@ def test_a_cancelled_job_is_billed_until_its_last_pod_is_gone(world, cluster):
         services.jobs_observe(backend_name="kubernetes")
         meter_tick(now=timezone.now())
     job.refresh_from_db()
-    assert job.status == S.CANCELLING and JobMeter.objects.get(job=job).open
+    assert job.status == JobStatus.CANCELLING and JobMeter.objects.get(job=job).open
     # Its GPUs are still taken: another job of the same size waits.
     waiting = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
-    assert waiting.status == S.QUEUED
+    assert waiting.status == JobStatus.QUEUED
 
     cluster.delete("pods", ns(job), f"gg-{job.pk}-a1-terminating")
-    job = settle(cluster, job, S.CANCELLED)
+    job = settle(cluster, job, JobStatus.CANCELLED)
     meter_tick(now=timezone.now())
-    running_at, end_at = (job.events.get(to_status=s).at for s in (S.RUNNING, S.CANCELLED))
+    running_at, end_at = (
+        job.events.get(to_status=s).at for s in (JobStatus.RUNNING, JobStatus.CANCELLED)
+    )
     records = UsageRecord.objects.filter(job_ref=job.pk)
     billed = sum((r.interval_end - r.interval_start).total_seconds() for r in records)
     assert abs(billed - (end_at - running_at).total_seconds()) <= 0.001 * len(records)
     assert not JobMeter.objects.get(job=job).open
     waiting.refresh_from_db()
-    assert waiting.status == S.DISPATCHING
+    assert waiting.status == JobStatus.DISPATCHING
 
 
 def test_spot_preemption_requeues_a_new_attempt(world, cluster):
-    job = settle(cluster, launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))), S.RUNNING)
+    job = settle(
+        cluster, launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))), JobStatus.RUNNING
+    )
     (spot_pod,) = cluster.job_pods(ns(job), f"gg-{job.pk}-a1-spot")
     cluster.evict_pod(ns(job), spot_pod["metadata"]["name"], reason="PreemptionByScheduler")
 
     services.jobs_observe(backend_name="kubernetes")
     job.refresh_from_db()
     assert job.attempt == 2
-    assert job.status == S.DISPATCHING  # requeued and admitted again at once
+    assert job.status == JobStatus.DISPATCHING  # requeued and admitted again at once
     statuses = [(e.to_status, e.attempt) for e in job.events.all()]
     assert ("preempted", 1) in statuses and ("queued", 2) in statuses
     preempted = job.events.get(to_status="preempted")
@@ -258,8 +264,8 @@ def test_spot_preemption_requeues_a_new_attempt(world, cluster):
     assert cluster.get("jobs", ns(job), f"gg-{job.pk}-a1") is None
 
     job = services.job_dispatch(job=job)
-    assert job.status == S.PROVISIONING
-    job = settle(cluster, job, S.RUNNING)
+    assert job.status == JobStatus.PROVISIONING
+    job = settle(cluster, job, JobStatus.RUNNING)
     names = sorted(j["metadata"]["name"] for j in cluster.list("jobs", ns(job)))
     assert names == [f"gg-{job.pk}-a2", f"gg-{job.pk}-a2-spot"]
     env = {
@@ -272,17 +278,17 @@ def test_spot_preemption_requeues_a_new_attempt(world, cluster):
 
 
 def test_max_runtime_fails_with_reason(world, cluster):
-    job = settle(cluster, launch(world, gpu_spec(max_runtime_minutes=1)), S.RUNNING)
+    job = settle(cluster, launch(world, gpu_spec(max_runtime_minutes=1)), JobStatus.RUNNING)
     cluster.advance_clock(90)
-    job = settle(cluster, job, S.FAILED)
+    job = settle(cluster, job, JobStatus.FAILED)
     assert job.status_reason == "exceeded the maximum runtime of 1 minutes"
 
 
 def test_container_exit_code_and_oom(world, cluster):
-    job = settle(cluster, launch(world, gpu_spec()), S.RUNNING)
+    job = settle(cluster, launch(world, gpu_spec()), JobStatus.RUNNING)
     (pod,) = live_pods(cluster, job)
     cluster.fail_pod(ns(job), pod["metadata"]["name"], exit_code=137, reason="OOMKilled")
-    job = settle(cluster, job, S.FAILED)
+    job = settle(cluster, job, JobStatus.FAILED)
     assert job.exit_code == 137
     assert job.status_reason == "rank 0: out of memory (OOMKilled), exit code 137"
 
@@ -295,7 +301,7 @@ def test_dispatch_twice_creates_one_job_per_tier(world, cluster):
     services.job_dispatch(job=job)
     services.job_dispatch(job=job)
     job.refresh_from_db()
-    assert job.status == S.PROVISIONING
+    assert job.status == JobStatus.PROVISIONING
     names = sorted(j["metadata"]["name"] for j in cluster.list("jobs", ns(job)))
     assert names == [f"gg-{job.pk}-a1", f"gg-{job.pk}-a1-spot"]
 
@@ -303,20 +309,18 @@ def test_dispatch_twice_creates_one_job_per_tier(world, cluster):
 def test_apiserver_errors_during_dispatch_are_retried(world, cluster, settings):
     job = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
     cluster.fail_next("POST", r"/jobs$", status=500, times=None, message="etcd leader changed")
-    with pytest.raises(BackendUnavailable):
-        services.job_dispatch(job=job)
-    job.refresh_from_db()
-    assert job.status == S.DISPATCHING
+    job = services.job_dispatch(job=job)
+    assert job.status == JobStatus.DISPATCHING and job.dispatch_after > timezone.now()
     assert job.status_reason.startswith("retrying:") and "etcd leader changed" in job.status_reason
 
     # A create that times out on our side but still happens: the retry finds it (409).
     cluster.clear_faults()
     settings.KUBERNETES_REQUEST_TIMEOUT = 1
     cluster.delay_next("POST", r"/jobs$", seconds=1.5)
-    with pytest.raises(BackendUnavailable):
-        services.job_dispatch(job=job)
     job = services.job_dispatch(job=job)
-    assert job.status == S.PROVISIONING
+    assert job.status == JobStatus.DISPATCHING and job.status_reason.startswith("retrying:")
+    job = services.job_dispatch(job=job)
+    assert job.status == JobStatus.PROVISIONING
     assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
 
 
@@ -325,7 +329,7 @@ def test_invalid_object_fails_the_job_with_the_api_message(world, cluster):
     message = 'Job.batch "x" is invalid: metadata.labels: Invalid value: "a b": must be valid'
     cluster.fail_next("POST", r"/jobs$", status=422, message=message)
     job = services.job_dispatch(job=job)
-    assert job.status == S.FAILED
+    assert job.status == JobStatus.FAILED
     assert job.status_reason.startswith("dispatch failed: creating Job")
     assert message in job.status_reason
 
@@ -335,8 +339,8 @@ def test_concurrent_dispatch_creates_one_job(world, cluster):
     job = services.job_submit(tenant=world.tenant, user=world.member, spec=gpu_spec())
     run_at_once(lambda: services.job_dispatch(job=Job.objects.get(pk=job.pk)), timeout=30)
     job.refresh_from_db()
-    assert job.status == S.PROVISIONING
-    assert job.events.filter(to_status=S.PROVISIONING).count() == 1
+    assert job.status == JobStatus.PROVISIONING
+    assert job.events.filter(to_status=JobStatus.PROVISIONING).count() == 1
     assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
 
 
@@ -491,7 +495,7 @@ def test_pending_reasons_and_unpullable_image(world, cluster):
         cluster.mutate("pods", namespace, pod["metadata"]["name"], unpullable)
         services.jobs_observe(backend_name="kubernetes")
     job.refresh_from_db()
-    assert job.status == S.FAILED
+    assert job.status == JobStatus.FAILED
     assert job.status_reason.startswith("image can't be pulled: rank 0: ErrImagePull")
 
 
@@ -527,7 +531,7 @@ def test_private_image_pulls_with_the_tenants_registry_login(
     assert (login(secret)["username"], login(secret)["password"]) == ("robot", "first-token")
     kube_job = cluster.get("jobs", ns(job), f"gg-{job.pk}-a1")
     assert kube_job["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": name}]
-    job = settle(cluster, job, S.RUNNING)
+    job = settle(cluster, job, JobStatus.RUNNING)
     (pod,) = live_pods(cluster, job)
     assert pod["spec"]["imagePullSecrets"] == [{"name": name}]
 
@@ -597,7 +601,7 @@ def test_kueue_admits_a_job_it_queued_and_pause_goes_through_its_workload(world,
         kueue.tick()
         services.jobs_observe(backend_name="kubernetes")
     job.refresh_from_db()
-    assert job.status == S.PROVISIONING
+    assert job.status == JobStatus.PROVISIONING
     assert job.status_reason == (
         "waiting for Kueue admission: couldn't assign flavors to pod set main: "
         "insufficient unused quota"
@@ -605,7 +609,7 @@ def test_kueue_admits_a_job_it_queued_and_pause_goes_through_its_workload(world,
     assert live_pods(kueue, job) == []
 
     kueue.kueue_admits = True
-    job = settle(kueue, job, S.RUNNING)
+    job = settle(kueue, job, JobStatus.RUNNING)
     (workload,) = workloads(kueue, job)
     assert workload["spec"]["queueName"] == "gpugeek"
 
@@ -614,16 +618,16 @@ def test_kueue_admits_a_job_it_queued_and_pause_goes_through_its_workload(world,
     tasks.job_suspend_task(job.pk)
     (workload,) = workloads(kueue, job)
     assert workload["spec"]["active"] is False
-    job = settle(kueue, job, S.PAUSED)
+    job = settle(kueue, job, JobStatus.PAUSED)
     assert live_pods(kueue, job) == []
 
     job = services.job_resume(job=job, actor=SYSTEM)
     tasks.job_resume_task(job.pk)
-    job = settle(kueue, job, S.RUNNING)
+    job = settle(kueue, job, JobStatus.RUNNING)
     (pod,) = live_pods(kueue, job)
     assert pod["metadata"]["annotations"]["gpugeek.io/resumed"] == "1"
     kueue.succeed_job(ns(job), f"gg-{job.pk}-a1")
-    assert settle(kueue, job, S.SUCCEEDED).exit_code == 0
+    assert settle(kueue, job, JobStatus.SUCCEEDED).exit_code == 0
 
 
 def test_kueue_admits_both_tiers_of_a_split_job_together_as_one_jobset(world, kueue):
@@ -644,13 +648,13 @@ def test_kueue_admits_both_tiers_of_a_split_job_together_as_one_jobset(world, ku
     services.jobs_observe(backend_name="kubernetes")
     job.refresh_from_db()
     assert (job.status, job.status_reason.split(":")[0]) == (
-        S.PROVISIONING,
+        JobStatus.PROVISIONING,
         "waiting for Kueue admission",
     )
     assert live_pods(kueue, job) == []
 
     kueue.kueue_admits = True
-    job = settle(kueue, job, S.RUNNING)
+    job = settle(kueue, job, JobStatus.RUNNING)
     on_demand = kueue.job_pods(ns(job), f"gg-{job.pk}-a1-od-0")
     spot = kueue.job_pods(ns(job), f"gg-{job.pk}-a1-spot-0")
     assert [p["spec"]["nodeName"] for p in on_demand + spot] == ["h100-od-1", "h100-spot-1"]
@@ -659,20 +663,22 @@ def test_kueue_admits_both_tiers_of_a_split_job_together_as_one_jobset(world, ku
     assert on_demand[0]["spec"]["hostname"] == f"gg-{job.pk}-a1-od-0-0"
 
     kueue.succeed_job(ns(job), f"gg-{job.pk}-a1-od-0")
-    job = settle(kueue, job, S.RUNNING)
+    job = settle(kueue, job, JobStatus.RUNNING)
     kueue.succeed_job(ns(job), f"gg-{job.pk}-a1-spot-0")
-    assert settle(kueue, job, S.SUCCEEDED, S.FAILED).status == S.SUCCEEDED
+    assert settle(kueue, job, JobStatus.SUCCEEDED, JobStatus.FAILED).status == JobStatus.SUCCEEDED
 
 
 def test_cancelling_a_kueue_jobset_removes_it_and_its_jobs(world, kueue):
-    job = settle(kueue, launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))), S.RUNNING)
+    job = settle(
+        kueue, launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))), JobStatus.RUNNING
+    )
     job = services.job_cancel(job=job, actor=SYSTEM)
     tasks.job_cancel_task(job.pk)
     kueue.tick()
     assert kueue.list("jobsets", ns(job)) == []
     assert kueue.list("jobs", ns(job)) == []
     assert live_pods(kueue, job) == []
-    settle(kueue, job, S.CANCELLED)
+    settle(kueue, job, JobStatus.CANCELLED)
 
 
 def test_our_admission_still_holds_the_tenant_quota_before_kueue(world, kueue):
@@ -683,7 +689,10 @@ def test_our_admission_still_holds_the_tenant_quota_before_kueue(world, kueue):
         user=world.member,
         spec=gpu_spec(name="second", gpus_per_node=0, gpu_type=None, cpus=1, image="python-3.11"),
     )
-    assert (second.status, second.status_reason) == (S.QUEUED, "quota: at most 1 jobs at once")
+    assert (second.status, second.status_reason) == (
+        JobStatus.QUEUED,
+        "quota: at most 1 jobs at once",
+    )
     assert [j["metadata"]["name"] for j in kueue.list("jobs", ns(first))] == [f"gg-{first.pk}-a1"]
 
 

@@ -21,6 +21,7 @@ from jobs.actors import SYSTEM
 from jobs.backends import get_backend
 from jobs.backends.kubernetes import client as kubernetes_client
 from jobs.backends.kubernetes.watch import watch_jobs
+from jobs.models import JobStatus
 from marketplace.models import AllowedRegistry, RegistryCredential
 from marketplace.services import (
     capacity_sync,
@@ -29,7 +30,6 @@ from marketplace.services import (
     registry_credential_set,
 )
 from tests.jobs.test_kubernetes_lifecycle import (
-    S,
     cluster,  # noqa: F401  (a fixture)
     gpu_spec,
     settle,
@@ -123,20 +123,20 @@ def run_plain_lifecycle(world, kube) -> None:
         spot_ratio=Decimal("0.5"),
         secret_env={"HF_TOKEN": "hf_secret"},
     )
-    job = settle(kube, launch(world, spec), S.RUNNING)
+    job = settle(kube, launch(world, spec), JobStatus.RUNNING)
     backend = get_backend("kubernetes")
     backend.logs(job)
     backend.gpu_readings([job])
 
     job = services.job_pause(job=job, actor=SYSTEM)
     tasks.job_suspend_task(job.pk)
-    job = settle(kube, job, S.PAUSED)
+    job = settle(kube, job, JobStatus.PAUSED)
     job = services.job_resume(job=job, actor=SYSTEM)
     tasks.job_resume_task(job.pk)
-    job = settle(kube, job, S.RUNNING)
+    job = settle(kube, job, JobStatus.RUNNING)
     services.job_cancel(job=job, actor=SYSTEM)
     tasks.job_cancel_task(job.pk)
-    settle(kube, job, S.CANCELLED)  # its pods gone: its GPUs are free again
+    settle(kube, job, JobStatus.CANCELLED)  # its pods gone: its GPUs are free again
     tasks.job_release_task(job.pk)
 
     # A new login replaces the Secret (409 on create, then read and replace).
@@ -168,7 +168,7 @@ def run_plain_lifecycle(world, kube) -> None:
     kube.delete("resourcequotas", f"gg-t-{world.tenant.pk}", "blocker")
     services.job_cancel(job=blocked, actor=SYSTEM)
     tasks.job_cancel_task(blocked.pk)
-    settle(kube, blocked, S.CANCELLED)
+    settle(kube, blocked, JobStatus.CANCELLED)
 
     capacity_sync(backend=backend)
     run_the_watch(kube)
@@ -217,16 +217,16 @@ def run_kueue_lifecycle(world, kube, settings) -> None:
     kubernetes_client.API_GROUPS_CACHE.clear()
     try:
         spec = gpu_spec(name="split", nodes=2, spot_ratio=Decimal("0.5"))
-        job = settle(kube, launch(world, spec), S.RUNNING)
+        job = settle(kube, launch(world, spec), JobStatus.RUNNING)
         job = services.job_pause(job=job, actor=SYSTEM)
         tasks.job_suspend_task(job.pk)
-        job = settle(kube, job, S.PAUSED)
+        job = settle(kube, job, JobStatus.PAUSED)
         job = services.job_resume(job=job, actor=SYSTEM)
         tasks.job_resume_task(job.pk)
-        job = settle(kube, job, S.RUNNING)
+        job = settle(kube, job, JobStatus.RUNNING)
         services.job_cancel(job=job, actor=SYSTEM)
         tasks.job_cancel_task(job.pk)
-        settle(kube, job, S.CANCELLED)
+        settle(kube, job, JobStatus.CANCELLED)
         again = redispatched(world, get_backend("kubernetes"), spec)
         services.job_cancel(job=again, actor=SYSTEM)
         tasks.job_cancel_task(again.pk)

@@ -15,7 +15,6 @@ from jobs.models import JobStatus
 from marketplace.services import capacity_sync
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
 
-S = JobStatus
 H100 = "NVIDIA H100 80GB HBM3"
 PRINT_DEVICES = [
     "python",
@@ -38,7 +37,7 @@ def gpu_job(world, gpus: int):
         user=world.member,
         spec=spec(PRINT_DEVICES, gpu_type="h100-80gb", gpus_per_node=gpus, region="local"),
     )
-    if job.status == S.DISPATCHING:
+    if job.status == JobStatus.DISPATCHING:
         job = services.job_dispatch(job=job)
     return job
 
@@ -55,14 +54,14 @@ def printed_devices(job) -> set[int]:
         lines = [line.text for line in backend.logs(job)]
         if lines:
             return {int(i) for i in lines[0].removeprefix("devices=").split(",")}
-        wait_for_status(job, {S.RUNNING}, timeout=0.1)
+        wait_for_status(job, {JobStatus.RUNNING}, timeout=0.1)
     raise AssertionError(f"job {job.pk} printed nothing")
 
 
 @pytest.mark.django_db(transaction=True)
 def test_jobs_get_disjoint_gpus_and_a_waiting_job_gets_the_freed_ones(world, four_h100s):
-    first = wait_for_status(gpu_job(world, 2), {S.RUNNING})
-    second = wait_for_status(gpu_job(world, 2), {S.RUNNING})
+    first = wait_for_status(gpu_job(world, 2), {JobStatus.RUNNING})
+    second = wait_for_status(gpu_job(world, 2), {JobStatus.RUNNING})
     try:
         first_devices, second_devices = printed_devices(first), printed_devices(second)
         assert len(first_devices) == len(second_devices) == 2
@@ -72,23 +71,23 @@ def test_jobs_get_disjoint_gpus_and_a_waiting_job_gets_the_freed_ones(world, fou
 
         # All four are taken: the next GPU job waits, saying why, instead of sharing one.
         third = gpu_job(world, 1)
-        assert third.status == S.QUEUED and third.status_reason
+        assert third.status == JobStatus.QUEUED and third.status_reason
 
         cancel(first)
         # Its devices stay its own until its process is seen gone (cancelling holds them).
         third.refresh_from_db()
-        assert first.status == S.CANCELLING and third.status == S.QUEUED
-        wait_for_status(first, {S.CANCELLED})
+        assert first.status == JobStatus.CANCELLING and third.status == JobStatus.QUEUED
+        wait_for_status(first, {JobStatus.CANCELLED})
         third.refresh_from_db()
-        if third.status == S.DISPATCHING:
+        if third.status == JobStatus.DISPATCHING:
             services.job_dispatch(job=third)
-        third = wait_for_status(third, {S.RUNNING})
+        third = wait_for_status(third, {JobStatus.RUNNING})
         assert printed_devices(third) <= first_devices
         cancel(third)
-        wait_for_status(third, {S.CANCELLED})
+        wait_for_status(third, {JobStatus.CANCELLED})
     finally:
         cancel(second)
-        wait_for_status(second, {S.CANCELLED})
+        wait_for_status(second, {JobStatus.CANCELLED})
 
 
 def test_assign_devices_refuses_rather_than_share(catalog, four_h100s, world):

@@ -15,8 +15,6 @@ from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
 from tests.jobs_helpers import launch
 
-S = JobStatus
-
 
 def spec(command, **overrides):
     values = {"name": "local test", "image": "python-3.11", "command": command, "cpus": 1}
@@ -43,8 +41,8 @@ def test_command_runs_prints_and_succeeds(world, catalog):
         world,
         spec(["python", "-c", "import os; print('hello from', os.environ['GPUGEEK_JOB_ID'])"]),
     )
-    job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
-    assert job.status == S.SUCCEEDED and job.exit_code == 0
+    job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
+    assert job.status == JobStatus.SUCCEEDED and job.exit_code == 0
     lines = LocalBackend().logs(job)
     assert lines[0].text == f"hello from {job.pk}"
     assert [e.to_status for e in job.events.all()] == [
@@ -58,8 +56,8 @@ def test_command_runs_prints_and_succeeds(world, catalog):
 @pytest.mark.django_db(transaction=True)
 def test_exit_code_maps_to_failed_with_reason(world, catalog):
     job = launch(world, spec(["python", "-c", "import sys; sys.exit(3)"]))
-    job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
-    assert job.status == S.FAILED and job.exit_code == 3
+    job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
+    assert job.status == JobStatus.FAILED and job.exit_code == 3
     assert "exit code 3" in job.status_reason
 
 
@@ -72,8 +70,8 @@ def test_shell_metacharacters_are_argv_not_shell(world, catalog, tmp_path):
             ["python", "-c", "import sys; print(sys.argv[1:])", f"; touch {marker}", "$(touch x)"]
         ),
     )
-    job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
-    assert job.status == S.SUCCEEDED
+    job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
+    assert job.status == JobStatus.SUCCEEDED
     assert not marker.exists()
     assert "$(touch x)" in LocalBackend().logs(job)[0].text
 
@@ -89,18 +87,18 @@ def test_pause_resume_cancel_leave_no_process(world, catalog, settings):
     )
     job = launch(world, spec(["python", "-c", program]))
     backend = LocalBackend()
-    job = wait_for_status(job, {S.RUNNING})
+    job = wait_for_status(job, {JobStatus.RUNNING})
     time.sleep(0.5)
 
     job = services.job_pause(job=job, actor=SYSTEM)
-    assert job.status == S.PAUSING
+    assert job.status == JobStatus.PAUSING
     backend.suspend(job)  # what job_suspend_task does
-    job = wait_for_status(job, {S.PAUSED})
-    assert services.job_pause(job=job, actor=SYSTEM).status == S.PAUSED  # idempotent
+    job = wait_for_status(job, {JobStatus.PAUSED})
+    assert services.job_pause(job=job, actor=SYSTEM).status == JobStatus.PAUSED  # idempotent
 
     job = services.job_resume(job=job, actor=SYSTEM)
     services.job_backend_resume(job=job)  # what job_resume_task does
-    job = wait_for_status(job, {S.RUNNING})
+    job = wait_for_status(job, {JobStatus.RUNNING})
     time.sleep(0.5)
     texts = [line.text for line in backend.logs(job)]
     assert texts[:3] == ["fresh", "checkpoint", "resumed"], texts
@@ -108,8 +106,8 @@ def test_pause_resume_cancel_leave_no_process(world, catalog, settings):
     child = int((backend.run_dir(job) / "child.pid").read_text())
     job = services.job_cancel(job=job, actor=SYSTEM)
     backend.cancel(job)
-    assert job.status == S.CANCELLING
-    job = wait_for_status(job, {S.CANCELLED})
+    assert job.status == JobStatus.CANCELLING
+    job = wait_for_status(job, {JobStatus.CANCELLED})
     assert not _alive(child)
     with pytest.raises(services.ActionRefused):
         services.job_resume(job=job, actor=SYSTEM)
@@ -120,10 +118,10 @@ def test_max_runtime_fails_the_job_with_reason(world, catalog):
     job = launch(
         world, spec(["python", "-c", "import time; time.sleep(60)"], max_runtime_minutes=1)
     )
-    job = wait_for_status(job, {S.RUNNING})
+    job = wait_for_status(job, {JobStatus.RUNNING})
     # Max runtime counts running time: as if it had been running for two minutes.
     Job.objects.filter(pk=job.pk).update(run_seconds=120)
-    job = wait_for_status(job, {S.FAILED})
+    job = wait_for_status(job, {JobStatus.FAILED})
     assert "maximum runtime" in job.status_reason
 
 
@@ -133,21 +131,21 @@ def test_lost_process_is_marked_failed(world, catalog):
     import signal as sig
 
     job = launch(world, spec(["python", "-c", "import time; time.sleep(60)"]))
-    job = wait_for_status(job, {S.RUNNING})
+    job = wait_for_status(job, {JobStatus.RUNNING})
     backend = LocalBackend()
     supervisor = int((backend.run_dir(job) / "supervisor.pid").read_text())
     child = int((backend.run_dir(job) / "child.pid").read_text())
     os.kill(supervisor, sig.SIGKILL)
     os.killpg(child, sig.SIGKILL)
-    job = wait_for_status(job, {S.FAILED})
+    job = wait_for_status(job, {JobStatus.FAILED})
     assert job.status_reason.startswith("lost") or "SIGKILL" in job.status_reason
 
 
 @pytest.mark.django_db(transaction=True)
 def test_python_is_the_hosts_python3_in_the_sandbox(world, catalog):
     job = launch(world, spec(["python", "-c", "import sys; print(sys.version_info[0])"]))
-    job = wait_for_status(job, {S.SUCCEEDED, S.FAILED})
-    assert job.status == S.SUCCEEDED, job.status_reason
+    job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
+    assert job.status == JobStatus.SUCCEEDED, job.status_reason
     assert [line.text for line in LocalBackend().logs(job)] == ["3"]
     env = LocalBackend()._environment(job, resumed=False)
     assert env["PATH"].split(":")[0] == "/opt/gpugeek/bin"  # `python` is python3 there

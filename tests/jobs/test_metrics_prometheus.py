@@ -24,7 +24,6 @@ from tests.console.test_prometheus_metrics import TOKEN, scrape, value
 from tests.jobs_helpers import at_time, submit
 from tests.servers import child_env, started_child, wait_until
 
-S = JobStatus
 LATENCY = "gpugeek_dispatch_latency_seconds"
 
 
@@ -37,14 +36,14 @@ def test_dispatch_latency_is_counted_from_admission_even_after_a_retry(
     before = scrape()
     with at_time(timezone.now() - timedelta(seconds=30)):
         job = submit(world, "admitted a while ago")
-    assert job.status == S.DISPATCHING, job.status_reason
+    assert job.status == JobStatus.DISPATCHING, job.status_reason
     if retried:
         # A retry touches status_changed_at: the latency still counts from admission.
         job_retry_note(job=job, reason="retrying: backend unavailable")
 
     job = services.job_dispatch(job=job)
 
-    assert job.status == S.RUNNING, job.status_reason
+    assert job.status == JobStatus.RUNNING, job.status_reason
     after = scrape()
     backend = LocalBackend.name
 

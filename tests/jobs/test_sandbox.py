@@ -26,7 +26,6 @@ from tests.conftest import signed_in_client
 from tests.factories import MembershipFactory, UserFactory
 from tests.jobs_helpers import launch
 
-S = JobStatus
 TOKEN = "sandbox-test-token"
 ON_DEMAND = "demo-us-west-h100-80gb-on-demand"
 SPOT = "demo-us-west-h100-80gb-spot"
@@ -130,7 +129,7 @@ def test_offers_say_simulated(sandbox, world, client):
 
 
 def test_a_job_plays_a_simulated_training_run_with_gpu_readings(sandbox, world, client):
-    job = settle(launch(world, spec(checkpoint_path="/ckpt/llama")), S.RUNNING)
+    job = settle(launch(world, spec(checkpoint_path="/ckpt/llama")), JobStatus.RUNNING)
     backend = get_backend("kubernetes")
     lines = wait_for_log(backend, job, "saved checkpoint /ckpt/llama/step-")
     assert lines[0].startswith("[sandbox] Simulated workload")
@@ -146,14 +145,14 @@ def test_a_job_plays_a_simulated_training_run_with_gpu_readings(sandbox, world, 
     page = client.get(reverse("jobs:detail", args=[job.pk]))
     assert b"badge-simulated" in page.content
 
-    job = settle(job, S.SUCCEEDED, S.FAILED)
-    assert job.status == S.SUCCEEDED, job.status_reason
+    job = settle(job, JobStatus.SUCCEEDED, JobStatus.FAILED)
+    assert job.status == JobStatus.SUCCEEDED, job.status_reason
     assert "training complete" in wait_for_log(backend, job, "training complete")[-1]
 
 
 def test_sandbox_fail_at_ends_the_job_failed(sandbox, world):
     job = launch(world, spec(env={"SANDBOX_DURATION_SECONDS": "30", "SANDBOX_FAIL_AT": "1"}))
-    job = settle(job, S.FAILED)
+    job = settle(job, JobStatus.FAILED)
     assert job.exit_code == 1
     assert "exit code 1" in job.status_reason
 
@@ -169,7 +168,7 @@ def test_reclaiming_spot_capacity_preempts_and_resumes_from_the_checkpoint(
             env={"SANDBOX_DURATION_SECONDS": "60", "SANDBOX_CHECKPOINT_SECONDS": "1"},
         ),
     )
-    job = settle(job, S.RUNNING)
+    job = settle(job, JobStatus.RUNNING)
     backend = get_backend("kubernetes")
     wait_for_log(backend, job, "saved checkpoint /ckpt/run/step-")
 
@@ -178,13 +177,13 @@ def test_reclaiming_spot_capacity_preempts_and_resumes_from_the_checkpoint(
     assert len(answer.json()["evicted_pods"]) == 1
     assert AuditEvent.objects.filter(action="sandbox.spot_reclaimed").count() == 1
 
-    job = settle(job, S.DISPATCHING, S.QUEUED)
+    job = settle(job, JobStatus.DISPATCHING, JobStatus.QUEUED)
     assert job.attempt == 2
     preempted = job.events.get(to_status="preempted")
     assert "TerminationByKubelet" in preempted.reason or "reclaimed" in preempted.reason
     assert not job.events.filter(to_status="failed").exists()
     job = services.job_dispatch(job=job)
-    job = settle(job, S.RUNNING)
+    job = settle(job, JobStatus.RUNNING)
     lines = wait_for_log(backend, job, "GPUGEEK_RESUMED=1: resuming from /ckpt/run at step ")
     resumed_at = int(next(line for line in lines if "resuming from" in line).split()[-1])
     assert resumed_at > 0

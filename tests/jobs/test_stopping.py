@@ -30,7 +30,6 @@ from marketplace.models import NodePool
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
 from tests.jobs_helpers import advance_to, launch, submit
 
-S = JobStatus
 GRACE = 1  # seconds between SIGTERM and SIGKILL
 IGNORES_SIGTERM = (
     "import signal, time\n"
@@ -69,7 +68,10 @@ def process_ended_at(job: Job) -> float:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("stop", "stopping", "stopped"),
-    [("cancel", S.CANCELLING, S.CANCELLED), ("pause", S.PAUSING, S.PAUSED)],
+    [
+        ("cancel", JobStatus.CANCELLING, JobStatus.CANCELLED),
+        ("pause", JobStatus.PAUSING, JobStatus.PAUSED),
+    ],
 )
 def test_a_job_ignoring_sigterm_is_billed_until_its_process_ended(
     world, catalog, settings, stop, stopping, stopped
@@ -104,8 +106,8 @@ def test_a_job_ignoring_sigterm_is_billed_until_its_process_ended(
     meter_tick(now=timezone.now())
 
     statuses = list(job.events.order_by("at", "pk").values_list("to_status", flat=True))
-    assert statuses[-3:] == [S.RUNNING, stopping, stopped]
-    running_at, stop_at, end_at = (event_at(job, s) for s in (S.RUNNING, stopping, stopped))
+    assert statuses[-3:] == [JobStatus.RUNNING, stopping, stopped]
+    running_at, stop_at, end_at = (event_at(job, s) for s in (JobStatus.RUNNING, stopping, stopped))
     # Its bill ends at the observed end, which follows the process's recorded end and
     # the grace period the process ran through after being told to stop.
     assert end_at.timestamp() >= process_ended_at(job) - 0.01
@@ -128,44 +130,44 @@ def test_a_cancelling_job_holds_its_compute_until_its_process_is_gone(world, cat
     first = launch(world, spec(["python", "-c", IGNORES_SIGTERM], cpus=local_vcpus()))
     wait_until_ready(first)
     waiting = submit(world, "waiting", cpus=local_vcpus())
-    assert waiting.status == S.QUEUED
+    assert waiting.status == JobStatus.QUEUED
 
     first = services.job_cancel(job=first, actor=Actor.of_user(world.member))
     tasks.job_cancel_task(first.pk)
     waiting.refresh_from_db()
-    assert (first.status, waiting.status) == (S.CANCELLING, S.QUEUED)
+    assert (first.status, waiting.status) == (JobStatus.CANCELLING, JobStatus.QUEUED)
 
-    first = wait_for_status(first, {S.CANCELLED}, timeout=30)
+    first = wait_for_status(first, {JobStatus.CANCELLED}, timeout=30)
     waiting.refresh_from_db()
-    assert waiting.status == S.DISPATCHING  # admitted once the compute was released
-    assert first.events.get(to_status=S.CANCELLED).at <= waiting.status_changed_at
+    assert waiting.status == JobStatus.DISPATCHING  # admitted once the compute was released
+    assert first.events.get(to_status=JobStatus.CANCELLED).at <= waiting.status_changed_at
 
 
 def local_vcpus() -> int:
     return NodePool.objects.get(backend="local", gpu_type=None, tier="on_demand").allocatable_vcpus
 
 
-@pytest.mark.parametrize("status", [S.QUEUED, S.DISPATCHING, S.PAUSED])
+@pytest.mark.parametrize("status", [JobStatus.QUEUED, JobStatus.DISPATCHING, JobStatus.PAUSED])
 def test_a_job_that_runs_nothing_is_cancelled_at_once(world, catalog, status):
     """Queued, dispatching (nothing started yet: a dispatch that started something
     undoes it) or paused: there is no work to wait for, and its compute is free now."""
     submit(world, "filler", cpus=local_vcpus())
     job = submit(world, "idle")
-    assert job.status == S.QUEUED
-    if status != S.QUEUED:
+    assert job.status == JobStatus.QUEUED
+    if status != JobStatus.QUEUED:
         Job.objects.filter(name="filler").delete()  # room for it
         services.jobs_admit()
         job.refresh_from_db()
-        assert job.status == S.DISPATCHING
-        if status != S.DISPATCHING:
+        assert job.status == JobStatus.DISPATCHING
+        if status != JobStatus.DISPATCHING:
             job = advance_to(job, status)
     job = services.job_cancel(job=job, actor=Actor.of_user(world.member))
-    assert job.status == S.CANCELLED
-    assert not job.events.filter(to_status=S.CANCELLING).exists()
+    assert job.status == JobStatus.CANCELLED
+    assert not job.events.filter(to_status=JobStatus.CANCELLING).exists()
 
 
 def test_the_reconciler_repeats_a_lost_cancel(world, catalog, django_capture_on_commit_callbacks):
-    job = advance_to(submit(world), S.RUNNING)
+    job = advance_to(submit(world), JobStatus.RUNNING)
     with django_capture_on_commit_callbacks(execute=False):
         job = services.job_cancel(job=job, actor=Actor.of_user(world.member))  # task lost
     later = timezone.now() + timedelta(minutes=5)
@@ -173,21 +175,21 @@ def test_the_reconciler_repeats_a_lost_cancel(world, catalog, django_capture_on_
         assert services.jobs_reconcile(now=later) == [job.pk]
     assert len(callbacks) == 1  # job_cancel_task, queued again
     job.refresh_from_db()
-    assert job.status == S.CANCELLING
+    assert job.status == JobStatus.CANCELLING
 
 
 def test_the_launcher_hears_of_a_colleagues_cancel_once(world, catalog):
-    job = advance_to(submit(world), S.RUNNING)  # the member's
+    job = advance_to(submit(world), JobStatus.RUNNING)  # the member's
     services.job_cancel(job=job, actor=Actor.of_user(world.admin))
     job.refresh_from_db()
     services.job_apply_observation(job=job, observation=Observation(phase="cancelled"))
     job.refresh_from_db()
-    assert job.status == S.CANCELLED
+    assert job.status == JobStatus.CANCELLED
     assert job.status_reason == "cancelled by user; compute released"
     notes = Notification.objects.filter(user=world.member)
     assert list(notes.values_list("title", flat=True)) == [f"{job.name} was cancelled"]
 
-    mine = advance_to(submit(world, "mine"), S.RUNNING)
+    mine = advance_to(submit(world, "mine"), JobStatus.RUNNING)
     services.job_cancel(job=mine, actor=Actor.of_user(world.member))  # their own: no note
     mine.refresh_from_db()
     services.job_apply_observation(job=mine, observation=Observation(phase="cancelled"))

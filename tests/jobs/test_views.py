@@ -24,7 +24,6 @@ from tests.conftest import signed_in_client
 from tests.factories import JobFactory
 from tests.jobs_helpers import advance_to
 
-S = JobStatus
 LAUNCH = reverse("jobs:launch")
 LIST = reverse("jobs:list")
 IMAGE_OPTIONS = reverse("jobs:image_options")
@@ -137,7 +136,7 @@ def test_valid_launch_redirects_to_the_job(member, world):
     assert (job.tenant, job.created_by, job.name) == (world.tenant, world.member, "form job")
     assert job.command == ["python", "-c", "print(42)"]
     assert job.env == {"BATCH": "64"} and job.secret_env_names == ["K"]
-    assert job.status == S.DISPATCHING
+    assert job.status == JobStatus.DISPATCHING
     page = text(member.get(response["Location"]))
     assert "“form job” launched." in page
 
@@ -169,7 +168,7 @@ def test_launch_over_capacity_queues_and_says_why(member, world):
     response = member.post(LAUNCH, form_data(name="waiting"), follow=True)
     assert response.status_code == 200
     job = Job.objects.get(name="waiting")
-    assert job.status == S.QUEUED
+    assert job.status == JobStatus.QUEUED
     page = text(response)
     assert "“waiting” is queued: waiting for 1 vCPUs" in page
     assert "Position 1 in the queue" in page
@@ -221,9 +220,9 @@ def test_edit_and_relaunch_prefills_the_form(member, world):
 
 
 def test_list_filters_by_status_and_name(member, world, other_world):
-    running = make_job(world, "train resnet", S.RUNNING)
-    done = make_job(world, "eval resnet", S.RUNNING, S.SUCCEEDED)
-    other = make_job(world, "preprocess", S.CANCELLED)
+    running = make_job(world, "train resnet", JobStatus.RUNNING)
+    done = make_job(world, "eval resnet", JobStatus.RUNNING, JobStatus.SUCCEEDED)
+    other = make_job(world, "preprocess", JobStatus.CANCELLED)
     make_job(world, "theirs resnet", tenant_world=other_world)
 
     def listed(**params) -> set[str]:
@@ -295,7 +294,9 @@ def test_list_query_count_does_not_grow_with_jobs(member, world, django_assert_m
     make_job(world, "filler", cpus=local_cpu_vcpus() - 1)
     make_job(world, "first")
     make_job(world, "queued")
-    advance_to(make_job(world, "running"), S.RUNNING)  # its cost is priced live: a query of its own
+    advance_to(
+        make_job(world, "running"), JobStatus.RUNNING
+    )  # its cost is priced live: a query of its own
     member.get(LIST)
     with CaptureQueriesContext(connection) as few:
         assert member.get(LIST).status_code == 200
@@ -303,18 +304,18 @@ def test_list_query_count_does_not_grow_with_jobs(member, world, django_assert_m
     for n in range(30):
         job = make_job(world, f"bulk {n}")
         if n % 3 == 0:
-            advance_to(job, S.RUNNING)
+            advance_to(job, JobStatus.RUNNING)
     with django_assert_max_num_queries(few_jobs_queries):
         rows = member.get(LIST).context["rows"]
     assert len(rows) == 34
-    assert sum(row["job"]["status"] == S.RUNNING for row in rows) == 11
+    assert sum(row["job"]["status"] == JobStatus.RUNNING for row in rows) == 11
 
 
 # --- detail ----------------------------------------------------------------------------------
 
 
 def test_detail_shows_timeline_spec_and_actions(member, world):
-    job = make_job(world, "train", S.RUNNING, secret_env={"HF_TOKEN": "hf_secret_value"})
+    job = make_job(world, "train", JobStatus.RUNNING, secret_env={"HF_TOKEN": "hf_secret_value"})
     response = member.get(detail_url(job))
     assert response.status_code == 200
     page = text(response)
@@ -335,7 +336,7 @@ def test_detail_shows_timeline_spec_and_actions(member, world):
 
 
 def test_detail_of_a_queued_and_of_a_finished_job(member, world):
-    finished = make_job(world, "done", S.RUNNING, S.FAILED)
+    finished = make_job(world, "done", JobStatus.RUNNING, JobStatus.FAILED)
     make_job(world, "filler", cpus=local_cpu_vcpus())
     queued = make_job(world, "queued")
     page = text(member.get(detail_url(queued)))
@@ -349,7 +350,7 @@ def test_detail_of_a_queued_and_of_a_finished_job(member, world):
 
 
 def test_detail_status_is_an_htmx_partial(member, world):
-    job = make_job(world, "train", S.RUNNING)
+    job = make_job(world, "train", JobStatus.RUNNING)
     response = member.get(detail_url(job), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="job-status")
     page = text(response)
     assert page.lstrip().startswith('<div id="job-status"')
@@ -357,42 +358,42 @@ def test_detail_status_is_an_htmx_partial(member, world):
 
 
 def test_viewer_sees_a_job_without_actions(viewer, world):
-    job = make_job(world, "train", S.RUNNING)
+    job = make_job(world, "train", JobStatus.RUNNING)
     response = viewer.get(detail_url(job))
     assert response.status_code == 200
     assert "/pause/" not in text(response) and "/cancel/" not in text(response)
     assert viewer.post(action_url(job, "cancel")).status_code == 403
     assert viewer.get(reverse("jobs:delete", args=[job.pk])).status_code == 403
     job.refresh_from_db()
-    assert job.status == S.RUNNING
+    assert job.status == JobStatus.RUNNING
 
 
 # --- actions and delete ------------------------------------------------------------------------
 
 
 def test_actions_by_post(member, world):
-    job = make_job(world, "train", S.RUNNING)
+    job = make_job(world, "train", JobStatus.RUNNING)
     response = member.post(action_url(job, "pause"), follow=True)
     assert response.redirect_chain == [(detail_url(job), 302)]
     assert "Pause requested for “train”." in text(response)
     job.refresh_from_db()
-    assert job.status == S.PAUSING
+    assert job.status == JobStatus.PAUSING
 
-    job_transition(job=job, to=S.PAUSED, actor=BACKEND, reason="stopped")
+    job_transition(job=job, to=JobStatus.PAUSED, actor=BACKEND, reason="stopped")
     member.post(action_url(job, "resume"))
     job.refresh_from_db()
-    assert job.status == S.RESUMING
+    assert job.status == JobStatus.RESUMING
 
     member.post(action_url(job, "cancel"))
     job.refresh_from_db()
-    assert job.status == S.CANCELLING  # until its backend reports the work ended
+    assert job.status == JobStatus.CANCELLING  # until its backend reports the work ended
     page = text(member.get(detail_url(job)))
     assert "badge status status-cancelling" in page and ">Cancelling<" in page
     assert f'action="{action_url(job, "cancel")}"' not in page  # asked already
 
 
 def test_refused_action_is_a_message_not_an_error(member, world):
-    job = make_job(world, "done", S.RUNNING, S.SUCCEEDED)
+    job = make_job(world, "done", JobStatus.RUNNING, JobStatus.SUCCEEDED)
     response = member.post(action_url(job, "resume"), follow=True)
     assert response.status_code == 200
     assert "Only a paused job can be resumed; this one is succeeded." in text(response)
@@ -400,22 +401,22 @@ def test_refused_action_is_a_message_not_an_error(member, world):
 
 
 def test_action_needs_post_and_a_known_name(member, world):
-    job = make_job(world, "train", S.RUNNING)
+    job = make_job(world, "train", JobStatus.RUNNING)
     assert member.get(action_url(job, "cancel")).status_code == 405
     assert member.post(action_url(job, "explode")).status_code == 404
     job.refresh_from_db()
-    assert job.status == S.RUNNING
+    assert job.status == JobStatus.RUNNING
 
 
 def test_htmx_action_answers_with_a_client_redirect(member, world):
-    job = make_job(world, "train", S.RUNNING)
+    job = make_job(world, "train", JobStatus.RUNNING)
     response = member.post(action_url(job, "cancel"), HTTP_HX_REQUEST="true")
     assert response.status_code == 200
     assert response["HX-Redirect"] == detail_url(job)
 
 
 def test_clone_opens_the_new_job(member, world):
-    job = make_job(world, "train", S.RUNNING, S.FAILED)
+    job = make_job(world, "train", JobStatus.RUNNING, JobStatus.FAILED)
     response = member.post(action_url(job, "clone"))
     clone = Job.objects.exclude(pk=job.pk).get()
     assert response["Location"] == detail_url(clone)
@@ -423,7 +424,7 @@ def test_clone_opens_the_new_job(member, world):
 
 
 def test_delete_asks_first_then_deletes_a_finished_job(member, world):
-    job = make_job(world, "old", S.CANCELLED)
+    job = make_job(world, "old", JobStatus.CANCELLED)
     url = reverse("jobs:delete", args=[job.pk])
     confirm = member.get(url)
     assert confirm.status_code == 200
@@ -437,7 +438,7 @@ def test_delete_asks_first_then_deletes_a_finished_job(member, world):
 
 
 def test_delete_of_an_unfinished_job_is_refused(member, world):
-    job = make_job(world, "live", S.RUNNING)
+    job = make_job(world, "live", JobStatus.RUNNING)
     response = member.post(reverse("jobs:delete", args=[job.pk]), follow=True)
     assert response.redirect_chain == [(detail_url(job), 302)]
     assert "Only a finished job can be deleted" in text(response)
@@ -445,7 +446,7 @@ def test_delete_of_an_unfinished_job_is_refused(member, world):
 
 
 def test_another_tenants_job_is_404(member, world, other_world):
-    theirs = make_job(world, "theirs", S.CANCELLED, tenant_world=other_world)
+    theirs = make_job(world, "theirs", JobStatus.CANCELLED, tenant_world=other_world)
     for response in (
         member.get(detail_url(theirs)),
         member.get(detail_url(theirs), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="job-status"),

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import services
 from marketplace.models import TenantPricing, TenantQuota
 from marketplace.selectors import offers

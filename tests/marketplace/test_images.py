@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import services
 from marketplace.images import ImageReference, InvalidReference, is_allowed, parse_reference
 from marketplace.models import Image

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import services
 from marketplace.models import NodePool, PriceVersion
 from marketplace.pricing import estimate_cost, price_entry_in_force

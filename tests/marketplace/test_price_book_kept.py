@@ -1,5 +1,5 @@
 """Offers read the price book from memory while the catalog's revision is unchanged
-(marketplace.price_book): a catalog change in this process or in another one, and the next
+(marketplace.price_book_cache): a catalog change in this process or in another one, and the next
 version taking effect, are seen on the next read."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from marketplace.models import CatalogRevision, GpuType, PriceEntry
-from marketplace.price_book import catalog_revision, price_book
+from marketplace.price_book_cache import catalog_revision, price_book
 from marketplace.selectors import offers
 from tests.marketplace.test_price_book import publish
 

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from console.crypto import decrypt_json
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import services
 from marketplace.models import RegistryCredential
 from marketplace.selectors import registry_login_for_image

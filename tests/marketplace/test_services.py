@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from console.models import AuditEvent
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import selectors, services
 from marketplace.models import AllowedRegistry, GpuType, NodePool, Region
 from tests.conftest import signed_in_client

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from billing import panels
 from console.confirm import confirm_then_act
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from marketplace import extensions, services
 from marketplace.models import Image
 from tests.conftest import signed_in_client

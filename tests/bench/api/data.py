@@ -10,17 +10,17 @@ from decimal import Decimal
 from django.utils import timezone
 
 from billing.models import JobMeter, UsageRecord
+from jobs.actors import ActorKind
 from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import Image, NodePool, PriceVersion
 
 BATCH = 2000
-S = JobStatus
 TIMELINE = (
-    ("", S.QUEUED, "submitted"),
-    (S.QUEUED, S.DISPATCHING, "admitted"),
-    (S.DISPATCHING, S.PROVISIONING, "submitted to the cluster"),
-    (S.PROVISIONING, S.RUNNING, "running"),
-    (S.RUNNING, S.SUCCEEDED, "completed"),
+    ("", JobStatus.QUEUED, "submitted"),
+    (JobStatus.QUEUED, JobStatus.DISPATCHING, "admitted"),
+    (JobStatus.DISPATCHING, JobStatus.PROVISIONING, "submitted to the cluster"),
+    (JobStatus.PROVISIONING, JobStatus.RUNNING, "running"),
+    (JobStatus.RUNNING, JobStatus.SUCCEEDED, "completed"),
 )
 
 
@@ -50,7 +50,7 @@ def make_finished_jobs(tenant, user, count: int) -> None:
                     backend=pool.backend,
                     pool=pool,
                     on_demand_nodes=1,
-                    status=S.SUCCEEDED,
+                    status=JobStatus.SUCCEEDED,
                     status_reason="completed",
                     status_changed_at=created + timedelta(hours=1, minutes=2),
                     exit_code=0,
@@ -75,7 +75,7 @@ def make_finished_jobs(tenant, user, count: int) -> None:
                         at=at,
                         from_status=before,
                         to_status=after,
-                        actor="system",
+                        actor_kind=ActorKind.SYSTEM,
                         reason=reason,
                     )
                 )
@@ -140,7 +140,7 @@ def make_running_jobs(tenant, user, count: int) -> int:
                 backend=pool.backend,
                 pool=pool,
                 on_demand_nodes=1,
-                status=S.RUNNING,
+                status=JobStatus.RUNNING,
                 status_reason="running",
                 status_changed_at=started + timedelta(minutes=2),
                 created_at=started - timedelta(seconds=index),
@@ -154,7 +154,7 @@ def make_running_jobs(tenant, user, count: int) -> int:
             at=job.created_at + timedelta(minutes=min(step, 2)),
             from_status=before,
             to_status=after,
-            actor="system",
+            actor_kind=ActorKind.SYSTEM,
             reason=reason,
         )
         for job in jobs

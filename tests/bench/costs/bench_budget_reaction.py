@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from billing.metering import meter_tick
 from billing.services import budget_create, budget_enforce, budget_spend
+from jobs.actors import ActorKind
 from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import Image, NodePool, Region
 from tests.bench.results import bench_size, record
@@ -55,7 +56,13 @@ def running_cpu_jobs(world, count: int, since) -> list[int]:
     ids = list(Job.objects.filter(tenant=world.tenant).values_list("pk", flat=True))
     JobEvent.objects.bulk_create(
         [
-            JobEvent(job_id=pk, at=since, from_status="provisioning", to_status="running")
+            JobEvent(
+                job_id=pk,
+                at=since,
+                from_status="provisioning",
+                to_status="running",
+                actor_kind=ActorKind.BACKEND,
+            )
             for pk in ids
         ]
     )

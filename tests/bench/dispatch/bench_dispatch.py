@@ -1,15 +1,14 @@
 """Dispatch benchmark: launches per second from the API to a Kubernetes Job, and whether
-the length of the admission queue slows a launch down (it shouldn't: a launch is admitted
-by looking at its own pools only, `jobs.services.job_admit_submitted`).
+the length of the admission queue slows a launch down (it shouldn't: a launch's admission
+pass looks at its own pools only and stops where they are full, `jobs.services.jobs_admit`).
 
 For each queue length (1, 100, 1,000 jobs already waiting for other GPUs), jobs are
 submitted one after another through `POST /api/v1/jobs` (DRF with an API token; the real
 services, commit and enqueue included), and their p50/p99 latency recorded; then a small
-pool of threads runs each admitted job's dispatch task in-process
-(`job_dispatch_task.apply`), as Celery's workers would, until the simulated API server holds
-every job's Kubernetes Job. A last row does the same with the batch path: its launches'
-dispatch runs through `jobs_dispatch_task` in batches of DISPATCH_BATCH_SIZE in one thread
-(as one worker drains what an admission pass queued). The two phases are timed apart, so
+pool of threads each runs a dispatch sweep in-process (`jobs_dispatch_task.apply`), as
+several Celery workers would, until the simulated API server holds every job's Kubernetes
+Job (the sweeps claim disjoint batches). A last row does the same with one sweep in one
+thread (as one worker drains what an admission pass admitted). The two phases are timed apart, so
 the API latency isn't inflated by dispatch threads fighting it for the GIL (in production
 they are separate processes). It prints a table and asserts only that each launch got its
 one Kubernetes Job, never anything about time.
@@ -34,7 +33,6 @@ import json
 import logging
 import math
 import os
-import queue
 import statistics
 import subprocess
 import sys
@@ -64,7 +62,6 @@ from tests.servers import purge_queues, stop_process_group
 
 pytestmark = pytest.mark.timeout(900)
 
-S = JobStatus
 QUEUE_LENGTHS = (1, 100, 1000)
 JOBS_PER_RUN = int(os.environ.get("GPUGEEK_BENCH_JOBS", "100"))
 DISPATCHERS = int(os.environ.get("GPUGEEK_BENCH_DISPATCHERS", "4"))
@@ -180,19 +177,19 @@ def cluster(transactional_db, settings, tmp_path):
 def fill_queue(template: Job, length: int) -> None:
     """Grow the admission queue to `length` jobs waiting for the full A100 node (bulk rows,
     as if submitted earlier), then let admission record their reasons once."""
-    have = Job.objects.filter(status=S.QUEUED).count()
+    have = Job.objects.filter(status=JobStatus.QUEUED).count()
     rows = []
     for number in range(have, length):
         row = copy.copy(template)
         row.pk = None
         row.name = f"waiting-{number}"
-        row.status = S.QUEUED
+        row.status = JobStatus.QUEUED
         row.status_reason = ""
         row.created_at = row.status_changed_at = timezone.now()
         rows.append(row)
     Job.objects.bulk_create(rows, batch_size=500)
     services.jobs_admit()
-    assert Job.objects.filter(status=S.QUEUED).count() == length
+    assert Job.objects.filter(status=JobStatus.QUEUED).count() == length
 
 
 def a100_blocker(world) -> Job:
@@ -202,8 +199,8 @@ def a100_blocker(world) -> Job:
         user=world.member,
         spec=JobSpec(name="a100-holder", **{**LAUNCH, "gpu_type": "a100-80gb", "gpus_per_node": 8}),
     )
-    assert job.status == S.DISPATCHING, job.status_reason
-    Job.objects.filter(pk=job.pk).update(status=S.RUNNING)  # setup, not under test
+    assert job.status == JobStatus.DISPATCHING, job.status_reason
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)  # setup, not under test
     return Job.objects.get(pk=job.pk)
 
 
@@ -217,7 +214,7 @@ def submit_all(client, run: Run) -> None:
         before = time.perf_counter()
         response = client.post("/api/v1/jobs", payload, format="json")
         run.submit_seconds.append(time.perf_counter() - before)
-        if response.status_code != 201 or response.data["status"] != S.DISPATCHING:
+        if response.status_code != 201 or response.data["status"] != JobStatus.DISPATCHING:
             run.errors.append(f"submit {number}: {response.status_code} {response.data}")
             continue
         run.job_ids.append(response.data["id"])
@@ -225,23 +222,15 @@ def submit_all(client, run: Run) -> None:
 
 
 def dispatch_all(run: Run) -> None:
-    """Run each admitted job's dispatch task in DISPATCHERS threads, as workers would."""
-    admitted: queue.Queue[int] = queue.Queue()
-    for job_id in run.job_ids:
-        admitted.put(job_id)
+    """Run a dispatch sweep in each of DISPATCHERS threads, as that many workers would."""
     lock = threading.Lock()
 
     def dispatcher() -> None:
         try:
-            while True:
-                try:
-                    job_id = admitted.get_nowait()
-                except queue.Empty:
-                    return
-                result = tasks.job_dispatch_task.apply(args=[job_id])
-                if result.failed():
-                    with lock:
-                        run.errors.append(f"dispatch {job_id}: {result.result!r}")
+            result = tasks.jobs_dispatch_task.apply()
+            if result.failed():
+                with lock:
+                    run.errors.append(f"sweep: {result.result!r}")
         finally:
             connection.close()
 
@@ -255,15 +244,13 @@ def dispatch_all(run: Run) -> None:
 
 
 def dispatch_batched(run: Run) -> None:
-    """Run the admitted jobs through `jobs_dispatch_task` in batches of DISPATCH_BATCH_SIZE,
-    one after another in this one thread, as one worker would drain a backlog that an
-    admission pass queued (the Kubernetes creates of a batch overlap in its threads)."""
-    size = settings.DISPATCH_BATCH_SIZE
+    """One dispatch sweep in this one thread (batches of DISPATCH_BATCH_SIZE), as one
+    worker would drain a backlog (the Kubernetes creates of a batch overlap in its
+    threads)."""
     started = time.perf_counter()
-    for start in range(0, len(run.job_ids), size):
-        result = tasks.jobs_dispatch_task.apply(args=[run.job_ids[start : start + size]])
-        if result.failed():
-            run.errors.append(f"batch at {start}: {result.result!r}")
+    result = tasks.jobs_dispatch_task.apply()
+    if result.failed():
+        run.errors.append(f"sweep: {result.result!r}")
     run.dispatch_phase = time.perf_counter() - started
     connection.close()
 
@@ -319,9 +306,9 @@ def test_dispatch_throughput_and_submit_latency_by_queue_length(cluster, world, 
     print(
         "submit: the API call alone (mean "
         + ", ".join(f"{statistics.mean(r.submit_seconds) * 1000:.0f}" for r in runs)
-        + " ms); dispatch/s: task runs until the Jobs exist (per job: a job_dispatch_task "
-        f"each in {DISPATCHERS} threads; batched: jobs_dispatch_task with "
-        f"{settings.DISPATCH_BATCH_SIZE} jobs each, in one thread); end-to-end/s: launches ÷ "
+        + " ms); dispatch/s: sweeps until the Jobs exist (per job: a sweep in each of "
+        f"{DISPATCHERS} threads; batched: one sweep, batches of "
+        f"{settings.DISPATCH_BATCH_SIZE} jobs, in one thread); end-to-end/s: launches ÷ "
         "(submitting + dispatching), one after the other"
     )
 
@@ -362,7 +349,7 @@ def test_dispatch_throughput_and_submit_latency_by_queue_length(cluster, world, 
         assert not run.errors, run.errors[:5]
         assert run.job_ids, f"nothing launched at queue length {run.queued}"
         statuses = set(Job.objects.filter(pk__in=run.job_ids).values_list("status", flat=True))
-        assert statuses == {S.PROVISIONING}, statuses
+        assert statuses == {JobStatus.PROVISIONING}, statuses
     kube_jobs = cluster.job_names(f"gg-t-{world.tenant.pk}")
     expected = {f"gg-{job_id}-a1" for run in runs for job_id in run.job_ids}
     assert expected <= kube_jobs

@@ -4,9 +4,9 @@ Job exists in the simulated API server, which runs in a process of its own.
 
 The launches were accepted while their pool had no room (queued rows, as the API leaves
 them); room appears and an admission pass runs (`services.jobs_admit`, as after a
-capacity change or a finished job): one transaction admits them all and queues
-`jobs_dispatch_task` batches of DISPATCH_BATCH_SIZE; the worker (`celery worker --pool
-threads`, one process) takes them from Redis, reads each batch once, creates its
+capacity change or a finished job): one transaction admits them all and queues one
+dispatch sweep (`jobs_dispatch_task`); the worker (`celery worker --pool threads`, one
+process) runs it: it claims the rows in batches of DISPATCH_BATCH_SIZE, creates each batch's
 Kubernetes objects in KUBERNETES_DISPATCH_CONCURRENCY threads and records them in one
 transaction. The clock runs from the admission pass to the last job reaching
 `provisioning`; the figure is jobs per second over the whole backlog.
@@ -35,14 +35,13 @@ from django.utils import timezone
 from jobs import services
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
-from jobs.services.launch_dispatch import list_for_sweep
+from jobs.services.dispatch import dispatch_sweep_now
 from tests.bench.dispatch.bench_dispatch import BIG_NODE, H100, LAUNCH, simulated_cluster
 from tests.bench.results import bench_size, record
 from tests.servers import ROOT, child_env, purge_queues, stop_process_group, wait_until
 
 pytestmark = pytest.mark.timeout(1800)
 
-S = JobStatus
 DEFAULT_BACKLOG = "500" if bench_size() == "smoke" else "10000"
 BACKLOG = int(os.environ.get("GPUGEEK_BENCH_BACKLOG", DEFAULT_BACKLOG))
 WORKER_THREADS = 2  # one batch's database work overlaps the other's API calls
@@ -90,7 +89,7 @@ def dispatch_worker(backlog_cluster, tmp_path):
         stop_process_group(process)
 
 
-def accepted_backlog(template: Job, count: int, status: str = S.QUEUED) -> list[int]:
+def accepted_backlog(template: Job, count: int, status: str = JobStatus.QUEUED) -> list[int]:
     """`count` accepted launches like `template`, queued (bulk rows, as if submitted
     while their pool was full), or admitted (`status` dispatching)."""
     now = timezone.now()
@@ -100,7 +99,7 @@ def accepted_backlog(template: Job, count: int, status: str = S.QUEUED) -> list[
         row.pk = None
         row.name = f"backlog-{number}"
         row.status = status
-        row.status_reason = "waiting for capacity" if status == S.QUEUED else "admitted"
+        row.status_reason = "waiting for capacity" if status == JobStatus.QUEUED else "admitted"
         row.created_at = row.status_changed_at = now
         rows.append(row)
     return [row.pk for row in Job.objects.bulk_create(rows, batch_size=1000)]
@@ -112,9 +111,9 @@ def warmed_up(world, worker_log) -> Job:
     template = services.job_submit(
         tenant=world.tenant, user=world.member, spec=JobSpec(name="warm-up", **LAUNCH)
     )
-    assert template.status == S.DISPATCHING, template.status_reason
+    assert template.status == JobStatus.DISPATCHING, template.status_reason
     wait_until(
-        lambda: Job.objects.filter(pk=template.pk, status=S.PROVISIONING).exists(),
+        lambda: Job.objects.filter(pk=template.pk, status=JobStatus.PROVISIONING).exists(),
         60,
         what=f"the warm-up job dispatched by the worker:\n{worker_log.read_text()}",
     )
@@ -123,7 +122,7 @@ def warmed_up(world, worker_log) -> Job:
 
 def all_provisioning(job_ids: list[int], started: float, worker_log) -> float:
     """Seconds from `started` until every job is `provisioning`."""
-    pending = Job.objects.filter(pk__in=job_ids).exclude(status=S.PROVISIONING)
+    pending = Job.objects.filter(pk__in=job_ids).exclude(status=JobStatus.PROVISIONING)
     while pending.exists():
         assert time.perf_counter() < started + 1200, f"not dispatched:\n{worker_log.read_text()}"
         time.sleep(0.05)
@@ -184,19 +183,19 @@ def test_sustained_dispatch_of_a_backlog_by_one_worker(backlog_cluster, dispatch
 
 def test_sustained_dispatch_of_launches_admitted_at_once(backlog_cluster, dispatch_worker, world):
     """Launches into a pool with room: each is admitted in its own transaction and, after
-    its commit, lists its job for a dispatch sweep (`launch_dispatch.list_for_sweep`).
-    Here BACKLOG launches commit at once (their rows in bulk, as admitted launches leave
-    them; then each one's after-commit hand-over, as the API's processes would make
-    them), and the one worker sweeps them; the clock runs from the first hand-over to
-    the last job reaching `provisioning`."""
+    its commit, queues a dispatch sweep unless one is queued already
+    (`dispatch.dispatch_sweep_now`). Here BACKLOG launches commit at once (their rows in
+    bulk, as admitted launches leave them; then each one's after-commit hand-over, as the
+    API's processes would make them), and the one worker sweeps them; the clock runs
+    from the first hand-over to the last job reaching `provisioning`."""
     worker, worker_log = dispatch_worker
     template = warmed_up(world, worker_log)
-    job_ids = accepted_backlog(template, BACKLOG, status=S.DISPATCHING)
+    job_ids = accepted_backlog(template, BACKLOG, status=JobStatus.DISPATCHING)
 
     worker_cpu = cpu_seconds(worker.pid)
     started = time.perf_counter()
-    for job_id in job_ids:
-        list_for_sweep(job_id)
+    for _ in job_ids:
+        dispatch_sweep_now()
     handed_over = time.perf_counter() - started
     elapsed = all_provisioning(job_ids, started, worker_log)
     worker_cpu = cpu_seconds(worker.pid) - worker_cpu
@@ -204,7 +203,7 @@ def test_sustained_dispatch_of_launches_admitted_at_once(backlog_cluster, dispat
     rate = BACKLOG / elapsed
     print()
     print(
-        f"launches admitted at once: {BACKLOG:,} listed for dispatch sweeps (hand-overs "
+        f"launches admitted at once: {BACKLOG:,} hand-overs to dispatch sweeps ("
         f"{handed_over:.1f} s), one worker process → Kubernetes Jobs: {rate:,.0f} jobs/s "
         f"({elapsed:.1f} s); worker CPU per job {worker_cpu / BACKLOG * 1000:.2f} ms"
     )

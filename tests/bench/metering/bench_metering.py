@@ -83,7 +83,7 @@ def create_running_jobs(world, count: int, since) -> None:
                 at=since,
                 from_status=JobStatus.PROVISIONING,
                 to_status=JobStatus.RUNNING,
-                actor=BACKEND,
+                actor_kind=BACKEND.kind,
                 attempt=1,
             )
             for pk in ids
@@ -107,7 +107,7 @@ def timed_tick(now) -> tuple[float, float, int]:
 def timed_steps():
     """The transactions a tick takes, each timed: (step, seconds) in order."""
     steps: list[tuple[str, float]] = []
-    originals = {"tick": tick._tick, "rollup move": tick._release_held_hours}
+    originals = {"tick": tick._tick, "rollup move": tick._release_pending_hours}
 
     def timed(name, step):
         def run(*args, **kwargs):
@@ -119,7 +119,7 @@ def timed_steps():
 
         return run
 
-    attributes = {"tick": "_tick", "rollup move": "_release_held_hours"}
+    attributes = {"tick": "_tick", "rollup move": "_release_pending_hours"}
     try:
         for name, step in originals.items():
             setattr(tick, attributes[name], timed(name, step))

@@ -14,7 +14,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from console.models import Tenant, User
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 from marketplace.models import GpuType, PriceEntry, PriceVersion, Region, TenantPricing
 from marketplace.pricing import RESERVED_TERMS
 
@@ -156,7 +157,7 @@ def price_version_withdraw(
         raise ServiceError(
             "This price version has taken effect; it can't be changed. Publish "
             "a new version instead.",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
         )
     audit_record(
         action="price_version.withdrawn",

@@ -16,8 +16,9 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from billing.credit_ledger import credit_balance_move
-from billing.invoicing import billing_profile_for, number_take
+from billing import tasks
+from billing.credit_notes.ledger import credit_balance_move
+from billing.invoices.services import billing_profile_for, number_take
 from billing.models import (
     CENTS,
     CreditMovementKind,
@@ -29,7 +30,8 @@ from billing.models import (
 )
 from console.models import User
 from console.queueing import enqueue_on_commit
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 
 ZERO = Decimal(0)
 CREDITABLE = (InvoiceStatus.OPEN, InvoiceStatus.PAID, InvoiceStatus.UNCOLLECTIBLE)
@@ -108,7 +110,7 @@ def credit_note_create(
         if locked.status not in CREDITABLE:
             raise ServiceError(
                 f"A {locked.get_status_display().lower()} invoice can't be credited.",
-                code="conflict",
+                code=ErrorCode.CONFLICT,
             )
         if total > locked.left_to_credit:
             raise ServiceError(
@@ -152,7 +154,7 @@ def credit_note_create(
             )
         if settings.STRIPE_API_KEY:
             # Sent as a Stripe credit note once this commits, if the invoice is at Stripe.
-            enqueue_on_commit("billing.tasks.credit_note_push_to_stripe", note.pk)
+            enqueue_on_commit(tasks.credit_note_push_to_stripe, note.pk)
         audit_record(
             action="invoice.credit_note",
             tenant=locked.tenant,

@@ -30,7 +30,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet, Sum
 
-from billing.credit_ledger import credit_balance_move
+from billing import tasks
+from billing.credit_notes.ledger import credit_balance_move
 from billing.models import (
     AMOUNT_QUANTUM,
     CENTS,
@@ -50,7 +51,8 @@ from billing.models import (
 )
 from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
-from console.services import ServiceError, audit_record
+from console.service_errors import ErrorCode, ServiceError
+from console.services import audit_record
 
 ZERO = Decimal(0)
 HUNDRED = Decimal(100)
@@ -188,7 +190,7 @@ def _write_usage_lines(invoice: Invoice, lines: list[UsageLine]) -> None:
     if len(currencies) > 1:
         raise ServiceError(
             f"The period has usage in several currencies ({', '.join(sorted(currencies))}).",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
         )
     invoice.lines.filter(kind__in=[LineKind.USAGE, LineKind.DISCOUNT]).delete()
     InvoiceLine.objects.bulk_create(
@@ -264,7 +266,7 @@ def invoice_draft_create(
         if _overlapping(tenant=tenant, period_start=period_start, period_end=period_end):
             raise ServiceError(
                 "An invoice of this organisation already covers part of this period.",
-                code="conflict",
+                code=ErrorCode.CONFLICT,
             )
         invoice = Invoice.objects.create(
             tenant=tenant, period_start=period_start, period_end=period_end, created_by=user
@@ -309,7 +311,7 @@ def invoices_draft_monthly(*, now: datetime) -> list[Invoice]:
         try:
             drafts.append(invoice_draft_create(tenant=tenant, period_start=start, period_end=end))
         except ServiceError as error:
-            if error.code != "conflict":  # made meanwhile by a concurrent run: done
+            if error.code != ErrorCode.CONFLICT:  # made meanwhile by a concurrent run: done
                 raise
     return drafts
 
@@ -320,7 +322,7 @@ def _locked_draft(invoice: Invoice) -> tuple[TenantBillingProfile, Invoice]:
     if locked.status != InvoiceStatus.DRAFT:
         raise ServiceError(
             f"Invoice {locked} is {locked.get_status_display().lower()}, not a draft.",
-            code="conflict",
+            code=ErrorCode.CONFLICT,
         )
     return profile, locked
 
@@ -399,7 +401,7 @@ def invoice_finalize(
             locked.status, locked.paid_at = InvoiceStatus.PAID, now  # settled by credit
         elif settings.STRIPE_API_KEY:
             # Pushed to Stripe once this commits (by name: services don't import tasks).
-            enqueue_on_commit("billing.tasks.invoice_push_to_stripe", locked.pk)
+            enqueue_on_commit(tasks.invoice_push_to_stripe, locked.pk)
         locked.save()
         audit_record(
             action="invoice.finalize",
@@ -436,7 +438,7 @@ def _transition(
         if to not in TRANSITIONS.get(locked.status, set()):
             raise ServiceError(
                 f"A {locked.get_status_display().lower()} invoice can't become {to.label.lower()}.",
-                code="conflict",
+                code=ErrorCode.CONFLICT,
             )
         previous, locked.status = locked.status, to
         if to == InvoiceStatus.PAID:
@@ -450,7 +452,7 @@ def _transition(
         elif settings.STRIPE_API_KEY:
             # Decided here, not reported by Stripe: its copy must follow, so it can't be
             # paid online any more.
-            enqueue_on_commit("billing.tasks.invoice_status_to_stripe", locked.pk)
+            enqueue_on_commit(tasks.invoice_status_to_stripe, locked.pk)
         audit_record(
             action=f"invoice.{to.value}",
             tenant=locked.tenant,

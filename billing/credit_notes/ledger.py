@@ -21,7 +21,7 @@ from billing.models import (
     TenantBillingProfile,
 )
 from console.models import User
-from console.services import ServiceError
+from console.service_errors import ErrorCode, ServiceError
 
 
 def credit_balance_move(
@@ -40,7 +40,7 @@ def credit_balance_move(
         raise ValueError(f"a credit movement is a non-zero amount in cents, not {amount}")
     balance = profile.credit_balance + amount
     if balance < 0:
-        raise ServiceError("The credit balance can't go below zero.", code="conflict")
+        raise ServiceError("The credit balance can't go below zero.", code=ErrorCode.CONFLICT)
     profile.credit_balance = balance
     profile.save(update_fields=["credit_balance"])
     return CreditMovement.objects.create(

@@ -8,8 +8,8 @@ from decimal import Decimal
 from typing import cast
 
 from billing import charts
-from billing.finance_selectors import Ageing
-from billing.revenue_selectors import PoolUtilisation, TenantRevenue
+from billing.finance.revenue import PoolUtilisation, TenantRevenue
+from billing.finance.selectors import Ageing
 
 # The Cost Explorer's escaping of labels a tenant chose: one rule, reused.
 _label = charts._label

@@ -20,15 +20,18 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from billing import finance_charts, finance_selectors, revenue_selectors
-from billing.finance_forms import BillingProfileForm, InvoiceFilterForm, RevenueFilterForm
-from billing.finance_selectors import FinanceScope, InvoiceFilter, finance_scope
+from billing.finance import charts as finance_charts
+from billing.finance import revenue as revenue_selectors
+from billing.finance import selectors as finance_selectors
+from billing.finance.forms import BillingProfileForm, InvoiceFilterForm, RevenueFilterForm
+from billing.finance.selectors import FinanceScope, InvoiceFilter, finance_scope
 from billing.profiles import billing_profile_update
 from billing.staff_tenants import billing_panel_context
 from console.csv import csv_writer
+from console.forms import add_service_error
 from console.models import Tenant
 from console.permissions import Capability, capability_required, staff_required
-from console.services import ServiceError
+from console.service_errors import ServiceError
 
 PAGE_SIZE = 50
 DEFAULT_MONTHS = 12
@@ -225,7 +228,7 @@ def staff_tenant_billing(request: HttpRequest, tenant_slug: str) -> HttpResponse
                 **form.cleaned_data,
             )
         except ServiceError as error:
-            form.add_error(error.field if error.field in form.fields else None, error.message)
+            add_service_error(form, error)
         else:
             messages.success(
                 request,

@@ -1,4 +1,5 @@
-"""The price book as offers read it, kept in memory by each process.
+"""The price book as offers read it, kept in memory by each process (the writes are in
+`marketplace.services.price_book`).
 
 A version in force can't change (marketplace.services refuses), so the version in force,
 the next one and their entries, with GPU types and regions, are read once and reused

@@ -25,7 +25,7 @@ from typing import Any
 from django.db.models import Exists, F, OuterRef, QuerySet, Sum
 from django.db.models.functions import TruncMonth
 
-from billing.finance_selectors import (
+from billing.finance.selectors import (
     REVENUE_STATUSES,
     ZERO,
     Ageing,

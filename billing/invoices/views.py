@@ -9,17 +9,19 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from billing import credit_notes, invoicing
-from billing.invoice_forms import AdjustmentForm, CreditNoteForm, DraftForm
-from billing.invoice_pdf import invoice_pdf
-from billing.invoice_selectors import invoices_visible, ledger_invoice_mismatches
+from billing.credit_notes import services as credit_notes
+from billing.invoices import services as invoicing
+from billing.invoices.forms import AdjustmentForm, CreditNoteForm, DraftForm
+from billing.invoices.pdf import invoice_pdf
+from billing.invoices.selectors import invoices_visible, ledger_invoice_mismatches
 from billing.models import Invoice
 from billing.payments.selectors import invoice_stripe_state
 from billing.selectors import utc_midnight
 from console.confirm import confirm_then_act
 from console.csv import csv_writer
+from console.forms import add_service_error
 from console.permissions import Capability, capability_required, staff_required
-from console.services import ServiceError
+from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 
 
@@ -107,7 +109,7 @@ def staff_invoices(request: HttpRequest) -> HttpResponse:
                 user=request.user,  # type: ignore[arg-type]
             )
         except ServiceError as error:
-            form.add_error(error.field if error.field in form.fields else None, error.message)
+            add_service_error(form, error)
         else:
             messages.success(request, "Draft invoice created.")
             return redirect("billing:staff_invoice_detail", invoice_id=invoice.pk)
