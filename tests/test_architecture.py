@@ -160,3 +160,51 @@ def test_our_own_imports_are_at_module_level():
                     offenders.append(f"{relative}:{line} (in {function})")
     assert not offenders, "imports of our code inside functions:\n" + "\n".join(offenders)
     assert allowed_seen == set(LOCAL_IMPORTS_ALLOWED), "stale LOCAL_IMPORTS_ALLOWED entries"
+
+
+# --- serializers use the strict fields (console.api.fields) --------------------------------
+DRF_LOOSE_FIELDS = {"CharField", "BooleanField", "EmailField", "SlugField", "URLField",
+                    "RegexField", "IPAddressField", "NullBooleanField"}  # fmt: skip
+DRF_MODEL_SERIALIZERS = {"ModelSerializer", "HyperlinkedModelSerializer"}
+STRICT_FIELDS_MODULE = "console/api/fields.py"
+
+
+def loose_serializer_uses(tree: ast.AST) -> list[int]:
+    """Lines that make one of DRF's coercing text or boolean fields, or derive a model
+    serializer from DRF's instead of console.api.fields.StrictModelSerializer."""
+    modules, direct = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rest_framework"):
+            for alias in node.names:
+                if alias.name in ("serializers", "fields"):
+                    modules.add(alias.asname or alias.name)
+                else:
+                    direct.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules |= {alias.asname or alias.name for alias in node.names
+                        if alias.name.startswith("rest_framework")}  # fmt: skip
+
+    def drf(node: ast.AST, names: set[str]) -> bool:
+        if isinstance(node, ast.Attribute):
+            return node.attr in names and ast.unparse(node.value) in modules
+        return isinstance(node, ast.Name) and node.id in names and node.id in direct
+
+    def loose(node: ast.AST) -> bool:
+        if isinstance(node, ast.Call):
+            return drf(node.func, DRF_LOOSE_FIELDS)
+        return isinstance(node, ast.ClassDef) and any(
+            drf(base, DRF_LOOSE_FIELDS | DRF_MODEL_SERIALIZERS) for base in node.bases
+        )
+
+    return [node.lineno for node in ast.walk(tree) if loose(node)]
+
+
+def test_serializers_use_the_strict_fields():
+    offenders = [
+        f"{relative}:{line}"
+        for app in ORDER
+        for relative, path in app_modules(app)
+        if relative != STRICT_FIELDS_MODULE
+        for line in loose_serializer_uses(ast.parse(path.read_text()))
+    ]
+    assert offenders == []
