@@ -28,7 +28,6 @@ from billing.job_costs import total_run_rate
 from billing.metering.tick import meter_tick
 from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
 from billing.prometheus import BUDGET_ENFORCEMENT_LAG
-from billing.realtime import publish_budget_alert
 from billing.webhooks import webhook_post, webhook_url_validate
 from console.compiled import compiled_instances
 from console.crypto import decrypt_json, encrypt_json
@@ -39,6 +38,7 @@ from console.service_errors import ErrorCode, ServiceError
 from console.services import audit_record, notify
 from jobs.actors import BUDGET
 from jobs.models import BILLED_STATUSES, PAUSABLE, Job, JobStatus, Priority
+from jobs.realtime import publish_budget_alert
 from jobs.services import JobSpec, job_pause_once, job_resume
 
 log = logging.getLogger(__name__)
@@ -382,7 +382,10 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
         target=budget,
         metadata={"threshold": threshold, "spend": str(figure)},
     )
-    publish_budget_alert(budget=budget, threshold=threshold, kind=kind, spend=figure)
+    publish_budget_alert(
+        tenant_id=budget.tenant_id, budget=budget.name, amount=budget.amount,
+        currency=budget.currency, threshold=threshold, kind=kind, spend=figure,
+    )  # fmt: skip
     if budget.webhook_url:
         payload = {
             "budget": budget.name,

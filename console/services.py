@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.dispatch import Signal
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.text import slugify
@@ -31,12 +32,16 @@ from console.models import (
 )
 from console.permissions import Capability, Role, can_assign_role, has_capability
 from console.queueing import enqueue_now
-from console.realtime import publish_membership_changed
 from console.selectors import membership_of
 from console.service_errors import ErrorCode, ServiceError
 from console.token_lookup import organisation_token
 
 logger = logging.getLogger(__name__)
+
+# A person's access to an organisation changed (removed, role changed): sent with
+# `tenant_id` and `user_id`. Sockets are checked once at connect; jobs' realtime tells the
+# person's open ones to check again (console can't import jobs).
+membership_changed = Signal()
 
 
 # --- audit ----
@@ -400,7 +405,9 @@ def membership_change_role(
         metadata={"from": previous, "to": role, "user": membership.user.email},
     )
     # Their open sockets check again whether the new role still lets them watch.
-    publish_membership_changed(tenant_id=membership.tenant_id, user_id=membership.user_id)
+    membership_changed.send(
+        sender=Membership, tenant_id=membership.tenant_id, user_id=membership.user_id
+    )
     return membership
 
 
@@ -443,7 +450,9 @@ def membership_remove(
             request=request,
             metadata={"email": invitation.email, "reason": "inviter no longer a member"},
         )
-    publish_membership_changed(tenant_id=membership.tenant_id, user_id=membership.user_id)
+    membership_changed.send(
+        sender=Membership, tenant_id=membership.tenant_id, user_id=membership.user_id
+    )
     membership.delete()
 
 

@@ -65,7 +65,6 @@ REDIS_URL = _required_in_production("REDIS_URL") or (
 _BROKER_URL = REDIS_URL or "redis://127.0.0.1:1/0"
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -14,30 +14,31 @@ from rest_framework.views import APIView
 from billing import selectors, services
 from billing.models import Budget, BudgetAction
 from console.api.base import TenantScopedViewSet
+from console.api.fields import StrictCharField, StrictModelSerializer, StrictURLField
 from console.api.params import query_params
 from console.permissions import Capability
 from jobs.models import Job
 
 
 class UsageRowSerializer(serializers.Serializer):
-    key = serializers.CharField()
+    key = StrictCharField()
     gpu_seconds = serializers.DecimalField(max_digits=20, decimal_places=3)
     cpu_seconds = serializers.DecimalField(max_digits=20, decimal_places=3)
     amount = serializers.DecimalField(max_digits=24, decimal_places=9)
-    currency = serializers.CharField()
+    currency = StrictCharField()
 
 
 class UsagePageSerializer(serializers.Serializer):
     """Every row at once, in the page envelope of the other lists."""
 
     count = serializers.IntegerField()
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
+    next = StrictURLField(allow_null=True)
+    previous = StrictURLField(allow_null=True)
     results = UsageRowSerializer(many=True)
 
 
-def _filter_text(**kwargs) -> serializers.CharField:
-    return serializers.CharField(required=False, default="", allow_blank=True, **kwargs)
+def _filter_text(**kwargs) -> StrictCharField:
+    return StrictCharField(required=False, default="", allow_blank=True, **kwargs)
 
 
 class UsageQuerySerializer(serializers.Serializer):
@@ -81,20 +82,20 @@ class UsageView(APIView):
         )
 
 
-def _decimal_text() -> serializers.CharField:
+def _decimal_text() -> StrictCharField:
     # Written with str(Decimal): as many places as the value has, so no fixed pattern.
-    return serializers.CharField(help_text="A decimal number, as text")
+    return StrictCharField(help_text="A decimal number, as text")
 
 
 class BudgetStatusSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    name = serializers.CharField()
+    name = StrictCharField()
     amount = _decimal_text()
     spend = _decimal_text()
     percent = _decimal_text()
     forecast = _decimal_text()
     status = serializers.ChoiceField(choices=["ok", "exhausted"])
-    project = serializers.CharField(allow_blank=True)
+    project = StrictCharField(allow_blank=True)
     action = serializers.ChoiceField(choices=BudgetAction.choices)
 
 
@@ -103,7 +104,7 @@ class CostSummarySerializer(serializers.Serializer):
     month_to_date = _decimal_text()
     run_rate_per_hour = _decimal_text()
     forecast = _decimal_text()
-    currency = serializers.CharField()
+    currency = StrictCharField()
     budgets = BudgetStatusSerializer(many=True)
 
 
@@ -142,7 +143,7 @@ class CostSummaryView(APIView):
         )
 
 
-class BudgetSerializer(serializers.ModelSerializer):
+class BudgetSerializer(StrictModelSerializer):
     amount = serializers.DecimalField(max_digits=18, decimal_places=6)
     thresholds = serializers.ListField(child=serializers.IntegerField(), required=False)
     action = serializers.ChoiceField(choices=BudgetAction.choices, required=False)

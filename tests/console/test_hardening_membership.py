@@ -16,7 +16,6 @@ import time
 import pytest
 from channels.db import database_sync_to_async
 
-from console import realtime as console_realtime
 from console import services
 from console.models import AuditEvent, Invitation, Membership
 from console.permissions import ROLE_CAPABILITIES, Capability, Role
@@ -149,7 +148,7 @@ def test_a_role_change_below_viewing_closes_the_socket(world, catalog, monkeypat
 def test_a_lost_notice_is_made_up_for_when_the_hub_resyncs(world, catalog, monkeypatch):
     """Redis lost the notice (an outage at commit): the hub's resync after a failed read
     makes every socket check again, and the removed member's socket still closes."""
-    monkeypatch.setattr(console_realtime, "send_to_group", lambda group, payload: None)
+    monkeypatch.setattr(realtime.publish, "send_to_group", lambda group, payload: None)
     job = make_job(world.tenant)
     cookie = session_cookie(world.member, world.tenant)
 

@@ -1,4 +1,4 @@
-"""The SDK and CLI against a real server: daphne on the test database (asgi_server),
+"""The SDK and CLI against a real server: uvicorn on the test database (asgi_server),
 the demo catalog, a tenant with a token. The package is imported from its source tree
 (clients/python/src), no install needed."""
 

@@ -1,4 +1,4 @@
-"""The SDK against a real server (daphne + the test database)."""
+"""The SDK against a real server (uvicorn + the test database)."""
 
 from __future__ import annotations
 
