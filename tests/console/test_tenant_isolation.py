@@ -14,8 +14,8 @@ from decimal import Decimal
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from billing.budgets.services import budget_create
 from billing.invoices.services import invoice_adjustment_add, invoice_draft_create
-from billing.services import budget_create
 from console import services
 from jobs.backends.local import LocalBackend
 from jobs.services import JobSpec, job_submit, launch_template_save, tenant_secret_set
