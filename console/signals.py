@@ -3,7 +3,7 @@
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 
-from console.services import audit_record
+from console.services.audit import audit_record
 
 
 @receiver(user_logged_in)

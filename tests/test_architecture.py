@@ -233,6 +233,24 @@ def test_budgets_live_in_their_package():
     assert not (ROOT / "billing" / "services.py").exists()
 
 
+def test_console_services_is_a_package_of_small_modules_that_reexports_nothing():
+    """console/services/ holds a module for each thing it owns (audit, tokens, …); callers
+    import the module they need, so its __init__ defines and imports nothing."""
+    package = ROOT / "console" / "services"
+    assert not (ROOT / "console" / "services.py").exists()
+    init = ast.parse((package / "__init__.py").read_text())
+    body = init.body[1:] if ast.get_docstring(init) is not None else init.body
+    assert body == [], "console/services/__init__.py holds only a docstring"
+    modules = sorted(p for p in package.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) > 1
+    too_long = [
+        f"{p.name}: {count}"
+        for p in modules
+        if (count := len(p.read_text().splitlines())) > MAX_LINES
+    ]
+    assert too_long == []
+
+
 def _defines(path: Path, name: str) -> bool:
     tree = ast.parse(path.read_text(), filename=str(path))
     return any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(tree))

@@ -39,7 +39,8 @@ from console.models import Membership, Tenant, User
 from console.permissions import Role
 from console.queueing import enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record, notify
+from console.services.audit import audit_record
+from console.services.notifications import notify
 from jobs.actors import BUDGET
 from jobs.models import PAUSABLE, Job, JobStatus, Priority
 from jobs.services import JobSpec, job_pause_once, job_resume

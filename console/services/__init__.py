@@ -1,3 +1,4 @@
-# Step one of splitting console/services.py into modules by what they own: the file moved
-# whole (history follows); the next commit splits it and points every caller at its module.
-from console.services.invitations import *  # noqa: F403
+"""Writes for accounts and tenancy, a module for each thing they own: `audit`, `mail`,
+`headers` (the client's address), `tenants`, `accounts` (unverified addresses, sign-up
+through an invitation), `invitations`, `memberships`, `tokens`, `notifications`. Import
+the module you need; this package re-exports nothing."""

@@ -22,7 +22,7 @@ from gpugeek import (
 from gpugeek.errors import error_for
 from gpugeek.spec import job_payload
 
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from jobs.models import Job
 from jobs.services import tenant_secret_set
 from jobs.tasks import job_cancel_task
