@@ -214,7 +214,7 @@ AXES_VERBOSE = False
 AXES_IPWARE_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0) or None
 # django-ipware isn't installed, so without this axes would count every client behind a
 # proxy as the proxy; the audit log's reading of X-Forwarded-For serves both.
-AXES_CLIENT_IP_CALLABLE = "console.services.client_ip"
+AXES_CLIENT_IP_CALLABLE = "console.services.headers.client_ip"
 AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )

@@ -1,9 +1,15 @@
-"""Sign-in and sign-out go to the audit log (Django's auth signals, so every path counts)."""
+"""Sign-in and sign-out go to the audit log (Django's auth signals, so every path counts);
+console's own signals for the rooms above it."""
 
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
-from django.dispatch import receiver
+from django.dispatch import Signal, receiver
 
-from console.services import audit_record
+from console.services.audit import audit_record
+
+# A person's access to an organisation changed (removed, role changed): sent with
+# `tenant_id` and `user_id`. Sockets are checked once at connect; jobs' realtime tells the
+# person's open ones to check again (console can't import jobs).
+membership_changed = Signal()
 
 
 @receiver(user_logged_in)

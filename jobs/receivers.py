@@ -12,7 +12,7 @@ from console.dashboard import dashboard_section_register
 from console.host_access import host_isolation_register
 from console.metrics import scrape_collector_register
 from console.queueing import enqueue_now, enqueue_on_commit
-from console.services import membership_changed
+from console.signals import membership_changed
 from console.tenant_admin import tenant_reactivated, tenant_suspended
 from jobs import tasks
 from jobs.extensions import job_deleting, launch_policy_register

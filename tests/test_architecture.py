@@ -209,6 +209,50 @@ def test_billing_has_no_flat_prefixed_modules():
     assert flat == []
 
 
+def _top_level_names(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    ]
+
+
+def test_budgets_live_in_their_package():
+    """Budgets are a room (billing/budgets/{services,selectors,views,forms}.py), not
+    functions mixed into billing's Cost Explorer modules. billing/tasks.py keeps its
+    budget task, whose name Celery knows."""
+    rooms = {p.stem for p in (ROOT / "billing" / "budgets").glob("*.py")}
+    assert {"services", "selectors", "views", "forms"} <= rooms
+    strays = [
+        f"{path.name}:{name}"
+        for path in sorted((ROOT / "billing").glob("*.py"))
+        if path.name != "tasks.py"
+        for name in _top_level_names(path)
+        if name.lower().startswith("budget")
+    ]
+    assert strays == []
+    assert not (ROOT / "billing" / "services.py").exists()
+
+
+def test_console_services_is_a_package_of_small_modules_that_reexports_nothing():
+    """console/services/ holds a module for each thing it owns (audit, tokens, …); callers
+    import the module they need, so its __init__ defines and imports nothing."""
+    package = ROOT / "console" / "services"
+    assert not (ROOT / "console" / "services.py").exists()
+    init = ast.parse((package / "__init__.py").read_text())
+    body = init.body[1:] if ast.get_docstring(init) is not None else init.body
+    assert body == [], "console/services/__init__.py holds only a docstring"
+    modules = sorted(p for p in package.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) > 1
+    too_long = [
+        f"{p.name}: {count}"
+        for p in modules
+        if (count := len(p.read_text().splitlines())) > MAX_LINES
+    ]
+    assert too_long == []
+
+
 def _defines(path: Path, name: str) -> bool:
     tree = ast.parse(path.read_text(), filename=str(path))
     return any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(tree))

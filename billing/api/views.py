@@ -11,7 +11,9 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import selectors, services
+from billing import selectors
+from billing.budgets import selectors as budget_selectors
+from billing.budgets import services as budgets
 from billing.models import Budget, BudgetAction
 from console.api.base import TenantScopedViewSet
 from console.api.fields import StrictCharField, StrictModelSerializer, StrictURLField
@@ -59,7 +61,7 @@ class UsageView(APIView):
         # `end` is inclusive (a day); without it, up to today.
         start, end = selectors.date_range(
             "custom",
-            start=params.get("start") or services.period_start(now).date(),
+            start=params.get("start") or selectors.period_start(now).date(),
             end=params.get("end") or now.date(),
         )
         query = selectors.CostQuery(
@@ -114,8 +116,8 @@ class CostSummaryView(APIView):
         now = datetime.now(UTC)
         _days, cumulative = selectors.cumulative_month(tenant=request.tenant, now=now)
         month_to_date = cumulative[-1] if cumulative else 0
-        hours_left = (services.period_end(now) - now).total_seconds() / 3600
-        rate = services.run_rate(Job.objects.for_tenant(request.tenant))
+        hours_left = (selectors.period_end(now) - now).total_seconds() / 3600
+        rate = selectors.run_rate(Job.objects.for_tenant(request.tenant))
         forecast = Decimal(month_to_date) + rate * Decimal(str(hours_left))
         budgets = [
             {
@@ -129,11 +131,11 @@ class CostSummaryView(APIView):
                 "project": s.budget.project,
                 "action": s.budget.action,
             }
-            for s in services.budget_statuses(tenant=request.tenant, now=now)
+            for s in budget_selectors.budget_statuses(tenant=request.tenant, now=now)
         ]
         return Response(
             {
-                "period_start": services.period_start(now).isoformat(),
+                "period_start": selectors.period_start(now).isoformat(),
                 "month_to_date": str(month_to_date),
                 "run_rate_per_hour": str(rate),
                 "forecast": str(forecast.quantize(Decimal("0.000001"))),
@@ -190,7 +192,7 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         values.pop("period", None)
-        budget = services.budget_create(
+        budget = budgets.budget_create(
             tenant=request.tenant, user=request.user, request=request._request, **values
         )
         return Response(self._with_new_secret(budget), status=status.HTTP_201_CREATED)
@@ -201,7 +203,7 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         values.pop("period", None)
-        budget = services.budget_update(
+        budget = budgets.budget_update(
             budget=budget, user=request.user, request=request._request, **values
         )
         return Response(self._with_new_secret(budget))
@@ -212,7 +214,7 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         """A new signing secret for the budget's webhook, returned once; the old one stops
         verifying at once."""
         budget = self.get_object()
-        services.budget_webhook_secret_rotate(
+        budgets.budget_webhook_secret_rotate(
             budget=budget, user=request.user, request=request._request
         )
         return Response(self._with_new_secret(budget))
@@ -221,7 +223,5 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         return self.partial_update(request, *args, **kwargs)
 
     def destroy(self, request, *args, **kwargs):
-        services.budget_delete(
-            budget=self.get_object(), user=request.user, request=request._request
-        )
+        budgets.budget_delete(budget=self.get_object(), user=request.user, request=request._request)
         return Response(status=status.HTTP_204_NO_CONTENT)

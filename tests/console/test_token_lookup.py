@@ -8,8 +8,8 @@ import threading
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from console import services
 from console.models import ApiToken, Membership, Role, sha256_hex
+from console.services.tokens import api_token_create
 from console.token_lookup import MODELS, organisation_token
 from tests.conftest import make_world
 from tests.factories import MembershipFactory
@@ -20,7 +20,7 @@ def fields(instance) -> dict:
 
 
 def test_the_compiled_lookup_loads_every_field_as_the_orm_does(world):
-    token, raw = services.api_token_create(user=world.admin, tenant=world.tenant, name="ci")
+    token, raw = api_token_create(user=world.admin, tenant=world.tenant, name="ci")
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=token.created_at)
     found = organisation_token(sha256_hex(raw))
     assert found is not None
@@ -40,7 +40,7 @@ def test_the_compiled_lookup_loads_every_field_as_the_orm_does(world):
 def test_a_token_carries_the_membership_of_its_own_organisation(world):
     other = make_world("other")
     MembershipFactory(tenant=other.tenant, user=world.member, role=Role.ADMIN)
-    _, raw = services.api_token_create(user=world.member, tenant=other.tenant, name="there")
+    _, raw = api_token_create(user=world.member, tenant=other.tenant, name="there")
     found = organisation_token(sha256_hex(raw))
     assert found is not None
     token, membership = found
@@ -53,7 +53,7 @@ def test_a_token_carries_the_membership_of_its_own_organisation(world):
 
 
 def test_the_lookup_is_one_query_and_works_from_another_thread(world):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     organisation_token(sha256_hex(raw))
     with CaptureQueriesContext(connection) as queries:
         assert organisation_token(sha256_hex(raw)) is not None

@@ -10,7 +10,7 @@ import pytest
 import websocket
 from django.db import connection
 
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from tests.factories import DEFAULT_PASSWORD
 from tests.integration.helpers import sign_in
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from django.conf import settings
 
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from jobs.models import JobStatus
 from tests.jobs.test_consumers import make_job
 from tests.servers import wait_until

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from console.models import Membership
-from console.services import membership_changed
+from console.signals import membership_changed
 from jobs import realtime
 from jobs.models import JobStatus
 from jobs.realtime import publish

@@ -16,7 +16,7 @@ if str(SRC) not in sys.path:
 
 from gpugeek import Client  # noqa: E402
 
-from console.services import api_token_create  # noqa: E402
+from console.services.tokens import api_token_create  # noqa: E402
 from jobs.models import Job, JobStatus  # noqa: E402
 from jobs.services import job_dispatch  # noqa: E402
 from tests.servers import asgi_server, watcher_process  # noqa: E402, F401
