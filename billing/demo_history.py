@@ -28,10 +28,10 @@ from decimal import ROUND_CEILING, Decimal
 from django.db import transaction
 from django.utils import timezone
 
+from billing.budgets.services import budget_create
 from billing.invoices.services import invoice_draft_create, previous_month
 from billing.metering import meter_tick
 from billing.models import Budget, BudgetAction, Invoice, UsageRecord
-from billing.services import budget_create
 from console.models import AuditEvent, Membership, Tenant
 from console.permissions import Capability, has_capability
 from jobs.actors import BACKEND, SYSTEM, Actor

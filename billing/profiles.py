@@ -17,7 +17,7 @@ from billing.invoices.services import billing_profile_for
 from billing.models import TenantBillingProfile
 from console.models import Tenant, User
 from console.service_errors import ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 
 MAX_TAX_PERCENT = Decimal(100)
 TAX_QUANTUM = Decimal("0.001")

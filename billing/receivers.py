@@ -9,11 +9,11 @@ from django.apps import AppConfig
 from django.db.models.signals import post_migrate, pre_migrate
 
 from billing import dbviews, panels, staff_tenants
+from billing.budgets.services import BudgetLaunchPolicy
 from billing.job_costs import BillingJobCosts
 from billing.metering.tick import release_pending_usage
 from billing.payments.selectors import dashboard_payments_context
 from billing.prometheus import MeteringCollector
-from billing.services import BudgetLaunchPolicy
 from console.dashboard import dashboard_section_register
 from console.metrics import scrape_collector_register
 from jobs import extensions

@@ -1,5 +1,5 @@
-"""Reads for the Cost Explorer, job costs and budgets. They read rollups, never raw
-usage records (except a job's own cost)."""
+"""Reads for the Cost Explorer, job costs and the billing month. They read rollups, never
+raw usage records (except a job's own cost)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from django.db.models import (
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from billing.job_costs import total_run_rate
 from billing.models import (
     Bucket,
     LiveUsageRollup,
@@ -32,8 +33,8 @@ from billing.models import (
     UsageDailyTotal,
     UsageRecord,
 )
-from billing.services import period_start
 from console.service_errors import ServiceError
+from jobs.models import BILLED_STATUSES, Job
 from marketplace.models import GpuType
 
 GROUP_BY = {
@@ -72,6 +73,26 @@ class CostQuery:
 def utc_midnight(day: date) -> datetime:
     """The start of `day` in UTC: where usage periods and invoice periods begin."""
     return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+def period_start(now: datetime) -> datetime:
+    """The start of `now`'s calendar month in UTC: the period budgets and the month's
+    spend count from."""
+    return now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def period_end(now: datetime) -> datetime:
+    start = period_start(now)
+    return (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+
+
+def run_rate(jobs: QuerySet[Job]) -> Decimal:
+    """Hourly cost of the given jobs that are running now."""
+    return total_run_rate(jobs.filter(status__in=BILLED_STATUSES))
 
 
 def date_range(

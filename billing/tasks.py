@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import shared_task
 
-from billing import services
+from billing.budgets import services as budgets
 from billing.invoices import services as invoicing
 from billing.models import Budget, CreditNote, Invoice
 from billing.payments import stripe_sync
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 @shared_task(acks_late=True)
 def meter_tick_task() -> None:
     """Write usage since the last tick, then enforce the budgets it may have crossed."""
-    services.meter_and_enforce()
+    budgets.meter_and_enforce()
 
 
 @shared_task(
@@ -38,7 +38,7 @@ def budget_webhook_task(self, budget_id: int, payload: dict) -> None:
     if budget is None or not budget.webhook_url:
         return
     try:
-        services.budget_webhook_send(budget=budget, payload=payload)
+        budgets.budget_webhook_send(budget=budget, payload=payload)
     except ServiceError as error:  # refused now (e.g. its name resolves privately): no retry
         log.warning("budget %s webhook not sent: %s", budget_id, error.message)
 

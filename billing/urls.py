@@ -1,6 +1,7 @@
 from django.urls import path
 
 from billing import views
+from billing.budgets import views as budget_views
 from billing.finance import views as finance_views
 from billing.invoices import views as invoice_views
 from billing.payments import views as payment_views
@@ -10,12 +11,12 @@ app_name = "billing"
 urlpatterns = [
     path("costs/", views.costs, name="costs"),
     path("costs/export.csv", views.costs_export, name="costs_export"),
-    path("budgets/", views.budgets, name="budgets"),
-    path("budgets/<int:budget_id>/", views.budget_edit, name="budget_edit"),
-    path("budgets/<int:budget_id>/delete/", views.budget_delete, name="budget_delete"),
+    path("budgets/", budget_views.budgets, name="budgets"),
+    path("budgets/<int:budget_id>/", budget_views.budget_edit, name="budget_edit"),
+    path("budgets/<int:budget_id>/delete/", budget_views.budget_delete, name="budget_delete"),
     path(
         "budgets/<int:budget_id>/rotate-webhook-secret/",
-        views.budget_rotate_webhook_secret,
+        budget_views.budget_rotate_webhook_secret,
         name="budget_rotate_webhook_secret",
     ),
     path("invoices/", invoice_views.invoices, name="invoices"),

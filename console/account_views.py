@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from console import registration, selectors, services
+from console import registration, selectors
 from console.api.errors import json_error
 from console.forms import (
     EmailAuthenticationForm,
@@ -27,6 +27,7 @@ from console.forms import (
     add_service_error,
 )
 from console.service_errors import ServiceError
+from console.services.audit import audit_record
 from console.views import _use_tenant
 
 
@@ -160,7 +161,7 @@ class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
 
     def form_valid(self, form):
         response = super().form_valid(form)
-        services.audit_record(
+        audit_record(
             action="auth.password_reset",
             actor=form.user,
             target=form.user,

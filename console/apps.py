@@ -1,6 +1,5 @@
 from django.apps import AppConfig
 
-from console.api.fields import json_types_as_documented
 from console.metrics import celery_signals_connect
 
 
@@ -12,4 +11,3 @@ class ConsoleConfig(AppConfig):
         from console import signals  # noqa: F401  (connects the sign-in audit receivers)
 
         celery_signals_connect()
-        json_types_as_documented()

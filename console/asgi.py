@@ -15,7 +15,6 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from console.gc_tuning import tune_garbage_collector  # noqa: E402
 from console.metrics import WebsocketMetrics  # noqa: E402
-from console.monkey import patch_daphne_flow_control  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -28,5 +27,3 @@ application = ProtocolTypeRouter(
 )
 
 tune_garbage_collector()
-# A streamed response goes at its client's pace under Daphne too (uvicorn's own way).
-patch_daphne_flow_control()

@@ -7,9 +7,10 @@ from django.contrib.auth.forms import AuthenticationForm, PasswordResetForm
 from django.core.exceptions import ValidationError
 from django.template.loader import render_to_string
 
-from console import registration, services
+from console import registration
 from console.models import User
 from console.permissions import Role
+from console.services.mail import email_send_later
 
 
 class FieldRefusal(Protocol):
@@ -70,7 +71,7 @@ class WorkerPasswordResetForm(PasswordResetForm):
     ):
         subject = "".join(render_to_string(subject_template_name, context).splitlines())
         body = render_to_string(email_template_name, context)
-        services.email_send_later(subject=subject, body=body, recipients=[to_email])
+        email_send_later(subject=subject, body=body, recipients=[to_email])
 
 
 class SignupForm(forms.Form):

@@ -18,7 +18,7 @@ from django.http import HttpRequest
 
 from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 
 
 @dataclass(frozen=True)

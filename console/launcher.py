@@ -184,6 +184,22 @@ def wait_for_http(url: str, timeout: float = 20.0) -> None:
     raise RuntimeError(f"{url} did not answer in {timeout}s")
 
 
+# Open log streams and sockets don't end by themselves: a stopping web server closes
+# them after this long instead of waiting for them (uvicorn waits forever by default).
+WEB_SHUTDOWN_SECONDS = 3
+
+
+def asgi_server_argv(host: str, port: int) -> list[str]:
+    """The web child: uvicorn serving console.asgi (as the production image does), its
+    WebSockets by the `websockets` package (named, so that a missing one fails at start
+    instead of refusing every socket)."""
+    return [
+        sys.executable, "-m", "uvicorn", "console.asgi:application",
+        "--host", host, "--port", str(port), "--ws", "websockets-sansio",
+        "--timeout-graceful-shutdown", str(WEB_SHUTDOWN_SECONDS),
+    ]  # fmt: skip
+
+
 class ConsoleLauncher:
     def __init__(
         self, *, base_dir: Path, data_dir: Path, host: str, port: int, worker_concurrency: int
@@ -265,19 +281,7 @@ class ConsoleLauncher:
         py = sys.executable
         node = f"gpugeek-{self.port}@%h"
         return [
-            Child(
-                "web",
-                [
-                    py,
-                    "-m",
-                    "daphne",
-                    "-b",
-                    self.host,
-                    "-p",
-                    str(self.port),
-                    "console.asgi:application",
-                ],
-            ),
+            Child("web", asgi_server_argv(self.host, self.port)),
             Child(
                 "worker",
                 [

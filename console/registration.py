@@ -1,20 +1,22 @@
 """Sign-up policy and e-mail verification: who may create an account, and proof of address.
 
 `settings.SIGNUP` says who may create an account: `open` (anyone, after verifying the
-address), `invite` (only through an invitation, `services.signup_with_invitation`, or by
-staff) or `closed` (staff only). Open sign-up creates the account inactive: Django's auth
-backends refuse inactive users, so neither the sign-in page, the API token endpoint nor a
-session treat it as signed in until the link e-mailed here (Django's token generator, its
-own salt) activates it, once.
+address), `invite` (only through an invitation,
+`console.services.accounts.signup_with_invitation`, or by staff) or `closed` (staff
+only). Open sign-up creates the account inactive: Django's auth backends refuse inactive
+users, so neither the sign-in page, the API token endpoint nor a session treat it as
+signed in until the link e-mailed here (Django's token generator, its own salt)
+activates it, once.
 
 Nothing here tells a caller whether an address already has an account: a sign-up with a
 known address e-mails the address's owner and answers exactly like a new one.
 
 An unverified sign-up proves nothing (anyone may type someone else's address), so it
 holds nothing back either: a new sign-up for the address replaces it, with everything it
-set (`services.unverified_account_discard`), and the link then activates only with the
-password of the sign-up it was sent for. Whoever signs up first with a victim's address
-can't have the victim activate an account whose password the first one knows.
+set (`console.services.accounts.unverified_account_discard`), and the link then
+activates only with the password of the sign-up it was sent for. Whoever signs up first
+with a victim's address can't have the victim activate an account whose password the
+first one knows.
 """
 
 from __future__ import annotations
@@ -33,14 +35,14 @@ from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
 from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
-from console.services import (
-    audit_record,
+from console.services.accounts import (
     awaiting_verification,
-    email_send_later,
-    tenant_create,
     unverified_account_discard,
     unverified_account_locked,
 )
+from console.services.audit import audit_record
+from console.services.mail import email_send_later
+from console.services.tenants import tenant_create
 
 OPEN, INVITE, CLOSED = "open", "invite", "closed"
 

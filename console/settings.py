@@ -65,7 +65,6 @@ REDIS_URL = _required_in_production("REDIS_URL") or (
 _BROKER_URL = REDIS_URL or "redis://127.0.0.1:1/0"
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -215,7 +214,7 @@ AXES_VERBOSE = False
 AXES_IPWARE_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0) or None
 # django-ipware isn't installed, so without this axes would count every client behind a
 # proxy as the proxy; the audit log's reading of X-Forwarded-For serves both.
-AXES_CLIENT_IP_CALLABLE = "console.services.client_ip"
+AXES_CLIENT_IP_CALLABLE = "console.services.headers.client_ip"
 AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )

@@ -1,16 +1,21 @@
-"""Receivers: sign-in and sign-out go to the audit log (Django's auth signals, so every
-path counts), and a change to a token, membership, user, organisation or notification
-drops what the cache kept of it."""
+"""Sign-in and sign-out go to the audit log (Django's auth signals, so every path counts);
+console's own signals for the rooms above it; and a change to a token, membership, user,
+organisation or notification drops what the cache kept of it."""
 
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.db.models.signals import post_delete, post_save
-from django.dispatch import receiver
+from django.dispatch import Signal, receiver
 
 from console.caching import forget
 from console.models import ApiToken, Membership, Notification, Tenant, User
 from console.selectors import memberships_cache_key, unread_cache_key
-from console.services import audit_record
+from console.services.audit import audit_record
 from console.token_lookup import forget_tokens
+
+# A person's access to an organisation changed (removed, role changed): sent with
+# `tenant_id` and `user_id`. Sockets are checked once at connect; jobs' realtime tells the
+# person's open ones to check again (console can't import jobs).
+membership_changed = Signal()
 
 
 @receiver(user_logged_in)

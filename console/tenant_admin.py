@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 
 # Sent with `tenant` and `reason`, inside the suspending transaction (jobs pauses the
 # tenant's running jobs). Sent again when staff repeat a suspension, so a job that was

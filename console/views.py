@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from console import host_access, selectors, services, tenant_admin
+from console import host_access, selectors, tenant_admin
 from console.confirm import confirm_then_act
 from console.dashboard import dashboard_sections_context
 from console.forms import (
@@ -29,6 +29,8 @@ from console.forms import (
 from console.models import Invitation, Membership, Tenant
 from console.permissions import Capability, capability_required, has_capability, staff_required
 from console.service_errors import ErrorCode, ServiceError
+from console.services import accounts, audit, invitations, memberships, tenants, tokens
+from console.services.notifications import notifications_mark_read
 from console.staff_extensions import staff_column_headers, staff_panels, staff_tenant_cells
 from console.tenancy import SESSION_TENANT_KEY, get_for_tenant_or_404
 
@@ -74,7 +76,7 @@ def tenant_create(request: HttpRequest) -> HttpResponse:
     form = TenantForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            tenant = services.tenant_create(
+            tenant = tenants.tenant_create(
                 name=form.cleaned_data["name"], owner=request.user, request=request
             )
         except ServiceError as error:
@@ -117,7 +119,7 @@ def members(request: HttpRequest) -> HttpResponse:
             raise Http404("Not found.")
         if form.is_valid():
             try:
-                invitation, raw = services.invitation_create(
+                invitation, raw = invitations.invitation_create(
                     tenant=request.tenant,
                     by_membership=request.membership,
                     email=form.cleaned_data["email"],
@@ -158,7 +160,7 @@ def member_role(request: HttpRequest, membership_id: int) -> HttpResponse:
         messages.error(request, "Choose a valid role.")
     else:
         try:
-            services.membership_change_role(
+            memberships.membership_change_role(
                 membership=membership,
                 role=form.cleaned_data["role"],
                 by_membership=request.membership,
@@ -182,7 +184,7 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
         raise Http404("Not found.")
     if request.method == "POST":
         try:
-            services.membership_remove(
+            memberships.membership_remove(
                 membership=membership, by_membership=request.membership, request=request
             )
         except ServiceError as error:
@@ -219,7 +221,7 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
 @require_POST
 def invitation_revoke(request: HttpRequest, invitation_id: int) -> HttpResponse:
     invitation = get_for_tenant_or_404(Invitation, request.tenant, pk=invitation_id)
-    services.invitation_revoke(invitation=invitation, by_user=request.user, request=request)
+    invitations.invitation_revoke(invitation=invitation, by_user=request.user, request=request)
     messages.success(request, f"Invitation for {invitation.email} revoked.")
     return redirect("members")
 
@@ -228,7 +230,7 @@ def invitation_revoke(request: HttpRequest, invitation_id: int) -> HttpResponse:
 def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
     """Public: the link in the e-mail. New people set a password; others sign in first."""
     try:
-        invitation = services.invitation_for_token(token)
+        invitation = invitations.invitation_for_token(token)
     except ServiceError as error:
         return render(
             request,
@@ -239,17 +241,17 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
     form = InvitationSignupForm(request.POST or None)
     account = get_user_model().objects.filter(email__iexact=invitation.email).first()
     # An unverified sign-up for the address is not its owner's: the invitee replaces it.
-    existing_account = account is not None and not services.awaiting_verification(account)
+    existing_account = account is not None and not accounts.awaiting_verification(account)
     if request.method == "POST":
         try:
             if request.user.is_authenticated:
-                membership = services.invitation_accept(
+                membership = invitations.invitation_accept(
                     raw_token=token, user=request.user, request=request
                 )
             elif existing_account:
                 return redirect(f"{reverse('login')}?next={request.path}")
             elif form.is_valid():
-                user, membership = services.signup_with_invitation(
+                user, membership = accounts.signup_with_invitation(
                     raw_token=token,
                     password=form.cleaned_data["password1"],
                     full_name=form.cleaned_data["full_name"],
@@ -292,7 +294,7 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
     new_token = None
     if request.method == "POST" and form.is_valid():
         try:
-            token, raw = services.api_token_create(
+            token, raw = tokens.api_token_create(
                 user=request.user,
                 tenant=request.tenant,
                 name=form.cleaned_data["name"],
@@ -303,11 +305,11 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
         else:
             new_token = {"name": token.name, "value": raw}
             form = ApiTokenForm()
-    tokens = selectors.api_tokens_visible_to(membership=request.membership)
+    visible = selectors.api_tokens_visible_to(membership=request.membership)
     context = {
         "form": form,
         "new_token": new_token,
-        "tokens": Paginator(tokens, PAGE_SIZE).get_page(request.GET.get("page")),
+        "tokens": Paginator(visible, PAGE_SIZE).get_page(request.GET.get("page")),
         "show_owner": has_capability(request.membership, Capability.MANAGE_TOKENS),
     }
     template = "console/api_tokens.html#token-area" if request.htmx else "console/api_tokens.html"
@@ -323,7 +325,7 @@ def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
         pk=token_id,
     )
     if request.method == "POST":
-        services.api_token_revoke(token=token, by_user=request.user, request=request)
+        tokens.api_token_revoke(token=token, by_user=request.user, request=request)
         messages.success(request, f"Token “{token.name}” revoked; it no longer works.")
         if request.htmx:
             return HttpResponseClientRedirect(reverse("api_tokens"))
@@ -367,7 +369,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def notifications(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
-        count = services.notifications_mark_read(user=request.user, tenant=request.tenant)
+        count = notifications_mark_read(user=request.user, tenant=request.tenant)
         messages.success(
             request, f"{count} notification{'s' if count != 1 else ''} marked as read."
         )
@@ -388,7 +390,7 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 
     def form_valid(self, form):
         response = super().form_valid(form)
-        services.audit_record(
+        audit.audit_record(
             action="auth.password_changed",
             tenant=None,
             actor=self.request.user,
@@ -411,7 +413,7 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
     form = TenantForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            tenant = services.tenant_create(
+            tenant = tenants.tenant_create(
                 name=form.cleaned_data["name"], owner=request.user, request=request
             )
         except ServiceError as error:
@@ -421,15 +423,15 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
                 request, f"{tenant.name} created with you as owner; invite its people from Members."
             )
             return redirect("staff_tenant_detail", tenant_slug=tenant.slug)
-    tenants = Paginator(selectors.tenants_for_staff(), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(selectors.tenants_for_staff(), PAGE_SIZE).get_page(request.GET.get("page"))
     # Columns the rooms above add (billing: spend, balance due, credit), for this page's rows.
-    cells = staff_tenant_cells(list(tenants))
+    cells = staff_tenant_cells(list(page))
     return render(
         request,
         "console/staff_tenants.html",
         {
-            "tenants": tenants,
-            "rows": [(tenant, cells[tenant.pk]) for tenant in tenants],
+            "tenants": page,
+            "rows": [(tenant, cells[tenant.pk]) for tenant in page],
             "extra_columns": staff_column_headers(),
             "form": form,
         },

@@ -24,7 +24,7 @@ case "$command" in
   web)
     exec python -m uvicorn console.asgi:application --host 0.0.0.0 --port "${PORT:-8000}" \
       --workers "${WEB_WORKERS:-2}" --proxy-headers --forwarded-allow-ips '*' \
-      --no-server-header "$@"
+      --no-server-header --ws websockets-sansio --timeout-graceful-shutdown 3 "$@"
     ;;
   worker)
     exec python -m celery -A console worker -l INFO -n "worker.$(hostname)@%h" \

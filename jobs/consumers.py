@@ -7,7 +7,7 @@ anonymous socket or a job of a tenant the user is no member of, 4404 for a job t
 not exist (foreign Origins are refused earlier by AllowedHostsOriginValidator).
 
 Access is checked again whenever the person's membership of the tenant changes: every
-socket joins `console.realtime.membership_group(tenant, user)` before its connect-time
+socket joins `jobs.realtime.membership_group(tenant, user)` before its connect-time
 check (so no change can slip between the two), and closes with 4403 when a re-check
 fails (removed from the organisation, or a role without the socket's capability).
 """
@@ -22,14 +22,13 @@ from urllib.parse import parse_qs
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.permissions import Capability, has_capability
-from console.realtime import MEMBERSHIP_CHANGED, membership_group
 from console.selectors import resolve_membership
 from console.tenancy import SESSION_TENANT_KEY
 from jobs import realtime
 from jobs.logs.follower import followers
 from jobs.logs.reading import BACKFILL_LINES, read_lines, tail_lines
 from jobs.models import Job
-from jobs.realtime import parallel_db
+from jobs.realtime import MEMBERSHIP_CHANGED, membership_group, parallel_db
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +116,6 @@ class AccessWatch:
             recheck.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await recheck
-
-
-def _status_message(job: Job) -> realtime.JobStatusMessage:
-    return realtime.JobStatusMessage(
-        type="status",
-        job_id=job.pk,
-        status=job.status,
-        status_reason=job.status_reason,
-        attempt=job.attempt,
-        at=job.status_changed_at.isoformat(),
-        is_finished=job.is_finished,
-    )
 
 
 class JobLogCursor:
@@ -271,7 +258,6 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         self.job = job
         self.group = realtime.job_group(job.pk)
         self.inbox = LogInbox()
-        self.idle = False  # the pump waits for a message (after the backfill)
         self.first_message = asyncio.Event()
         self.resume_from: int | None = None
         self.cursor = JobLogCursor(job, self._send_lines, self._send_encoded)
@@ -290,19 +276,13 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         # the subscription would otherwise be lost, and the page (which stops polling
         # while its socket is open) would show the old status until it is reloaded.
         self.job = job = await reload_job(job_id) or job
-        await self.send_json(_status_message(job))
+        await self.send_json(realtime.job_status_message(job))
         self.pump = asyncio.ensure_future(self._pump())
 
-    def _enqueue(self, message: dict):
-        if message.get("type") == "log" and self.idle and self.inbox.queue.empty():
-            # Fast path (most batches): the pump waits and the batch continues exactly
-            # where this socket stands, so it is sent now, without a task switch.
-            batch = message.get("lines")
-            if batch and batch[0]["line_no"] == self.cursor.last_sent + 1:
-                self.cursor.last_sent = batch[-1]["line_no"]
-                return self._send_encoded(_encoded_batch(message))
+    def _enqueue(self, message: dict) -> None:
+        # Sent from the pump, never from the hub: the server holds a send until this
+        # client's connection drains, and the hub must not wait for one slow client.
         self.inbox.put(message)
-        return None
 
     async def _send_encoded(self, texts: list[str]) -> None:
         """The one sender of this socket's log messages (each within the server's frame
@@ -323,12 +303,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             else:
                 await self.cursor.backfill()
             while True:
-                if self.inbox.queue.empty():
-                    self.idle = True
-                    message = await self.inbox.get()
-                    self.idle = False
-                else:
-                    message = self.inbox.get_nowait()
+                message = await self.inbox.get()
                 kind = message.get("type")
                 if kind == "log":
                     await self.cursor.deliver(message)
@@ -343,7 +318,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     job = await reloads[self.job.pk]
                     if job is not None:
                         self.job = self.cursor.job = job
-                        await self.send_json(_status_message(job))
+                        await self.send_json(realtime.job_status_message(job))
                     await self.cursor.fill_to(None)
                 else:
                     await self.send_json(message)

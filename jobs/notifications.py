@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.urls import reverse
 
-from console.services import notify
+from console.services.notifications import notify
 from jobs.actors import Actor
 from jobs.models import JobStatus
 

@@ -12,11 +12,13 @@ from console.dashboard import dashboard_section_register
 from console.host_access import host_isolation_register
 from console.metrics import scrape_collector_register
 from console.queueing import enqueue_now, enqueue_on_commit
+from console.signals import membership_changed
 from console.tenant_admin import tenant_reactivated, tenant_suspended
 from jobs import tasks
 from jobs.extensions import job_deleting, launch_policy_register
 from jobs.models import Job
 from jobs.prometheus import JobsCollector
+from jobs.realtime import publish_membership_changed
 from jobs.selectors import dashboard_jobs_context, host_jobs_isolation
 from jobs.services.actions import jobs_pause_for_suspension
 from jobs.services.admission import jobs_admit
@@ -45,6 +47,10 @@ def sync_sandbox_capacity_now(sender=None, **kwargs) -> None:
         enqueue_now(tasks.capacity_sync_task)
 
 
+def recheck_sockets_on_membership_change(sender, tenant_id: int, user_id: int, **kwargs) -> None:
+    publish_membership_changed(tenant_id=tenant_id, user_id=user_id)
+
+
 def discard_deleted_jobs_files(sender, job_ids: list[int], **kwargs) -> None:
     """After the deletion commits, each backend removes what it kept of those jobs."""
     by_backend: dict[str, list[int]] = {}
@@ -68,3 +74,6 @@ def connect() -> None:
     scrape_collector_register("jobs", JobsCollector())
     host_isolation_register("jobs", host_jobs_isolation)
     job_deleting.connect(discard_deleted_jobs_files, dispatch_uid="jobs-discard-files")
+    membership_changed.connect(
+        recheck_sockets_on_membership_change, dispatch_uid="jobs-membership-recheck"
+    )

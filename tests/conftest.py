@@ -12,9 +12,9 @@ from django.test import Client
 from redis.exceptions import RedisError
 from rest_framework.test import APIClient
 
-from console import services
 from console.models import Membership, Tenant, User
 from console.permissions import Role
+from console.services.tokens import api_token_create
 from jobs.services.dispatch import SWEEP_QUEUED_KEY
 from marketplace.demo import seed_catalog
 from marketplace.inventory import NodeInventory
@@ -135,7 +135,7 @@ def owner_client(world) -> Client:
 
 
 def token_client(user: User, tenant: Tenant) -> APIClient:
-    _, raw = services.api_token_create(user=user, tenant=tenant, name="test")
+    _, raw = api_token_create(user=user, tenant=tenant, name="test")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client

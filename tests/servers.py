@@ -24,7 +24,7 @@ from django.db import connection
 from django.utils.module_loading import import_string
 
 from console.celery import app as celery_app
-from console.launcher import free_loopback_port
+from console.launcher import asgi_server_argv, free_loopback_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ASGI_APP = "console.asgi:application"
@@ -127,19 +127,10 @@ def served(name: str, argv: list[str], port: int, log_path: Path) -> Iterator[As
 
 @pytest.fixture
 def asgi_server(transactional_db, tmp_path) -> Iterator[AsgiServer]:
-    """Daphne serving console.asgi on a free loopback port, against the test database
-    (the server `runconsole` runs)."""
+    """uvicorn serving console.asgi on a free loopback port, against the test database,
+    as `runconsole` runs it."""
     port = free_loopback_port()
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APP]
-    with served("daphne", argv, port, tmp_path / "daphne.log") as server:
-        yield server
-
-
-@pytest.fixture
-def uvicorn_server(transactional_db, tmp_path) -> Iterator[AsgiServer]:
-    """uvicorn serving console.asgi, as the production image's `web` does."""
-    port = free_loopback_port()
-    argv = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), ASGI_APP]
+    argv = asgi_server_argv("127.0.0.1", port)
     with served("uvicorn", argv, port, tmp_path / "uvicorn.log") as server:
         yield server
 

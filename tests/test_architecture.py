@@ -1,7 +1,9 @@
 """The code's shape, checked: dependencies point one way (console ← marketplace ← jobs ←
 billing), no module outside jobs/backends/ names a backend, modules stay small, and the
 sandbox cluster (sandbox/) stands alone: plain Python, none of Django or the apps; and our own
-imports sit at module level (only AppConfig.ready() and `if TYPE_CHECKING:` defer them)."""
+imports sit at module level (only AppConfig.ready() and `if TYPE_CHECKING:` defer them);
+no module of ours patches third-party code; serializers use the strict fields of
+console.api.fields; only jobs/realtime/ talks to the channel layer."""
 
 from __future__ import annotations
 
@@ -258,6 +260,50 @@ def test_billing_has_no_flat_prefixed_modules():
     assert flat == []
 
 
+def _top_level_names(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    ]
+
+
+def test_budgets_live_in_their_package():
+    """Budgets are a room (billing/budgets/{services,selectors,views,forms}.py), not
+    functions mixed into billing's Cost Explorer modules. billing/tasks.py keeps its
+    budget task, whose name Celery knows."""
+    rooms = {p.stem for p in (ROOT / "billing" / "budgets").glob("*.py")}
+    assert {"services", "selectors", "views", "forms"} <= rooms
+    strays = [
+        f"{path.name}:{name}"
+        for path in sorted((ROOT / "billing").glob("*.py"))
+        if path.name != "tasks.py"
+        for name in _top_level_names(path)
+        if name.lower().startswith("budget")
+    ]
+    assert strays == []
+    assert not (ROOT / "billing" / "services.py").exists()
+
+
+def test_console_services_is_a_package_of_small_modules_that_reexports_nothing():
+    """console/services/ holds a module for each thing it owns (audit, tokens, …); callers
+    import the module they need, so its __init__ defines and imports nothing."""
+    package = ROOT / "console" / "services"
+    assert not (ROOT / "console" / "services.py").exists()
+    init = ast.parse((package / "__init__.py").read_text())
+    body = init.body[1:] if ast.get_docstring(init) is not None else init.body
+    assert body == [], "console/services/__init__.py holds only a docstring"
+    modules = sorted(p for p in package.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) > 1
+    too_long = [
+        f"{p.name}: {count}"
+        for p in modules
+        if (count := len(p.read_text().splitlines())) > MAX_LINES
+    ]
+    assert too_long == []
+
+
 def _defines(path: Path, name: str) -> bool:
     tree = ast.parse(path.read_text(), filename=str(path))
     return any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(tree))
@@ -274,3 +320,146 @@ def test_service_error_is_defined_once_with_an_enum_code():
     assert ServiceError("x").code is ErrorCode.INVALID
     with pytest.raises(ValueError):
         ServiceError("x", code="nope")  # type: ignore[arg-type]
+
+
+# --- serializers use the strict fields (console.api.fields) --------------------------------
+DRF_LOOSE_FIELDS = {"CharField", "BooleanField", "EmailField", "SlugField", "URLField",
+                    "RegexField", "IPAddressField", "NullBooleanField"}  # fmt: skip
+DRF_MODEL_SERIALIZERS = {"ModelSerializer", "HyperlinkedModelSerializer"}
+STRICT_FIELDS_MODULE = "console/api/fields.py"
+
+
+def loose_serializer_uses(tree: ast.AST) -> list[int]:
+    """Lines that make one of DRF's coercing text or boolean fields, or derive a model
+    serializer from DRF's instead of console.api.fields.StrictModelSerializer."""
+    modules, direct = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rest_framework"):
+            for alias in node.names:
+                if alias.name in ("serializers", "fields"):
+                    modules.add(alias.asname or alias.name)
+                else:
+                    direct.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules |= {alias.asname or alias.name for alias in node.names
+                        if alias.name.startswith("rest_framework")}  # fmt: skip
+
+    def drf(node: ast.AST, names: set[str]) -> bool:
+        if isinstance(node, ast.Attribute):
+            return node.attr in names and ast.unparse(node.value) in modules
+        return isinstance(node, ast.Name) and node.id in names and node.id in direct
+
+    def loose(node: ast.AST) -> bool:
+        if isinstance(node, ast.Call):
+            return drf(node.func, DRF_LOOSE_FIELDS)
+        return isinstance(node, ast.ClassDef) and any(
+            drf(base, DRF_LOOSE_FIELDS | DRF_MODEL_SERIALIZERS) for base in node.bases
+        )
+
+    return [node.lineno for node in ast.walk(tree) if loose(node)]
+
+
+def test_serializers_use_the_strict_fields():
+    offenders = [
+        f"{relative}:{line}"
+        for app in ORDER
+        for relative, path in app_modules(app)
+        if relative != STRICT_FIELDS_MODULE
+        for line in loose_serializer_uses(ast.parse(path.read_text()))
+    ]
+    assert offenders == []
+
+
+# --- no patches of third-party code -----------------------------------------------------
+def third_party_names(tree: ast.AST) -> set[str]:
+    """Names a module binds by importing code that isn't ours (modules and their
+    classes or functions: `serializers`, `Server`, `django`)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] not in OWN_PACKAGES:
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] not in OWN_PACKAGES
+        ):
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def _root_name(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def third_party_patches(tree: ast.AST) -> list[int]:
+    """Lines that set an attribute on an imported third-party module or class
+    (`Server.handle_reply = …`, `setattr(serializers.CharField, …)`)."""
+    imported = third_party_names(tree)
+    lines = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+            and node.args
+        ):
+            if _root_name(node.args[0]) in imported:
+                lines.append(node.lineno)
+            continue
+        for target in targets:
+            if isinstance(target, ast.Attribute) and _root_name(target) in imported:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_of_ours_patches_third_party_code():
+    offenders = [
+        f"{relative}:{line}"
+        for app in [*ORDER, SANDBOX]
+        for relative, path in app_modules(app)
+        for line in third_party_patches(ast.parse(path.read_text()))
+    ]
+    assert offenders == []
+
+
+# --- one realtime package -----------------------------------------------------------------
+REALTIME_PACKAGE = "jobs/realtime/"
+
+
+def _reaches_channel_layer(node: ast.AST) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.module == "channels.layers" or (
+            node.module == "channels" and any(alias.name == "layers" for alias in node.names)
+        )
+    if isinstance(node, ast.Import):
+        return any(alias.name.startswith("channels.layers") for alias in node.names)
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return name == "get_channel_layer"
+
+
+def channel_layer_uses(tree: ast.AST) -> list[int]:
+    """Lines that reach the channel layer directly: importing `channels.layers` (or its
+    names) or naming `get_channel_layer` (a consumer's `self.channel_layer` is fine)."""
+    return [node.lineno for node in ast.walk(tree) if _reaches_channel_layer(node)]
+
+
+def test_only_the_realtime_package_talks_to_the_channel_layer():
+    offenders = [
+        f"{relative}:{line}"
+        for app in ORDER
+        for relative, path in app_modules(app)
+        if not relative.startswith(REALTIME_PACKAGE)
+        for line in channel_layer_uses(ast.parse(path.read_text()))
+    ]
+    assert offenders == []

@@ -11,13 +11,14 @@ from rest_framework.views import APIView
 
 from billing.models import CreditMovement
 from billing.payments.selectors import credit_balance, credit_movements
+from console.api.fields import StrictModelSerializer, StrictURLField
 from console.api.pagination import PageSizePagination
 from console.permissions import Capability
 
 MONEY = {"max_digits": 18, "decimal_places": 2, "coerce_to_string": True}
 
 
-class CreditMovementSerializer(serializers.ModelSerializer):
+class CreditMovementSerializer(StrictModelSerializer):
     amount = serializers.DecimalField(**MONEY)
     balance_after = serializers.DecimalField(**MONEY)
     invoice = serializers.SlugRelatedField(slug_field="number", read_only=True)
@@ -36,8 +37,8 @@ class CreditSerializer(serializers.Serializer):
 
     balance = serializers.DecimalField(**MONEY)
     count = serializers.IntegerField()
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
+    next = StrictURLField(allow_null=True)
+    previous = StrictURLField(allow_null=True)
     results = CreditMovementSerializer(many=True)
 
 

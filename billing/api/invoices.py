@@ -17,6 +17,7 @@ from billing.invoices.selectors import invoices_visible
 from billing.models import CreditNote, Invoice, InvoiceLine
 from billing.payments.selectors import STRIPE_SYNC_STATUSES, invoice_stripe_state
 from billing.selectors import utc_midnight
+from console.api.fields import StrictCharField, StrictModelSerializer
 from console.models import Tenant
 from console.permissions import Capability, has_capability
 
@@ -42,7 +43,7 @@ class CanViewInvoices(BasePermission):
         return has_capability(getattr(request, "membership", None), Capability.VIEW_INVOICES)
 
 
-class InvoiceLineSerializer(serializers.ModelSerializer):
+class InvoiceLineSerializer(StrictModelSerializer):
     amount = serializers.DecimalField(**MONEY)
 
     class Meta:
@@ -53,7 +54,7 @@ class InvoiceLineSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
-class CreditNoteSerializer(serializers.ModelSerializer):
+class CreditNoteSerializer(StrictModelSerializer):
     lines = serializers.SerializerMethodField()
 
     class Meta:
@@ -71,7 +72,7 @@ class CreditNoteSerializer(serializers.ModelSerializer):
         ]
 
 
-class InvoiceSerializer(serializers.ModelSerializer):
+class InvoiceSerializer(StrictModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     subtotal = serializers.DecimalField(**MONEY)
     discount = serializers.DecimalField(**MONEY)
@@ -92,10 +93,10 @@ class InvoiceStripeSerializer(serializers.Serializer):
     """The invoice at Stripe, read-only (`billing.payments.selectors.StripeState`)."""
 
     sync_status = serializers.ChoiceField(choices=STRIPE_SYNC_STATUSES, read_only=True)
-    stripe_invoice_id = serializers.CharField(
+    stripe_invoice_id = StrictCharField(
         read_only=True, help_text="Empty until the invoice is created at Stripe."
     )
-    hosted_invoice_url = serializers.CharField(
+    hosted_invoice_url = StrictCharField(
         read_only=True, help_text="Stripe's payment page; empty until sent."
     )
 
@@ -120,7 +121,7 @@ class InvoiceCreateSerializer(serializers.Serializer):
 
 
 class CreditLineSerializer(serializers.Serializer):
-    description = serializers.CharField(max_length=300, required=False, allow_blank=True)
+    description = StrictCharField(max_length=300, required=False, allow_blank=True)
     amount = serializers.DecimalField(max_digits=18, decimal_places=2)
     invoice_line = serializers.IntegerField(
         required=False,
@@ -130,7 +131,7 @@ class CreditLineSerializer(serializers.Serializer):
 
 
 class CreditNoteCreateSerializer(serializers.Serializer):
-    reason = serializers.CharField(allow_blank=True, required=False, default="")
+    reason = StrictCharField(allow_blank=True, required=False, default="")
     amount = serializers.DecimalField(max_digits=18, decimal_places=2, required=False)
     lines = CreditLineSerializer(many=True, required=False)
 

@@ -11,33 +11,36 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import selectors, services
+from billing import selectors
+from billing.budgets import selectors as budget_selectors
+from billing.budgets import services as budgets
 from billing.models import Budget, BudgetAction
 from console.api.base import TenantScopedViewSet
+from console.api.fields import StrictCharField, StrictModelSerializer, StrictURLField
 from console.api.params import query_params
 from console.permissions import Capability
 from jobs.models import Job
 
 
 class UsageRowSerializer(serializers.Serializer):
-    key = serializers.CharField()
+    key = StrictCharField()
     gpu_seconds = serializers.DecimalField(max_digits=20, decimal_places=3)
     cpu_seconds = serializers.DecimalField(max_digits=20, decimal_places=3)
     amount = serializers.DecimalField(max_digits=24, decimal_places=9)
-    currency = serializers.CharField()
+    currency = StrictCharField()
 
 
 class UsagePageSerializer(serializers.Serializer):
     """Every row at once, in the page envelope of the other lists."""
 
     count = serializers.IntegerField()
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
+    next = StrictURLField(allow_null=True)
+    previous = StrictURLField(allow_null=True)
     results = UsageRowSerializer(many=True)
 
 
-def _filter_text(**kwargs) -> serializers.CharField:
-    return serializers.CharField(required=False, default="", allow_blank=True, **kwargs)
+def _filter_text(**kwargs) -> StrictCharField:
+    return StrictCharField(required=False, default="", allow_blank=True, **kwargs)
 
 
 class UsageQuerySerializer(serializers.Serializer):
@@ -58,7 +61,7 @@ class UsageView(APIView):
         # `end` is inclusive (a day); without it, up to today.
         start, end = selectors.date_range(
             "custom",
-            start=params.get("start") or services.period_start(now).date(),
+            start=params.get("start") or selectors.period_start(now).date(),
             end=params.get("end") or now.date(),
         )
         query = selectors.CostQuery(
@@ -81,20 +84,20 @@ class UsageView(APIView):
         )
 
 
-def _decimal_text() -> serializers.CharField:
+def _decimal_text() -> StrictCharField:
     # Written with str(Decimal): as many places as the value has, so no fixed pattern.
-    return serializers.CharField(help_text="A decimal number, as text")
+    return StrictCharField(help_text="A decimal number, as text")
 
 
 class BudgetStatusSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    name = serializers.CharField()
+    name = StrictCharField()
     amount = _decimal_text()
     spend = _decimal_text()
     percent = _decimal_text()
     forecast = _decimal_text()
     status = serializers.ChoiceField(choices=["ok", "exhausted"])
-    project = serializers.CharField(allow_blank=True)
+    project = StrictCharField(allow_blank=True)
     action = serializers.ChoiceField(choices=BudgetAction.choices)
 
 
@@ -103,7 +106,7 @@ class CostSummarySerializer(serializers.Serializer):
     month_to_date = _decimal_text()
     run_rate_per_hour = _decimal_text()
     forecast = _decimal_text()
-    currency = serializers.CharField()
+    currency = StrictCharField()
     budgets = BudgetStatusSerializer(many=True)
 
 
@@ -113,8 +116,8 @@ class CostSummaryView(APIView):
         now = datetime.now(UTC)
         _days, cumulative = selectors.cumulative_month(tenant=request.tenant, now=now)
         month_to_date = cumulative[-1] if cumulative else 0
-        hours_left = (services.period_end(now) - now).total_seconds() / 3600
-        rate = services.run_rate(Job.objects.for_tenant(request.tenant))
+        hours_left = (selectors.period_end(now) - now).total_seconds() / 3600
+        rate = selectors.run_rate(Job.objects.for_tenant(request.tenant))
         forecast = Decimal(month_to_date) + rate * Decimal(str(hours_left))
         budgets = [
             {
@@ -128,11 +131,11 @@ class CostSummaryView(APIView):
                 "project": s.budget.project,
                 "action": s.budget.action,
             }
-            for s in services.budget_statuses(tenant=request.tenant, now=now)
+            for s in budget_selectors.budget_statuses(tenant=request.tenant, now=now)
         ]
         return Response(
             {
-                "period_start": services.period_start(now).isoformat(),
+                "period_start": selectors.period_start(now).isoformat(),
                 "month_to_date": str(month_to_date),
                 "run_rate_per_hour": str(rate),
                 "forecast": str(forecast.quantize(Decimal("0.000001"))),
@@ -142,7 +145,7 @@ class CostSummaryView(APIView):
         )
 
 
-class BudgetSerializer(serializers.ModelSerializer):
+class BudgetSerializer(StrictModelSerializer):
     amount = serializers.DecimalField(max_digits=18, decimal_places=6)
     thresholds = serializers.ListField(child=serializers.IntegerField(), required=False)
     action = serializers.ChoiceField(choices=BudgetAction.choices, required=False)
@@ -189,7 +192,7 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         values.pop("period", None)
-        budget = services.budget_create(
+        budget = budgets.budget_create(
             tenant=request.tenant, user=request.user, request=request._request, **values
         )
         return Response(self._with_new_secret(budget), status=status.HTTP_201_CREATED)
@@ -200,7 +203,7 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         values.pop("period", None)
-        budget = services.budget_update(
+        budget = budgets.budget_update(
             budget=budget, user=request.user, request=request._request, **values
         )
         return Response(self._with_new_secret(budget))
@@ -211,7 +214,7 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         """A new signing secret for the budget's webhook, returned once; the old one stops
         verifying at once."""
         budget = self.get_object()
-        services.budget_webhook_secret_rotate(
+        budgets.budget_webhook_secret_rotate(
             budget=budget, user=request.user, request=request._request
         )
         return Response(self._with_new_secret(budget))
@@ -220,7 +223,5 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         return self.partial_update(request, *args, **kwargs)
 
     def destroy(self, request, *args, **kwargs):
-        services.budget_delete(
-            budget=self.get_object(), user=request.user, request=request._request
-        )
+        budgets.budget_delete(budget=self.get_object(), user=request.user, request=request._request)
         return Response(status=status.HTTP_204_NO_CONTENT)

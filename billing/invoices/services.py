@@ -52,7 +52,7 @@ from billing.models import (
 from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 
 ZERO = Decimal(0)
 HUNDRED = Decimal(100)

@@ -39,7 +39,7 @@ from console.models import Tenant, User
 from console.permissions import Capability, has_capability
 from console.selectors import membership_of
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,9 @@ import stripe
 from django.db import transaction
 from django.db.models import F, Q
 
-from billing.invoices.services import billing_profile_for
+# The module, not its names: invoices.services imports billing.tasks, which imports this
+# module, so on that path invoices.services is still loading here.
+from billing.invoices import services as invoicing
 from billing.models import (
     CENTS,
     CreditNote,
@@ -65,7 +67,7 @@ def _cents(amount: Decimal) -> int:
 def stripe_customer_for(*, tenant: Tenant) -> str:
     """The tenant's Stripe Customer id, created on first need (its key stored first)."""
     with transaction.atomic():
-        profile = billing_profile_for(tenant=tenant, lock=True)
+        profile = invoicing.billing_profile_for(tenant=tenant, lock=True)
         if profile.stripe_customer_id:
             return profile.stripe_customer_id
         if not profile.stripe_customer_idempotency_key:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from console.services import api_token_authenticate
+from console.services.tokens import api_token_authenticate
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

@@ -22,6 +22,7 @@ from django.core import validators
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 
+from console.api.fields import StrictCharField
 from console.permissions import IsPlatformStaffElseNotFound
 
 ERROR_DESCRIPTIONS = {
@@ -50,10 +51,8 @@ class ErrorSerializer(serializers.Serializer):
     service, an unknown URL): `detail` for people, `code` for programs, and for invalid
     input each field's messages under the field's name (e.g. `"name": ["…"]`)."""
 
-    detail = serializers.CharField(help_text="What went wrong, in a sentence.")
-    code = serializers.CharField(
-        help_text="What went wrong, as a word: invalid, not_found, conflict, …"
-    )
+    detail = StrictCharField(help_text="What went wrong, in a sentence.")
+    code = StrictCharField(help_text="What went wrong, as a word: invalid, not_found, conflict, …")
 
 
 class ApiAutoSchema(AutoSchema):

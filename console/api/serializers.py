@@ -2,14 +2,21 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from console.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictEmailField,
+    StrictModelSerializer,
+    StrictSlugField,
+)
 from console.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
 from console.permissions import Role
 
 
 class TokenLoginSerializer(serializers.Serializer):
-    email = serializers.EmailField()
-    password = serializers.CharField(trim_whitespace=False, style={"input_type": "password"})
-    tenant = serializers.SlugField(
+    email = StrictEmailField()
+    password = StrictCharField(trim_whitespace=False, style={"input_type": "password"})
+    tenant = StrictSlugField(
         required=False,
         allow_blank=True,
         help_text=(
@@ -17,7 +24,7 @@ class TokenLoginSerializer(serializers.Serializer):
             " get a staff automation token: staff endpoints only, no organisation's data."
         ),
     )
-    name = serializers.CharField(
+    name = StrictCharField(
         max_length=100,
         required=False,
         default="cli",
@@ -26,22 +33,22 @@ class TokenLoginSerializer(serializers.Serializer):
 
 
 class RawTokenSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text="Shown once. Send as `Authorization: Bearer …`.")
+    token = StrictCharField(help_text="Shown once. Send as `Authorization: Bearer …`.")
     id = serializers.IntegerField()
-    name = serializers.CharField()
-    tenant = serializers.SlugField(allow_null=True, help_text="None for a staff automation token.")
+    name = StrictCharField()
+    tenant = StrictSlugField(allow_null=True, help_text="None for a staff automation token.")
 
 
-class TenantMembershipSerializer(serializers.ModelSerializer):
-    slug = serializers.CharField(source="tenant.slug")
-    name = serializers.CharField(source="tenant.name")
+class TenantMembershipSerializer(StrictModelSerializer):
+    slug = StrictCharField(source="tenant.slug")
+    name = StrictCharField(source="tenant.name")
 
     class Meta:
         model = Membership
         fields = ["slug", "name", "role"]
 
 
-class StaffTenantSerializer(serializers.ModelSerializer):
+class StaffTenantSerializer(StrictModelSerializer):
     """An organisation as platform staff see and set it."""
 
     class Meta:
@@ -66,21 +73,21 @@ class StaffTenantSerializer(serializers.ModelSerializer):
 
 
 class StaffTenantSuspendSerializer(serializers.Serializer):
-    reason = serializers.CharField(max_length=500)
+    reason = StrictCharField(max_length=500)
 
 
 class MeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    email = serializers.EmailField()
-    full_name = serializers.CharField()
-    is_staff = serializers.BooleanField()
-    tenant = serializers.CharField(allow_null=True)
-    role = serializers.CharField(allow_null=True)
+    email = StrictEmailField()
+    full_name = StrictCharField()
+    is_staff = StrictBooleanField()
+    tenant = StrictCharField(allow_null=True)
+    role = StrictCharField(allow_null=True)
 
 
-class MemberSerializer(serializers.ModelSerializer):
-    email = serializers.EmailField(source="user.email", read_only=True)
-    full_name = serializers.CharField(source="user.full_name", read_only=True)
+class MemberSerializer(StrictModelSerializer):
+    email = StrictEmailField(source="user.email", read_only=True)
+    full_name = StrictCharField(source="user.full_name", read_only=True)
     role = serializers.ChoiceField(choices=Role.choices)
 
     class Meta:
@@ -89,8 +96,8 @@ class MemberSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "email", "full_name", "created_at"]
 
 
-class InvitationSerializer(serializers.ModelSerializer):
-    state = serializers.CharField(read_only=True)
+class InvitationSerializer(StrictModelSerializer):
+    state = StrictCharField(read_only=True)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
     class Meta:
@@ -100,15 +107,15 @@ class InvitationSerializer(serializers.ModelSerializer):
 
 
 class InvitationCreatedSerializer(InvitationSerializer):
-    accept_url = serializers.CharField(read_only=True, help_text="Shown once.")
+    accept_url = StrictCharField(read_only=True, help_text="Shown once.")
 
     class Meta(InvitationSerializer.Meta):
         fields = [*InvitationSerializer.Meta.fields, "accept_url"]
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
-    owner = serializers.EmailField(source="user.email", read_only=True)
-    is_active = serializers.BooleanField(read_only=True)
+class ApiTokenSerializer(StrictModelSerializer):
+    owner = StrictEmailField(source="user.email", read_only=True)
+    is_active = StrictBooleanField(read_only=True)
 
     class Meta:
         model = ApiToken
@@ -134,14 +141,14 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):
-    token = serializers.CharField(read_only=True, help_text="Shown once; store it now.")
+    token = StrictCharField(read_only=True, help_text="Shown once; store it now.")
 
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
 
 
 class AuditQuerySerializer(serializers.Serializer):
-    action = serializers.CharField(
+    action = StrictCharField(
         required=False,
         default="",
         allow_blank=True,
@@ -150,8 +157,8 @@ class AuditQuerySerializer(serializers.Serializer):
     )
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
-    actor = serializers.CharField(source="actor_label")
+class AuditEventSerializer(StrictModelSerializer):
+    actor = StrictCharField(source="actor_label")
 
     class Meta:
         model = AuditEvent

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import GenericViewSet
 
-from console import host_access, selectors, services, tenant_admin
+from console import host_access, selectors, tenant_admin
 from console.api import serializers as s
 from console.api.base import TenantScopedViewSet
 from console.api.errors import error_response
@@ -20,6 +20,9 @@ from console.api.params import query_params
 from console.api.schema import ErrorSerializer
 from console.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
 from console.permissions import Capability, IsPlatformStaff, IsPlatformStaffElseNotFound
+from console.services.invitations import invitation_create, invitation_revoke
+from console.services.memberships import membership_change_role, membership_remove
+from console.services.tokens import api_token_create, api_token_revoke
 
 
 class TokenLoginView(APIView):
@@ -70,7 +73,7 @@ class TokenLoginView(APIView):
                 )
                 return error_response(status.HTTP_403_FORBIDDEN, detail, "permission_denied")
             tenant = membership.tenant
-        token, raw = services.api_token_create(
+        token, raw = api_token_create(
             user=user, tenant=tenant, name=data.validated_data["name"], request=request._request
         )
         return Response(
@@ -131,7 +134,7 @@ class MemberViewSet(
     }
 
     def perform_update(self, serializer):
-        serializer.instance = services.membership_change_role(
+        serializer.instance = membership_change_role(
             membership=serializer.instance,
             role=serializer.validated_data.get("role", serializer.instance.role),
             by_membership=self.request.membership,
@@ -139,7 +142,7 @@ class MemberViewSet(
         )
 
     def perform_destroy(self, instance):
-        services.membership_remove(
+        membership_remove(
             membership=instance,
             by_membership=self.request.membership,
             request=self.request._request,
@@ -161,7 +164,7 @@ class InvitationViewSet(
     def create(self, request, *args, **kwargs):
         data = s.InvitationSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        invitation, raw = services.invitation_create(
+        invitation, raw = invitation_create(
             tenant=request.tenant,
             by_membership=request.membership,
             email=data.validated_data["email"],
@@ -182,7 +185,7 @@ class InvitationViewSet(
         'answers it with state "revoked".',
     )
     def destroy(self, request, *args, **kwargs):
-        invitation = services.invitation_revoke(
+        invitation = invitation_revoke(
             invitation=self.get_object(), by_user=request.user, request=request._request
         )
         return Response(s.InvitationSerializer(invitation).data)
@@ -217,7 +220,7 @@ class ApiTokenViewSet(
     def create(self, request, *args, **kwargs):
         data = s.ApiTokenSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        token, raw = services.api_token_create(
+        token, raw = api_token_create(
             user=request.user,
             tenant=request.tenant,
             name=data.validated_data["name"],
@@ -232,7 +235,7 @@ class ApiTokenViewSet(
         "record: GET answers it with is_active false and its revoked_at.",
     )
     def destroy(self, request, *args, **kwargs):
-        token = services.api_token_revoke(
+        token = api_token_revoke(
             token=self.get_object(), by_user=request.user, request=request._request
         )
         return Response(s.ApiTokenSerializer(token).data)

@@ -9,50 +9,54 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 from rest_framework import serializers
 
+from console.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictEmailField,
+    StrictModelSerializer,
+    StrictRegexField,
+)
 from jobs import selectors, services
 from jobs.extensions import job_costs
 from jobs.models import Job, JobEvent, JobStatus, Priority, TenantSecret
 from jobs.services.spec import MAX_COMMAND_ARGS, MAX_ENV_TOTAL_BYTES, MAX_JOB_SECRETS
 
 
-class ArgumentField(serializers.CharField):
+class ArgumentField(StrictCharField):
     """One argv item: a JSON string, never a number turned into one."""
 
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            raise serializers.ValidationError("Each argument is a string.")
-        return super().to_internal_value(data)
+    default_error_messages = {"invalid": "Each argument is a string."}
 
 
 class JobCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
-    project = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+    name = StrictCharField(max_length=100)
+    project = StrictCharField(max_length=100, required=False, default="", allow_blank=True)
     labels = serializers.DictField(
-        child=serializers.CharField(max_length=63, allow_blank=True), required=False, default=dict
+        child=StrictCharField(max_length=63, allow_blank=True), required=False, default=dict
     )
-    image = serializers.CharField(max_length=80, help_text="Catalog slug")
+    image = StrictCharField(max_length=80, help_text="Catalog slug")
     command = serializers.ListField(
         child=ArgumentField(allow_blank=True, trim_whitespace=False),
         allow_empty=False,
         max_length=MAX_COMMAND_ARGS,
     )
     env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        child=StrictCharField(allow_blank=True, trim_whitespace=False),
         required=False,
         default=dict,
     )
     secret_env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        child=StrictCharField(allow_blank=True, trim_whitespace=False),
         required=False,
         default=dict,
     )
-    gpu_type = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+    gpu_type = StrictCharField(max_length=40, required=False, allow_null=True, default=None)
     gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, default=0)
     cpus = serializers.IntegerField(
         min_value=1, max_value=1024, required=False, allow_null=True, default=None
     )
     nodes = serializers.IntegerField(min_value=1, max_value=1024, default=1)
-    region = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+    region = StrictCharField(max_length=40, required=False, allow_null=True, default=None)
     spot_ratio = serializers.DecimalField(
         max_digits=4,
         decimal_places=3,
@@ -64,10 +68,8 @@ class JobCreateSerializer(serializers.Serializer):
     max_runtime_minutes = serializers.IntegerField(
         min_value=1, max_value=60 * 24 * 90, default=24 * 60
     )
-    checkpoint_path = serializers.CharField(
-        max_length=400, required=False, default="", allow_blank=True
-    )
-    auto_release = serializers.BooleanField(default=True)
+    checkpoint_path = StrictCharField(max_length=400, required=False, default="", allow_blank=True)
+    auto_release = StrictBooleanField(default=True)
     ports = serializers.ListField(
         child=serializers.DictField(),
         required=False,
@@ -75,7 +77,7 @@ class JobCreateSerializer(serializers.Serializer):
         help_text='Ports to expose, e.g. [{"name": "jupyter", "port": 8888}]',
     )
     secrets = serializers.ListField(
-        child=serializers.CharField(max_length=100),
+        child=StrictCharField(max_length=100),
         required=False,
         default=list,
         max_length=MAX_JOB_SECRETS,
@@ -90,7 +92,7 @@ class JobCreateSerializer(serializers.Serializer):
         return services.JobSpec(**self.validated_data)
 
 
-class SlugOfField(serializers.CharField):
+class SlugOfField(StrictCharField):
     """The slug of a related catalog row (`source` names the relation): the list's
     annotation `<relation>_slug` when the job was read with it (`RELATED_SLUGS`: no
     catalog object per row), else the related row's."""
@@ -114,18 +116,30 @@ RELATED_SLUGS = {
 }
 
 
-# Field classes that write a value as the model stores it (a string, a number, a boolean,
-# JSON, a choice's value).
-AS_STORED = (
-    serializers.CharField,
-    serializers.IntegerField,
-    serializers.BooleanField,
-    serializers.JSONField,
-    serializers.ChoiceField,
-)
+# How DRF's fields write a value that is written as the model stores it (a string, a
+# number, a boolean, JSON, a choice's value); their strict kinds write it the same way.
+WRITES_AS_STORED = {
+    field_class.to_representation
+    for field_class in (
+        serializers.CharField,
+        serializers.IntegerField,
+        serializers.BooleanField,
+        serializers.JSONField,
+        serializers.ChoiceField,
+    )
+}
 
 
-class JobSerializer(serializers.ModelSerializer):
+def _as_stored(field: serializers.Field) -> str | None:
+    """The attribute to read for `field` when it writes it as stored, else None."""
+    kind = type(field)
+    plain = kind.to_representation in WRITES_AS_STORED
+    reads_its_source = kind.get_attribute is serializers.Field.get_attribute
+    simple = field.source != "*" and "." not in field.source
+    return field.source if plain and reads_its_source and simple else None
+
+
+class JobSerializer(StrictModelSerializer):
     """The API's one writing of a job, a list's rows and a single job alike. Each job's
     cost and queue position come from one batch for all the jobs it writes (`_batch`)."""
 
@@ -199,10 +213,7 @@ class JobSerializer(serializers.ModelSerializer):
     @cached_property
     def _writing(self) -> list[tuple[str, str | None, serializers.Field]]:
         """Each readable field, with the attribute to read when it writes it as stored."""
-        return [
-            (field.field_name, field.source if type(field) in AS_STORED else None, field)
-            for field in self._readable_fields
-        ]
+        return [(field.field_name, _as_stored(field), field) for field in self._readable_fields]
 
     @cached_property
     def _zone(self) -> tzinfo:
@@ -273,7 +284,7 @@ class LogLineSerializer(serializers.Serializer):
 
     line_no = serializers.IntegerField(help_text="Line number, from 1, across the job's ranks")
     rank = serializers.IntegerField(help_text="The node (rank) that printed it")
-    text = serializers.CharField(allow_blank=True, help_text="The line, without its newline")
+    text = StrictCharField(allow_blank=True, help_text="The line, without its newline")
     ts = serializers.DateTimeField(help_text="When the server read the line")
 
 
@@ -286,8 +297,8 @@ class LogPageSerializer(serializers.Serializer):
     )
 
 
-class JobEventSerializer(serializers.ModelSerializer):
-    actor = serializers.CharField(
+class JobEventSerializer(StrictModelSerializer):
+    actor = StrictCharField(
         read_only=True,
         help_text='Who acted: the person\'s e-mail, or "system", "backend", "budget", '
         '"alerts", "suspension"',
@@ -301,13 +312,13 @@ class JobEventSerializer(serializers.ModelSerializer):
 class LogLineSerializer(serializers.Serializer):
     line_no = serializers.IntegerField()
     rank = serializers.IntegerField()
-    text = serializers.CharField()
+    text = StrictCharField()
 
 
-class TenantSecretSerializer(serializers.ModelSerializer):
+class TenantSecretSerializer(StrictModelSerializer):
     """A secret as listed: where it may be used, never its value."""
 
-    created_by = serializers.EmailField(
+    created_by = StrictEmailField(
         source="created_by.email", allow_null=True, default=None, read_only=True
     )
 
@@ -321,15 +332,15 @@ class TenantSecretSetSerializer(serializers.Serializer):
     """Create or replace a secret (the value is write-only: it is never read back)."""
 
     # An environment variable name (and not GPUGEEK_…, which the service refuses).
-    name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_]*\Z", max_length=100)
-    value = serializers.CharField(write_only=True, trim_whitespace=False, max_length=32 * 1024)
+    name = StrictRegexField(r"^[A-Za-z_][A-Za-z0-9_]*\Z", max_length=100)
+    value = StrictCharField(write_only=True, trim_whitespace=False, max_length=32 * 1024)
     projects = serializers.ListField(
-        child=serializers.CharField(max_length=100),
+        child=StrictCharField(max_length=100),
         required=False,
         default=list,
         max_length=50,
         help_text="Projects whose jobs may use it; empty: any project",
     )
-    members_may_use = serializers.BooleanField(
+    members_may_use = StrictBooleanField(
         default=False, help_text="Members' jobs may use it too (else owners' and admins' only)"
     )

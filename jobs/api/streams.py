@@ -13,6 +13,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api.fields import StrictBooleanField, StrictCharField
 from console.api.params import query_params
 from console.permissions import Capability, IsTenantMember, MayActOnJob
 from console.tenancy import get_for_tenant_or_404
@@ -52,7 +53,7 @@ class JobLogDownloadView(JobView):
 
 class MetricSampleSerializer(serializers.Serializer):
     at = serializers.DateTimeField()
-    node = serializers.CharField()
+    node = StrictCharField()
     gpu = serializers.IntegerField()
     utilization = serializers.FloatField(allow_null=True)
     memory_used_mib = serializers.FloatField(allow_null=True)
@@ -64,7 +65,7 @@ class MetricSampleSerializer(serializers.Serializer):
 class JobMetricsSerializer(serializers.Serializer):
     samples = MetricSampleSerializer(many=True)
     figures = serializers.DictField(help_text="Plotly figures (JSON) per chart, built here.")
-    note = serializers.CharField(help_text='Why there are no readings (e.g. "no GPU"), or "".')
+    note = StrictCharField(help_text='Why there are no readings (e.g. "no GPU"), or "".')
     summary = serializers.DictField()
     alerts = serializers.ListField(child=serializers.DictField())
 
@@ -107,7 +108,7 @@ class JobMetricsView(JobView):
 
 
 class JobMonitorSerializer(serializers.Serializer):
-    idle_auto_stop = serializers.BooleanField()
+    idle_auto_stop = StrictBooleanField()
     idle_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, allow_null=True)
 
 

@@ -217,11 +217,9 @@ class LogFollower:
 
     async def _publish(self, lines: list[LogLinePayload], last_line: int) -> None:
         if self.local_only:
-            await realtime.hub().deliver_local(
+            realtime.hub().deliver_local(
                 realtime.job_group(self.job_id),
-                realtime.JobLogMessage(
-                    type="log", job_id=self.job_id, lines=lines, last_line=last_line
-                ),
+                dict(realtime.job_log_message(self.job_id, lines, last_line)),
             )
         else:
             await realtime.apublish_job_logs(self.job_id, lines, last_line=last_line)

@@ -113,7 +113,7 @@ async def adownload_chunks(job: Job) -> AsyncIterator[bytes]:
     """`download_chunks` for an ASGI response, each piece read (in a worker thread) only
     once the last one was sent: Django's ASGI handler reads a plain iterator to its end
     before sending a byte (a 300 MB log held whole), and the server's `send` returns
-    when the client can take more (console.monkey for Daphne), so a slow reader holds
+    when the client can take more (uvicorn's flow control), so a slow reader holds
     one piece, not the log."""
     chunks = download_chunks(job)
     read = parallel_db(next)

@@ -8,7 +8,7 @@ from django.db import transaction
 from console.models import Tenant, User
 from console.queueing import enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 from jobs import tasks
 from jobs.actors import SUSPENSION, Actor, ActorKind
 from jobs.extensions import job_deleting, launch_check

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 from jobs.backends import BackendUnavailable, configured_backends
 from jobs.backends.base import ChaosControls, ChaosRefused
 from marketplace.models import NodePool, Tier

@@ -17,7 +17,7 @@ from console.crypto import decrypt_json, encrypt_json
 from console.models import Tenant, User
 from console.permissions import Capability, has_capability
 from console.selectors import membership_of
-from console.services import audit_record
+from console.services.audit import audit_record
 from jobs.models import TenantSecret
 from jobs.services.spec import (
     ENV_NAME_RE,

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from console.models import User
-from console.services import audit_record
+from console.services.audit import audit_record
 from jobs.models import Job, LaunchTemplate
 from jobs.services.spec import JobSpec, invalid, spec_from_job
 

@@ -4,6 +4,12 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from rest_framework import serializers
 
+from console.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictModelSerializer,
+    StrictRegexField,
+)
 from console.crypto import mask
 from marketplace.models import (
     GpuType,
@@ -20,7 +26,7 @@ from marketplace.services.catalog import LABEL_VALUE, NODE_POOL_EDITABLE_FIELDS
 from marketplace.services.images import COMPATIBLE_VALUES
 
 
-class GpuTypeSerializer(serializers.ModelSerializer):
+class GpuTypeSerializer(StrictModelSerializer):
     class Meta:
         model = GpuType
         fields = [
@@ -37,17 +43,17 @@ class GpuTypeSerializer(serializers.ModelSerializer):
         ]
 
 
-class RegionSerializer(serializers.ModelSerializer):
+class RegionSerializer(StrictModelSerializer):
     class Meta:
         model = Region
         fields = ["slug", "name"]
 
 
 class OfferSerializer(serializers.Serializer):
-    gpu_type = serializers.CharField(source="gpu_type.slug", allow_null=True, default=None)
-    region = serializers.CharField(source="region.slug")
-    tier = serializers.CharField()
-    currency = serializers.CharField()
+    gpu_type = StrictCharField(source="gpu_type.slug", allow_null=True, default=None)
+    region = StrictCharField(source="region.slug")
+    tier = StrictCharField()
+    currency = StrictCharField()
     price_per_gpu_hour = serializers.SerializerMethodField()
     price_per_vcpu_hour = serializers.SerializerMethodField()
     available_gpus = serializers.SerializerMethodField()
@@ -61,7 +67,7 @@ class OfferSerializer(serializers.Serializer):
     vcpus_per_node = serializers.IntegerField()
     memory_gib_per_node = serializers.IntegerField()
     price_version = serializers.IntegerField()
-    simulated = serializers.BooleanField()
+    simulated = StrictBooleanField()
 
     def get_price_per_gpu_hour(self, offer) -> str | None:
         return None if offer.is_cpu else str(offer.unit_price)
@@ -82,24 +88,24 @@ class OfferSerializer(serializers.Serializer):
 class OfferQuerySerializer(serializers.Serializer):
     """The offers list's filters (query parameters); empty text filters nothing."""
 
-    gpu_type = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
-    vendor = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
-    region = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
-    tier = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
+    gpu_type = StrictCharField(required=False, default="", allow_blank=True, max_length=40)
+    vendor = StrictCharField(required=False, default="", allow_blank=True, max_length=40)
+    region = StrictCharField(required=False, default="", allow_blank=True, max_length=40)
+    tier = StrictCharField(required=False, default="", allow_blank=True, max_length=40)
     min_memory_gib = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000)
-    available = serializers.BooleanField(default=False, help_text="Only offers with free GPUs")
+    available = StrictBooleanField(default=False, help_text="Only offers with free GPUs")
     sort = serializers.ChoiceField(choices=list(SORTS), default="price")
-    include_cpu = serializers.BooleanField(default=True)
+    include_cpu = StrictBooleanField(default=True)
 
 
 class ImageQuerySerializer(serializers.Serializer):
     """The image list's filters (query parameters); empty filters nothing."""
 
-    q = serializers.CharField(
+    q = StrictCharField(
         required=False, default="", allow_blank=True, max_length=100, help_text="Search text"
     )
     kind = serializers.ChoiceField(choices=ImageKind.choices, required=False, default="")
-    vendor = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
+    vendor = StrictCharField(required=False, default="", allow_blank=True, max_length=40)
 
 
 def _decimal(value, places: str) -> str | None:
@@ -171,14 +177,14 @@ class EstimateRequestSerializer(serializers.Serializer):
 class EstimateSerializer(serializers.Serializer):
     hourly = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)
     total = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)
-    currency = serializers.CharField()
+    currency = StrictCharField()
     spot_share = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)
     on_demand_share = serializers.DecimalField(
         max_digits=18, decimal_places=2, coerce_to_string=True
     )
     price_version = serializers.IntegerField()
     units = serializers.IntegerField()
-    unit = serializers.CharField()
+    unit = StrictCharField()
     unit_price_spot = serializers.DecimalField(
         max_digits=18, decimal_places=6, coerce_to_string=True
     )
@@ -190,10 +196,10 @@ class EstimateSerializer(serializers.Serializer):
     )
 
 
-class ImageSerializer(serializers.ModelSerializer):
+class ImageSerializer(StrictModelSerializer):
     # Catalog slugs may hold dots ("python-3.11"); new ones follow ImageCreateSerializer.
-    slug = serializers.CharField(max_length=80)
-    public = serializers.BooleanField(source="is_public", read_only=True)
+    slug = StrictCharField(max_length=80)
+    public = StrictBooleanField(source="is_public", read_only=True)
 
     class Meta:
         model = Image
@@ -219,7 +225,7 @@ class ImageSerializer(serializers.ModelSerializer):
 
 
 class PortSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=40)
+    name = StrictCharField(max_length=40)
     port = serializers.IntegerField(min_value=1, max_value=65535)
 
 
@@ -228,27 +234,27 @@ class ImageCreateSerializer(ImageSerializer):
     slugified by the service, so it needs a letter or digit (one of only dashes and
     underscores would come out empty)."""
 
-    slug = serializers.RegexField(r"^[-a-zA-Z0-9_]*[a-zA-Z0-9][-a-zA-Z0-9_]*\Z", max_length=80)
+    slug = StrictRegexField(r"^[-a-zA-Z0-9_]*[a-zA-Z0-9][-a-zA-Z0-9_]*\Z", max_length=80)
     compatible_with = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(COMPATIBLE_VALUES)), allow_empty=False
     )
     default_command = serializers.ListField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        child=StrictCharField(allow_blank=True, trim_whitespace=False),
         required=False,
         default=list,
     )
     ports = PortSerializer(many=True, required=False, default=list)
 
 
-class NodePoolSerializer(serializers.ModelSerializer):
+class NodePoolSerializer(StrictModelSerializer):
     node_selector = serializers.DictField(
-        child=serializers.RegexField(LABEL_VALUE, max_length=63, allow_blank=True),
+        child=StrictRegexField(LABEL_VALUE, max_length=63, allow_blank=True),
         required=False,
         help_text="Node labels the pool's pods must match (Kubernetes label syntax, checked "
         "by the pool service).",
     )
-    region = serializers.CharField(source="region.slug", read_only=True)
-    gpu_type = serializers.CharField(source="gpu_type.slug", read_only=True, allow_null=True)
+    region = StrictCharField(source="region.slug", read_only=True)
+    gpu_type = StrictCharField(source="gpu_type.slug", read_only=True, allow_null=True)
     available_gpus = serializers.IntegerField(read_only=True)
 
     class Meta:
@@ -286,7 +292,7 @@ class PriceEntryInSerializer(serializers.Serializer):
     )
 
 
-class PriceVersionSerializer(serializers.ModelSerializer):
+class PriceVersionSerializer(StrictModelSerializer):
     entries = serializers.SerializerMethodField()
 
     class Meta:
@@ -317,19 +323,19 @@ class PriceVersionSerializer(serializers.ModelSerializer):
 
 class PriceVersionInSerializer(serializers.Serializer):
     effective_from = serializers.DateTimeField()
-    currency = serializers.CharField(max_length=3, default="USD")
+    currency = StrictCharField(max_length=3, default="USD")
     spot_discount_percent = serializers.DecimalField(max_digits=5, decimal_places=2)
     reserved_1m_discount_percent = serializers.DecimalField(max_digits=5, decimal_places=2)
     reserved_3m_discount_percent = serializers.DecimalField(max_digits=5, decimal_places=2)
     reserved_12m_discount_percent = serializers.DecimalField(max_digits=5, decimal_places=2)
-    note = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
+    note = StrictCharField(max_length=200, required=False, default="", allow_blank=True)
     entries = PriceEntryInSerializer(many=True, allow_empty=False)
 
 
-class RegistryCredentialSerializer(serializers.ModelSerializer):
+class RegistryCredentialSerializer(StrictModelSerializer):
     """A registry login; the password is write-only and always answered masked."""
 
-    password = serializers.CharField(write_only=True, max_length=4000, trim_whitespace=False)
+    password = StrictCharField(write_only=True, max_length=4000, trim_whitespace=False)
 
     class Meta:
         model = RegistryCredential

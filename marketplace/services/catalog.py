@@ -13,7 +13,7 @@ from django.http import HttpRequest
 
 from console.models import Tenant, User
 from console.service_errors import ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 from marketplace.models import GpuType, NodePool, TenantQuota
 
 # --- GPU types and node pools ----

@@ -15,7 +15,7 @@ from django.utils.text import slugify
 from console.crypto import encrypt_json
 from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 from marketplace.images import InvalidReference, is_allowed, parse_reference
 from marketplace.models import AllowedRegistry, Image, RegistryCredential
 from marketplace.signals import registry_credential_removed

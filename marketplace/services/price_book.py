@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record
+from console.services.audit import audit_record
 from marketplace.models import GpuType, PriceEntry, PriceVersion, Region, TenantPricing
 from marketplace.pricing import RESERVED_TERMS
 

@@ -14,8 +14,7 @@ from billing import selectors
 from billing.job_costs import job_run_rate
 from billing.metering import meter_tick
 from billing.models import Budget, UsageRecord
-from billing.selectors import CostQuery
-from billing.services import period_start, run_rate
+from billing.selectors import CostQuery, period_start, run_rate
 from jobs.models import Job, JobStatus
 from tests.billing.conftest import make_job, set_status
 from tests.conftest import token_client

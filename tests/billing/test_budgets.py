@@ -19,19 +19,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
-import billing.services
-from billing import services
-from billing.metering import meter_tick
-from billing.models import Budget, BudgetAlert, UsageRecord
-from billing.services import (
+import billing.budgets.services
+from billing.budgets import services
+from billing.budgets.selectors import budget_statuses
+from billing.budgets.services import (
     budget_create,
     budget_delete,
     budget_enforce,
     budget_update,
     meter_and_enforce,
-    period_end,
-    period_start,
 )
+from billing.metering import meter_tick
+from billing.models import Budget, BudgetAlert, UsageRecord
+from billing.selectors import period_end, period_start
 from console.models import AuditEvent, Notification
 from console.service_errors import ServiceError
 from jobs.actors import Actor
@@ -296,7 +296,7 @@ def test_a_project_budget_counts_and_pauses_only_its_project(world, catalog):
         project="vision",
     )
     assert Job.objects.get(pk=vision.pk).status == JobStatus.RUNNING
-    status = next(s for s in services.budget_statuses(tenant=world.tenant) if s.budget == budget)
+    status = next(s for s in budget_statuses(tenant=world.tenant) if s.budget == budget)
     assert status.spend == vision_spend
     # Below the project's spend: only the project's job pauses, only its launches stop.
     budget_update(budget=budget, user=world.owner, amount=TINY)
@@ -334,17 +334,17 @@ def test_a_racing_enforcement_does_not_audit_the_pause_twice(world, catalog, mon
     train = running_job(world, name="train", since=ten_minutes_ago(now))
     budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
     meter_tick(now=now)
-    real_pause = billing.services.job_pause_once
+    real_pause = billing.budgets.services.job_pause_once
     raced = []
 
     def pause_after_the_other_tick(**kwargs):
         if not raced:
             raced.append(True)
-            monkeypatch.setattr(billing.services, "job_pause_once", real_pause)
+            monkeypatch.setattr(billing.budgets.services, "job_pause_once", real_pause)
             budget_enforce(tenant=world.tenant, now=now)  # the other tick wins the race
         return real_pause(**kwargs)
 
-    monkeypatch.setattr(billing.services, "job_pause_once", pause_after_the_other_tick)
+    monkeypatch.setattr(billing.budgets.services, "job_pause_once", pause_after_the_other_tick)
     paused = budget_enforce(tenant=world.tenant, now=now)
     assert JobEvent.objects.filter(job=train, to_status=JobStatus.PAUSING).count() == 1
     audits = AuditEvent.objects.filter(action="job.paused_by_budget", target_id=str(train.pk))

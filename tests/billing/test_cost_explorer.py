@@ -28,8 +28,7 @@ from hypothesis import strategies as st
 from billing import selectors
 from billing.metering import meter_tick
 from billing.models import AMOUNT_QUANTUM, JobMeter, MonthlyRollupMark, UsageRollup
-from billing.selectors import CostQuery
-from billing.services import period_start
+from billing.selectors import CostQuery, period_start
 from console.service_errors import ServiceError
 from jobs.models import JobStatus
 from jobs.services import JobSpec, job_submit

@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
-from billing import charts, services
+from billing import charts
+from billing.budgets import services
 from billing.metering import meter_tick
 from billing.models import Budget
 from console.csv import csv_safe, csv_writer

@@ -10,7 +10,7 @@ from billing.invoices.services import invoice_adjustment_add, invoice_draft_crea
 from billing.models import Invoice
 from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from tests.billing.stripe_helpers import fake_stripe_configured
 from tests.billing.test_invoices import DEC, NOV, T0, run_job
 from tests.conftest import make_world, token_client

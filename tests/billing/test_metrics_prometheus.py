@@ -7,7 +7,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from billing.services import budget_create, meter_and_enforce, period_start
+from billing.budgets.services import budget_create, meter_and_enforce
+from billing.selectors import period_start
 from jobs.models import JobStatus
 from tests.billing.conftest import make_job, set_status
 from tests.console.test_prometheus_metrics import TOKEN, scrape, value

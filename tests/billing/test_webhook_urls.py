@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing import services, webhooks
+from billing import webhooks
+from billing.budgets import services
+from billing.budgets.services import budget_create, budget_update
 from billing.models import Budget
-from billing.services import budget_create, budget_update
 from billing.tasks import budget_webhook_task
 from console.service_errors import ServiceError
 from tests.conftest import signed_in_client, token_client

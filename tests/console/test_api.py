@@ -11,9 +11,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import resolve, reverse
 from rest_framework.test import APIClient
 
-from console import services
 from console.models import ApiToken, AuditEvent, Invitation, Membership, sha256_hex
 from console.permissions import Role
+from console.services.tokens import api_token_create, api_token_revoke
 from tests.conftest import signed_in_client, token_client
 from tests.factories import AuditEventFactory, MembershipFactory, UserFactory
 
@@ -184,11 +184,11 @@ def test_no_credentials_is_401_json(db):
 
 
 def test_revoked_token_is_401(world):
-    token, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    token, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     client = bearer(raw)
     assert client.get(ME).status_code == 200
 
-    services.api_token_revoke(token=token, by_user=world.member)
+    api_token_revoke(token=token, by_user=world.member)
 
     response = client.get(ME)
     assert response.status_code == 401
@@ -196,7 +196,7 @@ def test_revoked_token_is_401(world):
 
 
 def test_token_of_a_removed_member_is_401(world):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     # Deleted without the service (as the Django admin's tenant inline does): the token
     # is still active, so the authentication class itself must refuse it.
     world.membership(world.member).delete()
@@ -231,7 +231,7 @@ def test_tenant_list_shows_only_own_memberships(world, other_world):
 
 def test_lists_use_the_page_envelope_and_honour_page_size(world, owner_api):
     for n in range(4):
-        services.api_token_create(user=world.owner, tenant=world.tenant, name=f"t{n}")
+        api_token_create(user=world.owner, tenant=world.tenant, name=f"t{n}")
 
     first = owner_api.get(TOKENS, {"page_size": 2}).json()
 
@@ -320,7 +320,7 @@ def test_patch_without_role_is_not_a_server_error(world, owner_api):
 
 
 def test_admin_removes_a_member_and_their_token_stops_working(world):
-    _, member_raw = services.api_token_create(user=world.member, tenant=world.tenant, name="m")
+    _, member_raw = api_token_create(user=world.member, tenant=world.tenant, name="m")
 
     response = token_client(world.admin, world.tenant).delete(
         member_url(world.membership(world.member))
@@ -411,9 +411,9 @@ def test_invitation_delete_revokes(world, owner_api):
 
 
 def test_member_sees_only_own_tokens_owner_sees_all(world):
-    services.api_token_create(user=world.owner, tenant=world.tenant, name="owner-ci")
+    api_token_create(user=world.owner, tenant=world.tenant, name="owner-ci")
     member_api = token_client(world.member, world.tenant)  # creates "test" for the member
-    services.api_token_create(user=world.member, tenant=world.tenant, name="member-ci")
+    api_token_create(user=world.member, tenant=world.tenant, name="member-ci")
     owner_api = token_client(world.owner, world.tenant)
 
     member_rows = member_api.get(TOKENS).json()["results"]
@@ -449,7 +449,7 @@ def test_token_create_without_name_is_400(world, owner_api):
 
 
 def test_delete_token_revokes_and_is_idempotent(world, owner_api):
-    token, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="ci")
+    token, raw = api_token_create(user=world.member, tenant=world.tenant, name="ci")
 
     first = owner_api.delete(token_url(token))
     second = owner_api.delete(token_url(token))
@@ -462,7 +462,7 @@ def test_delete_token_revokes_and_is_idempotent(world, owner_api):
 
 
 def test_member_cannot_see_or_revoke_someone_elses_token(world):
-    owner_token, owner_raw = services.api_token_create(
+    owner_token, owner_raw = api_token_create(
         user=world.owner, tenant=world.tenant, name="owner-only"
     )
     member_api = token_client(world.member, world.tenant)
@@ -476,7 +476,7 @@ def test_member_cannot_see_or_revoke_someone_elses_token(world):
 
 
 def test_audit_list_for_admin_and_owner_not_member(world):
-    services.api_token_create(user=world.member, tenant=world.tenant, name="x")
+    api_token_create(user=world.member, tenant=world.tenant, name="x")
 
     for user in (world.owner, world.admin):
         response = token_client(user, world.tenant).get(AUDIT, {"action": "api_token."})
@@ -491,7 +491,7 @@ def test_audit_list_for_admin_and_owner_not_member(world):
 
 
 def test_audit_rows_carry_actor_and_ip(world, owner_api):
-    services.api_token_create(user=world.member, tenant=world.tenant, name="audited")
+    api_token_create(user=world.member, tenant=world.tenant, name="audited")
 
     row = owner_api.get(AUDIT, {"action": "api_token.created"}).json()["results"][0]
 
@@ -577,7 +577,7 @@ def test_tokens_list_query_count_is_constant(world, owner_api, django_assert_max
     def add_tokens(n):
         for i in range(n):
             user = MembershipFactory(tenant=world.tenant).user
-            services.api_token_create(user=user, tenant=world.tenant, name=f"bulk-{i}")
+            api_token_create(user=user, tenant=world.tenant, name=f"bulk-{i}")
 
     assert_constant_queries(owner_api, TOKENS, add_tokens, django_assert_max_num_queries)
 

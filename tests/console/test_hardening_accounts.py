@@ -18,10 +18,13 @@ from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
-from console import registration, services
+from console import registration
 from console.models import ApiToken, AuditEvent, Membership, Tenant, User
 from console.permissions import Role
 from console.service_errors import ServiceError
+from console.services.accounts import signup_with_invitation
+from console.services.invitations import invitation_create
+from console.services.tokens import api_token_create
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 STRONG = "a-long-unusual-passphrase-17"
@@ -156,7 +159,7 @@ def test_invite_and_closed_policies_refuse_the_sign_up_post_and_say_so(
 
 @override_settings(SIGNUP="invite")
 def test_invite_policy_still_lets_an_invited_person_create_their_account(world, client):
-    _, raw = services.invitation_create(
+    _, raw = invitation_create(
         tenant=world.tenant,
         by_membership=world.membership(world.owner),
         email="joiner@example.test",
@@ -178,11 +181,11 @@ def test_invite_policy_still_lets_an_invited_person_create_their_account(world, 
 @override_settings(SIGNUP="closed")
 def test_closed_policy_refuses_an_invitation_sign_up_but_lets_members_accept(world, client):
     by = world.membership(world.owner)
-    _, raw_new = services.invitation_create(
+    _, raw_new = invitation_create(
         tenant=world.tenant, by_membership=by, email="newcomer@example.test", role=Role.MEMBER
     )
     other = UserFactory(email="has-account@example.test")
-    _, raw_existing = services.invitation_create(
+    _, raw_existing = invitation_create(
         tenant=world.tenant, by_membership=by, email=other.email, role=Role.VIEWER
     )
 
@@ -192,7 +195,7 @@ def test_closed_policy_refuses_an_invitation_sign_up_but_lets_members_accept(wor
         follow=True,
     )
     with pytest.raises(ServiceError) as direct:
-        services.signup_with_invitation(raw_token=raw_new, password=STRONG)
+        signup_with_invitation(raw_token=raw_new, password=STRONG)
     existing_client = Client()
     existing_client.force_login(other, backend="console.auth_backends.EmailBackend")
     accepted = existing_client.post(reverse("invitation_accept", args=[raw_existing]))
@@ -340,7 +343,7 @@ def test_signing_up_again_before_verifying_replaces_the_unverified_account(
     squatters_org = Tenant.objects.get(memberships__user=squatter)
     # What an unverified account could hold: a token and a membership elsewhere (staff
     # can add an inactive account), and a pending invitation to its organisation.
-    services.api_token_create(user=squatter, tenant=squatters_org, name="theirs")
+    api_token_create(user=squatter, tenant=squatters_org, name="theirs")
     elsewhere = TenantFactory(name="Elsewhere")
     MembershipFactory(tenant=elsewhere, user=squatter, role=Role.MEMBER)
     MembershipFactory(tenant=elsewhere, role=Role.OWNER)
@@ -448,7 +451,7 @@ def test_an_invitation_replaces_an_unverified_account_of_its_address(world, clie
     squatter = UserFactory(email="joiner@example.test", is_active=False, full_name="Not Jo")
     squatters_org = TenantFactory(name="Squat")
     MembershipFactory(tenant=squatters_org, user=squatter, role=Role.OWNER)
-    _, raw = services.invitation_create(
+    _, raw = invitation_create(
         tenant=world.tenant,
         by_membership=world.membership(world.owner),
         email="joiner@example.test",

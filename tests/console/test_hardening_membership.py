@@ -16,11 +16,12 @@ import time
 import pytest
 from channels.db import database_sync_to_async
 
-from console import realtime as console_realtime
-from console import services
 from console.models import AuditEvent, Invitation, Membership
 from console.permissions import ROLE_CAPABILITIES, Capability, Role
 from console.service_errors import ServiceError
+from console.services.accounts import signup_with_invitation
+from console.services.invitations import invitation_accept, invitation_create
+from console.services.memberships import membership_change_role, membership_remove
 from jobs import realtime
 from tests.conftest import signed_in_client
 from tests.factories import UserFactory
@@ -62,13 +63,11 @@ async def open_socket(path: str, cookie: bytes):
 
 
 def remove(world, user, *, by):
-    services.membership_remove(
-        membership=world.membership(user), by_membership=world.membership(by)
-    )
+    membership_remove(membership=world.membership(user), by_membership=world.membership(by))
 
 
 def change_role(world, user, role, *, by):
-    services.membership_change_role(
+    membership_change_role(
         membership=world.membership(user), role=role, by_membership=world.membership(by)
     )
 
@@ -149,7 +148,7 @@ def test_a_role_change_below_viewing_closes_the_socket(world, catalog, monkeypat
 def test_a_lost_notice_is_made_up_for_when_the_hub_resyncs(world, catalog, monkeypatch):
     """Redis lost the notice (an outage at commit): the hub's resync after a failed read
     makes every socket check again, and the removed member's socket still closes."""
-    monkeypatch.setattr(console_realtime, "send_to_group", lambda group, payload: None)
+    monkeypatch.setattr(realtime.publish, "send_to_group", lambda group, payload: None)
     job = make_job(world.tenant)
     cookie = session_cookie(world.member, world.tenant)
 
@@ -183,7 +182,7 @@ def test_a_removed_member_cannot_open_a_new_socket(world, catalog):
 
 
 def invite(world, by, email: str, role: str = Role.MEMBER) -> tuple[Invitation, str]:
-    return services.invitation_create(
+    return invitation_create(
         tenant=world.tenant, by_membership=world.membership(by), email=email, role=role
     )
 
@@ -191,7 +190,7 @@ def invite(world, by, email: str, role: str = Role.MEMBER) -> tuple[Invitation, 
 def test_removing_a_member_revokes_the_invitations_they_sent_that_are_pending(world):
     pending, _ = invite(world, world.admin, "new@example.test")
     used, used_raw = invite(world, world.admin, "used@example.test")
-    services.invitation_accept(raw_token=used_raw, user=UserFactory(email="used@example.test"))
+    invitation_accept(raw_token=used_raw, user=UserFactory(email="used@example.test"))
     by_owner, _ = invite(world, world.owner, "other@example.test")
 
     remove(world, world.admin, by=world.owner)
@@ -213,7 +212,7 @@ def test_accepting_an_invitation_whose_sender_was_demoted_is_refused(world):
     change_role(world, world.admin, Role.MEMBER, by=world.owner)
 
     with pytest.raises(ServiceError) as refused:
-        services.invitation_accept(raw_token=raw, user=newcomer)
+        invitation_accept(raw_token=raw, user=newcomer)
 
     assert refused.value.code == "forbidden"
     assert "can no longer add members to Acme Corp as Member" in refused.value.message
@@ -224,7 +223,7 @@ def test_accepting_an_invitation_whose_sender_was_demoted_is_refused(world):
     page = signed_in_client(newcomer).get(f"/invitations/accept/{raw}/")
     assert page.status_code == 410 and "can no longer add members" in page.content.decode()
     with pytest.raises(ServiceError, match="can no longer add members"):
-        services.signup_with_invitation(raw_token=raw, password="A-strong-pass-9931")
+        signup_with_invitation(raw_token=raw, password="A-strong-pass-9931")
 
 
 def test_an_invitation_stays_valid_while_its_sender_may_still_grant_the_role(world):
@@ -237,12 +236,10 @@ def test_an_invitation_stays_valid_while_its_sender_may_still_grant_the_role(wor
     change_role(world, world.admin, Role.OWNER, by=world.owner)
     change_role(world, world.owner, Role.ADMIN, by=world.admin)
 
-    membership = services.invitation_accept(
-        raw_token=raw, user=UserFactory(email="adm1@example.test")
-    )
+    membership = invitation_accept(raw_token=raw, user=UserFactory(email="adm1@example.test"))
     assert membership.role == Role.ADMIN
     with pytest.raises(ServiceError, match="as Owner"):
-        services.invitation_accept(raw_token=owner_raw, user=UserFactory(email="own@example.test"))
+        invitation_accept(raw_token=owner_raw, user=UserFactory(email="own@example.test"))
     change_role(world, world.owner, Role.FINANCE, by=world.admin)
     with pytest.raises(ServiceError, match="as Admin"):
-        services.invitation_accept(raw_token=raw2, user=UserFactory(email="adm2@example.test"))
+        invitation_accept(raw_token=raw2, user=UserFactory(email="adm2@example.test"))

@@ -16,8 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from console import services
 from console.models import Notification, Tenant, User
+from console.services.notifications import notifications_mark_read
 from tests.conftest import signed_in_client
 from tests.factories import MembershipFactory, TenantFactory
 
@@ -45,7 +45,7 @@ def test_the_bell_counts_the_user_s_unread_notifications_here(world, other_world
     page = signed_in_client(world.member, world.tenant)
 
     assert bell_count(page.get(reverse("jobs:list"))) == "2"
-    services.notifications_mark_read(user=world.member, tenant=world.tenant)
+    notifications_mark_read(user=world.member, tenant=world.tenant)
     assert bell_count(page.get(reverse("jobs:list"))) is None
     notify(world.tenant, world.member)
     assert bell_count(page.get(reverse("jobs:list"))) == "1"

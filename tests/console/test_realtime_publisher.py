@@ -1,5 +1,5 @@
 """Sync code publishes live updates through one kept event loop per process
-(console.realtime._publisher), not a new thread, loop and Redis connection per send."""
+(jobs.realtime.sender._publisher), not a new thread, loop and Redis connection per send."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 from asgiref.sync import async_to_sync
 from channels.layers import channel_layers
 
-from console import realtime
+from jobs.realtime import sender as realtime
 
 
 def received_after_sending(groups: list[str], payload: dict, sends: int = 1) -> list[dict]:

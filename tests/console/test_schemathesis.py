@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from console.launcher import free_loopback_port
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from tests.factories import UserFactory
 from tests.servers import ROOT, child_env, started_child
 

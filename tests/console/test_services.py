@@ -9,7 +9,7 @@ import pytest
 from django.test import RequestFactory
 from django.utils import timezone
 
-from console import heartbeats, registration, services
+from console import heartbeats, registration
 from console.models import (
     ApiToken,
     AuditEvent,
@@ -22,6 +22,23 @@ from console.models import (
 )
 from console.permissions import Role
 from console.service_errors import ServiceError
+from console.services.accounts import signup_with_invitation
+from console.services.audit import audit_record
+from console.services.headers import client_ip
+from console.services.invitations import (
+    invitation_accept,
+    invitation_create,
+    invitation_for_token,
+    invitation_revoke,
+)
+from console.services.memberships import membership_change_role, membership_remove
+from console.services.tenants import tenant_create
+from console.services.tokens import (
+    LAST_USED_RESOLUTION_SECONDS,
+    api_token_authenticate,
+    api_token_create,
+    api_token_revoke,
+)
 from tests.factories import InvitationFactory, MembershipFactory, UserFactory
 
 CLIENT_IP = "203.0.113.7"
@@ -114,14 +131,14 @@ def test_signup_without_organisation_name_leaves_no_user_behind(db):
 
 def test_tenant_slugs_are_unique(db, request_from_ip):
     owner = UserFactory()
-    first = services.tenant_create(name="Acme", owner=owner)
-    second = services.tenant_create(name="ACME!", owner=owner)
-    unnamed_slug = services.tenant_create(name="!!!", owner=owner)
+    first = tenant_create(name="Acme", owner=owner)
+    second = tenant_create(name="ACME!", owner=owner)
+    unnamed_slug = tenant_create(name="!!!", owner=owner)
 
     assert (first.slug, second.slug) == ("acme", "acme-2")
     assert unnamed_slug.slug == "org"
     with pytest.raises(ServiceError) as refused:
-        services.tenant_create(name="Another", owner=owner, slug="acme")
+        tenant_create(name="Another", owner=owner, slug="acme")
     assert refused.value.code == "conflict"
     assert refused.value.field == "slug"
     assert not Tenant.objects.filter(name="Another").exists()
@@ -130,7 +147,7 @@ def test_tenant_slugs_are_unique(db, request_from_ip):
 def test_tenant_create_makes_the_creator_owner_and_is_audited(db, request_from_ip):
     owner = UserFactory()
 
-    tenant = services.tenant_create(name="Initech", owner=owner, request=request_from_ip)
+    tenant = tenant_create(name="Initech", owner=owner, request=request_from_ip)
 
     assert Membership.objects.get(tenant=tenant, user=owner).role == Role.OWNER
     event = assert_audited("tenant.created", actor=owner, tenant=tenant)
@@ -142,7 +159,7 @@ def test_tenant_create_makes_the_creator_owner_and_is_audited(db, request_from_i
 
 def invite(world, *, by=None, email="new@example.test", role=Role.MEMBER, **kwargs):
     by_membership = world.membership(by or world.owner)
-    return services.invitation_create(
+    return invitation_create(
         tenant=world.tenant, by_membership=by_membership, email=email, role=role, **kwargs
     )
 
@@ -212,7 +229,7 @@ def test_a_second_pending_invitation_for_the_same_email_is_refused(world):
 
 def test_a_revoked_invitation_can_be_replaced(world):
     first, _ = invite(world, email="again@example.test")
-    services.invitation_revoke(invitation=first, by_user=world.owner)
+    invitation_revoke(invitation=first, by_user=world.owner)
 
     second, _ = invite(world, email="again@example.test")
     assert second.pk != first.pk
@@ -222,7 +239,7 @@ def test_invitation_accept_creates_membership_with_the_invited_role(world, reque
     newcomer = UserFactory(email="finance.new@example.test")
     invitation, raw = invite(world, email=newcomer.email, role=Role.FINANCE)
 
-    membership = services.invitation_accept(raw_token=raw, user=newcomer, request=request_from_ip)
+    membership = invitation_accept(raw_token=raw, user=newcomer, request=request_from_ip)
 
     assert membership.tenant == world.tenant
     assert membership.role == Role.FINANCE
@@ -238,7 +255,7 @@ def test_invitation_accept_refuses_another_email(world):
     stranger = UserFactory(email="stranger@example.test")
 
     with pytest.raises(ServiceError) as refused:
-        services.invitation_accept(raw_token=raw, user=stranger)
+        invitation_accept(raw_token=raw, user=stranger)
 
     assert refused.value.code == "forbidden"
     assert "intended@example.test" in refused.value.message
@@ -248,10 +265,10 @@ def test_invitation_accept_refuses_another_email(world):
 def test_invitation_is_single_use(world):
     invitee = UserFactory(email="once@example.test")
     _, raw = invite(world, email=invitee.email)
-    services.invitation_accept(raw_token=raw, user=invitee)
+    invitation_accept(raw_token=raw, user=invitee)
 
     with pytest.raises(ServiceError) as refused:
-        services.invitation_accept(raw_token=raw, user=invitee)
+        invitation_accept(raw_token=raw, user=invitee)
 
     assert refused.value.code == "conflict"
     assert "already been used" in refused.value.message
@@ -265,10 +282,10 @@ def test_unusable_invitations_are_refused_with_distinct_messages(world):
         expires_at=timezone.now() - timedelta(seconds=1)
     )
     revoked, revoked_raw = invite(world, email="revoked@example.test")
-    services.invitation_revoke(invitation=revoked, by_user=world.owner)
+    invitation_revoke(invitation=revoked, by_user=world.owner)
     used_by = UserFactory(email="used@example.test")
     _, used_raw = invite(world, email=used_by.email)
-    services.invitation_accept(raw_token=used_raw, user=used_by)
+    invitation_accept(raw_token=used_raw, user=used_by)
 
     messages = {}
     for kind, raw in [
@@ -278,7 +295,7 @@ def test_unusable_invitations_are_refused_with_distinct_messages(world):
         ("unknown", "no-such-token"),
     ]:
         with pytest.raises(ServiceError) as refused:
-            services.invitation_accept(raw_token=raw, user=invitee)
+            invitation_accept(raw_token=raw, user=invitee)
         messages[kind] = refused.value
 
     assert "expired" in messages["expired"].message
@@ -292,8 +309,8 @@ def test_unusable_invitations_are_refused_with_distinct_messages(world):
 def test_invitation_revoke_is_audited_once(world, request_from_ip):
     invitation, _ = invite(world, email="gone@example.test")
 
-    services.invitation_revoke(invitation=invitation, by_user=world.admin, request=request_from_ip)
-    services.invitation_revoke(invitation=invitation, by_user=world.admin, request=request_from_ip)
+    invitation_revoke(invitation=invitation, by_user=world.admin, request=request_from_ip)
+    invitation_revoke(invitation=invitation, by_user=world.admin, request=request_from_ip)
 
     assert invitation.state == "revoked"
     assert AuditEvent.objects.filter(action="invitation.revoked").count() == 1
@@ -303,7 +320,7 @@ def test_invitation_revoke_is_audited_once(world, request_from_ip):
 def test_signup_with_invitation_creates_the_account_and_membership(world, request_from_ip):
     _, raw = invite(world, email="Joiner@Example.test", role=Role.VIEWER)
 
-    user, membership = services.signup_with_invitation(
+    user, membership = signup_with_invitation(
         raw_token=raw, password=STRONG_PASSWORD, full_name="Jo Iner", request=request_from_ip
     )
 
@@ -324,11 +341,11 @@ def test_signup_with_invitation_refuses_weak_password_and_keeps_the_link_usable(
     _, raw = invite(world, email="weakjoiner@example.test")
 
     with pytest.raises(ServiceError) as refused:
-        services.signup_with_invitation(raw_token=raw, password="123")
+        signup_with_invitation(raw_token=raw, password="123")
 
     assert refused.value.field == "password1"
     assert not User.objects.filter(email="weakjoiner@example.test").exists()
-    assert services.invitation_for_token(raw).state == "pending"
+    assert invitation_for_token(raw).state == "pending"
 
 
 def test_signup_with_invitation_refuses_an_email_that_has_an_account(world):
@@ -336,7 +353,7 @@ def test_signup_with_invitation_refuses_an_email_that_has_an_account(world):
     UserFactory(email="exists@example.test")  # signed up on their own meanwhile
 
     with pytest.raises(ServiceError) as refused:
-        services.signup_with_invitation(raw_token=raw, password=STRONG_PASSWORD)
+        signup_with_invitation(raw_token=raw, password=STRONG_PASSWORD)
     assert refused.value.field == "email"
 
 
@@ -349,7 +366,7 @@ def test_signup_with_expired_invitation_is_refused(world):
     )
 
     with pytest.raises(ServiceError, match="expired"):
-        services.signup_with_invitation(raw_token="expired-raw", password=STRONG_PASSWORD)
+        signup_with_invitation(raw_token="expired-raw", password=STRONG_PASSWORD)
     assert not User.objects.filter(email=invitation.email).exists()
 
 
@@ -357,7 +374,7 @@ def test_signup_with_expired_invitation_is_refused(world):
 
 
 def change_role(world, user, role, *, by, request=None):
-    return services.membership_change_role(
+    return membership_change_role(
         membership=world.membership(user),
         role=role,
         by_membership=world.membership(by),
@@ -438,21 +455,19 @@ def test_removing_a_member_revokes_their_tokens_in_that_tenant_only(
     world, other_world, request_from_ip
 ):
     MembershipFactory(tenant=other_world.tenant, user=world.member, role=Role.MEMBER)
-    _, here_raw = services.api_token_create(user=world.member, tenant=world.tenant, name="here")
-    _, there_raw = services.api_token_create(
-        user=world.member, tenant=other_world.tenant, name="there"
-    )
+    _, here_raw = api_token_create(user=world.member, tenant=world.tenant, name="here")
+    _, there_raw = api_token_create(user=world.member, tenant=other_world.tenant, name="there")
 
-    services.membership_remove(
+    membership_remove(
         membership=world.membership(world.member),
         by_membership=world.membership(world.admin),
         request=request_from_ip,
     )
 
     assert not Membership.objects.filter(tenant=world.tenant, user=world.member).exists()
-    assert services.api_token_authenticate(here_raw) is None
+    assert api_token_authenticate(here_raw) is None
     assert ApiToken.objects.get(name="here").revoked_at is not None
-    there = services.api_token_authenticate(there_raw)
+    there = api_token_authenticate(there_raw)
     assert there is not None
     assert there[0].tenant == other_world.tenant
     event = assert_audited("membership.removed", actor=world.admin, tenant=world.tenant)
@@ -461,7 +476,7 @@ def test_removing_a_member_revokes_their_tokens_in_that_tenant_only(
 
 def test_admin_cannot_remove_an_owner(world):
     with pytest.raises(ServiceError) as refused:
-        services.membership_remove(
+        membership_remove(
             membership=world.membership(world.owner), by_membership=world.membership(world.admin)
         )
     assert refused.value.code == "forbidden"
@@ -470,7 +485,7 @@ def test_admin_cannot_remove_an_owner(world):
 
 def test_a_member_cannot_remove_someone_else(world):
     with pytest.raises(ServiceError) as refused:
-        services.membership_remove(
+        membership_remove(
             membership=world.membership(world.viewer), by_membership=world.membership(world.member)
         )
     assert refused.value.code == "forbidden"
@@ -479,7 +494,7 @@ def test_a_member_cannot_remove_someone_else(world):
 def test_leaving_is_allowed_for_any_role_and_audited_as_left(world, request_from_ip):
     viewer_membership = world.membership(world.viewer)
 
-    services.membership_remove(
+    membership_remove(
         membership=viewer_membership, by_membership=viewer_membership, request=request_from_ip
     )
 
@@ -492,7 +507,7 @@ def test_the_last_owner_cannot_leave(world):
     owner_membership = world.membership(world.owner)
 
     with pytest.raises(ServiceError) as refused:
-        services.membership_remove(membership=owner_membership, by_membership=owner_membership)
+        membership_remove(membership=owner_membership, by_membership=owner_membership)
 
     assert refused.value.code == "conflict"
     assert Membership.objects.filter(pk=owner_membership.pk).exists()
@@ -502,7 +517,7 @@ def test_the_last_owner_cannot_leave(world):
 
 
 def test_token_create_stores_the_hash_not_the_raw_value(world, request_from_ip):
-    token, raw = services.api_token_create(
+    token, raw = api_token_create(
         user=world.member, tenant=world.tenant, name=" ci-pipeline ", request=request_from_ip
     )
 
@@ -522,22 +537,22 @@ def test_token_create_stores_the_hash_not_the_raw_value(world, request_from_ip):
 @pytest.mark.parametrize(("name", "why"), [("", "name"), ("   ", "name"), ("x" * 101, "100")])
 def test_token_create_refuses_bad_names(world, name, why):
     with pytest.raises(ServiceError) as refused:
-        services.api_token_create(user=world.member, tenant=world.tenant, name=name)
+        api_token_create(user=world.member, tenant=world.tenant, name=name)
     assert refused.value.field == "name"
     assert why in refused.value.message
 
 
 def test_token_create_refuses_a_non_member(world, other_world):
     with pytest.raises(ServiceError) as refused:
-        services.api_token_create(user=other_world.owner, tenant=world.tenant, name="sneaky")
+        api_token_create(user=other_world.owner, tenant=world.tenant, name="sneaky")
     assert refused.value.code == "forbidden"
     assert not ApiToken.objects.filter(name="sneaky").exists()
 
 
 def test_token_authenticate_returns_the_token_and_membership(world):
-    token, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="ok")
+    token, raw = api_token_create(user=world.member, tenant=world.tenant, name="ok")
 
-    found, membership = services.api_token_authenticate(raw)
+    found, membership = api_token_authenticate(raw)
 
     assert found == token
     assert (found.user, found.tenant) == (world.member, world.tenant)
@@ -551,18 +566,18 @@ def test_token_authenticate_returns_the_token_and_membership(world):
     "raw", ["", "ggt_", "ggt_not-a-real-token", "not-even-the-prefix", "ggt_" + "a" * 43]
 )
 def test_token_authenticate_refuses_unknown_values(world, raw):
-    services.api_token_create(user=world.member, tenant=world.tenant, name="real")
-    assert services.api_token_authenticate(raw) is None
+    api_token_create(user=world.member, tenant=world.tenant, name="real")
+    assert api_token_authenticate(raw) is None
 
 
 def test_revoked_token_no_longer_authenticates_and_revoke_is_idempotent(world, request_from_ip):
-    token, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="old")
+    token, raw = api_token_create(user=world.member, tenant=world.tenant, name="old")
 
-    services.api_token_revoke(token=token, by_user=world.owner, request=request_from_ip)
+    api_token_revoke(token=token, by_user=world.owner, request=request_from_ip)
     first_revoked_at = token.revoked_at
-    services.api_token_revoke(token=token, by_user=world.owner, request=request_from_ip)
+    api_token_revoke(token=token, by_user=world.owner, request=request_from_ip)
 
-    assert services.api_token_authenticate(raw) is None
+    assert api_token_authenticate(raw) is None
     token.refresh_from_db()
     assert token.revoked_at == first_revoked_at
     assert AuditEvent.objects.filter(action="api_token.revoked").count() == 1
@@ -571,55 +586,55 @@ def test_revoked_token_no_longer_authenticates_and_revoke_is_idempotent(world, r
 
 
 def test_token_of_a_deactivated_user_or_tenant_does_not_authenticate(world):
-    _, member_raw = services.api_token_create(user=world.member, tenant=world.tenant, name="a")
-    _, viewer_raw = services.api_token_create(user=world.viewer, tenant=world.tenant, name="b")
+    _, member_raw = api_token_create(user=world.member, tenant=world.tenant, name="a")
+    _, viewer_raw = api_token_create(user=world.viewer, tenant=world.tenant, name="b")
 
     User.objects.filter(pk=world.member.pk).update(is_active=False)
-    assert services.api_token_authenticate(member_raw) is None
-    assert services.api_token_authenticate(viewer_raw) is not None
+    assert api_token_authenticate(member_raw) is None
+    assert api_token_authenticate(viewer_raw) is not None
 
     Tenant.objects.filter(pk=world.tenant.pk).update(is_active=False)
-    assert services.api_token_authenticate(viewer_raw) is None
+    assert api_token_authenticate(viewer_raw) is None
 
 
 def test_token_of_a_user_who_is_no_longer_a_member_does_not_authenticate(world):
     """Regression: membership was not checked, so a membership deleted outside
     membership_remove (the Django admin's tenant inline) left the token working."""
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="orphan")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="orphan")
 
     world.membership(world.member).delete()  # e.g. from the Django admin's tenant inline
 
-    assert services.api_token_authenticate(raw) is None
+    assert api_token_authenticate(raw) is None
 
 
 def test_last_used_at_is_written_at_most_once_a_minute(world):
-    token, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="busy")
+    token, raw = api_token_create(user=world.member, tenant=world.tenant, name="busy")
     assert token.last_used_at is None
 
-    services.api_token_authenticate(raw)
+    api_token_authenticate(raw)
     token.refresh_from_db()
     first_use = token.last_used_at
     assert first_use is not None
 
-    services.api_token_authenticate(raw)
+    api_token_authenticate(raw)
     token.refresh_from_db()
     assert token.last_used_at == first_use  # within the minute: no write
 
-    a_while_ago = timezone.now() - timedelta(seconds=services.LAST_USED_RESOLUTION_SECONDS + 5)
+    a_while_ago = timezone.now() - timedelta(seconds=LAST_USED_RESOLUTION_SECONDS + 5)
     token.last_used_at = a_while_ago
     token.save(update_fields=["last_used_at"])  # (a save: the kept token is dropped)
-    services.api_token_authenticate(raw)
+    api_token_authenticate(raw)
     token.refresh_from_db()
     assert token.last_used_at > a_while_ago + timedelta(seconds=5)
 
 
 def test_authenticating_within_the_minute_makes_no_write(world, django_assert_num_queries):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="quiet")
-    services.api_token_authenticate(raw)  # its first use: written, its kept copy dropped
-    services.api_token_authenticate(raw)  # read again, and kept
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="quiet")
+    api_token_authenticate(raw)  # its first use: written, its kept copy dropped
+    api_token_authenticate(raw)  # read again, and kept
 
     with django_assert_num_queries(0):  # kept: no lookup, no write
-        services.api_token_authenticate(raw)
+        api_token_authenticate(raw)
 
 
 # --- audit helpers and heartbeats ----
@@ -629,7 +644,7 @@ def test_audit_record_takes_the_actor_from_the_request_user(world):
     request = RequestFactory().get("/", REMOTE_ADDR="198.51.100.1")
     request.user = world.member
 
-    event = services.audit_record(action="test.did", tenant=world.tenant, request=request)
+    event = audit_record(action="test.did", tenant=world.tenant, request=request)
 
     assert (event.actor, event.actor_label, event.ip_address) == (
         world.member,
@@ -639,7 +654,7 @@ def test_audit_record_takes_the_actor_from_the_request_user(world):
 
 
 def test_audit_record_without_actor_is_system(db):
-    event = services.audit_record(action="test.system")
+    event = audit_record(action="test.system")
     assert (event.actor, event.actor_label, event.ip_address, event.tenant) == (
         None,
         "system",
@@ -654,10 +669,10 @@ def test_client_ip_ignores_forwarded_for_unless_a_proxy_is_trusted(settings):
     )
 
     settings.AXES_IPWARE_PROXY_COUNT = None
-    assert services.client_ip(request) == "10.0.0.1"
+    assert client_ip(request) == "10.0.0.1"
     # One trusted proxy: the address it saw (the right-most), not the spoofable left-most.
     settings.AXES_IPWARE_PROXY_COUNT = 1
-    assert services.client_ip(request) == "198.51.100.9"
+    assert client_ip(request) == "198.51.100.9"
 
 
 def test_heartbeat_record_creates_then_updates_one_row(db):

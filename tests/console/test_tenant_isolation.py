@@ -14,9 +14,11 @@ from decimal import Decimal
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from billing.budgets.services import budget_create
 from billing.invoices.services import invoice_adjustment_add, invoice_draft_create
-from billing.services import budget_create
-from console import services
+from console.services.audit import audit_record
+from console.services.invitations import invitation_create
+from console.services.tokens import api_token_create
 from jobs.backends.local import LocalBackend
 from jobs.services import JobSpec, job_submit, launch_template_save, tenant_secret_set
 from marketplace.demo import seed_catalog
@@ -85,18 +87,16 @@ ISOLATION_CASES = [(r, "session") for r in PRIVATE_ROUTES] + [
 def foreign(other_world, world):
     """Objects of the other tenant (globex) that the acme user must never reach."""
     membership = other_world.membership(other_world.member)
-    invitation, raw_invite = services.invitation_create(
+    invitation, raw_invite = invitation_create(
         tenant=other_world.tenant,
         by_membership=other_world.membership(other_world.owner),
         email="secret-invitee@globex.test",
         role="member",
     )
-    token, _ = services.api_token_create(
+    token, _ = api_token_create(
         user=other_world.owner, tenant=other_world.tenant, name="globex-secret-token"
     )
-    services.audit_record(
-        action="globex.secret_action", tenant=other_world.tenant, actor=other_world.owner
-    )
+    audit_record(action="globex.secret_action", tenant=other_world.tenant, actor=other_world.owner)
 
     seed_catalog()
     private_image = image_create(

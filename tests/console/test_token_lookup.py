@@ -10,8 +10,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from console import services
 from console.models import ApiToken, Membership, Role, Tenant, sha256_hex
+from console.services.memberships import membership_change_role, membership_remove
+from console.services.tokens import api_token_create, api_token_revoke
 from console.token_lookup import resolved_token
 from tests.conftest import make_world, signed_in_client
 from tests.factories import MembershipFactory
@@ -36,7 +37,7 @@ def no_redis(settings):
 
 
 def test_the_lookup_loads_every_field_as_the_orm_does(world):
-    token, raw = services.api_token_create(user=world.admin, tenant=world.tenant, name="ci")
+    token, raw = api_token_create(user=world.admin, tenant=world.tenant, name="ci")
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=token.created_at)
     for _ in range(2):  # read, then kept
         found = resolved_token(sha256_hex(raw))
@@ -54,7 +55,7 @@ def test_the_lookup_loads_every_field_as_the_orm_does(world):
 def test_a_token_carries_the_membership_of_its_own_organisation(world):
     other = make_world("other")
     MembershipFactory(tenant=other.tenant, user=world.member, role=Role.ADMIN)
-    _, raw = services.api_token_create(user=world.member, tenant=other.tenant, name="there")
+    _, raw = api_token_create(user=world.member, tenant=other.tenant, name="there")
     found = resolved_token(sha256_hex(raw))
     assert found is not None
     token, membership = found
@@ -68,7 +69,7 @@ def test_a_token_carries_the_membership_of_its_own_organisation(world):
 
 
 def test_a_kept_token_costs_no_query_and_an_unknown_one_is_not_kept(world):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     assert resolved_token(sha256_hex(raw)) is not None
     with CaptureQueriesContext(connection) as queries:
         assert resolved_token(sha256_hex(raw)) is not None
@@ -80,7 +81,7 @@ def test_a_kept_token_costs_no_query_and_an_unknown_one_is_not_kept(world):
 
 
 def test_an_api_request_with_a_kept_token_reads_no_token_row(world, client):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     assert client.get(JOBS, **bearer(raw)).status_code == 200  # reads it, marks its use
     assert client.get(JOBS, **bearer(raw)).status_code == 200  # reads it again, keeps it
     with CaptureQueriesContext(connection) as queries:
@@ -89,20 +90,20 @@ def test_an_api_request_with_a_kept_token_reads_no_token_row(world, client):
 
 
 def test_a_revoked_token_is_refused_on_the_next_request(world, client):
-    token, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    token, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     for _ in range(3):  # kept by now
         assert client.get(JOBS, **bearer(raw)).status_code == 200
-    services.api_token_revoke(token=token, by_user=world.owner)
+    api_token_revoke(token=token, by_user=world.owner)
     assert client.get(JOBS, **bearer(raw)).status_code == 401
 
 
 def test_a_removed_member_s_token_and_session_stop_at_once(world, client):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     page = signed_in_client(world.member, world.tenant)
     for _ in range(3):
         assert client.get(JOBS, **bearer(raw)).status_code == 200
         assert page.get("/jobs/").status_code == 200
-    services.membership_remove(
+    membership_remove(
         membership=world.membership(world.member), by_membership=world.membership(world.owner)
     )
     assert client.get(JOBS, **bearer(raw)).status_code == 401
@@ -110,10 +111,10 @@ def test_a_removed_member_s_token_and_session_stop_at_once(world, client):
 
 
 def test_a_new_role_applies_to_a_kept_token_at_once(world, client):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     for _ in range(3):
         assert client.get(JOBS, **bearer(raw)).status_code == 200
-    services.membership_change_role(
+    membership_change_role(
         membership=world.membership(world.member),
         role=Role.VIEWER,
         by_membership=world.membership(world.owner),
@@ -123,7 +124,7 @@ def test_a_new_role_applies_to_a_kept_token_at_once(world, client):
 
 
 def test_a_deactivated_organisation_s_token_is_refused(world, client):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     for _ in range(3):
         assert client.get(JOBS, **bearer(raw)).status_code == 200
     tenant = Tenant.objects.get(pk=world.tenant.pk)
@@ -133,7 +134,7 @@ def test_a_deactivated_organisation_s_token_is_refused(world, client):
 
 
 def test_without_redis_the_api_and_signed_in_pages_read_the_database(world, client, no_redis):
-    _, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="t")
+    _, raw = api_token_create(user=world.member, tenant=world.tenant, name="t")
     for _ in range(2):
         assert client.get(JOBS, **bearer(raw)).status_code == 200
     page = signed_in_client(world.member, world.tenant)

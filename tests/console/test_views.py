@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from console import heartbeats, services
+from console import heartbeats
 from console.models import (
     ApiToken,
     AuditEvent,
@@ -25,6 +25,8 @@ from console.models import (
     User,
 )
 from console.permissions import Role
+from console.services.invitations import invitation_accept, invitation_create, invitation_revoke
+from console.services.tokens import api_token_authenticate, api_token_create
 from tests.conftest import signed_in_client
 from tests.factories import MembershipFactory, UserFactory
 
@@ -351,7 +353,7 @@ def test_member_leaves_an_organisation(world):
 
 
 def test_invitation_revoke_by_post(world, owner_client):
-    invitation, _ = services.invitation_create(
+    invitation, _ = invitation_create(
         tenant=world.tenant,
         by_membership=world.membership(world.owner),
         email="revoke-me@example.test",
@@ -369,7 +371,7 @@ def test_invitation_revoke_by_post(world, owner_client):
 
 
 def invite(world, email, role=Role.MEMBER):
-    return services.invitation_create(
+    return invitation_create(
         tenant=world.tenant, by_membership=world.membership(world.owner), email=email, role=role
     )
 
@@ -429,9 +431,9 @@ def test_unusable_invitation_link_is_410_with_a_clear_message(world, client, spo
             expires_at=timezone.now() - timedelta(minutes=1)
         )
     elif spoil == "revoke":
-        services.invitation_revoke(invitation=invitation, by_user=world.owner)
+        invitation_revoke(invitation=invitation, by_user=world.owner)
     else:
-        services.invitation_accept(raw_token=raw, user=UserFactory(email="spoiled@example.test"))
+        invitation_accept(raw_token=raw, user=UserFactory(email="spoiled@example.test"))
 
     response = client.get(accept_path(raw))
 
@@ -458,7 +460,7 @@ def test_token_create_shows_the_value_once(world):
     assert created.status_code == 200
     token = ApiToken.objects.get(name="laptop")
     raw = re.search(r'value="(ggt_[^"]+)"[^>]*data-testid="new-token-value"', page(created))[1]
-    assert services.api_token_authenticate(raw)[0] == token
+    assert api_token_authenticate(raw)[0] == token
     later = page(client.get(reverse("api_tokens")))
     assert "laptop" in later
     assert raw not in later
@@ -467,29 +469,29 @@ def test_token_create_shows_the_value_once(world):
 
 def test_token_revoke_get_confirms_post_revokes(world):
     client = signed_in_client(world.member, world.tenant)
-    token, raw = services.api_token_create(user=world.member, tenant=world.tenant, name="ci")
+    token, raw = api_token_create(user=world.member, tenant=world.tenant, name="ci")
     url = reverse("api_token_revoke", args=[token.pk])
 
     confirm = client.get(url)
     assert confirm.status_code == 200
     assert "Revoke API token" in page(confirm)
-    assert services.api_token_authenticate(raw) is not None
+    assert api_token_authenticate(raw) is not None
 
     revoked = client.post(url)
     assert revoked.status_code == 302
     assert revoked["Location"] == reverse("api_tokens")
-    assert services.api_token_authenticate(raw) is None
+    assert api_token_authenticate(raw) is None
 
 
 def test_member_cannot_revoke_someone_elses_token(world):
-    token, raw = services.api_token_create(user=world.owner, tenant=world.tenant, name="owner")
+    token, raw = api_token_create(user=world.owner, tenant=world.tenant, name="owner")
 
     response = signed_in_client(world.member, world.tenant).post(
         reverse("api_token_revoke", args=[token.pk])
     )
 
     assert response.status_code == 404
-    assert services.api_token_authenticate(raw) is not None
+    assert api_token_authenticate(raw) is not None
 
 
 def test_tokens_page_htmx_renders_only_the_partial(world):
@@ -506,7 +508,7 @@ def test_tokens_page_htmx_renders_only_the_partial(world):
 
 def test_token_revoke_by_htmx_answers_with_a_client_redirect(world):
     client = signed_in_client(world.member, world.tenant)
-    token, _ = services.api_token_create(user=world.member, tenant=world.tenant, name="h")
+    token, _ = api_token_create(user=world.member, tenant=world.tenant, name="h")
 
     response = client.post(reverse("api_token_revoke", args=[token.pk]), **HTMX)
 
@@ -515,8 +517,8 @@ def test_token_revoke_by_htmx_answers_with_a_client_redirect(world):
 
 
 def test_owner_sees_everyones_tokens_member_only_own(world, owner_client):
-    services.api_token_create(user=world.member, tenant=world.tenant, name="member-script")
-    services.api_token_create(user=world.owner, tenant=world.tenant, name="owner-script")
+    api_token_create(user=world.member, tenant=world.tenant, name="member-script")
+    api_token_create(user=world.owner, tenant=world.tenant, name="owner-script")
 
     owner_page = page(owner_client.get(reverse("api_tokens")))
     member_page = page(signed_in_client(world.member, world.tenant).get(reverse("api_tokens")))
@@ -531,7 +533,7 @@ def test_owner_sees_everyones_tokens_member_only_own(world, owner_client):
 
 
 def test_audit_page_for_admin_403_for_member(world):
-    services.api_token_create(user=world.member, tenant=world.tenant, name="audited-token")
+    api_token_create(user=world.member, tenant=world.tenant, name="audited-token")
 
     admin_page = signed_in_client(world.admin, world.tenant).get(reverse("audit_log"))
     member_page = signed_in_client(world.member, world.tenant).get(reverse("audit_log"))
@@ -543,8 +545,8 @@ def test_audit_page_for_admin_403_for_member(world):
 
 
 def test_audit_page_filters_and_htmx_partial(world):
-    services.api_token_create(user=world.member, tenant=world.tenant, name="t")
-    services.invitation_create(
+    api_token_create(user=world.member, tenant=world.tenant, name="t")
+    invitation_create(
         tenant=world.tenant,
         by_membership=world.membership(world.owner),
         email="f@example.test",

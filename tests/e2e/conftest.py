@@ -1,4 +1,4 @@
-"""Browser tests: Playwright (sync API) driving Debian's chromium against a real daphne.
+"""Browser tests: Playwright (sync API) driving Debian's chromium against a real uvicorn.
 
 Playwright's sync API runs an event loop in the test thread, which makes Django refuse
 ORM calls from that thread ("You cannot call this from an async context"). The browser
@@ -128,7 +128,7 @@ def pytest_runtest_makereport(item, call):
     if report.when == "call" and report.failed and "asgi_server" in item.fixturenames:
         server = item.funcargs.get("asgi_server")
         if server is not None:
-            report.sections.append(("daphne log", server.log()[-8000:]))
+            report.sections.append(("web server log", server.log()[-8000:]))
         for name, fixture in (
             ("worker", "celery_worker_process"),
             ("beat", "celery_beat_process"),

@@ -12,7 +12,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from billing.metering import meter_tick
-from billing.services import period_start
+from billing.selectors import period_start
 from jobs.backends.local import LocalBackend
 from jobs.models import JobStatus
 from jobs.services import JobSpec, job_submit

@@ -1,5 +1,5 @@
 """Launch a job from the browser and watch it run to the end, with every real process:
-daphne serves the pages, a Celery worker dispatches the job to the local backend, and
+uvicorn serves the pages, a Celery worker dispatches the job to the local backend, and
 the watcher (`manage.py run_watcher`) reports what the job's process does."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A running local job, watched in the browser over the real stack: Daphne, the Redis
+"""A running local job, watched in the browser over the real stack: uvicorn, the Redis
 channel layer, the watcher process, a real job process.
 
 The page shows a line the job printed, keeps every line exactly once through a server
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 import websocket
 from playwright.sync_api import expect
 
+from console.launcher import asgi_server_argv
 from jobs import services
 from jobs.backends.local import LocalBackend
 from jobs.models import JobStatus
@@ -49,9 +49,6 @@ print("final line", flush=True)
 """
 
 
-DAPHNE = [sys.executable, "-m", "daphne", "-b", "127.0.0.1"]
-
-
 def sign_in(page, base_url: str, email: str, password: str) -> None:
     page.goto("/accounts/login/")
     page.locator("input[name=username]").fill(email)
@@ -60,19 +57,19 @@ def sign_in(page, base_url: str, email: str, password: str) -> None:
     expect(page).to_have_url(f"{base_url}/")
 
 
-def restart_daphne(server) -> None:
+def restart_server(server) -> None:
     """Stop the ASGI server and start it again on the same port (a deploy, a crash)."""
     stop_process_group(server.process)
     with server.log_path.open("ab") as log_file:
         server.process = subprocess.Popen(
-            [*DAPHNE, "-p", str(server.port), "console.asgi:application"],
+            asgi_server_argv("127.0.0.1", server.port),
             cwd=ROOT,
             env=child_env(),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    wait_until(lambda: _port_open(server.port), 30, what="daphne restarted")
+    wait_until(lambda: _port_open(server.port), 30, what="the ASGI server restarted")
 
 
 def shown_lines(page) -> list[tuple[int, str]]:
@@ -106,7 +103,7 @@ def test_live_logs_and_status_survive_reconnects(
     request,
 ):
     page, base = browser_page, asgi_server.url
-    # The fixture stops the server it started; this test may replace it (restart_daphne).
+    # The fixture stops the server it started; this test may replace it (restart_server).
     request.addfinalizer(lambda: stop_process_group(asgi_server.process))
     seed_catalog()
     capacity_sync(backend=LocalBackend())
@@ -133,7 +130,7 @@ def test_live_logs_and_status_survive_reconnects(
 
     # A server restart: the page reconnects by itself and resumes after its last line.
     before = highest_line(page)
-    restart_daphne(asgi_server)
+    restart_server(asgi_server)
     expect(page.get_by_test_id("live-state")).to_have_attribute(
         "data-state", "open", timeout=20_000
     )

@@ -1,4 +1,4 @@
-"""The four browser journeys of the sandbox cluster (issue 15), on the real stack: daphne,
+"""The four browser journeys of the sandbox cluster (issue 15), on the real stack: uvicorn,
 a Celery worker, Celery beat, the watcher, and the sandbox cluster (the simulated
 Kubernetes API server with its simulated training workloads) that the real Kubernetes
 backend talks to through the official client.
@@ -112,7 +112,7 @@ class Stack:
             for name, process in (
                 ("worker", self.worker),
                 ("watcher", self.watcher),
-                ("daphne", self.server),
+                ("web", self.server),
             )
         )
 

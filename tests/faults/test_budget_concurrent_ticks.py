@@ -21,9 +21,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-import billing.services
+import billing.budgets.services
+from billing.budgets.services import budget_create, meter_and_enforce
 from billing.models import Budget, BudgetAlert, UsageRecord
-from billing.services import budget_create, meter_and_enforce, period_start
+from billing.selectors import period_start
 from console.models import AuditEvent
 from console.service_errors import ServiceError
 from jobs.models import Job, JobEvent, JobStatus
@@ -54,7 +55,7 @@ def test_two_concurrent_ticks_pause_each_non_critical_job_once(catalog, monkeypa
     broker_replaced(monkeypatch, record_task)
     # How often the other tick got to a job first (its pause then made no change here).
     attempts = {"made": 0, "found_done": 0}
-    real_pause_once = billing.services.job_pause_once
+    real_pause_once = billing.budgets.services.job_pause_once
 
     def counting_pause_once(**kwargs):
         try:
@@ -65,7 +66,7 @@ def test_two_concurrent_ticks_pause_each_non_critical_job_once(catalog, monkeypa
             attempts["made" if made else "found_done"] += 1
         return made
 
-    monkeypatch.setattr(billing.services, "job_pause_once", counting_pause_once)
+    monkeypatch.setattr(billing.budgets.services, "job_pause_once", counting_pause_once)
     rounds = []
     for number in range(ROUNDS):
         world = make_world(f"budget{number}")

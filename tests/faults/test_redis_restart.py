@@ -148,7 +148,7 @@ def test_redis_restart_during_submissions_loses_no_job(
     redis_server = on_own_redis
     # Live updates fail while Redis is down, as they should (quietly): not worth a
     # traceback per submission in the report.
-    caplog.set_level(logging.ERROR, logger="console.realtime")
+    caplog.set_level(logging.ERROR, logger="jobs.realtime.sender")
     seed = random.randrange(1 << 32)
     kill_before = random.Random(seed).randrange(*KILL_BETWEEN)
     api_tally = ApiTally(cluster)

@@ -1,6 +1,6 @@
-"""The real ASGI server (daphne serving console.asgi) over HTTP and WebSocket.
+"""The real ASGI server (uvicorn serving console.asgi) over HTTP and WebSocket.
 
-Starting daphne costs seconds, so each test walks several requests on one server.
+Starting the server costs seconds, so each test walks several requests on one server.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import websocket
 from django.db import connection
 
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from tests.factories import DEFAULT_PASSWORD
 from tests.integration.helpers import sign_in
 
@@ -73,7 +73,7 @@ def test_websockets_are_refused(asgi_server):
     assert _websocket_refusal_status(url, suppress_origin=True) == 403
     # Allowed origin, unknown path: no route, so the handshake fails (Channels answers 500).
     assert _websocket_refusal_status(url, origin=asgi_server.url) >= 400
-    assert asgi_server.process.poll() is None, "daphne died on a refused WebSocket"
+    assert asgi_server.process.poll() is None, "the server died on a refused WebSocket"
 
 
 def test_the_web_server_reuses_pooled_database_connections(asgi_server, world):

@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from billing.services import budget_create, meter_and_enforce
+from billing.budgets.services import budget_create, meter_and_enforce
 from jobs.actors import SYSTEM
 from jobs.models import Job, JobStatus
 from jobs.services import job_cancel, jobs_admit

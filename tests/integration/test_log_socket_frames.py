@@ -1,7 +1,7 @@
-"""The job page's live log over a real Daphne and a WebSocket client: Daphne refuses to
-send a message over 1 MiB (and the socket then delivers nothing more), so a batch of long
-lines goes as several messages, each within `realtime.LOG_MESSAGE_MAX_BYTES`, and the
-lines after it keep coming."""
+"""The job page's live log over the real ASGI server and a WebSocket client: a batch of
+long lines goes as several messages, each within `realtime.LOG_MESSAGE_MAX_BYTES` (some
+servers and proxies refuse a message over 1 MiB; Daphne did, and its socket then
+delivered nothing more), and the lines after it keep coming."""
 
 from __future__ import annotations
 

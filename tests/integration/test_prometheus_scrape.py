@@ -1,5 +1,5 @@
 """Issue 17: a real Prometheus (Debian's `prometheus` binary, as in
-tests/jobs/test_metrics.py) scrapes the console's /metrics through daphne with the
+tests/jobs/test_metrics.py) scrapes the console's /metrics through uvicorn with the
 METRICS_TOKEN bearer, in multiprocess mode (PROMETHEUS_MULTIPROC_DIR), and its HTTP API
 answers `gpugeek_jobs{status="queued"}` with the jobs in the database."""
 
@@ -129,7 +129,7 @@ def test_a_real_prometheus_scrapes_the_console(console_server, prometheus_for):
 
     wait_until(scrapes_counted, 15, what="the scrapes themselves to be counted")
     assert query(prometheus, "gpugeek_metering_lag_seconds")
-    # Multiprocess mode: the daphne process wrote its counters to files there.
+    # Multiprocess mode: the web server process wrote its counters to files there.
     assert any(multiproc.glob("*.db")), server.log()
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from django.db import transaction
 
-from console import services
 from console.models import Heartbeat
+from console.services.invitations import invitation_create
 from tests.servers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ def test_worker_sends_invitation_email_after_commit_and_records_heartbeat(
     worker = celery_worker_process
     accept_base = "http://console.test/invitations/accept/"
     with transaction.atomic():
-        _invitation, raw_token = services.invitation_create(
+        _invitation, raw_token = invitation_create(
             tenant=world.tenant,
             by_membership=world.membership(world.owner),
             email="newcomer@example.org",

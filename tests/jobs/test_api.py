@@ -477,6 +477,7 @@ def test_pause_resume_cancel_a_running_job(member_api, settings):
     dispatch(job["id"])
     observe_until(job["id"], {JobStatus.RUNNING})
     try:
+        wait_for_line(member_api, url, "fresh")  # started for real (slow on a busy machine)
         assert member_api.post(f"{url}/pause").json()["status"] == JobStatus.PAUSING
         backend.suspend(Job.objects.get(pk=job["id"]))  # job_suspend_task
         observe_until(job["id"], {JobStatus.PAUSED})

@@ -2,7 +2,7 @@
 routing) with `WebsocketCommunicator`, on the real Redis channel layer.
 
 Refusals: anonymous, foreign Origin, another tenant's job, an unknown job are closed
-before the handshake completes (Daphne answers those with HTTP 403; tests/e2e checks
+before the handshake completes (the server answers those with HTTP 403; tests/e2e checks
 that on a real server). Logs: backfill, live lines, resume, masking."""
 
 from __future__ import annotations

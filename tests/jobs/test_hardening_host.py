@@ -10,10 +10,10 @@ import pytest
 from django.urls import reverse
 
 from console import host_access
-from console import services as console_services
 from console.models import AuditEvent, Tenant
 from console.permissions import Role
 from console.service_errors import ServiceError
+from console.services.tenants import tenant_create
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec, job_submit
 from jobs.services.spec import (
@@ -75,7 +75,7 @@ def stranger(db, catalog, settings):
     not allowed it on this host."""
     settings.COMPUTE_BACKENDS = ["local", "kubernetes"]
     owner = UserFactory(email="owner@stranger.test")
-    tenant = console_services.tenant_create(name="Stranger Ltd", owner=owner)
+    tenant = tenant_create(name="Stranger Ltd", owner=owner)
     assert tenant.may_run_on_host is False
     return tenant, owner
 

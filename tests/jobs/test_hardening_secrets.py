@@ -18,7 +18,7 @@ from django.conf import settings
 from console.crypto import decrypt_json
 from console.models import AuditEvent
 from console.service_errors import ServiceError
-from console.services import membership_change_role
+from console.services.memberships import membership_change_role
 from jobs import services
 from jobs.models import Job, TenantSecret
 from jobs.services.spec import MAX_ENV_TOTAL_BYTES, MAX_ENV_VALUE_BYTES, MAX_JOB_SECRETS

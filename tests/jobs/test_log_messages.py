@@ -1,6 +1,6 @@
 """Log messages on the wire (jobs.realtime): a batch of lines is sent as one message, or as
-several when its JSON would pass LOG_MESSAGE_MAX_BYTES (Daphne refuses a WebSocket
-message over 1 MiB), its lines in order; a line too long alone is cut to fit."""
+several when its JSON would pass LOG_MESSAGE_MAX_BYTES (servers and proxies may
+refuse a WebSocket message over 1 MiB), its lines in order; a line too long alone is cut to fit."""
 
 from __future__ import annotations
 

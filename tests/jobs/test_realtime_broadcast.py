@@ -9,8 +9,7 @@ import uuid
 from asgiref.sync import async_to_sync
 from channels.layers import channel_layers
 
-from console import realtime as console_realtime
-from jobs.realtime import GroupHub
+from jobs.realtime import GroupHub, sender
 
 
 def delivered_through_a_hub(watched: list[str], messages: list[tuple[list[str], dict]]):
@@ -25,7 +24,7 @@ def delivered_through_a_hub(watched: list[str], messages: list[tuple[list[str], 
         for group in watched:
             await hub.subscribe(group, lambda payload, group=group: got.append((group, payload)))
         try:
-            await asyncio.to_thread(console_realtime.send_many, messages)
+            await asyncio.to_thread(sender.send_many, messages)
             for _ in range(100):
                 if len(got) >= expected:
                     break
@@ -42,7 +41,7 @@ def delivered_through_a_hub(watched: list[str], messages: list[tuple[list[str], 
 def counted_group_sends(monkeypatch) -> list[str]:
     """The groups the publisher's own layer sends to (it is made on first use)."""
     sent: list[str] = []
-    _, layer = console_realtime._publisher()
+    _, layer = sender._publisher()
     original = layer.group_send
 
     async def counting(group, message):
@@ -64,7 +63,7 @@ def test_a_batch_goes_out_as_one_broadcast_and_reaches_only_the_watched_groups(m
 
     got = delivered_through_a_hub([watched_job, watched_tenant], messages)
 
-    assert sent == [console_realtime.BROADCAST_GROUP]  # 20 jobs × 2 groups: one send
+    assert sent == [sender.BROADCAST_GROUP]  # 20 jobs × 2 groups: one send
     assert got[0] == (watched_job, {"job_id": 1, "status": "provisioning"})
     tenant_updates = [payload["job_id"] for group, payload in got if group == watched_tenant]
     assert tenant_updates == list(range(1, 21))  # every job, in order

@@ -1,4 +1,4 @@
-"""The SDK and CLI against a real server: daphne on the test database (asgi_server),
+"""The SDK and CLI against a real server: uvicorn on the test database (asgi_server),
 the demo catalog, a tenant with a token. The package is imported from its source tree
 (clients/python/src), no install needed."""
 
@@ -16,7 +16,7 @@ if str(SRC) not in sys.path:
 
 from gpugeek import Client  # noqa: E402
 
-from console.services import api_token_create  # noqa: E402
+from console.services.tokens import api_token_create  # noqa: E402
 from jobs.models import Job, JobStatus  # noqa: E402
 from jobs.services import job_dispatch  # noqa: E402
 from tests.servers import asgi_server, watcher_process  # noqa: E402, F401

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from gpugeek import AuthenticationError, Client, Cluster, Timeout
 
-from console.services import api_token_create, membership_remove
+from console.services.memberships import membership_remove
+from console.services.tokens import api_token_create
 from tests.sdk.conftest import PRINTS_FOREVER, counting_program, cpu_spec, dispatch
 from tests.sdk.proxy import LossyProxy
 

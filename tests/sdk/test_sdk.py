@@ -1,4 +1,4 @@
-"""The SDK against a real server (daphne + the test database)."""
+"""The SDK against a real server (uvicorn + the test database)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gpugeek import (
 from gpugeek.errors import error_for
 from gpugeek.spec import job_payload
 
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from jobs.models import Job
 from jobs.services import tenant_secret_set
 from jobs.tasks import job_cancel_task
@@ -164,7 +164,7 @@ def test_organisation_secrets_count_toward_the_environment_bound(gg, world):
 
 def test_error_codes_map_to_types():
     """The server's codes (console/api/errors.py): payment_required is 402 (a used-up
-    budget, billing.services.BudgetLaunchPolicy); the envelope carries field errors."""
+    budget, billing.budgets.services.BudgetLaunchPolicy); the envelope carries field errors."""
     budget = error_for(402, {"detail": "Budget used up", "code": "payment_required"})
     assert isinstance(budget, BudgetExceeded) and budget.code == "payment_required"
     assert isinstance(error_for(403, {"detail": "x", "code": "quota_exceeded"}), QuotaExceeded)

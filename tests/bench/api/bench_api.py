@@ -26,7 +26,7 @@ import pytest
 from django.db import connection
 
 from console.launcher import free_loopback_port
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from marketplace.demo import seed_catalog
 from tests.bench.api.baseline import BASELINE_TENANT_SLUG
 from tests.bench.api.data import make_finished_jobs, make_running_jobs

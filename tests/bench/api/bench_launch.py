@@ -18,7 +18,7 @@ import json
 import pytest
 from django.db import connection
 
-from console.services import api_token_create
+from console.services.tokens import api_token_create
 from jobs.models import Job
 from marketplace.demo import seed_catalog
 from tests.bench.api.bench_api import SECONDS, WARMUP, WORKERS, uvicorn_server

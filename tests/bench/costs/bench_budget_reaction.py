@@ -15,8 +15,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from billing.budgets.selectors import budget_spend
+from billing.budgets.services import budget_create, budget_enforce
 from billing.metering import meter_tick
-from billing.services import budget_create, budget_enforce, budget_spend
 from jobs.actors import ActorKind
 from jobs.models import Job, JobEvent, JobStatus
 from marketplace.models import Image, NodePool, Region

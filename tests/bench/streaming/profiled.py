@@ -1,8 +1,8 @@
 """Runs a module under cProfile counting CPU time (not wall time: on a busy machine wall
 time charges a process's waits for the CPU to whatever it was doing).
 
-`python -m tests.bench.streaming.profiled OUT.prof -m daphne ARGS…`; stats are written
-when the module returns (send SIGINT to stop Daphne). Profiling is off until SIGUSR2
+`python -m tests.bench.streaming.profiled OUT.prof -m uvicorn ARGS…`; stats are written
+when the module returns (send SIGINT to stop uvicorn). Profiling is off until SIGUSR2
 (or from the start with GPUGEEK_PROFILE_FROM_START=1)."""
 
 from __future__ import annotations

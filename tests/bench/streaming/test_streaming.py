@@ -1,5 +1,5 @@
 """Streaming benchmark: job log lines from the file a job writes to the browsers' sockets,
-through the real stack (Daphne, the Redis channel layer, one log follower per job).
+through the real stack (uvicorn, the Redis channel layer, one log follower per job).
 
 Prints, per scenario, p50/p99 latency from line written to line received, lines/s
 delivered, the server's CPU and RSS, and lost or duplicated line numbers. It asserts
@@ -23,7 +23,7 @@ import psutil
 import pytest
 from django.conf import settings
 
-from console.launcher import free_loopback_port
+from console.launcher import asgi_server_argv, free_loopback_port
 from tests.bench.results import record
 from tests.conftest import signed_in_client
 from tests.jobs.test_consumers import make_job
@@ -33,11 +33,7 @@ RATE = 50  # lines per second per job
 # Seconds between two sockets' connects: pages arriving, not a storm. Each handshake costs
 # the server a session and a user query on Channels' one database thread (AuthMiddleware).
 RAMP = 0.04
-PROFILED_DAPHNE = [sys.executable, "-m", "tests.bench.streaming.profiled"]
-
-
-def daphne_args(port: int) -> list[str]:
-    return ["-b", "127.0.0.1", "-p", str(port), "console.asgi:application"]
+PROFILED = [sys.executable, "-m", "tests.bench.streaming.profiled"]
 
 
 FULL = [(10, 100), (100, 10)]
@@ -53,7 +49,7 @@ def full_size(config) -> bool:
 
 
 def server_profiled(server) -> bool:
-    return server.process.args[:3] == PROFILED_DAPHNE
+    return server.process.args[:3] == PROFILED
 
 
 def server_cpu(processes) -> tuple[float, float]:
@@ -150,14 +146,10 @@ def run_scenario(servers, cookie: str, job_ids: list[int], viewers: int, seconds
 
 
 def server_command(port: int) -> tuple[str, list[str]]:
-    """The ASGI server to measure: Daphne (what `runconsole` runs), or uvicorn with
-    `GPUGEEK_BENCH_SERVER=uvicorn` (websockets + httptools; must be importable, e.g.
-    through PYTHONPATH) to compare per-message costs."""
-    if os.environ.get("GPUGEEK_BENCH_SERVER") == "uvicorn":
-        arguments = ["--host", "127.0.0.1", "--port", str(port), "--ws", "websockets"]
-        arguments += ["--http", "httptools", "--no-access-log", "--log-level", "warning"]
-        return "uvicorn", [*arguments, "console.asgi:application"]
-    return "daphne", daphne_args(port)
+    """The ASGI server to measure, as `runconsole` runs it: (module, its arguments)."""
+    _, flag, module, *arguments = asgi_server_argv("127.0.0.1", port)
+    assert flag == "-m"
+    return module, arguments
 
 
 def server_count() -> int:
@@ -181,7 +173,7 @@ def bench_servers(request, transactional_db, tmp_path):
             module, arguments = server_command(port)
             command = [sys.executable, "-m", module, *arguments]
             if profile:
-                command = [*PROFILED_DAPHNE, f"{profile}.{number}", "-m", module, *arguments]
+                command = [*PROFILED, f"{profile}.{number}", "-m", module, *arguments]
             log_path = tmp_path / f"server-{number}.log"
             with log_path.open("wb") as log_file:
                 process = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""Billing writes: metering ticks, budgets and their enforcement.
+"""Budget writes: budgets, their enforcement after each metering tick, and their webhook.
 
 Budget enforcement reacts within one metering tick: after each tick, spend is compared
 with every budget; crossing a threshold alerts once per period; at 100 % a
@@ -14,51 +14,40 @@ import hmac
 import json
 import logging
 import secrets
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
 
 from billing import tasks
-from billing.job_costs import total_run_rate
+from billing.budgets.selectors import (
+    BudgetStatus,
+    budget_blocks_launch,
+    budget_jobs,
+    budget_statuses,
+)
 from billing.metering.tick import meter_tick
-from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
+from billing.models import Budget, BudgetAction, BudgetAlert
 from billing.prometheus import BUDGET_ENFORCEMENT_LAG
-from billing.realtime import publish_budget_alert
+from billing.selectors import period_start
 from billing.webhooks import webhook_post, webhook_url_validate
 from console.crypto import decrypt_json, encrypt_json
 from console.models import Membership, Tenant, User
 from console.permissions import Role
 from console.queueing import enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
-from console.services import audit_record, notify
+from console.services.audit import audit_record
+from console.services.notifications import notify
 from jobs.actors import BUDGET
-from jobs.models import BILLED_STATUSES, PAUSABLE, Job, JobStatus, Priority
+from jobs.models import PAUSABLE, Job, JobStatus, Priority
+from jobs.realtime import publish_budget_alert
 from jobs.services import JobSpec, job_pause_once, job_resume
 
 log = logging.getLogger(__name__)
 DEFAULT_THRESHOLDS = [50, 80, 100]
 BUDGET_NOTIFY_ROLES = (Role.OWNER, Role.ADMIN, Role.FINANCE)
-
-
-def period_start(now: datetime) -> datetime:
-    return now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
-def period_end(now: datetime) -> datetime:
-    start = period_start(now)
-    return (
-        start.replace(year=start.year + 1, month=1)
-        if start.month == 12
-        else start.replace(month=start.month + 1)
-    )
-
-
-# --- budgets (CRUD) ----
 
 
 def _validate_budget(*, name: str, amount, thresholds, action: str, project: str) -> dict:
@@ -229,84 +218,6 @@ def budget_delete(*, budget: Budget, user: User | None, request=None) -> None:
     budget_enforce(tenant=tenant)
 
 
-# --- spend ----
-
-
-def _scope(budget: Budget):
-    rollups = LiveUsageRollup.objects.for_tenant(budget.tenant).filter(bucket="day")
-    return rollups.filter(project=budget.project) if budget.project else rollups
-
-
-def _jobs_in_scope(budget: Budget):
-    jobs = Job.objects.for_tenant(budget.tenant)
-    return jobs.filter(project=budget.project) if budget.project else jobs
-
-
-def budget_spend(budget: Budget, now: datetime) -> Decimal:
-    total = (
-        _scope(budget)
-        .filter(bucket_start__gte=period_start(now), bucket_start__lt=period_end(now))
-        .aggregate(s=Sum("amount"))["s"]
-    )
-    return Decimal(total or 0)
-
-
-def run_rate(jobs) -> Decimal:
-    """Hourly cost of the given jobs that are running now."""
-    return total_run_rate(jobs.filter(status__in=BILLED_STATUSES))
-
-
-def budget_forecast(budget: Budget, now: datetime, spend: Decimal | None = None) -> Decimal:
-    """Month-end spend if the running jobs keep running at their current rate."""
-    spend = budget_spend(budget, now) if spend is None else spend
-    hours_left = Decimal(str((period_end(now) - now).total_seconds() / 3600))
-    return spend + run_rate(_jobs_in_scope(budget)) * hours_left
-
-
-@dataclass
-class BudgetStatus:
-    budget: Budget
-    spend: Decimal
-    forecast: Decimal
-
-    @property
-    def percent(self) -> Decimal:
-        return (self.spend / self.budget.amount * 100).quantize(Decimal("0.1"))
-
-    @property
-    def forecast_percent(self) -> Decimal:
-        return (self.forecast / self.budget.amount * 100).quantize(Decimal("0.1"))
-
-    @property
-    def exhausted(self) -> bool:
-        return self.spend >= self.budget.amount
-
-    @property
-    def blocking(self) -> bool:
-        return self.exhausted and self.budget.action == BudgetAction.PAUSE_NON_CRITICAL
-
-
-def budget_statuses(*, tenant: Tenant, now: datetime | None = None) -> list[BudgetStatus]:
-    now = now or timezone.now()
-    statuses = []
-    budgets = Budget.objects.for_tenant(tenant).order_by("name", "pk")
-    for budget in budgets:
-        budget.tenant = tenant
-        spend = budget_spend(budget, now)
-        statuses.append(BudgetStatus(budget, spend, budget_forecast(budget, now, spend)))
-    return statuses
-
-
-def budget_blocks_launch(*, tenant: Tenant, project: str, priority: str) -> Budget | None:
-    """The exhausted pause-action budget that refuses a new non-critical launch, if any."""
-    if priority == Priority.CRITICAL:
-        return None
-    for status in budget_statuses(tenant=tenant):
-        if status.blocking and (not status.budget.project or status.budget.project == project):
-            return status.budget
-    return None
-
-
 class BudgetLaunchPolicy:
     """jobs.extensions.LaunchPolicy: a used-up budget refuses non-critical launches."""
 
@@ -318,9 +229,6 @@ class BudgetLaunchPolicy:
                 "be launched until it is raised or the month ends.",
                 code=ErrorCode.PAYMENT_REQUIRED,
             )
-
-
-# --- enforcement ----
 
 
 def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bool:
@@ -348,7 +256,7 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
     )
     if kind == "actual" and threshold >= 100 and budget.action == BudgetAction.PAUSE_NON_CRITICAL:
         critical = list(
-            _jobs_in_scope(budget)
+            budget_jobs(budget)
             .filter(status__in=PAUSABLE, priority=Priority.CRITICAL)
             .values_list("name", flat=True)
         )
@@ -376,7 +284,10 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
         target=budget,
         metadata={"threshold": threshold, "spend": str(figure)},
     )
-    publish_budget_alert(budget=budget, threshold=threshold, kind=kind, spend=figure)
+    publish_budget_alert(
+        tenant_id=budget.tenant_id, budget=budget.name, amount=budget.amount,
+        currency=budget.currency, threshold=threshold, kind=kind, spend=figure,
+    )  # fmt: skip
     if budget.webhook_url:
         payload = {
             "budget": budget.name,
@@ -450,7 +361,7 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
             f"{budget.amount:.2f} {budget.currency})"
         )
         for job in (
-            _jobs_in_scope(budget).filter(status__in=PAUSABLE).exclude(priority=Priority.CRITICAL)
+            budget_jobs(budget).filter(status__in=PAUSABLE).exclude(priority=Priority.CRITICAL)
         ):
             try:
                 if not job_pause_once(job=job, actor=BUDGET, reason=reason):

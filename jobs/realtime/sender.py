@@ -1,15 +1,10 @@
-"""Live notice that a person's access to an organisation changed (removed, role changed).
+"""The one sender to channel groups: what every publisher (jobs.realtime.publish) uses,
+from sync code (services, tasks, the watcher) and from the event loop (log followers).
 
-Sockets are checked once at connect, so a member who is removed, or whose role drops
-below what a socket needs, would keep watching until they reload. Each socket therefore
-also joins `membership_group(tenant_id, user_id)`; the membership services publish a
-`MembershipChangedMessage` there after commit, and the socket checks access again and
-closes (4403) if it no longer qualifies.
-
-The group and its publisher live here because console can't import jobs; the envelope is
-the one every receiver in this project reads (jobs.realtime's GroupHub): a "relay" with
-the group and the payload. Publishing never breaks the caller: a Redis outage loses the
-notice (the socket keeps its connect-time check until it reconnects), never the change.
+Sending never breaks the caller: a Redis outage loses a live update (the page catches up
+on reconnect), never a state change. Every message travels in the envelope each process's
+hub (jobs.realtime.hub) reads: a "relay" with the group and the payload, or for a batch
+one "relay_many" to every hub at once.
 """
 
 from __future__ import annotations
@@ -18,32 +13,13 @@ import asyncio
 import logging
 import os
 import threading
-from typing import Any, TypedDict
+from collections.abc import Mapping
+from typing import Any
 
 from channels import DEFAULT_CHANNEL_LAYER
 from channels.layers import channel_layers, get_channel_layer
-from django.db import transaction
 
 log = logging.getLogger(__name__)
-
-MEMBERSHIP_CHANGED = "membership_changed"
-
-
-class MembershipChangedMessage(TypedDict):
-    type: str  # MEMBERSHIP_CHANGED
-    tenant_id: int
-    user_id: int
-
-
-def membership_group(tenant_id: int, user_id: int) -> str:
-    """The group of one person's sockets on one organisation's pages."""
-    return f"membership.{tenant_id}.{user_id}"
-
-
-def relay_envelope(group: str, payload: dict) -> dict:
-    """What a channel layer carries to a process's hub: the group and the payload."""
-    return {"type": "relay", "group": group, "payload": payload}
-
 
 # Every process's hub joins this group. A batch (e.g. 100 jobs dispatched together, two
 # groups each) goes there as one "relay_many" envelope, each hub handing each payload to
@@ -53,25 +29,32 @@ BROADCAST_GROUP = "relay.broadcast"
 BROADCAST_FROM = 8  # messages in one send_many; fewer go group by group
 BROADCAST_CHUNK = 100  # messages per envelope, so that none grows large
 
+Payload = Mapping[str, Any]  # one of jobs.realtime.messages' payloads
 
-def relay_many_envelope(messages: list[tuple[list[str], dict]]) -> dict:
+
+def relay_envelope(group: str, payload: Payload) -> dict:
+    """What a channel layer carries to a process's hub: the group and the payload."""
+    return {"type": "relay", "group": group, "payload": dict(payload)}
+
+
+def relay_many_envelope(messages: list[tuple[list[str], Payload]]) -> dict:
     return {
         "type": "relay_many",
         "messages": [{"groups": list(groups), "payload": dict(p)} for groups, p in messages],
     }
 
 
-def send_to_group(group: str, payload: dict) -> None:
+def send_to_group(group: str, payload: Payload) -> None:
     """Send now (sync code), logging instead of raising when the layer is unreachable."""
     send_to_groups([group], payload)
 
 
-def send_to_groups(groups: list[str], payload: dict) -> None:
+def send_to_groups(groups: list[str], payload: Payload) -> None:
     """`send_to_group` to several groups in one hop from sync to async code."""
     send_many([(groups, payload)])
 
 
-def send_many(messages: list[tuple[list[str], dict]]) -> None:
+def send_many(messages: list[tuple[list[str], Payload]]) -> None:
     """Send each payload to its groups, all in one hop from sync to async code (a batch
     of status changes costs one hop, not one each)."""
     try:
@@ -88,12 +71,22 @@ def send_many(messages: list[tuple[list[str], dict]]) -> None:
                 return
             for groups, payload in messages:
                 for group in groups:
-                    await layer.group_send(group, relay_envelope(group, dict(payload)))
+                    await layer.group_send(group, relay_envelope(group, payload))
 
         asyncio.run_coroutine_threadsafe(send_all(), loop).result(timeout=10)
     except Exception:
         groups = sorted({group for groups, _ in messages for group in groups})
         log.warning("realtime publish to %s failed", ", ".join(groups[:10]), exc_info=True)
+
+
+async def asend_to_group(group: str, payload: Payload) -> None:
+    """`send_to_group` from the event loop (the configured layer, on this loop)."""
+    try:
+        layer = get_channel_layer()
+        if layer is not None:
+            await layer.group_send(group, relay_envelope(group, payload))
+    except Exception:
+        log.warning("realtime publish to %s failed", group, exc_info=True)
 
 
 # The process's publishing loop: (pid, the configured layer it follows, loop, own layer).
@@ -104,11 +97,11 @@ _publishing_lock = threading.Lock()
 def _publisher() -> tuple[asyncio.AbstractEventLoop, Any] | None:
     """An event loop in its own thread, kept for the process, and a channel layer of
     its own on it. Sync code publishes through it: `async_to_sync` would start a thread,
-    an event loop and a Redis connection for every send (4 ms against 1 ms, on every
-    launch and status change). The layer is its own instance so that closing the shared
-    layer's pools from another loop (tests, shutdown) never touches this loop's; a new
-    one is made when the configured layer is replaced (settings changed) or after a
-    fork (the thread doesn't survive one)."""
+    an event loop and a Redis connection for every send (see docs/architecture.md for
+    the figures). The layer is its own instance so that closing the shared layer's pools
+    from another loop (tests, shutdown) never touches this loop's; a new one is made when
+    the configured layer is replaced (settings changed) or after a fork (the thread
+    doesn't survive one)."""
     global _publishing
     configured = get_channel_layer()
     if configured is None:
@@ -131,13 +124,3 @@ def _run_forever(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_forever()
     finally:
         loop.close()
-
-
-def publish_membership_changed(*, tenant_id: int, user_id: int) -> None:
-    """After the current transaction commits, tell the person's open sockets on this
-    organisation to check their access again."""
-    message = MembershipChangedMessage(
-        type=MEMBERSHIP_CHANGED, tenant_id=tenant_id, user_id=user_id
-    )
-    group = membership_group(tenant_id, user_id)
-    transaction.on_commit(lambda: send_to_group(group, dict(message)))
