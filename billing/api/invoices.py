@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from billing.credit_notes import services as credit_notes
 from billing.invoices import services as invoicing
 from billing.invoices.selectors import invoices_visible
-from billing.models import CreditNote, Invoice, InvoiceLine
+from billing.models import CreditNote, Invoice, InvoiceLine, InvoiceStatus
 from billing.payments.selectors import STRIPE_SYNC_STATUSES, invoice_stripe_state
 from billing.selectors import utc_midnight
 from console.api.fields import StrictCharField, StrictModelSerializer
@@ -180,12 +180,17 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @extend_schema(request=None, responses=InvoiceDetailSerializer)
     @action(detail=True, methods=["post"])
     def void(self, request: Request, pk=None) -> Response:
-        return self._detail(invoicing.invoice_void(invoice=self.get_object(), user=request.user))
+        invoice = invoicing.invoice_status_change(
+            invoice=self.get_object(), to=InvoiceStatus.VOID, user=request.user
+        )
+        return self._detail(invoice)
 
     @extend_schema(request=None, responses=InvoiceDetailSerializer)
     @action(detail=True, methods=["post"])
     def mark_uncollectible(self, request: Request, pk=None) -> Response:
-        invoice = invoicing.invoice_mark_uncollectible(invoice=self.get_object(), user=request.user)
+        invoice = invoicing.invoice_status_change(
+            invoice=self.get_object(), to=InvoiceStatus.UNCOLLECTIBLE, user=request.user
+        )
         return self._detail(invoice)
 
     @extend_schema(request=CreditNoteCreateSerializer, responses={201: InvoiceDetailSerializer})

@@ -421,17 +421,19 @@ TRANSITIONS: dict[str, set[str]] = {
 }
 
 
-def _transition(
+def invoice_status_change(
     *,
     invoice: Invoice,
     to: InvoiceStatus,
     user: User | None,
-    now: datetime | None,
+    now: datetime | None = None,
     via: str = "",
     reference: str = "",
 ) -> Invoice:
-    """`via` names the system that reported the change when no user made it ("stripe"),
-    `reference` what it reported it with (an event id); both go to the audit log."""
+    """Move an open invoice forward: paid, void or uncollectible (anything else: 409). A
+    voided invoice's records stay claimed (see the module doc). `via` names the system
+    that reported the change when no user made it ("stripe"), `reference` what it reported
+    it with (an event id); both go to the audit log."""
     now = now or datetime.now(UTC)
     with transaction.atomic():
         locked = Invoice.objects.select_for_update().get(pk=invoice.pk)
@@ -467,51 +469,6 @@ def _transition(
 def invoice_can_become(invoice: Invoice, to: InvoiceStatus) -> bool:
     """Whether `to` is a legal (forward) transition from the invoice's status."""
     return to in TRANSITIONS.get(invoice.status, set())
-
-
-def invoice_void(
-    *,
-    invoice: Invoice,
-    user: User | None,
-    now: datetime | None = None,
-    via: str = "",
-    reference: str = "",
-) -> Invoice:
-    """Open → void (anything else: 409). Its records stay claimed (see the module doc)."""
-    return _transition(
-        invoice=invoice, to=InvoiceStatus.VOID, user=user, now=now, via=via, reference=reference
-    )
-
-
-def invoice_mark_uncollectible(
-    *,
-    invoice: Invoice,
-    user: User | None,
-    now: datetime | None = None,
-    via: str = "",
-    reference: str = "",
-) -> Invoice:
-    return _transition(
-        invoice=invoice,
-        to=InvoiceStatus.UNCOLLECTIBLE,
-        user=user,
-        now=now,
-        via=via,
-        reference=reference,
-    )
-
-
-def invoice_mark_paid(
-    *,
-    invoice: Invoice,
-    user: User | None,
-    now: datetime | None = None,
-    via: str = "",
-    reference: str = "",
-) -> Invoice:
-    return _transition(
-        invoice=invoice, to=InvoiceStatus.PAID, user=user, now=now, via=via, reference=reference
-    )
 
 
 def invoice_payment_failure_record(

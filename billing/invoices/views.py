@@ -3,6 +3,8 @@ actions on every tenant's. Thin: parse, call invoicing / credit_notes, render.""
 
 from __future__ import annotations
 
+from functools import partial
+
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -14,7 +16,7 @@ from billing.invoices import services as invoicing
 from billing.invoices.forms import AdjustmentForm, CreditNoteForm, DraftForm
 from billing.invoices.pdf import invoice_pdf
 from billing.invoices.selectors import invoices_visible, ledger_invoice_mismatches
-from billing.models import Invoice
+from billing.models import Invoice, InvoiceStatus
 from billing.payments.selectors import invoice_stripe_state
 from billing.selectors import utc_midnight
 from console.confirm import confirm_then_act
@@ -137,10 +139,13 @@ ACTIONS = {
     "finalize": (
         invoicing.invoice_finalize, "Finalize", "Finalize and number it", "Invoice finalized.",
     ),
-    "void": (invoicing.invoice_void, "Void", "Void invoice", "Invoice voided."),
+    "void": (
+        partial(invoicing.invoice_status_change, to=InvoiceStatus.VOID),
+        "Void", "Void invoice", "Invoice voided.",
+    ),
     "mark_uncollectible": (
-        invoicing.invoice_mark_uncollectible, "Mark uncollectible", "Mark uncollectible",
-        "Invoice marked uncollectible.",
+        partial(invoicing.invoice_status_change, to=InvoiceStatus.UNCOLLECTIBLE),
+        "Mark uncollectible", "Mark uncollectible", "Invoice marked uncollectible.",
     ),
     "delete": (invoicing.invoice_draft_delete, "Delete draft", "Delete draft", "Draft deleted."),
 }  # fmt: skip

@@ -171,12 +171,9 @@ def _apply_invoice(event_id: str, event_type: str, event_obj: dict, current: dic
     if target is not None:
         if not invoicing.invoice_can_become(invoice, target):
             return f"kept {invoice.status}: {target} is not a forward transition"
-        change = {
-            InvoiceStatus.PAID: invoicing.invoice_mark_paid,
-            InvoiceStatus.VOID: invoicing.invoice_void,
-            InvoiceStatus.UNCOLLECTIBLE: invoicing.invoice_mark_uncollectible,
-        }[target]
-        change(invoice=invoice, user=None, via=VIA, reference=event_id)
+        invoicing.invoice_status_change(
+            invoice=invoice, to=target, user=None, via=VIA, reference=event_id
+        )
         return f"{invoice.number}: {invoice.status} → {target}"
     if event_type == "invoice.payment_failed":
         attempts = event_obj.get("attempt_count") or 1

@@ -35,10 +35,8 @@ from billing.invoices.services import (
     invoice_adjustment_add,
     invoice_draft_create,
     invoice_finalize,
-    invoice_mark_paid,
-    invoice_mark_uncollectible,
     invoice_payment_failure_record,
-    invoice_void,
+    invoice_status_change,
 )
 from billing.models import Invoice, InvoiceStatus
 from billing.profiles import billing_profile_update
@@ -94,9 +92,9 @@ def books(world, other_world, staff_user):
             world.tenant, start=month(2026, 11), amount="7.77", finalized_at=None
         ),
     }
-    invoice_mark_paid(invoice=acme["paid"], user=None)
-    invoice_void(invoice=acme["void"], user=None)
-    invoice_mark_uncollectible(invoice=acme["uncollectible"], user=None)
+    invoice_status_change(to=InvoiceStatus.PAID, invoice=acme["paid"], user=None)
+    invoice_status_change(to=InvoiceStatus.VOID, invoice=acme["void"], user=None)
+    invoice_status_change(to=InvoiceStatus.UNCOLLECTIBLE, invoice=acme["uncollectible"], user=None)
     globex = make_invoice(other_world.tenant, start=month(2026, 10), amount="999.99")
     return {key: Invoice.objects.get(pk=inv.pk) for key, inv in acme.items()} | {"globex": globex}
 

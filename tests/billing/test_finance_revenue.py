@@ -22,9 +22,16 @@ from django.urls import reverse
 
 from billing.finance.revenue import revenue_dashboard
 from billing.finance.selectors import finance_scope, month_start, next_month
-from billing.invoices.services import invoice_draft_create, invoice_finalize, invoice_void
+from billing.invoices.services import invoice_draft_create, invoice_finalize, invoice_status_change
 from billing.metering import meter_tick
-from billing.models import AMOUNT_QUANTUM, HOURS_QUANTUM, InvoiceLine, LineKind, UsageRecord
+from billing.models import (
+    AMOUNT_QUANTUM,
+    HOURS_QUANTUM,
+    InvoiceLine,
+    InvoiceStatus,
+    LineKind,
+    UsageRecord,
+)
 from jobs.models import JobStatus
 from marketplace.models import GpuType, NodePool, PriceVersion
 from tests.billing.conftest import set_status
@@ -215,7 +222,7 @@ def test_staff_see_every_tenant_and_the_top_tenants(world, other_world, usage, m
 
 def test_a_void_invoice_counts_nothing_for_its_days(world, usage, months):
     one, _two, end = months
-    invoice_void(invoice=usage["invoice"], user=None)
+    invoice_status_change(to=InvoiceStatus.VOID, invoice=usage["invoice"], user=None)
     scope = finance_scope(staff=False, own_tenant=world.tenant)
     dashboard = revenue_dashboard(scope=scope, start=one, end=end, now=end)
     assert (dashboard.by_month[0].invoiced, dashboard.by_month[0].ledger) == (0, 0)

@@ -15,9 +15,7 @@ from billing.invoices.services import (
     invoice_draft_create,
     invoice_draft_delete,
     invoice_finalize,
-    invoice_mark_paid,
-    invoice_mark_uncollectible,
-    invoice_void,
+    invoice_status_change,
     invoices_draft_monthly,
 )
 from billing.metering import meter_tick
@@ -206,9 +204,9 @@ def test_void_rules_and_no_rebilling(world, catalog):
         invoice=invoice_draft_create(tenant=world.tenant, period_start=NOV, period_end=DEC),
         user=None,
     )
-    invoice_void(invoice=invoice, user=world.owner)
+    invoice_status_change(to=InvoiceStatus.VOID, invoice=invoice, user=world.owner)
     with pytest.raises(ServiceError) as error:
-        invoice_void(invoice=invoice, user=None)
+        invoice_status_change(to=InvoiceStatus.VOID, invoice=invoice, user=None)
     assert error.value.code == "conflict"
     # A void invoice doesn't block a new one, and its usage stays claimed (not re-billed).
     again = invoice_draft_create(tenant=world.tenant, period_start=NOV, period_end=DEC)
@@ -221,12 +219,12 @@ def test_paid_invoice_cannot_be_voided(world, catalog):
         invoice=invoice_draft_create(tenant=world.tenant, period_start=NOV, period_end=DEC),
         user=None,
     )
-    invoice_mark_paid(invoice=invoice, user=None)
+    invoice_status_change(to=InvoiceStatus.PAID, invoice=invoice, user=None)
     with pytest.raises(ServiceError) as error:
-        invoice_void(invoice=invoice, user=None)
+        invoice_status_change(to=InvoiceStatus.VOID, invoice=invoice, user=None)
     assert error.value.code == "conflict"
     with pytest.raises(ServiceError):
-        invoice_mark_uncollectible(invoice=invoice, user=None)
+        invoice_status_change(to=InvoiceStatus.UNCOLLECTIBLE, invoice=invoice, user=None)
 
 
 def finalized_with(world, amount):
@@ -243,7 +241,7 @@ def test_credit_notes_reduce_what_is_due_then_become_credit(world, catalog):
     assert note.number == f"GGCN-{datetime.now(UTC).year}-000001"
     invoice.refresh_from_db()
     assert invoice.amount_due == Decimal("70.00") and invoice.left_to_credit == Decimal("70.00")
-    invoice_mark_paid(invoice=invoice, user=None)
+    invoice_status_change(to=InvoiceStatus.PAID, invoice=invoice, user=None)
     credit_note_create(
         invoice=invoice,
         reason="goodwill",

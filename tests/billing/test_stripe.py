@@ -18,9 +18,7 @@ from billing import tasks as billing_tasks
 from billing.invoices.services import (
     billing_profile_for,
     invoice_finalize,
-    invoice_mark_paid,
-    invoice_mark_uncollectible,
-    invoice_void,
+    invoice_status_change,
 )
 from billing.models import (
     Invoice,
@@ -237,7 +235,7 @@ def test_without_a_key_nothing_is_pushed_and_the_page_says_so(world, settings):
 
 def test_an_invoice_settled_by_credit_or_paid_locally_is_not_pushed(world, stripe_api):
     invoice = finalized_with(world.tenant, Decimal("42"))
-    invoice_mark_paid(invoice=invoice, user=world.owner)
+    invoice_status_change(to=InvoiceStatus.PAID, invoice=invoice, user=world.owner)
     assert stripe_sync.invoice_push(invoice=invoice) is None
     assert stripe_api.requests == []
 
@@ -474,9 +472,9 @@ def test_lost_pushes_are_found_by_the_reconciler(world, stripe_api):
 @pytest.mark.parametrize(
     ("change", "stripe_status"),
     [
-        (invoice_void, "void"),
-        (invoice_mark_uncollectible, "uncollectible"),
-        (invoice_mark_paid, "paid"),
+        (InvoiceStatus.VOID, "void"),
+        (InvoiceStatus.UNCOLLECTIBLE, "uncollectible"),
+        (InvoiceStatus.PAID, "paid"),
     ],
     ids=["void", "uncollectible", "paid out of band"],
 )
@@ -485,7 +483,7 @@ def test_a_staff_change_is_carried_to_the_stripe_invoice(
 ):
     invoice, stripe_id = pushed_invoice(world.tenant, stripe_api)
     with django_capture_on_commit_callbacks(execute=True):
-        change(invoice=invoice, user=world.owner)
+        invoice_status_change(invoice=invoice, to=change, user=world.owner)
     assert stripe_api.invoices[stripe_id]["status"] == stripe_status
     (call,) = [
         r for r in stripe_api.posts(f"/v1/invoices/{stripe_id}/") if "finalize" not in r.path
@@ -511,7 +509,7 @@ def test_voiding_here_what_stripe_already_collected_changes_nothing_there(
     invoice, stripe_id = pushed_invoice(world.tenant, stripe_api)
     stripe_api.pay_invoice(stripe_id)  # paid online; its webhook hasn't arrived yet
     with django_capture_on_commit_callbacks(execute=True):
-        invoice_void(invoice=invoice, user=world.owner)
+        invoice_status_change(to=InvoiceStatus.VOID, invoice=invoice, user=world.owner)
     assert stripe_api.invoices[stripe_id]["status"] == "paid"
 
 
@@ -520,7 +518,7 @@ def test_an_invoice_voided_before_stripe_finalized_it_stays_a_stripe_draft(world
     stripe_api.fail_next(1, path="/v1/invoices/in_")  # the finalize call
     with pytest.raises(StripeUnavailable):
         stripe_sync.invoice_push(invoice=invoice)
-    invoice_void(invoice=invoice, user=world.owner)
+    invoice_status_change(to=InvoiceStatus.VOID, invoice=invoice, user=world.owner)
     pushed = stripe_sync.invoice_push(invoice=invoice)  # the retry
     assert pushed.sent_at is None
     (stripe_invoice,) = stripe_api.invoices.values()

@@ -9,13 +9,14 @@ import pytest
 from django.urls import reverse
 
 from billing.credit_notes.services import credit_note_create
-from billing.invoices.services import billing_profile_for, invoice_mark_paid
+from billing.invoices.services import billing_profile_for, invoice_status_change
 from billing.models import (
     CreditMovement,
     CreditMovementKind,
     CreditPack,
     CreditPurchase,
     CreditPurchaseStatus,
+    InvoiceStatus,
 )
 from billing.payments import credits, stripe_sync
 from console.service_errors import ServiceError
@@ -158,7 +159,7 @@ def test_credit_is_used_by_the_next_invoice_and_shown_at_stripe(world, stripe_ap
 
 def test_credit_notes_write_the_ledger_too(world):
     invoice = finalized_with(world.tenant, Decimal("80"))
-    invoice_mark_paid(invoice=invoice, user=None)
+    invoice_status_change(to=InvoiceStatus.PAID, invoice=invoice, user=None)
     note = credit_note_create(invoice=invoice, reason="outage", amount=Decimal("30"), user=None)
     movement = CreditMovement.objects.get()
     assert movement.kind == CreditMovementKind.CREDIT_NOTE and movement.credit_note == note
@@ -167,7 +168,7 @@ def test_credit_notes_write_the_ledger_too(world):
 
 def test_credit_page_and_api_show_balance_and_history(world, other_world):
     invoice = finalized_with(world.tenant, Decimal("80"))
-    invoice_mark_paid(invoice=invoice, user=None)
+    invoice_status_change(to=InvoiceStatus.PAID, invoice=invoice, user=None)
     credit_note_create(invoice=invoice, reason="outage", amount=Decimal("30"), user=None)
     finance = signed_in_client(world.finance, world.tenant)
     listing = finance.get(reverse("billing:invoices")).content.decode()

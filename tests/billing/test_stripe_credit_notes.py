@@ -10,8 +10,8 @@ from decimal import Decimal
 import pytest
 
 from billing.credit_notes.services import credit_note_create
-from billing.invoices.services import invoice_mark_paid
-from billing.models import CreditMovementKind, StripeCreditNote
+from billing.invoices.services import invoice_status_change
+from billing.models import CreditMovementKind, InvoiceStatus, StripeCreditNote
 from billing.payments import stripe_sync
 from billing.payments.client import StripeUnavailable
 from console.celery import app as celery_app
@@ -62,7 +62,9 @@ def test_a_note_on_an_open_invoice_at_stripe_lowers_what_stripe_collects(
 def test_a_note_on_a_paid_invoice_is_credited_out_of_band(world, stripe_api):
     invoice = at_stripe(world)
     stripe_api.pay_invoice(invoice.stripe.stripe_invoice_id)
-    invoice_mark_paid(invoice=invoice, user=None, via="stripe", reference="in_paid")
+    invoice_status_change(
+        invoice=invoice, to=InvoiceStatus.PAID, user=None, via="stripe", reference="in_paid"
+    )
     note = credit(invoice, "30.00")  # GpuGeek credit now, not a lower amount due
 
     stripe_sync.credit_note_push(credit_note=note)
