@@ -111,7 +111,10 @@ def celery_broker(url: str) -> Iterator[None]:
             celery_app.__dict__["amqp"]._producer_pool = None
 
     # The app's configuration reads through to the settings; what is set on it is kept
-    # in its `changes`, which are put back exactly (not left pinned to `url`).
+    # in its `changes`, which are put back exactly (not left pinned to `url`). Configured
+    # first: run alone, the app would load its configuration at its first send, after
+    # this, and drop what is set here.
+    celery_app.loader.import_default_modules()
     changes = celery_app.conf.changes
     had_own, own = "broker_url" in changes, changes.get("broker_url")
     changes["broker_url"] = url
