@@ -17,6 +17,10 @@ from __future__ import annotations
 from decimal import Decimal
 from html import escape
 
+from marketplace.models import Tier
+
+TIER_LABELS = dict(Tier.choices)  # "on_demand" → "On-demand"
+
 LAYOUT = {
     "margin": {"l": 50, "r": 10, "t": 30, "b": 40},
     "height": 320,
@@ -43,10 +47,18 @@ def _axis_title(text: str) -> dict:
     return {"title": {"text": text}}
 
 
-def daily_stacked(days: list[str], series: dict[str, list[Decimal]], currency: str) -> dict:
+def daily_stacked(
+    days: list[str],
+    series: dict[str, list[Decimal]],
+    currency: str,
+    names: dict[str, str] | None = None,
+) -> dict:
+    """Daily cost stacked by group; `names` are the groups' display names (a GPU type's
+    "A100 80GB SXM" for its slug, "On-demand" for on_demand) where they have one."""
+    names = names or {}
     return _figure(
         [
-            {"type": "bar", "name": _label(key), "x": days, "y": _floats(values)}
+            {"type": "bar", "name": _label(names.get(key, key)), "x": days, "y": _floats(values)}
             for key, values in series.items()
         ],
         barmode="stack",
@@ -101,7 +113,7 @@ def tier_share(by_tier: dict[str, Decimal]) -> dict:
         [
             {
                 "type": "pie",
-                "labels": [_label(tier) for tier in by_tier],
+                "labels": [_label(TIER_LABELS.get(tier, tier)) for tier in by_tier],
                 "values": _floats(by_tier.values()),
                 "hole": 0.5,
             }
@@ -109,8 +121,8 @@ def tier_share(by_tier: dict[str, Decimal]) -> dict:
     )
 
 
-def value_bars(rows: list[dict], currency: str) -> dict:
-    names = [_label(r["gpu_type"]) for r in rows]
+def value_bars(rows: list[dict], currency: str, gpu_names: dict[str, str] | None = None) -> dict:
+    names = [_label((gpu_names or {}).get(r["gpu_type"], r["gpu_type"])) for r in rows]
     return _figure(
         [
             {

@@ -36,10 +36,10 @@ from console.models import AuditEvent, Membership, Tenant
 from console.permissions import Capability, has_capability
 from jobs.actors import BACKEND, SYSTEM, Actor
 from jobs.models import FINISHED, Job, JobEvent, JobStatus, Priority, WaitKind
-from jobs.services.spec import spot_nodes_for
 from jobs.state import job_transition_in_past, timeline_event
 from marketplace.demo import DEMO_POOLS
 from marketplace.models import Image, NodePool, Tier
+from marketplace.pricing import node_split
 
 ZERO = Decimal(0)
 KEY_PREFIX = "demo-history-"
@@ -242,10 +242,10 @@ def _job(tenant, user, offer: Offer, name, project, rng) -> Job:
         nodes = rng.choice([2, 2, 4])
     if offer.pool and offer.spot_pool and nodes == 1:
         nodes = 2
-    spot_nodes = spot_nodes_for(nodes, offer.spot_ratio)
+    spot_nodes = node_split(nodes=nodes, spot_ratio=offer.spot_ratio).spot_nodes
     for pool, tier_nodes in ((offer.pool, nodes - spot_nodes), (offer.spot_pool, spot_nodes)):
         if pool and tier_nodes * gpus > pool.total_gpus:
-            nodes, spot_nodes = 1, spot_nodes_for(1, offer.spot_ratio)
+            nodes, spot_nodes = 1, node_split(nodes=1, spot_ratio=offer.spot_ratio).spot_nodes
     on_demand_nodes = nodes - spot_nodes
     return Job(
         tenant=tenant,

@@ -4,6 +4,14 @@ from django import forms
 
 from billing.selectors import GROUP_BY
 
+GROUP_BY_LABELS = {
+    "gpu_type": "GPU type",
+    "job": "Job",
+    "tier": "Tier",
+    "region": "Region",
+    "day": "Day",
+    "project": "Project",
+}
 RANGE_CHOICES = [
     ("this_month", "This month"),
     ("last_month", "Last month"),
@@ -22,7 +30,7 @@ class CostFilterForm(forms.Form):
         label="Group by",
         required=False,
         initial="gpu_type",
-        choices=[(k, k.replace("_", " ").title()) for k in GROUP_BY],
+        choices=[(k, GROUP_BY_LABELS[k]) for k in GROUP_BY],
     )
     gpu_type = forms.CharField(label="GPU type", required=False, max_length=40)
     region = forms.CharField(required=False, max_length=40)

@@ -80,7 +80,8 @@ def jobs_run_rates(jobs) -> dict[int, Decimal | None]:
 
 
 def _run_rate(job: Job, book: PriceBook | None, discount: Decimal) -> Decimal | None:
-    # The hourly figure of `marketplace.pricing.estimate_cost` for the job's own split.
+    # The hourly figure of `marketplace.pricing.estimate_cost` (before its rounding to
+    # the cent) for the job's own split, which `marketplace.pricing.node_split` made.
     offer = (job.gpu_type_id, job.region_id)
     prices = book.prices_by_offer.get(offer) if book is not None else None
     units_per_node = job.gpus_per_node if job.gpu_type_id else job.cpus
@@ -203,3 +204,6 @@ class BillingJobCosts:
 
     def run_rate(self, job: Job) -> Decimal | None:
         return job_run_rate(job)
+
+    def run_rates(self, jobs: list[Job]) -> dict[int, Decimal | None]:
+        return jobs_run_rates(jobs)

@@ -11,12 +11,13 @@ from django.utils import timezone
 
 from billing import charts, selectors
 from billing.budgets.selectors import budget_statuses
-from billing.forms import CostFilterForm
+from billing.forms import GROUP_BY_LABELS, CostFilterForm
 from console.csv import csv_writer
 from console.forms import add_service_error
 from console.permissions import Capability, capability_required
 from console.service_errors import ServiceError
 from jobs.models import Job
+from marketplace.selectors import gpu_type_names
 
 
 def _cost_query(request: HttpRequest) -> tuple[CostFilterForm, selectors.CostQuery | None]:
@@ -67,8 +68,15 @@ def costs(request: HttpRequest) -> HttpResponse:
                 + selectors.run_rate(Job.objects.for_tenant(tenant)) * hours_left
             )
         )
+        # Groups by their display names: a GPU type's model, a tier's label.
+        gpu_names = gpu_type_names()
+        group_names = {"gpu_type": gpu_names, "tier": charts.TIER_LABELS}.get(query.group_by, {})
+        rows = [{**row, "label": group_names.get(row["key"], row["key"])} for row in rows]
+        for entry in value:
+            entry["gpu_type_name"] = gpu_names.get(entry["gpu_type"], entry["gpu_type"])
         context.update(
             {
+                "group_label": GROUP_BY_LABELS[query.group_by],
                 "rows": rows,
                 "currency": currency,
                 "total": sum((r["amount"] for r in rows), 0),
@@ -78,7 +86,9 @@ def costs(request: HttpRequest) -> HttpResponse:
                 "statuses": statuses,
                 "forecast": forecast,
                 "figures": {
-                    "daily": charts.daily_stacked(explorer.days, explorer.series, currency),
+                    "daily": charts.daily_stacked(
+                        explorer.days, explorer.series, currency, names=group_names
+                    ),
                     "mtd": charts.month_to_date(
                         mtd_days,
                         cumulative,
@@ -88,7 +98,7 @@ def costs(request: HttpRequest) -> HttpResponse:
                         currency,
                     ),
                     "tiers": charts.tier_share(split["by_tier"]),
-                    "value": charts.value_bars(value, currency),
+                    "value": charts.value_bars(value, currency, gpu_names=gpu_names),
                     "top": charts.top_jobs_bar(top, currency),
                 },
                 "export_query": request.GET.urlencode(),

@@ -25,15 +25,30 @@ def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") ->
 # What a row of the jobs page shows (with the slugs of its GPU type and region).
 LIST_PAGE_COLUMNS = (
     "id", "name", "project", "status", "status_reason", "gpu_type_id", "gpus_per_node",
-    "cpus", "nodes", "created_at",
+    "cpus", "nodes", "created_at", "run_seconds", "running_since",
 )  # fmt: skip
+# Whether a job's pools are the sandbox's simulated ones, read with a list's rows
+# (`Job.simulated` reads these when present): no pool object per row.
+SIMULATED_POOLS = {
+    "pool_simulated": F("pool__simulated"),
+    "spot_pool_simulated": F("spot_pool__simulated"),
+}
 
 
 def list_page_rows(jobs: QuerySet[Job], *, also: tuple[str, ...] = ()) -> QuerySet[Job, dict]:
     """The jobs page's rows as values (no model instance, no catalog object per row),
     with the `also` columns (what its costs read)."""
-    return jobs.annotate(gpu_type_slug=F("gpu_type__slug"), region_slug=F("region__slug")).values(
-        *dict.fromkeys((*LIST_PAGE_COLUMNS, *also)), "gpu_type_slug", "region_slug"
+    return jobs.annotate(
+        gpu_type_slug=F("gpu_type__slug"),
+        gpu_type_model=F("gpu_type__model"),
+        region_slug=F("region__slug"),
+        **SIMULATED_POOLS,
+    ).values(
+        *dict.fromkeys((*LIST_PAGE_COLUMNS, *also)),
+        "gpu_type_slug",
+        "gpu_type_model",
+        "region_slug",
+        *SIMULATED_POOLS,
     )
 
 

@@ -23,14 +23,20 @@ from console.permissions import (
     template_change_check,
 )
 from console.service_errors import ServiceError
+from console.templatetags.money import format_money
+from console.templatetags.numbers import duration_text
 from console.tenancy import get_for_tenant_or_404
 from jobs import selectors, services
 from jobs.actors import Actor
 from jobs.extensions import job_costs
 from jobs.forms import LaunchForm, TenantSecretForm
-from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
+from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret, running_seconds
 from marketplace.models import GpuType, Image
-from marketplace.selectors import default_region, registry_credentials_for_tenant
+from marketplace.selectors import (
+    default_region,
+    price_currency,
+    registry_credentials_for_tenant,
+)
 
 PAGE_SIZE = 50
 
@@ -38,7 +44,7 @@ PAGE_SIZE = 50
 @capability_required(Capability.LAUNCH_JOBS)
 @require_http_methods(["GET", "POST"])
 def launch(request: HttpRequest) -> HttpResponse:
-    region = default_region()
+    region = default_region(request.tenant)
     initial = {
         "region": region.slug if region else None,
         "image": "python-3.11",
@@ -133,17 +139,26 @@ def _shortened(text: str, length: int) -> str:
     return text if len(text) <= length else f"{text[: length - 1]}…"
 
 
-def job_list_rows(jobs: list[dict], costs: dict) -> list[dict]:
+def hardware_text(*, nodes: int, gpus_per_node: int, gpu_model: str | None, cpus: int) -> str:
+    """ "8 × A100 80GB SXM", "2 nodes × 8 × H100 80GB SXM", "1 × 4 vCPU": GPU types by
+    their display name, never their slug."""
+    per_node = f"{gpus_per_node} × {gpu_model}" if gpu_model else f"{cpus} vCPU"
+    return per_node if nodes == 1 else f"{nodes} nodes × {per_node}"
+
+
+def job_list_rows(jobs: list[dict], costs: dict, currency: str = "") -> list[dict]:
     """What each row of the list shows, worked out once here (per-row URL reversing,
     choice labels and number formatting in the template were most of a 50-row page's
     time); the `job-row` partial of jobs/list.html writes it."""
     detail = reverse("jobs:detail", args=[0]).removesuffix("0/")
     rows = []
     for job in jobs:
-        if job["gpu_type_id"]:
-            hardware = f"{job['nodes']} × {job['gpus_per_node']} {job['gpu_type_slug']}"
-        else:
-            hardware = f"{job['nodes']} × {job['cpus']} vCPU"
+        hardware = hardware_text(
+            nodes=job["nodes"],
+            gpus_per_node=job["gpus_per_node"],
+            gpu_model=job["gpu_type_model"] if job["gpu_type_id"] else None,
+            cpus=job["cpus"],
+        )
         job_id = int(job["id"])
         rows.append(
             {
@@ -160,7 +175,13 @@ def job_list_rows(jobs: list[dict], costs: dict) -> list[dict]:
                 "running": job["status"] == JobStatus.RUNNING,
                 "region": job["region_slug"],
                 "launched": naturaltime(job["created_at"]),
-                "cost": str(costs[job_id]),
+                "duration": duration_text(
+                    running_seconds(job["run_seconds"], job["running_since"])
+                    if job["run_seconds"] or job["running_since"]
+                    else None
+                ),
+                "simulated": bool(job["pool_simulated"] or job["spot_pool_simulated"]),
+                "cost": format_money(costs[job_id], currency),
             }
         )
     return rows
@@ -182,7 +203,9 @@ def job_list(request: HttpRequest) -> HttpResponse:
     paginator = CappedPaginator(rows_query, PAGE_SIZE, count_queryset=jobs)
     page = paginator.get_page(request.GET.get("page"))
     jobs_on_page = list(page)
-    rows = job_list_rows(jobs_on_page, costs_provider.row_costs(jobs_on_page))
+    rows = job_list_rows(
+        jobs_on_page, costs_provider.row_costs(jobs_on_page), currency=price_currency()
+    )
     context = {
         "page": page,
         "rows": rows,
@@ -210,6 +233,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "events": events,
         "cost": job_costs().costs_to_date([job])[job.pk],
         "run_rate": job_costs().run_rate(job),
+        "currency": price_currency(),
         "queue_position": selectors.queue_position(job),
         "isolation_note": selectors.job_isolation_note(job),
         "can_launch": has_capability(request.membership, Capability.LAUNCH_JOBS),

@@ -55,16 +55,29 @@ class EstimateForm(forms.Form):
     region = forms.ModelChoiceField(
         queryset=Region.objects.filter(is_active=True), to_field_name="slug", empty_label=None
     )
-    tier = forms.ChoiceField(choices=Tier.choices, initial=Tier.ON_DEMAND)
+    # The spot ratio alone says which nodes are spot (as at launch); the tier prices the
+    # others, so the two can't contradict each other.
+    spot_ratio = forms.DecimalField(
+        label="Spot ratio",
+        min_value=Decimal(0),
+        max_value=Decimal(1),
+        initial="0",
+        max_digits=4,
+        decimal_places=3,
+        help_text="Share of the nodes on spot, 0 to 1, in whole nodes.",
+    )
+    tier = forms.ChoiceField(
+        label="Other nodes",
+        choices=[(Tier.ON_DEMAND, Tier.ON_DEMAND.label), (Tier.RESERVED, Tier.RESERVED.label)],
+        initial=Tier.ON_DEMAND,
+    )
     reserved_months = forms.TypedChoiceField(
+        label="Reserved term",
         choices=[(1, "1 month"), (3, "3 months"), (12, "12 months")],
         coerce=int,
         initial=1,
         required=False,
         empty_value=1,
-    )
-    spot_ratio = forms.DecimalField(
-        min_value=Decimal(0), max_value=Decimal(1), initial="0", max_digits=4, decimal_places=3
     )
     hours = forms.DecimalField(
         min_value=Decimal("0.01"),

@@ -1,10 +1,13 @@
 """The one pricing rule: what a GPU (or CPU) configuration costs per hour and in total.
 
-Pure: it reads the price book and the tenant's discount but never capacity or quota. The
-spot ratio blends prices by GPU share:
-    hourly = units × (ratio × spot price + (1 − ratio) × base price) × (1 − tenant discount)
-where the base price is on-demand or, for the reserved tier, reserved for the chosen term.
-Everything is Decimal at full precision; money is rounded to the cent once, at the end.
+Pure: it reads the price book and the tenant's discount but never capacity or quota.
+Nodes are whole: `node_split` is the one rule that turns a node count and a spot ratio
+into spot and on-demand nodes, used by the estimate and by the launch (jobs' placement),
+so that the estimate prices exactly the split that launches:
+    hourly = units per node × (spot nodes × spot price + other nodes × base price)
+where prices are after the tenant's discount and the base price is on-demand or, for the
+reserved tier, reserved for the chosen term. Everything is Decimal at full precision;
+money is rounded to the cent once, at the end.
 """
 
 from __future__ import annotations
@@ -95,6 +98,60 @@ def tenant_discount_percent(tenant) -> Decimal:
 
 
 @dataclass(frozen=True)
+class NodeSplit:
+    """How many of a job's whole nodes go to spot and how many on-demand."""
+
+    nodes: int
+    spot_ratio: Decimal  # as asked
+    spot_nodes: int
+    on_demand_nodes: int
+
+    @property
+    def effective_spot_ratio(self) -> Decimal:
+        return Decimal(self.spot_nodes) / Decimal(self.nodes)
+
+    @property
+    def honours_ratio(self) -> bool:
+        """Whether whole nodes give exactly the ratio asked."""
+        return self.effective_spot_ratio == self.spot_ratio
+
+    @property
+    def label(self) -> str:
+        """ "1 node: spot", "6 spot + 2 on-demand nodes"."""
+        if not self.spot_nodes or not self.on_demand_nodes:
+            tier = "spot" if self.spot_nodes else "on-demand"
+            return f"{self.nodes} node{'s' if self.nodes != 1 else ''}: {tier}"
+        return f"{self.spot_nodes} spot + {self.on_demand_nodes} on-demand nodes"
+
+    @property
+    def note(self) -> str:
+        """Why the split isn't the ratio asked ("" when it is)."""
+        if self.honours_ratio:
+            return ""
+        share = (self.effective_spot_ratio * HUNDRED).quantize(Decimal(1), ROUND_HALF_UP)
+        asked = (self.spot_ratio * HUNDRED).normalize()
+        nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}"
+        return (
+            f"A spot ratio of {asked:f} % can't be honoured with {nodes}: whole nodes give "
+            f"{self.label} ({share} % spot)."
+        )
+
+
+def node_split(*, nodes: int, spot_ratio: Decimal, tier: str = Tier.ON_DEMAND) -> NodeSplit:
+    """round(nodes × ratio) nodes on spot, halves up (a single node goes to spot at
+    ratio ≥ 0.5), the rest on-demand; the spot tier puts every node on spot. The one
+    rule for estimates and launches."""
+    spot_ratio = Decimal(1) if tier == Tier.SPOT else Decimal(spot_ratio)
+    spot_nodes = int((Decimal(nodes) * spot_ratio).quantize(Decimal(1), ROUND_HALF_UP))
+    return NodeSplit(
+        nodes=nodes,
+        spot_ratio=spot_ratio,
+        spot_nodes=spot_nodes,
+        on_demand_nodes=nodes - spot_nodes,
+    )
+
+
+@dataclass(frozen=True)
 class Estimate:
     hourly: Decimal
     total: Decimal
@@ -107,6 +164,15 @@ class Estimate:
     unit_price_spot: Decimal
     unit_price_base: Decimal
     tenant_discount_percent: Decimal
+    split: NodeSplit
+
+    @property
+    def spot_nodes(self) -> int:
+        return self.split.spot_nodes
+
+    @property
+    def on_demand_nodes(self) -> int:
+        return self.split.on_demand_nodes
 
 
 def estimate_cost(
@@ -136,13 +202,12 @@ def estimate_cost(
     if gpu_type is not None:
         if gpus_per_node < 1:
             raise PricingError("Ask for at least one GPU per node.", field="gpus_per_node")
-        units, unit = gpus_per_node * nodes, "gpu_hour"
+        units_per_node, unit = gpus_per_node, "gpu_hour"
     else:
         if cpus < 1:
             raise PricingError("Ask for at least one vCPU per node.", field="cpus")
-        units, unit = cpus * nodes, "vcpu_hour"
-    if tier == Tier.SPOT:
-        spot_ratio = Decimal(1)
+        units_per_node, unit = cpus, "vcpu_hour"
+    split = node_split(nodes=nodes, spot_ratio=spot_ratio, tier=tier)
 
     version, entry = price_entry_in_force(gpu_type=gpu_type, region=region, at=at or timezone.now())
     prices = unit_prices(entry, version)
@@ -150,8 +215,8 @@ def estimate_cost(
     spot_price = after_tenant_discount(prices.spot, discount)
     base_price = after_tenant_discount(prices.for_tier(tier, reserved_months), discount)
 
-    spot_hourly = units * spot_ratio * spot_price
-    base_hourly = units * (1 - spot_ratio) * base_price
+    spot_hourly = units_per_node * split.spot_nodes * spot_price
+    base_hourly = units_per_node * split.on_demand_nodes * base_price
     total = to_cents((spot_hourly + base_hourly) * hours)
     spot_share = to_cents(spot_hourly * hours)
     return Estimate(
@@ -161,9 +226,10 @@ def estimate_cost(
         spot_share=spot_share,
         on_demand_share=total - spot_share,
         price_version=version.pk,
-        units=units,
+        units=units_per_node * nodes,
         unit=unit,
         unit_price_spot=spot_price,
         unit_price_base=base_price,
         tenant_discount_percent=discount,
+        split=split,
     )

@@ -8,7 +8,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from console.crypto import decrypt_json
 from console.models import Tenant
@@ -219,14 +219,37 @@ def regions_for_tenant(tenant: Tenant | None) -> QuerySet[Region]:
     return regions_active().exclude(pk__in=host_only_region_ids(tenant))
 
 
-def default_region(tenant: Tenant | None = None) -> Region | None:
-    """Where a new launch starts out: the first active region (by pk) with an active
-    CPU-only pool, usable by the tenant, on one of the configured compute backends, so the
-    default launch (one vCPU, no GPU) can be placed. None when no region qualifies."""
-    cpu_pools = pools_for_tenant(tenant).filter(
-        gpu_type__isnull=True, backend__in=settings.COMPUTE_BACKENDS
+def default_region(tenant: Tenant | None = None, gpu_type: GpuType | None = None) -> Region | None:
+    """Where a launch that names no region goes: an active region with an active pool of
+    the GPU type (CPU-only for None), usable by the tenant, on one of the configured
+    compute backends. A region where a real backend (this host, a real cluster) has
+    capacity for it comes first, so that the user's command runs rather than the sandbox
+    cluster's simulation; then the first by pk. None when no region qualifies."""
+    pools = pools_for_tenant(tenant).filter(
+        gpu_type=gpu_type, backend__in=settings.COMPUTE_BACKENDS
     )
-    return regions_active().filter(pk__in=cpu_pools.values("region_id")).order_by("pk").first()
+    has_capacity = Q(total_gpus__gt=0) if gpu_type is not None else Q(allocatable_vcpus__gt=0)
+    real = pools.filter(has_capacity, region=OuterRef("pk"), simulated=False)
+    return (
+        regions_active()
+        .filter(pk__in=pools.values("region_id"))
+        .annotate(has_real_pool=Exists(real))
+        .order_by("-has_real_pool", "pk")
+        .first()
+    )
+
+
+def gpu_type_names() -> dict[str, str]:
+    """Each GPU type's display name ("A100 80GB SXM") by slug, withdrawn ones too (old
+    usage names them)."""
+    return dict(GpuType.objects.values_list("slug", "model"))
+
+
+def price_currency() -> str:
+    """The currency prices and job costs are in: the price book's in force ("" before
+    the first one)."""
+    book = price_book()
+    return book.version.currency if book is not None else ""
 
 
 def images_for_tenant(

@@ -15,6 +15,30 @@ def _quantum(places: int) -> Decimal:
     return Decimal(1).scaleb(-places)
 
 
+def duration_text(seconds: float | None) -> str:
+    """A duration as people read it: "45 s", "12 min", "3 h 05 min", "2 d 4 h"; "—"
+    for none."""
+    if seconds is None:
+        return "—"
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min"
+    return f"{secs} s"
+
+
+@register.filter
+def duration(seconds) -> str:
+    """`duration_text` of a number of seconds."""
+    return duration_text(None if seconds is None or seconds == "" else float(seconds))
+
+
 @register.filter
 def decimals(value, places: int = 2) -> str:
     """`value` with exactly `places` decimals, rounded half up like `floatformat`, whose

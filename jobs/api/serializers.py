@@ -19,7 +19,9 @@ from console.api.fields import (
 from jobs import selectors, services
 from jobs.extensions import job_costs
 from jobs.models import Job, JobEvent, JobStatus, Priority, TenantSecret
+from jobs.selectors import SIMULATED_POOLS
 from jobs.services.spec import MAX_COMMAND_ARGS, MAX_ENV_TOTAL_BYTES, MAX_JOB_SECRETS
+from marketplace.pricing import to_cents
 
 
 class ArgumentField(StrictCharField):
@@ -148,6 +150,13 @@ class JobSerializer(StrictModelSerializer):
     region = SlugOfField()
     secret_env = serializers.SerializerMethodField()
     cost_to_date = serializers.SerializerMethodField()
+    price_per_hour = serializers.SerializerMethodField(
+        help_text="Its run rate: the price per hour of its spot and on-demand nodes, to the "
+        "cent as an estimate's `hourly`; null without a price"
+    )
+    simulated = serializers.SerializerMethodField(
+        help_text="Runs on the sandbox cluster's simulated nodes: its command is not executed"
+    )
     queue_position = serializers.SerializerMethodField()
     _model_fields: dict[str, serializers.Field] | None = None
 
@@ -176,6 +185,8 @@ class JobSerializer(StrictModelSerializer):
             "backend",
             "spot_nodes",
             "on_demand_nodes",
+            "simulated",
+            "price_per_hour",
             "status",
             "status_reason",
             "queue_position",
@@ -238,12 +249,20 @@ class JobSerializer(StrictModelSerializer):
             jobs = [instances] if isinstance(instances, Job) else list(instances)
             self.context["_job_batch"] = {
                 "costs": job_costs().costs_to_date(jobs),
+                "rates": job_costs().run_rates(jobs),
                 "positions": selectors.queue_positions(jobs),
             }
         return self.context["_job_batch"]
 
     def get_cost_to_date(self, job) -> str:
         return str(self._batch()["costs"][job.pk])
+
+    def get_price_per_hour(self, job) -> str | None:
+        rate = self._batch()["rates"][job.pk]
+        return None if rate is None else str(to_cents(rate))
+
+    def get_simulated(self, job) -> bool:
+        return job.simulated
 
     def get_queue_position(self, job) -> int | None:
         return self._batch()["positions"].get(job.pk) if job.status == "queued" else None
@@ -263,7 +282,9 @@ ROW_COLUMNS = (
 def listed_jobs(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """`jobs` as a list page reads them: the columns a row shows or prices from, the
     slugs of their catalog rows and their costs' inputs (`with_cost_inputs`)."""
-    return job_costs().with_cost_inputs(jobs.annotate(**RELATED_SLUGS).only(*ROW_COLUMNS))
+    return job_costs().with_cost_inputs(
+        jobs.annotate(**RELATED_SLUGS, **SIMULATED_POOLS).only(*ROW_COLUMNS)
+    )
 
 
 class JobQuerySerializer(serializers.Serializer):

@@ -18,6 +18,7 @@ from jobs.api import serializers as s
 from jobs.extensions import job_costs
 from jobs.logs.reading import read_lines
 from jobs.models import Job, TenantSecret
+from jobs.selectors import SIMULATED_POOLS
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -37,8 +38,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             if status:
                 queryset = queryset.filter(status=status)
             return s.listed_jobs(queryset.select_related(None))
-        if self.action == "retrieve":  # its cost's inputs read with the job
-            return job_costs().with_cost_inputs(queryset)
+        if self.action == "retrieve":  # its cost's inputs and pools' kind read with the job
+            return job_costs().with_cost_inputs(queryset.annotate(**SIMULATED_POOLS))
         return queryset
 
     @extend_schema(parameters=[s.JobQuerySerializer])

@@ -37,7 +37,6 @@ from jobs.services.spec import (
     ResolvedSpec,
     spec_from_job,
     spec_validate,
-    spot_nodes_for,
 )
 from jobs.services.templates import (
     TEMPLATE_FIELDS,
@@ -73,7 +72,6 @@ __all__ = [
     "spec_from_job",
     "spec_from_template",
     "spec_validate",
-    "spot_nodes_for",
     "tenant_secret_delete",
     "tenant_secret_set",
     "tenant_secrets_resolve",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import F
@@ -15,6 +15,7 @@ from console.models import Tenant
 from console.service_errors import ServiceError
 from jobs.models import Job, Priority
 from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Tier
+from marketplace.pricing import node_split
 from marketplace.selectors import (
     HOST_NOT_AVAILABLE,
     default_region,
@@ -259,11 +260,6 @@ def _validate_ports(ports) -> None:
         numbers.add(number)
 
 
-def spot_nodes_for(nodes: int, spot_ratio: Decimal) -> int:
-    """round(nodes × ratio), halves up: a single node goes to spot at ratio ≥ 0.5."""
-    return int((Decimal(nodes) * Decimal(spot_ratio)).quantize(Decimal(1), ROUND_HALF_UP))
-
-
 def _pick_pool(
     *, tenant: Tenant, gpu_type: GpuType | None, region: Region, tier: str
 ) -> NodePool | None:
@@ -338,9 +334,10 @@ def spec_validate(
                 raise invalid(HOST_NOT_AVAILABLE, "region")
             raise invalid(f"Unknown region “{spec.region}”.", "region")
     else:
-        region = default_region(tenant)
+        region = default_region(tenant, gpu_type)
         if region is None:
-            raise invalid("Choose a region: none has a CPU pool by default.", "region")
+            what = f"an {gpu_type.model} pool" if gpu_type else "a CPU pool"
+            raise invalid(f"Choose a region: none has {what} for you.", "region")
 
     image = (
         Image.objects.for_tenant(tenant)
@@ -356,8 +353,9 @@ def spec_validate(
             f"{image.name} doesn't run on {hardware.upper()}; pick an image made for it.", "image"
         )
 
-    spot_nodes = spot_nodes_for(spec.nodes, Decimal(spec.spot_ratio))
-    on_demand_nodes = spec.nodes - spot_nodes
+    # The estimate's rule (marketplace.pricing.node_split): a launch is what was priced.
+    split = node_split(nodes=spec.nodes, spot_ratio=Decimal(spec.spot_ratio))
+    spot_nodes, on_demand_nodes = split.spot_nodes, split.on_demand_nodes
     pool = (
         _pick_pool(tenant=tenant, gpu_type=gpu_type, region=region, tier=Tier.ON_DEMAND)
         if on_demand_nodes

@@ -176,6 +176,15 @@ class EstimateRequestSerializer(serializers.Serializer):
 
 class EstimateSerializer(serializers.Serializer):
     hourly = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)
+    # The split of whole nodes the estimate priced: the one a launch of it makes.
+    spot_nodes = serializers.IntegerField()
+    on_demand_nodes = serializers.IntegerField()
+    split = StrictCharField(source="split.label", help_text='e.g. "6 spot + 2 on-demand nodes"')
+    split_note = StrictCharField(
+        source="split.note",
+        allow_blank=True,
+        help_text="Why the split isn't the spot ratio asked (whole nodes); empty when it is",
+    )
     total = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)
     currency = StrictCharField()
     spot_share = serializers.DecimalField(max_digits=18, decimal_places=2, coerce_to_string=True)

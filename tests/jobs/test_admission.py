@@ -33,6 +33,7 @@ from jobs.services.admission import BEHIND_IN_POOL, BEHIND_OWN_QUOTA
 from jobs.state import TRANSITIONS, IllegalTransition, job_transition
 from marketplace.demo import seed_catalog
 from marketplace.models import GpuType, NodePool, Region, TenantQuota, Tier
+from marketplace.pricing import node_split
 from tests import jobs_helpers
 from tests.factories import JobFactory
 from tests.jobs_helpers import advance_to
@@ -525,7 +526,7 @@ def test_finished_states_are_final_and_expected_from_is_checked(world, pools):
     ],
 )
 def test_spot_nodes_are_nodes_times_ratio_rounded_half_up(nodes, ratio, spot):
-    assert services.spot_nodes_for(nodes, Decimal(ratio)) == spot
+    assert node_split(nodes=nodes, spot_ratio=Decimal(ratio)).spot_nodes == spot
 
 
 @given(
@@ -533,7 +534,7 @@ def test_spot_nodes_are_nodes_times_ratio_rounded_half_up(nodes, ratio, spot):
     ratio=st.decimals(min_value=0, max_value=1, places=3),
 )
 def test_spot_nodes_stay_within_the_job(nodes, ratio):
-    spot = services.spot_nodes_for(nodes, ratio)
+    spot = node_split(nodes=nodes, spot_ratio=ratio).spot_nodes
     assert 0 <= spot <= nodes
     assert abs(Decimal(spot) - nodes * ratio) <= Decimal("0.5")
 

@@ -24,6 +24,7 @@ from jobs.models import Job, JobStatus
 from jobs.state import job_transition
 from marketplace.models import NodePool
 from tests.conftest import token_client
+from tests.factories import NodePoolFactory
 from tests.jobs.test_consumers import forget_files, write_log
 from tests.jobs_helpers import advance_to
 
@@ -505,3 +506,64 @@ def test_pause_resume_cancel_a_running_job(member_api, settings):
         "cancelling",
         "cancelled",
     ]
+
+
+# --- the launch is what was estimated; simulated jobs say so ----
+
+
+ESTIMATES = "/api/v1/estimates"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "ratio", "split"),
+    [(4, "0.7", (3, 1)), (1, "0.7", (1, 0)), (1, "0.4", (0, 1)), (3, "0.5", (2, 1))],
+)
+def test_a_launch_runs_at_the_hourly_price_its_estimate_answered(
+    member_api, settings, nodes, ratio, split
+):
+    settings.COMPUTE_BACKENDS = ["kubernetes"]
+    shape = {"gpu_type": "a100-80gb", "gpus_per_node": 8, "nodes": nodes, "region": "us-west",
+             "spot_ratio": ratio}  # fmt: skip
+    estimate = member_api.post(ESTIMATES, shape, format="json")
+    assert estimate.status_code == 200, estimate.content
+    job = launch(member_api, image="cuda-12-4-runtime", **shape)
+
+    assert (estimate.json()["spot_nodes"], estimate.json()["on_demand_nodes"]) == split
+    assert (job["spot_nodes"], job["on_demand_nodes"]) == split
+    assert job["price_per_hour"] == estimate.json()["hourly"]  # to the cent
+    again = member_api.get(job_url(job["id"])).json()
+    assert again["price_per_hour"] == estimate.json()["hourly"]
+    listed = member_api.get(JOBS).json()["results"]
+    assert [(row["id"], row["price_per_hour"]) for row in listed] == [
+        (job["id"], estimate.json()["hourly"])
+    ]
+
+
+def test_a_job_on_the_sandbox_cluster_says_it_is_simulated(member_api, settings):
+    settings.COMPUTE_BACKENDS = ["local", "kubernetes"]
+    NodePool.objects.filter(backend="kubernetes").update(simulated=True)
+    on_sandbox = launch(member_api, region="us-west")
+    on_host = launch(member_api, region="local")
+
+    assert on_sandbox["simulated"] is True and on_host["simulated"] is False
+    assert member_api.get(job_url(on_sandbox["id"])).json()["simulated"] is True
+    assert member_api.get(job_url(on_host["id"])).json()["simulated"] is False
+    listed = {row["id"]: row["simulated"] for row in member_api.get(JOBS).json()["results"]}
+    assert listed == {on_sandbox["id"]: True, on_host["id"]: False}
+
+
+def test_a_launch_without_a_region_prefers_a_real_backend(member_api, settings, catalog):
+    settings.COMPUTE_BACKENDS = ["local", "kubernetes"]
+    NodePool.objects.filter(backend="kubernetes").update(simulated=True)
+    NodePoolFactory(gpu_type=catalog.gpu("a100-80gb"))  # this host, with 8 real GPUs
+
+    gpu_job = launch(member_api, image="cuda-12-4-runtime", gpu_type="a100-80gb",
+                     gpus_per_node=1, region=None)  # fmt: skip
+    cpu_job = launch(member_api, region=None)
+    assert (gpu_job["region"], gpu_job["simulated"]) == ("local", False)
+    assert (cpu_job["region"], cpu_job["simulated"]) == ("local", False)
+
+    # An offer only the sandbox serves still launches there, and says so.
+    sandbox_only = launch(member_api, image="cuda-12-4-runtime", gpu_type="h100-80gb",
+                          gpus_per_node=1, region=None)  # fmt: skip
+    assert (sandbox_only["region"], sandbox_only["simulated"]) == ("us-west", True)

@@ -192,7 +192,7 @@ def test_estimate_api_returns_decimal_strings(api, catalog):
         {
             "gpu_type": "a100-80gb",
             "gpus_per_node": 8,
-            "nodes": 1,
+            "nodes": 10,
             "region": "us-west",
             "spot_ratio": "0.7",
             "hours": "24",
@@ -205,13 +205,34 @@ def test_estimate_api_returns_decimal_strings(api, catalog):
     assert {
         k: body[k] for k in ("hourly", "total", "currency", "spot_share", "on_demand_share")
     } == {
-        "hourly": "8.81",
-        "total": "211.36",
+        "hourly": "88.07",
+        "total": "2113.63",
         "currency": "USD",
-        "spot_share": "108.26",
-        "on_demand_share": "103.10",
+        "spot_share": "1082.59",
+        "on_demand_share": "1031.04",
     }
+    assert (body["spot_nodes"], body["on_demand_nodes"]) == (7, 3)
+    assert (body["split"], body["split_note"]) == ("7 spot + 3 on-demand nodes", "")
     assert body["price_version"] == catalog.version.pk
+
+
+def test_estimate_api_answers_the_whole_node_split_it_priced(api):
+    response = api.post(
+        ESTIMATES,
+        {
+            "gpu_type": "a100-80gb",
+            "gpus_per_node": 8,
+            "nodes": 1,
+            "region": "us-west",
+            "spot_ratio": "0.7",
+        },
+        format="json",
+    )
+    body = response.json()
+    # One node can't be 70 % spot: it is priced as the launch places it, on spot.
+    assert (body["spot_nodes"], body["on_demand_nodes"], body["hourly"]) == (1, 0, "6.44")
+    assert body["split"] == "1 node: spot"
+    assert "can't be honoured with 1 node" in body["split_note"]
 
 
 def test_estimate_api_for_cpu_and_reserved(api):
@@ -247,13 +268,13 @@ def test_estimate_api_applies_the_tenant_discount(api, world):
         {
             "gpu_type": "a100-80gb",
             "gpus_per_node": 8,
-            "nodes": 1,
+            "nodes": 10,
             "region": "us-west",
             "spot_ratio": "0.7",
         },
         format="json",
     )
-    assert response.json()["hourly"] == "7.93"
+    assert response.json()["hourly"] == "79.26"  # 88.068 × 0.9
 
 
 GOOD = {"gpu_type": "a100-80gb", "gpus_per_node": 8, "nodes": 1, "region": "us-west"}

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from marketplace import services
 from marketplace.demo import GPU_TYPES, REGIONS
 from marketplace.models import GpuType, PriceVersion, Region, Tier
-from marketplace.pricing import PricingError, estimate_cost
+from marketplace.pricing import PricingError, estimate_cost, node_split
 
 D = Decimal
 CENT = D("0.01")
@@ -45,10 +45,8 @@ def assert_well_formed(estimate) -> None:
 
 
 def test_seed_example_8_a100_80gb_us_west_70_percent_spot(catalog):
-    # on-demand 1.79, spot 1.79 × 0.45 = 0.8055
-    # hourly = 8 × (0.7 × 0.8055 + 0.3 × 1.79) = 8 × 1.10085 = 8.8068 → 8.81
-    # 24 h: 8.8068 × 24 = 211.3632 → 211.36 (not 8.81 × 24 = 211.44)
-    # spot share 8 × 0.7 × 0.8055 × 24 = 108.2592 → 108.26; on-demand 211.36 − 108.26
+    # One node of 8 GPUs can't be 70 % spot: whole nodes put it on spot (round(0.7) = 1),
+    # and the estimate prices that: 8 × 0.8055 = 6.444 → 6.44, as the launch charges.
     estimate = estimate_cost(
         gpu_type=catalog.gpu("a100-80gb"),
         region=catalog.region("us-west"),
@@ -58,10 +56,15 @@ def test_seed_example_8_a100_80gb_us_west_70_percent_spot(catalog):
         hours=D(24),
     )
 
-    assert estimate.hourly == D("8.81")
-    assert estimate.total == D("211.36")
-    assert estimate.spot_share == D("108.26")
-    assert estimate.on_demand_share == D("103.10")
+    assert (estimate.spot_nodes, estimate.on_demand_nodes) == (1, 0)
+    assert estimate.split.label == "1 node: spot"
+    assert estimate.split.note == (
+        "A spot ratio of 70 % can't be honoured with 1 node: whole nodes give "
+        "1 node: spot (100 % spot)."
+    )
+    assert estimate.hourly == D("6.44")
+    assert estimate.total == D("154.66")  # 6.444 × 24 = 154.656
+    assert estimate.spot_share == estimate.total
     assert estimate.currency == "USD"
     assert estimate.price_version == catalog.version.pk
     assert (estimate.units, estimate.unit) == (8, "gpu_hour")
@@ -70,16 +73,45 @@ def test_seed_example_8_a100_80gb_us_west_70_percent_spot(catalog):
     assert_well_formed(estimate)
 
 
-def test_nodes_multiply_like_gpus(catalog):
-    two_by_four = estimate_cost(
+def test_ten_nodes_at_70_percent_spot_are_7_spot_and_3_on_demand(catalog):
+    # on-demand 1.79, spot 1.79 × 0.45 = 0.8055
+    # hourly = 8 × (7 × 0.8055 + 3 × 1.79) = 8 × 11.0085 = 88.068 → 88.07
+    # 24 h: 88.068 × 24 = 2113.632 → 2113.63 (not 88.07 × 24 = 2113.68)
+    # spot share 8 × 7 × 0.8055 × 24 = 1082.592 → 1082.59; on-demand 2113.63 − 1082.59
+    estimate = estimate_cost(
         gpu_type=catalog.gpu("a100-80gb"),
         region=catalog.region("us-west"),
-        nodes=2,
-        gpus_per_node=4,
+        nodes=10,
+        gpus_per_node=8,
         spot_ratio=D("0.7"),
         hours=D(24),
     )
-    assert (two_by_four.hourly, two_by_four.total) == (D("8.81"), D("211.36"))
+    assert (estimate.spot_nodes, estimate.on_demand_nodes) == (7, 3)
+    assert estimate.split.label == "7 spot + 3 on-demand nodes"
+    assert estimate.split.note == ""
+    assert (estimate.hourly, estimate.total) == (D("88.07"), D("2113.63"))
+    assert estimate.spot_share == D("1082.59")
+    assert estimate.on_demand_share == D("1031.04")
+    assert_well_formed(estimate)
+
+
+def test_nodes_multiply_like_gpus_within_one_tier(catalog):
+    common = {
+        "gpu_type": catalog.gpu("a100-80gb"),
+        "region": catalog.region("us-west"),
+        "hours": D(24),
+    }
+    for ratio in (D(0), D(1)):
+        two_by_four = estimate_cost(nodes=2, gpus_per_node=4, spot_ratio=ratio, **common)
+        one_by_eight = estimate_cost(nodes=1, gpus_per_node=8, spot_ratio=ratio, **common)
+        assert (two_by_four.hourly, two_by_four.total) == (
+            one_by_eight.hourly,
+            one_by_eight.total,
+        )
+    # Across tiers the split is by whole nodes: 2 × 4 at 0.7 is 1 spot + 1 on-demand node
+    # (4 × (0.8055 + 1.79) = 10.382), 1 × 8 is one spot node (6.444).
+    mixed = estimate_cost(nodes=2, gpus_per_node=4, spot_ratio=D("0.7"), **common)
+    assert (mixed.spot_nodes, mixed.on_demand_nodes, mixed.hourly) == (1, 1, D("10.38"))
 
 
 def test_cpu_estimate_prices_vcpus(catalog):
@@ -120,12 +152,12 @@ def test_reserved_tier_uses_the_term_discount(catalog, months, hourly, total):
 
 
 def test_reserved_tier_with_spot_share_blends_spot_and_reserved(catalog):
-    # 8 × (0.5 × 0.8055 + 0.5 × 1.074) = 7.5180
+    # 1 spot + 1 reserved node of 4 GPUs: 4 × (0.8055 + 1.074) = 7.5180
     estimate = estimate_cost(
         gpu_type=catalog.gpu("a100-80gb"),
         region=catalog.region("us-west"),
-        nodes=1,
-        gpus_per_node=8,
+        nodes=2,
+        gpus_per_node=4,
         spot_ratio=D("0.5"),
         tier=Tier.RESERVED,
         reserved_months=12,
@@ -152,16 +184,16 @@ def test_tenant_discount_applies_to_that_tenant_only(catalog, world, other_world
     kwargs = {
         "gpu_type": catalog.gpu("a100-80gb"),
         "region": catalog.region("us-west"),
-        "nodes": 1,
+        "nodes": 10,
         "gpus_per_node": 8,
         "spot_ratio": D("0.7"),
     }
-    # 8.8068 × 0.9 = 7.92612
+    # 7 spot + 3 on-demand nodes: 88.068 × 0.9 = 79.2612
     discounted = estimate_cost(tenant=world.tenant, **kwargs)
-    assert discounted.hourly == D("7.93")
+    assert discounted.hourly == D("79.26")
     assert discounted.tenant_discount_percent == D(10)
-    assert estimate_cost(tenant=other_world.tenant, **kwargs).hourly == D("8.81")
-    assert estimate_cost(tenant=None, **kwargs).hourly == D("8.81")
+    assert estimate_cost(tenant=other_world.tenant, **kwargs).hourly == D("88.07")
+    assert estimate_cost(tenant=None, **kwargs).hourly == D("88.07")
 
 
 def test_an_estimate_never_checks_capacity_or_quota(catalog, world):
@@ -357,9 +389,89 @@ def test_money_is_rounded_to_the_cent_only_at_the_end(
     base = (
         on_demand if tier == Tier.ON_DEMAND else on_demand * (100 - RESERVED_DISCOUNT[months]) / 100
     )
-    units = gpus * nodes
-    unrounded_hourly = units * (ratio * spot + (1 - ratio) * base)
+    # Whole nodes: round(nodes × ratio), halves up, on spot (`node_split`).
+    spot_nodes = int((nodes * ratio).quantize(D(1), rounding=ROUND_HALF_UP))
+    unrounded_hourly = gpus * (spot_nodes * spot + (nodes - spot_nodes) * base)
     assert estimate.hourly == cents(unrounded_hourly)
     assert estimate.total == cents(unrounded_hourly * hours)
-    assert estimate.spot_share == cents(units * ratio * spot * hours)
+    assert estimate.spot_share == cents(gpus * spot_nodes * spot * hours)
     assert_well_formed(estimate)
+
+
+# --- the split rule, shared by the estimate and the launch ----
+
+
+@pytest.mark.parametrize(
+    ("nodes", "ratio", "tier", "split", "label"),
+    [
+        (1, "0.7", Tier.ON_DEMAND, (1, 0), "1 node: spot"),
+        (1, "0.4", Tier.ON_DEMAND, (0, 1), "1 node: on-demand"),
+        (8, "0.75", Tier.ON_DEMAND, (6, 2), "6 spot + 2 on-demand nodes"),
+        (8, "0", Tier.RESERVED, (0, 8), "8 nodes: on-demand"),
+        (3, "0", Tier.SPOT, (3, 0), "3 nodes: spot"),  # the spot tier is all spot
+    ],
+)
+def test_node_split_in_whole_nodes(nodes, ratio, tier, split, label):
+    result = node_split(nodes=nodes, spot_ratio=D(ratio), tier=tier)
+    assert (result.spot_nodes, result.on_demand_nodes) == split
+    assert result.label == label
+
+
+def test_a_ratio_whole_nodes_honour_has_no_note():
+    assert node_split(nodes=8, spot_ratio=D("0.75")).note == ""
+    note = node_split(nodes=8, spot_ratio=D("0.7")).note
+    assert note == (
+        "A spot ratio of 70 % can't be honoured with 8 nodes: whole nodes give "
+        "6 spot + 2 on-demand nodes (75 % spot)."
+    )
+
+
+@given(
+    nodes=st.integers(min_value=1, max_value=4096),
+    ratio=ratios,
+    tier=st.sampled_from(Tier.values),
+)
+def test_node_split_covers_the_nodes(nodes, ratio, tier):
+    split = node_split(nodes=nodes, spot_ratio=ratio, tier=tier)
+    assert split.spot_nodes + split.on_demand_nodes == nodes
+    assert 0 <= split.spot_nodes <= nodes
+    if tier == Tier.SPOT:
+        assert split.spot_nodes == nodes
+    else:
+        assert abs(split.spot_nodes - nodes * ratio) <= D("0.5")
+    assert split.honours_ratio == (split.spot_nodes == nodes * split.spot_ratio)
+
+
+@PROPERTY_SETTINGS
+@given(
+    slug=gpu_slugs,
+    region=regions,
+    gpus=st.integers(1, 16),
+    nodes=st.integers(1, 64),
+    ratio=ratios,
+    tier=st.sampled_from(Tier.values),
+    months=terms,
+)
+def test_estimate_is_the_sum_of_its_split_priced_per_tier(
+    lookup, slug, region, gpus, nodes, ratio, tier, months
+):
+    estimate = _estimate(
+        lookup,
+        slug,
+        region,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        spot_ratio=ratio,
+        tier=tier,
+        reserved_months=months,
+    )
+    split = node_split(nodes=nodes, spot_ratio=ratio, tier=tier)
+    assert (estimate.spot_nodes, estimate.on_demand_nodes) == (
+        split.spot_nodes,
+        split.on_demand_nodes,
+    )
+    per_tier = gpus * (
+        split.spot_nodes * estimate.unit_price_spot
+        + split.on_demand_nodes * estimate.unit_price_base
+    )
+    assert estimate.hourly == cents(per_tier)

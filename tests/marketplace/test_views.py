@@ -107,8 +107,60 @@ def test_estimate_partial_shows_the_seed_example(member):
     assert response.status_code == 200
     html = response.content.decode()
     assert "<html" not in html
-    assert 'data-testid="estimate-hourly">8.81 USD' in html
-    assert "211.36 USD" in html
+    # One node can't be 70 % spot: the form says so, and prices the node on spot as the
+    # launch places it (8 × 0.8055 = 6.444 an hour; × 24 = 154.656).
+    assert 'data-testid="estimate-split"><strong>1 node: spot</strong>' in html
+    assert "A spot ratio of 70 % can&#x27;t be honoured with 1 node" in html
+    assert 'data-testid="estimate-hourly">6.44 USD' in html
+    assert "154.66 USD" in html
+    assert "spot 0.8055 USD, other 1.7900 USD per GPU-hour" in html
+
+
+def test_estimate_partial_shows_a_mixed_split_with_thousands_grouped(member):
+    response = member.get(
+        ESTIMATE,
+        {
+            "gpu_type": "a100-80gb",
+            "gpus_per_node": 8,
+            "nodes": 10,
+            "region": "us-west",
+            "tier": "on_demand",
+            "spot_ratio": "0.7",
+            "hours": "24",
+        },
+        **HTMX,
+    )
+    html = response.content.decode()
+    assert "<strong>7 spot + 3 on-demand nodes</strong>" in html
+    assert "estimate-split-note" not in html
+    assert 'data-testid="estimate-hourly">88.07 USD' in html
+    assert "2,113.63 USD" in html
+
+
+def test_the_estimate_form_has_no_spot_tier_to_contradict_the_ratio(member):
+    html = member.get(ESTIMATE).content.decode()
+    assert '<label for="id_tier">Other nodes</label>' in html
+    assert '<option value="spot"' not in html
+    assert "Share of the nodes on spot, 0 to 1, in whole nodes." in html
+
+
+def test_estimate_errors_name_fields_by_their_label(member):
+    response = member.get(
+        ESTIMATE,
+        {
+            "gpu_type": "a100-80gb",
+            "gpus_per_node": 0,
+            "nodes": 0,
+            "region": "us-west",
+            "tier": "on_demand",
+            "spot_ratio": 0,
+            "hours": 1,
+        },
+        **HTMX,
+    )
+    html = response.content.decode()
+    assert "Nodes: Ensure this value is greater than or equal to 1." in html
+    assert "Gpus_per_node" not in html and "Nodes:" in html
 
 
 def test_estimate_page_without_js_shows_field_errors(member):

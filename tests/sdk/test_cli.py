@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -58,6 +59,18 @@ def test_launch_status_ls_cancel_json(cli):
     assert code == 0 and json.loads(out)["status"] == "cancelled"
 
 
+def test_a_human_launch_says_its_price_and_whether_it_is_simulated(cli):
+    code, out, _ = cli("launch", "--name", "plain", "--image", "python-3.11",
+                       "--region", "local", "--cpus", "1", "--", "true")  # fmt: skip
+    assert code == 0
+    job_id = re.search(r"^id\s+(\d+)$", out, re.M)[1]
+    code, answer, _ = cli("--json", "status", job_id)
+    job = json.loads(answer)
+    assert job["simulated"] is False and "Simulated:" not in out
+    nodes = "(0 spot + 1 on-demand node(s))"
+    assert f"Price: {job['price_per_hour']} per hour while running {nodes}" in out
+
+
 def test_exit_codes(cli, asgi_server):
     code, _, err = cli("status", "987654")
     assert code == 4 and "NotFound" in err
@@ -105,7 +118,12 @@ def test_offers_estimate_costs_invoices(cli):
     code, out, _ = cli("--json", "costs")
     assert code == 0 and isinstance(json.loads(out), dict)
     code, out, _ = cli("costs")
-    assert code == 0 and out.strip()
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("Month to date (since ")
+    assert lines[0].endswith(" 0.00 USD")
+    assert "per hour" in lines[1] and "Forecast for the month" in lines[2]
+    assert re.search(r"\d\.\d{3}", out) is None  # money with two decimals, never twelve
     code, out, _ = cli("--json", "invoices")
     assert code == 0 and json.loads(out) == []
     assert cli("invoices") == (0, "(none)\n", "")

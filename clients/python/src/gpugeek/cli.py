@@ -216,6 +216,18 @@ def _print_job(args, job) -> None:
         output.pairs(job.to_dict())
 
 
+def _launch_notes(job) -> None:
+    """What a launch costs and where it runs, in words, below its fields."""
+    nodes = f"{job.spot_nodes} spot + {job.on_demand_nodes} on-demand node(s)"
+    if job.price_per_hour is not None:
+        print(f"Price: {output.money(job.price_per_hour)} per hour while running ({nodes})")
+    if job.simulated:
+        print(
+            "Simulated: this job runs on the sandbox cluster's simulated nodes; "
+            "its command is not executed."
+        )
+
+
 def _wait(cluster: Cluster, timeout: float, quiet: bool) -> None:
     deadline = time.monotonic() + timeout
     last = None
@@ -294,6 +306,8 @@ def _dispatch(args, client: Client) -> int:
         if args.wait:
             _wait(cluster, args.timeout, quiet=args.json)
         _print_job(args, cluster.job)
+        if not args.json:
+            _launch_notes(cluster.job)
     elif cmd == "ls":
         rows = [job.to_dict() for job in client.jobs(status=args.status)]
         output.dump(rows) if args.json else output.table(rows, JOB_COLUMNS)
@@ -313,7 +327,7 @@ def _dispatch(args, client: Client) -> int:
                 print(line.text, flush=True)
     elif cmd == "costs":
         summary = client.cost_summary()
-        output.dump(summary) if args.json else output.pairs(_flat(summary))
+        output.dump(summary) if args.json else output.cost_summary(summary)
     elif cmd == "invoices":
         rows = [i.to_dict() for i in client.invoices()]
         output.dump(rows) if args.json else output.table(rows, INVOICE_COLUMNS)
@@ -339,20 +353,6 @@ def _who(me: Any) -> str:
         return ""
     user = me.get("user")
     return str(me.get("email") or (user.get("email") if isinstance(user, dict) else "") or "")
-
-
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(data, dict):
-        return {prefix or "value": data}
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            flat.update(_flat(value, name))
-        else:
-            flat[name] = json.dumps(value) if isinstance(value, list) and value and isinstance(
-                value[0], dict) else value  # fmt: skip
-    return flat
 
 
 def exit_code(error: BaseException) -> int:

@@ -63,6 +63,8 @@ class Job(Model):
     backend: str
     spot_nodes: int
     on_demand_nodes: int
+    simulated: bool  # on the sandbox cluster's simulated nodes: its command is not run
+    price_per_hour: str | None  # its run rate, to the cent as an estimate's hourly
     status: str
     status_reason: str
     queue_position: int | None
@@ -145,6 +147,10 @@ class NodePool(Model):
 @dataclass
 class Estimate(Model):
     hourly: str
+    spot_nodes: int
+    on_demand_nodes: int
+    split: str
+    split_note: str
     total: str
     currency: str
     spot_share: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
 
@@ -25,6 +26,55 @@ def pairs(data: dict[str, Any], out=None) -> None:
     width = max((len(k) for k in data), default=0)
     for key, value in data.items():
         print(f"{key.ljust(width)}  {_cell(value)}", file=out)
+
+
+def money(amount: Any, currency: str = "", places: int = 2) -> str:
+    """An amount as the console shows money: `places` decimals (half up), thousands
+    grouped, the currency after it ("1,342.54 USD"); "-" for none."""
+    if amount is None or amount == "":
+        return "-"
+    try:
+        rounded = Decimal(str(amount)).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
+    except (InvalidOperation, ValueError):
+        return str(amount)
+    if rounded.is_zero():
+        rounded = rounded.copy_abs()
+    text = f"{rounded:,.{places}f}"
+    return f"{text} {currency}" if currency else text
+
+
+def cost_summary(summary: dict[str, Any], out=None) -> None:
+    """`gpugeek costs`: the month so far, the run rate, the forecast and each budget,
+    as money with its currency."""
+    out = out or sys.stdout
+    currency = summary.get("currency") or ""
+    since = str(summary.get("period_start") or "")[:10]
+    pairs(
+        {
+            f"Month to date (since {since})": money(summary.get("month_to_date"), currency),
+            "Run rate": f"{money(summary.get('run_rate_per_hour'), currency)} per hour",
+            "Forecast for the month": money(summary.get("forecast"), currency),
+        },
+        out=out,
+    )
+    budgets = summary.get("budgets") or []
+    print(file=out)
+    if not budgets:
+        print("No budgets.", file=out)
+        return
+    rows = [
+        {
+            "budget": b.get("name"),
+            "project": b.get("project") or "(all)",
+            "amount": money(b.get("amount"), currency),
+            "spent": money(b.get("spend"), currency),
+            "used": f"{money(b.get('percent'), places=0)} %",
+            "forecast": money(b.get("forecast"), currency),
+            "status": b.get("status"),
+        }
+        for b in budgets
+    ]
+    table(rows, ["budget", "project", "amount", "spent", "used", "forecast", "status"], out=out)
 
 
 def dump(data: Any, out=None) -> None:
