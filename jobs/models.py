@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
@@ -221,17 +220,6 @@ class Job(TenantOwnedModel):
         if hasattr(self, "pool_simulated"):
             return bool(self.pool_simulated or self.spot_pool_simulated)
         return any(pool.simulated for pool in (self.pool, self.spot_pool) if pool is not None)
-
-    @property
-    def running_seconds(self) -> float:
-        """Its running time so far: earlier running spans and the current one."""
-        return running_seconds(self.run_seconds, self.running_since)
-
-
-def running_seconds(run_seconds: float, running_since: datetime | None) -> float:
-    """Running time of earlier spans plus the current span's (a list row's columns)."""
-    current = (timezone.now() - running_since).total_seconds() if running_since else 0.0
-    return (run_seconds or 0.0) + max(current, 0.0)
 
 
 class JobEvent(models.Model):

@@ -25,7 +25,8 @@ def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") ->
 # What a row of the jobs page shows (with the slugs of its GPU type and region).
 LIST_PAGE_COLUMNS = (
     "id", "name", "project", "status", "status_reason", "gpu_type_id", "gpus_per_node",
-    "cpus", "nodes", "created_at", "run_seconds", "running_since",
+    "cpus", "nodes", "created_at", "started_at", "status_changed_at", "run_seconds",
+    "running_since",
 )  # fmt: skip
 # Whether a job's pools are the sandbox's simulated ones, read with a list's rows
 # (`Job.simulated` reads these when present): no pool object per row.
@@ -42,12 +43,14 @@ def list_page_rows(jobs: QuerySet[Job], *, also: tuple[str, ...] = ()) -> QueryS
         gpu_type_slug=F("gpu_type__slug"),
         gpu_type_model=F("gpu_type__model"),
         region_slug=F("region__slug"),
+        region_name=F("region__name"),
         **SIMULATED_POOLS,
     ).values(
         *dict.fromkeys((*LIST_PAGE_COLUMNS, *also)),
         "gpu_type_slug",
         "gpu_type_model",
         "region_slug",
+        "region_name",
         *SIMULATED_POOLS,
     )
 

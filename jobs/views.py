@@ -7,6 +7,7 @@ from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -30,7 +31,8 @@ from jobs import selectors, services
 from jobs.actors import Actor
 from jobs.extensions import job_costs
 from jobs.forms import LaunchForm, TenantSecretForm
-from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret, running_seconds
+from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
+from jobs.state import job_run_seconds
 from marketplace.models import GpuType, Image
 from marketplace.selectors import (
     default_region,
@@ -151,6 +153,7 @@ def job_list_rows(jobs: list[dict], costs: dict, currency: str = "") -> list[dic
     choice labels and number formatting in the template were most of a 50-row page's
     time); the `job-row` partial of jobs/list.html writes it."""
     detail = reverse("jobs:detail", args=[0]).removesuffix("0/")
+    now = timezone.now()
     rows = []
     for job in jobs:
         hardware = hardware_text(
@@ -173,12 +176,10 @@ def job_list_rows(jobs: list[dict], costs: dict, currency: str = "") -> list[dic
                 "hardware": hardware,
                 "gpus": bool(job["gpus_per_node"]),
                 "running": job["status"] == JobStatus.RUNNING,
-                "region": job["region_slug"],
+                "region": job["region_name"],
                 "launched": naturaltime(job["created_at"]),
                 "duration": duration_text(
-                    running_seconds(job["run_seconds"], job["running_since"])
-                    if job["run_seconds"] or job["running_since"]
-                    else None
+                    job_run_seconds(selectors.job_from_row(job), now) if job["started_at"] else None
                 ),
                 "simulated": bool(job["pool_simulated"] or job["spot_pool_simulated"]),
                 "cost": format_money(costs[job_id], currency),
@@ -233,6 +234,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "events": events,
         "cost": job_costs().costs_to_date([job])[job.pk],
         "run_rate": job_costs().run_rate(job),
+        "run_time": job_run_seconds(job, timezone.now()) if job.started_at else None,
         "currency": price_currency(),
         "queue_position": selectors.queue_position(job),
         "isolation_note": selectors.job_isolation_note(job),

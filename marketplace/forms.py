@@ -51,7 +51,13 @@ class EstimateForm(forms.Form):
     cpus = forms.IntegerField(
         label="vCPUs per node", min_value=1, max_value=512, initial=8, required=False
     )
-    nodes = forms.IntegerField(min_value=1, max_value=512, initial=1)
+    # As many nodes as a launch may ask for (jobs.forms.LaunchForm).
+    nodes = forms.IntegerField(
+        min_value=1,
+        max_value=1024,
+        initial=1,
+        error_messages={"min_value": "Must be at least 1 node."},
+    )
     region = forms.ModelChoiceField(
         queryset=Region.objects.filter(is_active=True), to_field_name="slug", empty_label=None
     )
@@ -108,11 +114,13 @@ class ImageForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
         initial=["nvidia"],
     )
-    cuda_version = forms.CharField(max_length=20, required=False)
-    rocm_version = forms.CharField(max_length=20, required=False)
+    cuda_version = forms.CharField(label="CUDA version", max_length=20, required=False)
+    rocm_version = forms.CharField(label="ROCm version", max_length=20, required=False)
     framework = forms.CharField(max_length=40, required=False)
     framework_version = forms.CharField(max_length=40, required=False)
-    size_gib = forms.DecimalField(min_value=0, max_digits=6, decimal_places=1, initial=0)
+    size_gib = forms.DecimalField(
+        label="Size (GiB)", min_value=0, max_digits=6, decimal_places=1, initial=0
+    )
     description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
     default_command = forms.JSONField(
         required=False, initial=list, help_text='A JSON list, e.g. ["python", "train.py"]'
@@ -163,8 +171,10 @@ class TenantQuotaForm(forms.Form):
         required=False,
         empty_label="All GPU types (tenant-wide)",
     )
-    max_gpus = forms.IntegerField(min_value=0, required=False)
-    max_concurrent_jobs = forms.IntegerField(min_value=0, required=False)
+    max_gpus = forms.IntegerField(label="Max GPUs", min_value=0, required=False)
+    max_concurrent_jobs = forms.IntegerField(
+        label="Max concurrent jobs", min_value=0, required=False
+    )
 
 
 class GpuTypeForm(forms.ModelForm):

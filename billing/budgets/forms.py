@@ -11,11 +11,13 @@ from billing.models import BudgetAction
 
 class BudgetForm(forms.Form):
     name = forms.CharField(max_length=100)
+    # No min_value: its message (and the browser's) would read "≥ 0.000001" (the
+    # column's quantum) where people mean "more than nothing" (clean_amount).
     amount = forms.DecimalField(
-        min_value=Decimal("0.000001"),
         max_digits=18,
         decimal_places=6,
         help_text="Per calendar month",
+        widget=forms.NumberInput(attrs={"min": "0", "step": "any"}),
     )
     thresholds = forms.CharField(
         initial="50, 80, 100", help_text="Percents that alert, comma-separated (1–200)"
@@ -30,6 +32,12 @@ class BudgetForm(forms.Form):
         label="Webhook URL (optional)",
         help_text="Signed with X-GpuGeek-Signature (HMAC-SHA256)",
     )
+
+    def clean_amount(self) -> Decimal:
+        amount = self.cleaned_data["amount"]
+        if amount <= 0:
+            raise forms.ValidationError("Must be more than 0.")
+        return amount
 
     def clean_thresholds(self):
         try:

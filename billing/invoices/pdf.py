@@ -14,6 +14,7 @@ from fpdf import FPDF
 from fpdf.fonts import FontFace
 
 from billing.models import Invoice
+from console.templatetags.money import UNIT_PRICE_PLACES, format_money
 
 FONT = "Helvetica"
 LOOK_ALIKES = str.maketrans(
@@ -35,23 +36,27 @@ def _percent(rate: Decimal) -> str:
 
 
 def _totals(invoice: Invoice) -> list[tuple[str, str]]:
-    """The rows under the lines, as the printable view's table foot has them."""
-    money = invoice.currency
-    rows = [("Subtotal", _text(invoice.subtotal))]
+    """The rows under the lines, as the printable view's table foot has them, in the
+    console's one money format."""
+
+    def money(amount: Decimal) -> str:
+        return _text(format_money(amount, invoice.currency))
+
+    rows = [("Subtotal", money(invoice.subtotal))]
     if invoice.discount:
         rows.append(
-            ("Negotiated discount (included in the prices above)", f"-{invoice.discount:f}")
+            ("Negotiated discount (included in the prices above)", f"-{money(invoice.discount)}")
         )
     rows += [
-        (f"{invoice.tax_label} ({_percent(invoice.tax_rate_percent)} %)", _text(invoice.tax)),
-        ("Rounding", _text(invoice.rounding)),
-        ("Total", f"{invoice.total:f} {money}"),
+        (f"{invoice.tax_label} ({_percent(invoice.tax_rate_percent)} %)", money(invoice.tax)),
+        ("Rounding", money(invoice.rounding)),
+        ("Total", money(invoice.total)),
     ]
     if invoice.credits_applied:
-        rows.append(("Credits applied", f"-{invoice.credits_applied:f}"))
+        rows.append(("Credits applied", f"-{money(invoice.credits_applied)}"))
     if invoice.amount_credited:
-        rows.append(("Credit notes", f"-{invoice.amount_credited:f}"))
-    rows.append(("Amount due", f"{invoice.amount_due:f} {money}"))
+        rows.append(("Credit notes", f"-{money(invoice.amount_credited)}"))
+    rows.append(("Amount due", money(invoice.amount_due)))
     return rows
 
 
@@ -83,9 +88,14 @@ def invoice_pdf(*, invoice: Invoice) -> bytes:
         lines = list(invoice.lines.all())
         for line in lines:
             description = line.description + (f"\n{line.reason}" if line.reason else "")
+            unit_price = (
+                ""
+                if line.unit_price is None
+                else format_money(line.unit_price, invoice.currency, UNIT_PRICE_PLACES)
+            )
             table.row(
                 [_text(description), _text(line.quantity), _text(line.unit),
-                 _text(line.unit_price), _text(line.amount)]
+                 unit_price, format_money(line.amount, invoice.currency)]
             )  # fmt: skip
         if not lines:
             table.row(["No usage in this period.", "", "", "", ""])
@@ -110,6 +120,6 @@ def invoice_pdf(*, invoice: Invoice) -> bytes:
             for note in notes:
                 table.row(
                     [_text(note.number), _text(note.reason), f"{note.created_at:%Y-%m-%d}",
-                     _text(note.total)]
+                     format_money(note.total, invoice.currency)]
                 )  # fmt: skip
     return bytes(pdf.output())

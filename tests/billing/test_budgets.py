@@ -404,6 +404,10 @@ def test_the_budgets_page_creates_and_refuses(world, catalog):
     assert "1 to 200" in response.content.decode()
     response = owner.post("/billing/budgets/", {**form, "amount": "0"})
     assert response.status_code == 200 and not Budget.objects.exists()
+    response = owner.post("/billing/budgets/", {**form, "amount": "-5"})
+    html = response.content.decode()
+    assert "Must be more than 0." in html and "0.000001" not in html
+    assert not Budget.objects.exists()
     response = owner.post("/billing/budgets/", form)
     assert response.status_code == 302
     budget = Budget.objects.get()

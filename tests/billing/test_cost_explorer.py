@@ -32,7 +32,7 @@ from billing.selectors import CostQuery, period_start
 from console.service_errors import ServiceError
 from jobs.models import JobStatus
 from jobs.services import JobSpec, job_submit
-from marketplace.models import GpuType, PriceVersion
+from marketplace.models import GpuType, PriceVersion, Tier
 from tests.billing.conftest import make_job, set_status
 from tests.conftest import signed_in_client
 from tests.jobs_helpers import at_time
@@ -415,20 +415,28 @@ def test_the_page_renders_for_each_group_by(usage, world, django_assert_max_num_
         check_the_page(response, usage, world, group_by)
 
 
+def group_names(group_by: str) -> dict[str, str]:
+    if group_by == "gpu_type":
+        return dict(GpuType.objects.values_list("slug", "model"))
+    return dict(Tier.choices) if group_by == "tier" else {}
+
+
 def check_the_page(response, usage, world, group_by: str) -> None:
     assert response.status_code == 200
     html = response.content.decode()
     assert "<html" in html and 'id="explorer"' in html
     query = CostQuery(usage["query"].start, usage["query"].end, group_by)
     rows = selectors.usage_rows(tenant=world.tenant, query=query)
-    assert [r[0] for r in table_rows(html)] == [r["key"] for r in rows]
+    # Groups by their display names: "A100 80GB SXM" for a100-80gb, "On-demand".
+    names = group_names(group_by)
+    assert [r[0] for r in table_rows(html)] == [names.get(r["key"], r["key"]) for r in rows]
     # The daily chart has one stacked trace per group, with the selector's numbers.
     days, series = selectors.daily_by_group(tenant=world.tenant, query=query)
     daily = figure(html, "fig-daily")
-    assert [t["name"] for t in daily["data"]] == list(series)
-    for trace in daily["data"]:
+    assert [t["name"] for t in daily["data"]] == [names.get(key, key) for key in series]
+    for trace, key in zip(daily["data"], series, strict=True):
         assert trace["x"] == days
-        assert trace["y"] == [float(v) for v in series[trace["name"]]]
+        assert trace["y"] == [float(v) for v in series[key]]
     for other in ("fig-mtd", "fig-tiers", "fig-value", "fig-top"):
         assert figure(html, other)["data"]
 
@@ -445,12 +453,15 @@ def test_the_csv_export_equals_the_table(usage, world):
         header, *lines = list(csv.reader(io.StringIO(response.content.decode())))
         assert header == [group_by, "gpu_hours", "vcpu_hours", "amount", "currency"]
         table = table_rows(html)
-        assert [line[0] for line in lines] == [row[0] for row in table]
+        names = group_names(group_by)  # the file keeps the keys, the page shows names
+        assert [names.get(line[0], line[0]) for line in lines] == [row[0] for row in table]
         for line, row in zip(lines, table, strict=True):
             table_amount, currency = row[3].split()
             assert line[4] == currency == "USD"
-            # The same figures, at the table's and the file's precisions.
-            assert abs(Decimal(line[3]) - Decimal(table_amount)) <= Decimal("0.0000505")
+            # The same figures, at the table's (money: cents) and the file's precisions.
+            table_amount = table_amount.replace(",", "")
+            assert abs(Decimal(line[3]) - Decimal(table_amount)) <= Decimal("0.0050005")
+            assert len(table_amount.split(".")[1]) == 2
             assert abs(Decimal(line[1]) - Decimal(row[1])) <= Decimal("0.0005005")
             assert abs(Decimal(line[2]) - Decimal(row[2])) <= Decimal("0.0005005")
         rows = selectors.usage_rows(

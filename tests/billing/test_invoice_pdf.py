@@ -65,10 +65,10 @@ def test_the_pdf_shows_number_lines_totals_and_credit_notes(world, invoice):
     assert world.tenant.name in text and "Period 2026-11-01 - 2026-12-01" in text
     # Outside Latin-1: punctuation becomes its look-alike, other characters "?".
     assert "GPU - H100 \xd7 2 in ??" in text and 'goodwill "thanks"' in text
-    assert f"{invoice.total} {invoice.currency}" in text
-    assert f"{invoice.amount_due} {invoice.currency}" in text and invoice.amount_due == Decimal(
-        "140.50"
-    )
+    # Money as every page shows it: two decimals, thousands grouped, the currency.
+    assert f"{invoice.total:,.2f} {invoice.currency}" in text
+    assert invoice.amount_due == Decimal("140.50") and "140.50 USD" in text
+    assert "Credit notes" in text and "10.00 USD" in text
     (note,) = invoice.credit_notes.all()
     assert note.number in text and "outage" in text
 

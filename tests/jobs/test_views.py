@@ -7,10 +7,14 @@ reach, so statuses are moved through the state machine by hand where a page need
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.text import Truncator
 
 from console.models import AuditEvent
@@ -496,3 +500,56 @@ def test_template_delete_asks_first_then_deletes_with_an_audit_record(member, wo
     event = AuditEvent.objects.get(action="launch_template.deleted")
     assert (event.tenant, event.actor) == (world.tenant, world.member)
     assert (event.target_id, event.metadata) == (str(template.pk), {"name": "nightly"})
+
+
+# --- money, run time, simulated, human hardware names ----
+
+
+def test_the_jobs_list_shows_run_time_money_gpu_names_and_simulated(
+    member, world, catalog, settings
+):
+    settings.COMPUTE_BACKENDS = ["local", "kubernetes"]
+    NodePool.objects.filter(backend="kubernetes").update(simulated=True)
+    on_sandbox = make_job(world, "on-sandbox", image="cuda-12-4-runtime", region="us-west",
+                          gpu_type="a100-80gb", gpus_per_node=8)  # fmt: skip
+    started = timezone.now() - timedelta(hours=3, minutes=5)
+    on_host = make_job(world, "on-host", region="local")
+    advance_to(on_host, JobStatus.RUNNING, at=started)
+    advance_to(on_host, JobStatus.SUCCEEDED, at=started + timedelta(hours=2, minutes=30))
+
+    html = member.get(LIST).content.decode()
+    rows = {
+        name: row
+        for name, row in re.findall(
+            r'<tr data-job="\d+"><td><a href="[^"]+">([^<]+)</a>(.*?)</tr>', html, re.S
+        )
+    }
+    assert "badge-simulated" in rows["on-sandbox"] and ">Simulated<" in rows["on-sandbox"]
+    assert "badge-simulated" not in rows["on-host"]
+    assert "8 × A100 80GB SXM" in rows["on-sandbox"] and "a100-80gb" not in rows["on-sandbox"]
+    assert '<th scope="col" class="num">Run time</th>' in html
+    assert 'data-testid="job-duration">2 h 30 min<' in rows["on-host"]
+    assert 'data-testid="job-duration">—<' in rows["on-sandbox"]  # never ran
+    # Money: two decimals and the currency.
+    assert re.search(r'<td class="num">\d[\d,]*\.\d\d USD</td>$', rows["on-host"])
+    assert "<td>This host</td>" in rows["on-host"]  # the region's name, not its slug
+    assert on_sandbox.simulated is True
+
+
+def test_a_finished_jobs_page_shows_its_cost_and_run_time_not_a_running_rate(
+    member, world, catalog
+):
+    job = make_job(world, "done", region="local")
+    started = timezone.now() - timedelta(minutes=50)
+    advance_to(job, JobStatus.RUNNING, at=started)
+    running = member.get(detail_url(job)).content.decode()
+    assert "per hour while running" in running
+    assert re.search(r'data-testid="job-rate">\d+\.\d\d USD per hour while running', running)
+    assert re.search(r'data-testid="job-cost">\d+\.\d\d USD<', running)
+
+    advance_to(job, JobStatus.CANCELLED, at=started + timedelta(minutes=12))
+    html = member.get(detail_url(job)).content.decode()
+    assert "per hour while running" not in html
+    assert 'data-testid="job-run-time">Run time 12 min<' in html
+    assert re.search(r'<span class="stat-label">Cost</span><span [^>]*data-testid="job-cost">'
+                     r"\d+\.\d\d USD<", html)  # fmt: skip

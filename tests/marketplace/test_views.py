@@ -159,7 +159,7 @@ def test_estimate_errors_name_fields_by_their_label(member):
         **HTMX,
     )
     html = response.content.decode()
-    assert "Nodes: Ensure this value is greater than or equal to 1." in html
+    assert "Nodes: Must be at least 1 node." in html
     assert "Gpus_per_node" not in html and "Nodes:" in html
 
 

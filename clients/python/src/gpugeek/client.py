@@ -14,7 +14,7 @@ from gpugeek.cluster import Cluster
 from gpugeek.errors import Conflict, NotFound
 from gpugeek.http import Transport, env_url
 from gpugeek.models import Budget, Estimate, GpuType, Invoice, Job, NodePool, Offer
-from gpugeek.spec import resolve_gpu_type, split_count
+from gpugeek.spec import errors_named_count, resolve_gpu_type, split_count
 
 _default: Client | None = None
 
@@ -77,7 +77,8 @@ class Client:
                 self, body["gpu_type"], int(count), body.get("region")
             )
         body.setdefault("nodes", 1)
-        return Estimate.from_dict(self.http.post("estimates", body))
+        with errors_named_count(count is not None):
+            return Estimate.from_dict(self.http.post("estimates", body))
 
     # --- jobs ----
 

@@ -13,7 +13,7 @@ from gpugeek import client as client_module
 from gpugeek.errors import Conflict, ConnectionFailed, NotFound, ServerError, Timeout
 from gpugeek.http import new_idempotency_key
 from gpugeek.models import FINISHED_STATUSES, Job, LogLine, decimal
-from gpugeek.spec import job_payload
+from gpugeek.spec import errors_named_count, job_payload
 
 if TYPE_CHECKING:
     from gpugeek.client import Client
@@ -52,7 +52,9 @@ class Cluster:
         client = client or client_module.default_client()
         body = job_payload(client, spec)
         key = idempotency_key or new_idempotency_key()
-        return cls(client, Job.from_dict(client.http.post("jobs", body, create=True, key=key)))
+        with errors_named_count("count" in spec):
+            answer = client.http.post("jobs", body, create=True, key=key)
+        return cls(client, Job.from_dict(answer))
 
     def refresh(self) -> Cluster:
         self.job = self.client.job(self.job.id)

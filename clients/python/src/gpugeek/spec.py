@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from gpugeek.errors import ValidationError
+from gpugeek.errors import GpuGeekError, ValidationError
 
 if TYPE_CHECKING:
     from gpugeek.client import Client
@@ -73,8 +75,31 @@ def split_count(client: Client, gpu_type: str, count: int, region: str | None) -
         return 1, count
     raise ValidationError(
         f"{count} GPUs don't split evenly over nodes of {', '.join(map(str, sizes))} GPUs.",
-        errors={"count": [f"A multiple of {sizes[0]} above {sizes[0]}."]},
+        errors={
+            "count": [
+                f"{count} GPUs don't fill whole nodes of {sizes[0]} GPUs: ask for "
+                f"{sizes[0]} or fewer, or a multiple of {sizes[0]}."
+            ]
+        },
     )
+
+
+# The API's fields a `count` is split into: the server's errors on them are `count`'s.
+COUNT_SPLIT_FIELDS = ("nodes", "gpus_per_node")
+
+
+@contextmanager
+def errors_named_count(used_count: bool) -> Iterator[None]:
+    """A request that gave `count` hears of its errors under that name, not under the
+    `nodes` and `gpus_per_node` it was split into (which it never wrote)."""
+    try:
+        yield
+    except GpuGeekError as error:
+        if used_count and error.errors:
+            moved = [m for name in COUNT_SPLIT_FIELDS for m in error.errors.pop(name, [])]
+            if moved:
+                error.errors["count"] = [*error.errors.get("count", []), *moved]
+        raise
 
 
 def job_payload(client: Client, spec: dict[str, Any]) -> dict[str, Any]:
