@@ -12,6 +12,10 @@ GROUP_BY_LABELS = {
     "day": "Day",
     "project": "Project",
 }
+# The same in running text ("Daily cost by GPU type", "By project").
+GROUP_BY_NOUNS = {
+    key: label if key == "gpu_type" else label.lower() for key, label in GROUP_BY_LABELS.items()
+}
 RANGE_CHOICES = [
     ("this_month", "This month"),
     ("last_month", "Last month"),

@@ -22,6 +22,7 @@ from console.staff_extensions import (
     staff_columns_register,
     staff_panel_register,
 )
+from console.templatetags.money import format_money
 from console.templatetags.numbers import decimals
 
 COLUMNS = (
@@ -32,10 +33,10 @@ COLUMNS = (
 
 
 def money_text(amounts: Mapping[str, Decimal]) -> str:
-    """Amounts per currency as "12.34 USD" (to the cent, display only); "—" for none."""
+    """Amounts per currency in the one money format ("1,234.50 USD"); "—" for none."""
     if not amounts:
         return "—"
-    return ", ".join(f"{decimals(amount, 2)} {currency}" for currency, amount in amounts.items())
+    return ", ".join(format_money(amount, currency) for currency, amount in amounts.items())
 
 
 def _cells(money: TenantMoney) -> list[str]:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from billing import charts, selectors
 from billing.budgets.selectors import budget_statuses
-from billing.forms import GROUP_BY_LABELS, CostFilterForm
+from billing.forms import GROUP_BY_LABELS, GROUP_BY_NOUNS, CostFilterForm
 from console.csv import csv_writer
 from console.forms import add_service_error
 from console.permissions import Capability, capability_required
@@ -77,6 +77,7 @@ def costs(request: HttpRequest) -> HttpResponse:
         context.update(
             {
                 "group_label": GROUP_BY_LABELS[query.group_by],
+                "group_noun": GROUP_BY_NOUNS[query.group_by],
                 "rows": rows,
                 "currency": currency,
                 "total": sum((r["amount"] for r in rows), 0),

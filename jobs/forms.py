@@ -48,7 +48,8 @@ class LaunchForm(forms.Form):
         initial="0",
         max_digits=4,
         decimal_places=3,
-        help_text="Share of nodes on spot capacity (cheaper, can be reclaimed)",
+        help_text="Share of nodes on spot capacity (cheaper, can be reclaimed), in whole "
+        "nodes: the estimate shows the split.",
     )
     image = forms.ModelChoiceField(queryset=Image.objects.none(), to_field_name="slug")
     command = forms.CharField(

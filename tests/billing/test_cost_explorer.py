@@ -482,8 +482,16 @@ def test_htmx_gets_only_the_explorer_partial(usage, world):
     html = response.content.decode()
     assert html.lstrip().startswith('<div id="explorer">')
     assert "<html" not in html and "<form" not in html
-    assert [r[0] for r in table_rows(html)] == ["on_demand", "spot"]
+    assert [r[0] for r in table_rows(html)] == ["On-demand", "Spot"]  # tiers by their labels
     assert figure(html, "fig-daily")["data"]
+    assert "<h2>Daily cost by tier</h2>" in html
+    gpu = client.get(
+        "/billing/costs/", page_params(usage, group_by="gpu_type"), HTTP_HX_REQUEST="true"
+    )
+    html = gpu.content.decode()
+    assert "<h2>Daily cost by GPU type</h2>" in html and "gputype" not in html
+    assert '<th scope="col">GPU type</th>' in html
+    assert re.search(r'data-testid="cost-total">\d[\d,]*\.\d\d USD<', html)
 
 
 @pytest.mark.parametrize(
