@@ -246,10 +246,12 @@ def gpu_type_names() -> dict[str, str]:
 
 
 def price_currency() -> str:
-    """The currency prices and job costs are in: the price book's in force ("" before
-    the first one)."""
+    """The currency prices and job costs are in: the price book's in force (before the
+    first one, the currency a price book starts in)."""
     book = price_book()
-    return book.version.currency if book is not None else ""
+    if book is None:
+        return str(PriceVersion._meta.get_field("currency").get_default())
+    return book.version.currency
 
 
 def images_for_tenant(

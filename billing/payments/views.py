@@ -15,6 +15,7 @@ from billing.payments import credits, selectors, webhook
 from billing.payments.client import stripe_configured
 from console.permissions import Capability, capability_required
 from console.service_errors import ServiceError
+from marketplace.selectors import price_currency
 
 
 @csrf_exempt  # Stripe signs the body instead; no session or cookie is involved
@@ -49,6 +50,8 @@ def credit(request: HttpRequest) -> HttpResponse:
         "billing/credit.html",
         {
             "balance": selectors.credit_balance(tenant=tenant),
+            # Credit is held in the price book's currency (it pays invoices in it).
+            "currency": price_currency(),
             "movements": list(selectors.credit_movements(tenant=tenant)[: selectors.HISTORY]),
             "packs": list(selectors.credit_packs_offered()),
             "pending": list(selectors.credit_purchases_pending(tenant=tenant)[:10]),
