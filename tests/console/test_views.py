@@ -28,7 +28,7 @@ from console.permissions import Role
 from console.services.invitations import invitation_accept, invitation_create, invitation_revoke
 from console.services.tokens import api_token_authenticate, api_token_create
 from tests.conftest import signed_in_client
-from tests.factories import MembershipFactory, UserFactory
+from tests.factories import JobFactory, MembershipFactory, NodePoolFactory, UserFactory
 
 LOGIN = reverse("login")
 STRONG_PASSWORD = "a-long-unusual-passphrase-17"
@@ -753,3 +753,13 @@ def test_404_outside_api_is_html(owner_client):
 
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
+
+
+def test_dashboard_names_gpu_types_by_their_display_name(owner_client, world, catalog):
+    JobFactory(
+        tenant=world.tenant,
+        pool=NodePoolFactory(gpu_type=catalog.gpu("a100-80gb"), node_count=2),
+        nodes=2,
+    )
+    body = page(owner_client.get("/"))
+    assert "2 nodes × 8 × A100 80GB SXM" in body and "a100-80gb" not in body

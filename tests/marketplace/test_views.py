@@ -376,3 +376,10 @@ def test_billing_registers_its_price_gaps_panel(catalog, staff_user, world, monk
     monkeypatch.setattr(panels, "price_gaps", lambda: [gap])
     html = staff.get(prices).content.decode()
     assert html.count('data-testid="price-gaps"') == 1 and "no price for CPU" in html
+
+
+def test_the_private_image_form_labels_its_fields_for_people(catalog, world):
+    html = signed_in_client(world.admin, world.tenant).get(IMAGES).content.decode()
+    for label in ("CUDA version", "ROCm version", "Size (GiB)"):
+        assert f">{label}</label>" in html
+    assert "Cuda version" not in html and "Size gib" not in html
