@@ -110,9 +110,17 @@ class ImageForm(forms.Form):
 
 
 class PriceVersionForm(forms.Form):
+    effective = forms.ChoiceField(
+        choices=[("now", "Now"), ("at", "At a later time")],
+        initial="now",
+        widget=forms.RadioSelect,
+        label="Takes effect",
+    )
     effective_from = forms.DateTimeField(
+        required=False,
+        label="Effective from (UTC)",
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
-        help_text="UTC. Usage before this time keeps the old prices.",
+        help_text="Only for “At a later time”. Usage before this time keeps the old prices.",
     )
     currency = forms.CharField(max_length=3, initial="USD")
     spot_discount_percent = forms.DecimalField(
@@ -129,11 +137,22 @@ class PriceVersionForm(forms.Form):
     )
     note = forms.CharField(max_length=200, required=False)
 
-    def clean_effective_from(self):
-        value = self.cleaned_data["effective_from"]
-        if value < timezone.now() - timezone.timedelta(minutes=1):
-            raise forms.ValidationError("Pick now or a later time; past prices can't change.")
-        return max(value, timezone.now())
+    def clean(self):
+        data = super().clean()
+        now = timezone.now()
+        if data.get("effective") == "now":
+            data["effective_from"] = now
+        elif data.get("effective") == "at":
+            value = data.get("effective_from")
+            if value is None:
+                self.add_error("effective_from", "Give the time it takes effect, or choose Now.")
+            elif value < now - timezone.timedelta(minutes=1):
+                self.add_error(
+                    "effective_from", "Pick now or a later time; past prices can't change."
+                )
+            else:
+                data["effective_from"] = max(value, now)
+        return data
 
 
 class TenantPricingForm(forms.Form):

@@ -30,6 +30,7 @@ from marketplace.services.images import (
 )
 from marketplace.services.price_book import (
     PreviewRow,
+    PriceBookPreview,
     PriceRow,
     price_version_preview,
     price_version_publish,
@@ -43,6 +44,7 @@ __all__ = [
     "IMAGE_FIELDS",
     "NODE_POOL_EDITABLE_FIELDS",
     "PreviewRow",
+    "PriceBookPreview",
     "PriceRow",
     "allowed_registry_add",
     "allowed_registry_remove",
