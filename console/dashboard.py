@@ -19,8 +19,14 @@ def dashboard_section_register(section: DashboardSection) -> None:
 
 
 def dashboard_sections_context(request: HttpRequest) -> dict[str, Any]:
-    """The template context every registered section adds for this request."""
+    """The template context every registered section adds for this request; their
+    `dashboard_panels` (template names) add up."""
     context: dict[str, Any] = {}
+    panels: list[str] = []
     for section in _sections:
-        context.update(section(request))
+        added = section(request)
+        panels += added.pop("dashboard_panels", [])
+        context.update(added)
+    if panels:
+        context["dashboard_panels"] = panels
     return context

@@ -155,6 +155,21 @@ class PriceVersionForm(forms.Form):
         return data
 
 
+class NewTenantPolicyForm(forms.Form):
+    default_max_gpus = forms.IntegerField(
+        min_value=0, required=False, label="GPUs at once", help_text="Empty: no limit."
+    )
+    default_max_concurrent_jobs = forms.IntegerField(
+        min_value=0, required=False, label="Jobs at a time", help_text="Empty: no limit."
+    )
+    require_credit = forms.BooleanField(
+        required=False,
+        label="Require credit before the first launch",
+        help_text="Only where Stripe is configured: an organisation launches once it has "
+        "credit or has paid an invoice.",
+    )
+
+
 class TenantPricingForm(forms.Form):
     discount_percent = forms.DecimalField(
         min_value=0, max_value=Decimal("99.99"), max_digits=5, decimal_places=2

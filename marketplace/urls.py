@@ -22,6 +22,11 @@ urlpatterns = [
     ),
     path("staff/catalog/", staff.staff_catalog, name="staff_catalog"),
     path(
+        "staff/new-organisations/",
+        staff.staff_new_tenant_policy,
+        name="staff_new_tenant_policy",
+    ),
+    path(
         "staff/gpu-types/<slug:gpu_type_slug>/",
         staff.staff_gpu_type_edit,
         name="staff_gpu_type_edit",

@@ -13,6 +13,8 @@ from marketplace.services.catalog import (
     GPU_TYPE_EDITABLE_FIELDS,
     NODE_POOL_EDITABLE_FIELDS,
     gpu_type_update,
+    new_tenant_limits_apply,
+    new_tenant_policy_set,
     node_pool_update,
     tenant_quota_set,
 )
@@ -53,6 +55,8 @@ __all__ = [
     "image_create",
     "image_deactivate",
     "image_validate_reference",
+    "new_tenant_limits_apply",
+    "new_tenant_policy_set",
     "node_pool_update",
     "price_version_preview",
     "price_version_publish",
