@@ -27,9 +27,13 @@ def confirm_then_act(
     success_url: str,
     success_message: str,
     cancel_url: str,
+    details: list[str] | None = None,
+    danger: bool = True,
 ) -> HttpResponse:
     """The view keeps its decorators (permission, `require_http_methods(["GET", "POST"])`)
-    and the object lookup; this does the asking and the acting."""
+    and the object lookup; this does the asking and the acting. `details` lists what the
+    action hits; `danger=False` for an action that undoes a restriction (a primary
+    button, not a red one)."""
     if request.method != "POST":
         return render(
             request,
@@ -39,6 +43,8 @@ def confirm_then_act(
                 "message": message,
                 "confirm_label": confirm_label,
                 "cancel_url": cancel_url,
+                "details": details or [],
+                "danger": danger,
             },
         )
     try:

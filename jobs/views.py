@@ -6,6 +6,7 @@ from django.contrib import messages
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -20,13 +21,14 @@ from console.permissions import (
     job_action_check,
     may_act_on_job,
     may_change_template,
+    staff_required,
     template_change_check,
 )
 from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
-from jobs import selectors, services
+from jobs import fleet, selectors, services
 from jobs.actors import Actor
-from jobs.extensions import job_costs
+from jobs.extensions import fleet_panels, job_costs
 from jobs.forms import LaunchForm, TenantSecretForm
 from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from marketplace.models import GpuType, Image
@@ -363,4 +365,28 @@ def job_delete(request: HttpRequest, job_id: int) -> HttpResponse:
         success_message=f"“{job.name}” deleted.",
         # A refused delete (the job isn't finished) goes back to the job, with the reason.
         cancel_url=reverse("jobs:detail", args=[job.pk]),
+    )
+
+
+@staff_required
+def staff_fleet(request: HttpRequest) -> HttpResponse:
+    """Staff's landing page: pools used and free as admission counts them, who holds
+    compute, the queue by what it waits for, and the panels other rooms add."""
+    pools = fleet.fleet_pools()
+    queue = fleet.fleet_queue()
+    return render(
+        request,
+        "jobs/staff_fleet.html",
+        {
+            "pools": pools,
+            "gpus_held": sum(p.held for p in pools if p.unit == "GPUs"),
+            "gpus_total": sum(p.capacity for p in pools if p.unit == "GPUs"),
+            "tenants": fleet.fleet_tenants()[:50],
+            "queue": queue,
+            "queued_total": sum(n for _, n in queue),
+            "panels": [
+                render_to_string(panel.template_name, panel.context, request=request)
+                for panel in fleet_panels()
+            ],
+        },
     )
