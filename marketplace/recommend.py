@@ -218,6 +218,13 @@ class MemoryBreakdown:
 
 
 BREAKDOWN_PARTS = ("weights", "gradients", "optimizer", "activations", "kv_cache")
+BREAKDOWN_LABELS = {
+    "weights": "Weights",
+    "gradients": "Gradients",
+    "optimizer": "Optimizer state",
+    "activations": "Activations",
+    "kv_cache": "KV cache",
+}
 
 
 def gib(size: float) -> float:
@@ -316,6 +323,24 @@ class Recommendation:
     @property
     def memory_with_margin(self) -> float:
         return self.breakdown.total * (1 + self.memory_margin)
+
+    # For people (the console's panel): GiB to one decimal, the parts that hold memory.
+    @property
+    def memory_needed_gib(self) -> float:
+        return gib(self.memory_needed)
+
+    @property
+    def memory_with_margin_gib(self) -> float:
+        return gib(self.memory_with_margin)
+
+    @property
+    def margin_percent(self) -> int:
+        return round(self.memory_margin * 100)
+
+    @property
+    def parts(self) -> list[tuple[str, float]]:
+        sizes = self.breakdown.gib()
+        return [(BREAKDOWN_LABELS[name], sizes[name]) for name in BREAKDOWN_PARTS if sizes[name]]
 
 
 def configuration(

@@ -22,7 +22,7 @@ from marketplace.models import (
     RegistryCredential,
     Tier,
 )
-from marketplace.recommend import DEFAULT_LORA_RANK, Precision, Workload, gib
+from marketplace.recommend import DEFAULT_LORA_RANK, Precision, Workload
 from marketplace.selectors import SORTS
 from marketplace.services.catalog import LABEL_VALUE, NODE_POOL_EDITABLE_FIELDS
 from marketplace.services.images import COMPATIBLE_VALUES
@@ -424,18 +424,12 @@ class GpuOptionSerializer(serializers.Serializer):
 
 
 class RecommendationSerializer(serializers.Serializer):
-    memory_needed_gib = serializers.SerializerMethodField()
-    memory_margin = serializers.FloatField()
-    memory_with_margin_gib = serializers.SerializerMethodField()
+    memory_needed_gib = serializers.FloatField(help_text="Before the margin")
+    memory_margin = serializers.FloatField(help_text="Share of GPU memory kept in reserve")
+    memory_with_margin_gib = serializers.FloatField()
     breakdown = serializers.SerializerMethodField()
     model = ModelShapeSerializer(source="shape")
     options = GpuOptionSerializer(many=True)
-
-    def get_memory_needed_gib(self, recommendation) -> float:
-        return gib(recommendation.memory_needed)
-
-    def get_memory_with_margin_gib(self, recommendation) -> float:
-        return gib(recommendation.memory_with_margin)
 
     @extend_schema_field(MemoryBreakdownSerializer)
     def get_breakdown(self, recommendation) -> dict[str, float]:
