@@ -11,10 +11,10 @@ register = template.Library()
 
 
 @register.inclusion_tag("marketplace/partials/recommend_card.html", takes_context=True)
-def recommend_panel(context, fill_form: str = "", open: bool = False) -> dict:
+def recommend_panel(context, fill_form: str = "", expanded: bool = False) -> dict:
     return {
         "request": context.get("request"),
         "recommend_form": RecommendForm(),
         "fill_form": fill_form,
-        "open": open,
+        "expanded": expanded,
     }
