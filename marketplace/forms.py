@@ -14,6 +14,7 @@ from marketplace.models import (
     Tier,
     Vendor,
 )
+from marketplace.recommend import Precision, Workload
 from marketplace.services.catalog import GPU_TYPE_EDITABLE_FIELDS, NODE_POOL_EDITABLE_FIELDS
 
 SORT_CHOICES = [
@@ -73,6 +74,36 @@ class EstimateForm(forms.Form):
         max_digits=9,
         decimal_places=2,
     )
+
+
+class RecommendForm(forms.Form):
+    """The GPU recommender's inputs in the console (launch form and estimate page); the
+    same bounds as the API's (marketplace.api.serializers.RecommendationRequestSerializer)."""
+
+    prefix = "recommend"
+
+    parameters_billion = forms.DecimalField(
+        label="Model size (billion parameters)",
+        min_value=Decimal("0.001"),
+        max_value=Decimal(10_000),
+        max_digits=9,
+        decimal_places=3,
+        initial=7,
+    )
+    workload = forms.ChoiceField(
+        choices=[(w.value, w.label) for w in Workload], initial=Workload.LORA
+    )
+    precision = forms.ChoiceField(
+        choices=[(p.value, p.value.upper()) for p in Precision],
+        initial=Precision.BF16,
+        help_text="Of the weights (QLoRA: int4 or int8).",
+    )
+    sequence_length = forms.IntegerField(
+        label="Sequence length (tokens)", min_value=1, max_value=1_048_576, initial=2048
+    )
+    batch_size = forms.IntegerField(min_value=1, max_value=4096, initial=1)
+    # A workload without a path at the precision is the service's refusal, shown beside
+    # the precision (console.forms.add_service_error), not a second copy of the rule here.
 
 
 class ImageFilterForm(forms.Form):

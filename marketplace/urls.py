@@ -7,6 +7,7 @@ app_name = "marketplace"
 urlpatterns = [
     path("offers/", catalog.offers, name="offers"),
     path("estimate/", catalog.estimate, name="estimate"),
+    path("recommend/", catalog.recommend, name="recommend"),
     path("images/", catalog.images, name="images"),
     path("images/<int:image_id>/retire/", catalog.image_deactivate, name="image_deactivate"),
     path(
