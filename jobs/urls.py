@@ -36,5 +36,6 @@ urlpatterns = [
     ),
     path("<int:job_id>/", views.job_detail, name="detail"),
     path("<int:job_id>/delete/", views.job_delete, name="delete"),
+    path("<int:job_id>/clone/", views.job_clone, name="clone"),
     path("<int:job_id>/<str:action>/", views.job_action, name="action"),
 ]

@@ -6,6 +6,7 @@ from django.contrib import messages
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -32,6 +33,7 @@ from jobs.extensions import fleet_panels, job_costs
 from jobs.forms import LaunchForm, TenantSecretForm
 from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from marketplace.models import GpuType, Image
+from marketplace.price_book_cache import price_book
 from marketplace.selectors import default_region, registry_credentials_for_tenant
 
 PAGE_SIZE = 50
@@ -234,21 +236,63 @@ ACTIONS = {
 
 
 @capability_required(Capability.LAUNCH_JOBS)
+@require_http_methods(["GET", "POST"])
+def job_clone(request: HttpRequest, job_id: int) -> HttpResponse:
+    """A one-click clone asks first, saying what it launches and what that costs; "Edit
+    first" opens the launch form filled from the job instead."""
+    job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
+    job_action_check(request.membership, job)
+    per_node = (
+        f"{job.gpus_per_node} {job.gpu_type} GPU{pluralize(job.gpus_per_node)}"
+        if job.gpu_type_id
+        else f"{job.cpus} vCPU{pluralize(job.cpus)}"
+    )
+    hardware = f"{job.nodes} node{pluralize(job.nodes)} × {per_node}"
+    rate = job_costs().run_rate(job)
+    book = price_book()
+    details = [
+        f"{hardware} in {job.region.name}"
+        + (
+            f" ({job.spot_nodes} spot, {job.on_demand_nodes} on-demand nodes)"
+            if job.spot_nodes
+            else ""
+        ),
+        f"Image {job.image_reference}, command {' '.join(job.command)}"[:300],
+        f"Up to {job.max_runtime_minutes} minutes of running time",
+    ]
+    if rate is not None and book is not None:
+        details.append(
+            f"About {rate:.2f} {book.version.currency} per hour while it runs, at today's prices"
+        )
+    launch_url = reverse("jobs:launch") + f"?from={job.pk}"
+    clone_name = f"{job.name} (clone)"[:100]
+
+    return confirm_then_act(
+        request,
+        title=f"Launch a clone of “{job.name}”?",
+        message=f"“{clone_name}” is launched at once with the same settings:",
+        details=details,
+        confirm_label="Launch clone",
+        danger=False,
+        alternative=("Edit first", launch_url),
+        act=lambda: services.job_clone(job=job, user=request.user, request=request),
+        success_url=lambda clone: reverse("jobs:detail", args=[clone.pk]),
+        success_message=f"Cloned as “{clone_name}”.",
+        cancel_url=reverse("jobs:detail", args=[job.pk]),
+    )
+
+
+@capability_required(Capability.LAUNCH_JOBS)
 @require_POST
 def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
-    if action != "clone" and action not in ACTIONS:
+    if action not in ACTIONS:
         return HttpResponse(status=404)
     job_action_check(request.membership, job)
     try:
-        if action == "clone":
-            clone = services.job_clone(job=job, user=request.user, request=request)
-            messages.success(request, f"Cloned as “{clone.name}”.")
-            target = reverse("jobs:detail", args=[clone.pk])
-        else:
-            ACTIONS[action](job=job, actor=Actor.of_user(request.user))
-            messages.success(request, f"{action.title()} requested for “{job.name}”.")
-            target = reverse("jobs:detail", args=[job.pk])
+        ACTIONS[action](job=job, actor=Actor.of_user(request.user))
+        messages.success(request, f"{action.title()} requested for “{job.name}”.")
+        target = reverse("jobs:detail", args=[job.pk])
     except ServiceError as error:
         messages.error(request, error.message)
         target = reverse("jobs:detail", args=[job.pk])
