@@ -10,6 +10,7 @@ from django.db.models.signals import post_migrate, pre_migrate
 
 from billing import dbviews, panels, staff_tenants
 from billing.budgets.services import BudgetLaunchPolicy
+from billing.dashboard import dashboard_money_context
 from billing.job_costs import BillingJobCosts
 from billing.metering.tick import release_pending_usage
 from billing.payments.credits import CreditLaunchPolicy
@@ -35,8 +36,9 @@ def connect(app_config: AppConfig) -> None:
     extensions.launch_policy_register(CreditLaunchPolicy())
     extensions.job_cost_provider_register(BillingJobCosts())
     panels.register()
-    dashboard_section_register(dashboard_payments_context)
-    dashboard_section_register(dashboard_credit_context)
+    dashboard_section_register(dashboard_payments_context, position=0)
+    dashboard_section_register(dashboard_credit_context, position=10)
+    dashboard_section_register(dashboard_money_context, position=20)
     staff_tenants.register()
     extensions.job_deleting.connect(
         job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"

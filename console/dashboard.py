@@ -10,12 +10,12 @@ from typing import Any
 from django.http import HttpRequest
 
 DashboardSection = Callable[[HttpRequest], dict[str, Any]]
-_sections: list[DashboardSection] = []
+_sections: dict[DashboardSection, int] = {}
 
 
-def dashboard_section_register(section: DashboardSection) -> None:
-    if section not in _sections:
-        _sections.append(section)
+def dashboard_section_register(section: DashboardSection, *, position: int = 100) -> None:
+    """Sections' panels are shown by `position` (lowest first: alerts, then money)."""
+    _sections[section] = position
 
 
 def dashboard_sections_context(request: HttpRequest) -> dict[str, Any]:
@@ -23,7 +23,7 @@ def dashboard_sections_context(request: HttpRequest) -> dict[str, Any]:
     `dashboard_panels` (template names) add up."""
     context: dict[str, Any] = {}
     panels: list[str] = []
-    for section in _sections:
+    for section in sorted(_sections, key=_sections.__getitem__):
         added = section(request)
         panels += added.pop("dashboard_panels", [])
         context.update(added)
