@@ -31,6 +31,7 @@ from jobs import fleet, selectors, services
 from jobs.actors import Actor
 from jobs.extensions import fleet_panels, job_costs
 from jobs.forms import LaunchForm, TenantSecretForm
+from jobs.logs.reading import tail_lines
 from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from marketplace.models import GpuType, Image
 from marketplace.price_book_cache import price_book
@@ -199,6 +200,9 @@ def job_list(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/list.html", context)
 
 
+FAILURE_TAIL_LINES = 8
+
+
 @capability_required(Capability.VIEW_TENANT)
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_for_tenant_or_404(
@@ -222,6 +226,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "metrics_url": reverse("api-job-metrics", args=[job.pk]),
         "monitor_url": reverse("api-job-monitor", args=[job.pk]),
         "download_url": reverse("api-job-log-download", args=[job.pk]),
+        # "rank 0: exit code 1" alone doesn't say why: the error is in the last lines.
+        "failure_tail": (
+            tail_lines(job, FAILURE_TAIL_LINES)[0] if job.status == JobStatus.FAILED else []
+        ),
     }
     if request.htmx and request.htmx.target == "job-status":
         return render(request, "jobs/detail.html#job-status", context)
