@@ -174,7 +174,9 @@ def test_credit_page_and_api_show_balance_and_history(world, other_world):
     listing = finance.get(reverse("billing:invoices")).content.decode()
     assert reverse("billing:credit") in listing
     page = finance.get(reverse("billing:credit")).content.decode()
-    assert ">30.00 USD<" in page and 'data-testid="credit-history"' in page and invoice.number in page
+    assert (
+        ">30.00 USD<" in page and 'data-testid="credit-history"' in page and invoice.number in page
+    )
     body = token_client(world.finance, world.tenant).get("/api/v1/credits").json()
     assert body["balance"] == "30.00" and body["count"] == 1
     (movement,) = body["results"]
