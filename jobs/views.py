@@ -28,10 +28,15 @@ from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from jobs import fleet, selectors, services
 from jobs.actors import Actor
-from jobs.expectations.selectors import EXPECTATION_COLUMNS, Expectation, job_expectations
+from jobs.expectations.selectors import (
+    EXPECTATION_COLUMNS,
+    EXPECTED_STATUSES,
+    Expectation,
+    job_expectations,
+)
 from jobs.extensions import fleet_panels, job_costs
 from jobs.forms import LaunchForm, TenantSecretForm
-from jobs.models import HOLDING_COMPUTE, Job, JobStatus, LaunchTemplate, TenantSecret
+from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from marketplace.models import GpuType, Image
 from marketplace.selectors import default_region, registry_credentials_for_tenant
 
@@ -196,11 +201,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     jobs_on_page = list(page)
     # Queued and running rows say when they start or end (a fixed number of queries).
     expectations = job_expectations(
-        [
-            selectors.job_from_row(row)
-            for row in jobs_on_page
-            if row["status"] == JobStatus.QUEUED or row["status"] in HOLDING_COMPUTE
-        ]
+        [selectors.job_from_row(row) for row in jobs_on_page if row["status"] in EXPECTED_STATUSES]
     )
     rows = job_list_rows(jobs_on_page, costs_provider.row_costs(jobs_on_page), expectations)
     context = {

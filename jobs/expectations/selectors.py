@@ -21,6 +21,7 @@ from jobs.expectations.runtime import (
 )
 from jobs.expectations.simulation import Holder, Resource, Waiter, simulate_starts
 from jobs.expectations.wording import (
+    BUDGET_WAIT,
     end_sentence,
     end_summary,
     start_sentence,
@@ -44,7 +45,11 @@ EXPECTATION_COLUMNS = (
     "max_runtime_minutes", "status", "wait_kind", "status_reason", "priority",
     "pool_id", "spot_pool_id", "on_demand_nodes", "spot_nodes", "gpus_per_node", "cpus",
     "nodes", "run_seconds", "running_since", "status_changed_at", "created_at",
+    "paused_by_budget",
 )  # fmt: skip
+
+# The statuses something is expected of (a start, an end, a budget).
+EXPECTED_STATUSES = frozenset({JobStatus.QUEUED, *HOLDING_COMPUTE, JobStatus.PAUSED})
 
 
 @dataclass(frozen=True)
@@ -242,6 +247,13 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
                 expected_end=end,
                 sentence=end_sentence(end, prediction, now),
                 summary=end_summary(end, now),
+            )
+        elif job.status == JobStatus.PAUSED and job.paused_by_budget:
+            expectations[job.pk] = Expectation(
+                prediction=None,
+                because=BUDGET_WAIT,
+                sentence=f"paused: {BUDGET_WAIT}",
+                summary="waits for its budget",
             )
         else:
             expectations[job.pk] = Expectation(prediction=None)

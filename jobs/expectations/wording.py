@@ -10,6 +10,11 @@ from django.utils import timezone
 from jobs.expectations.runtime import RuntimePrediction
 from jobs.models import Job, WaitKind
 
+# A job its budget paused waits for the budget, not for a start time (billing resumes it).
+BUDGET_WAIT = (
+    "a budget is used up; it resumes by itself when the budget is raised or a new period starts"
+)
+
 
 def duration_words(seconds: float) -> str:
     """A duration rounded for reading: "under a minute", "35 min", "2 h 5 min", "3 d 4 h"."""

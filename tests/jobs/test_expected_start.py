@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from console.service_errors import ServiceError
 from jobs import services
+from jobs.actors import BUDGET
 from jobs.expectations.selectors import job_expectations
-from jobs.expectations.wording import duration_words, waiting_because
+from jobs.expectations.wording import BUDGET_WAIT, duration_words, waiting_because
 from jobs.models import Job, JobStatus, LaunchTemplate, Priority, WaitKind
 from jobs.services import JobSpec
 from marketplace.models import NodePool, TenantQuota
@@ -297,3 +298,17 @@ def test_a_launch_from_a_template_records_it_and_its_runs_predict(world, other_w
             spec=JobSpec(name="sneaky", **spec),
             launch_template=theirs,
         )
+
+
+def test_a_job_its_budget_paused_says_it_waits_for_the_budget(world):
+    job = running(world, "spender", since=timedelta(minutes=5), cpus=1)
+    services.job_pause_once(job=job, actor=BUDGET, reason="budget “GPU” used up")
+    job = advance_to(job, JobStatus.PAUSED)
+    client = signed_in_client(world.member, world.tenant)
+
+    found = job_expectations([job], now=NOW)[job.pk]
+    page = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
+
+    assert found.sentence == f"paused: {BUDGET_WAIT}"
+    assert "resumes by itself when the budget is raised" in page
+    assert "waits for its budget" in client.get(reverse("jobs:list")).content.decode()
