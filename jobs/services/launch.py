@@ -134,4 +134,11 @@ def job_clone(*, job: Job, user: User | None, request=None) -> Job:
     spec.name = f"{job.name} (clone)"[:100]
     # Organisation secrets are named again, not copied: the clone is checked like a launch.
     spec = secrets_named_again(tenant=job.tenant, spec=spec)
-    return job_submit(tenant=job.tenant, user=user, spec=spec, request=request)
+    # The same kind of run as its source: its template's runs predict it too.
+    return job_submit(
+        tenant=job.tenant,
+        user=user,
+        spec=spec,
+        request=request,
+        launch_template=job.launch_template,
+    )

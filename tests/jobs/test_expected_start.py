@@ -289,6 +289,8 @@ def test_a_launch_from_a_template_records_it_and_its_runs_predict(world, other_w
     assert tonight.launch_template == template
     prediction = job_expectations([tonight], now=NOW)[tonight.pk].prediction
     assert (prediction.basis, prediction.median_seconds) == ("launch_template", 22 * 60)
+    clone = services.job_clone(job=tonight, user=world.member)
+    assert clone.launch_template == template
     # Another organisation's template is refused.
     theirs = LaunchTemplate.objects.create(tenant=other_world.tenant, name="x", spec={})
     with pytest.raises(ServiceError):
