@@ -7,6 +7,7 @@ from functools import cached_property
 
 from django.db.models import F, QuerySet
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.api.fields import (
@@ -140,6 +141,18 @@ def _as_stored(field: serializers.Field) -> str | None:
     return field.source if plain and reads_its_source and simple else None
 
 
+class RuntimePredictionSerializer(serializers.Serializer):
+    """A job's predicted running time (jobs.expectations.runtime.RuntimePrediction)."""
+
+    median_seconds = serializers.IntegerField()
+    p90_seconds = serializers.IntegerField()
+    samples = serializers.IntegerField(help_text="Similar past runs it rests on (0: none)")
+    basis = serializers.ChoiceField(
+        choices=["project", "launch_template", "image", "gpu_type", "max_runtime"],
+        help_text="Which similar runs: the first kind with at least 3, else max_runtime",
+    )
+
+
 class JobSerializer(StrictModelSerializer):
     """The API's one writing of a job, a list's rows and a single job alike. Each job's
     cost and queue position come from one batch for all the jobs it writes (`_batch`)."""
@@ -264,12 +277,15 @@ class JobSerializer(StrictModelSerializer):
     def get_queue_position(self, job) -> int | None:
         return self._batch()["positions"].get(job.pk) if job.status == "queued" else None
 
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_expected_start(self, job) -> str | None:
         return self._timestamp(self._batch()["expectations"][job.pk].expected_start)
 
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_expected_end(self, job) -> str | None:
         return self._timestamp(self._batch()["expectations"][job.pk].expected_end)
 
+    @extend_schema_field(RuntimePredictionSerializer(allow_null=True))
     def get_runtime_prediction(self, job) -> dict | None:
         prediction = self._batch()["expectations"][job.pk].prediction
         return None if prediction is None else prediction.as_dict()
