@@ -127,6 +127,10 @@ class Job(TenantOwnedModel):
     checkpoint_path = models.CharField(max_length=400, blank=True)
     auto_release = models.BooleanField(default=True)
     ports = models.JSONField(default=list, blank=True)
+    # The template it was launched from, if any: its past runs predict this one's runtime.
+    launch_template = models.ForeignKey(
+        "jobs.LaunchTemplate", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     # --- placement (decided at launch from the spot ratio) ---
     backend = models.CharField(max_length=16)
