@@ -306,7 +306,7 @@ class LifecycleMixin(ApiCalls):
         body = {
             "spec": {
                 "suspend": False,
-                "template": {"metadata": {"annotations": {manifests.RESUMED_ANNOTATION: "1"}}},
+                "template": {"metadata": {"annotations": manifests.resume_annotations(job)}},
             }
         }
         try:
@@ -327,17 +327,18 @@ class LifecycleMixin(ApiCalls):
         """Flag the pods as resumed (allowed while suspended), then reactivate the
         Workload so that Kueue admits the attempt again and unsuspends it."""
         namespace = manifests.namespace_name(job.tenant_id)
-        flag = {manifests.RESUMED_ANNOTATION: "1"}
+        flag = manifests.resume_annotations(job)
         if any(kueue_owner_uid(k) != k.metadata.uid for k in kube_jobs.values()):
             # A JobSet copies its template to its Jobs when it is unsuspended.
             ops = [
                 {
                     "op": "replace",
                     "path": f"/spec/replicatedJobs/{index}/template/spec/template/metadata"
-                    f"/annotations/{manifests.RESUMED_ANNOTATION.replace('/', '~1')}",
-                    "value": "1",
+                    f"/annotations/{name.replace('/', '~1')}",
+                    "value": value,
                 }
                 for index in range(len(manifests.tiers(job)))
+                for name, value in flag.items()
             ]
             self._call(
                 f"updating JobSet {manifests.jobset_name(job)}",
