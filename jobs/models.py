@@ -280,6 +280,10 @@ class JobResume(models.Model):
     def __str__(self) -> str:
         return f"{self.job_id}: attempt {self.attempt} from step {self.step}"
 
+    @property
+    def lost_minutes(self) -> float | None:
+        return None if self.lost_seconds is None else self.lost_seconds / 60
+
 
 class TenantSecret(TenantOwnedModel):
     """A named secret (HF_TOKEN, WANDB_API_KEY…) stored encrypted once and referenced by

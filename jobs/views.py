@@ -221,6 +221,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     }
     if request.htmx and request.htmx.target == "job-status":
         return render(request, "jobs/detail.html#job-status", context)
+    # Read from the store: on the full page and its own (slower) refresh only.
+    context["checkpoints"] = selectors.job_checkpoints(job=job)
+    if request.htmx and request.htmx.target == "job-checkpoints":
+        return render(request, "jobs/detail.html#job-checkpoints", context)
     return render(request, "jobs/detail.html", context)
 
 

@@ -100,6 +100,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(s.JobEventSerializer(page, many=True).data)
 
+    @extend_schema(responses=s.JobCheckpointsSerializer)
+    @action(detail=True, methods=["get"])
+    def checkpoints(self, request, pk=None):
+        """The job's complete checkpoints, newest first, and where each later start
+        resumed from (with the work lost)."""
+        job = self.get_object()
+        found = selectors.job_checkpoints(job=job)
+        return Response(s.JobCheckpointsSerializer(found, context={"job": job}).data)
+
     @extend_schema(parameters=[s.LogQuerySerializer], responses=s.LogPageSerializer)
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):

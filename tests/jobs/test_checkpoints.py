@@ -28,6 +28,7 @@ from jobs.services.checkpoints import (
     job_store_prefix,
 )
 from jobs.services.observe import job_apply_observation
+from jobs.tasks import jobs_checkpoints_prune_task
 from tests.factories import JobFactory
 from tests.jobs_helpers import advance_to
 
@@ -265,3 +266,16 @@ def test_without_a_checkpoint_the_attempt_starts_over(store_kind):
     resume = job_resume_prepare(job=job, start=0)
     assert (resume.step, resume.manifest_key, resume.lost_seconds) == (None, "", None)
     assert "no complete checkpoint" in job.events.last().reason
+
+
+@pytest.mark.django_db
+def test_the_periodic_pass_prunes_active_jobs(store_kind, tmp_path, settings):
+    settings.CHECKPOINT_KEEP_LAST = 2
+    running, queued = JobFactory(), JobFactory()
+    advance_to(running, JobStatus.RUNNING)
+    for job in (running, queued):
+        for step in (1, 2, 3):
+            save(job, tmp_path, step)
+    assert jobs_checkpoints_prune_task.apply().get() == 2
+    for job in (running, queued):
+        assert [c.step for c in checkpoint_store().checkpoints(job_store_prefix(job))] == [2, 3]
