@@ -279,3 +279,39 @@ def test_the_periodic_pass_prunes_active_jobs(store_kind, tmp_path, settings):
     assert jobs_checkpoints_prune_task.apply().get() == 2
     for job in (running, queued):
         assert [c.step for c in checkpoint_store().checkpoints(job_store_prefix(job))] == [2, 3]
+
+
+@pytest.mark.django_db
+def test_a_large_file_goes_up_in_parts_and_counts_once_whole(
+    s3_endpoint, settings, monkeypatch, tmp_path
+):
+    request_bucket = f"{BUCKET}-large-{_free_port()}"
+    settings.CHECKPOINT_STORE_URL = f"s3://{request_bucket}"
+    settings.CHECKPOINT_STORE_ENDPOINT = s3_endpoint
+    settings.CHECKPOINT_STORE_REGION = "us-east-1"
+    settings.CHECKPOINT_STORE_ACCESS_KEY_ID = "console-key"
+    settings.CHECKPOINT_STORE_SECRET_ACCESS_KEY = "console-secret"
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="console-key",
+        aws_secret_access_key="console-secret",
+    )
+    client.create_bucket(Bucket=request_bucket)
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "console-key",
+        "AWS_SECRET_ACCESS_KEY": "console-secret",
+    }.items():
+        monkeypatch.setenv(name, value)
+    job = JobFactory()
+    big = tmp_path / "model.pt"
+    big.write_bytes(b"w" * (9 << 20))  # above boto3's 8 MiB multipart threshold
+    sdk.save([big], step=1, url=job_url(job))
+    head = client.head_object(Bucket=request_bucket, Key=f"{job_store_prefix(job)}1/model.pt")
+    assert head["ContentLength"] == 9 << 20
+    assert head["ETag"].strip('"').endswith("-2")  # a multipart upload's ETag: two parts
+    [found] = checkpoint_store().checkpoints(job_store_prefix(job))
+    assert found.size_bytes == 9 << 20

@@ -21,6 +21,7 @@ from jobs.backends import get_backend
 from jobs.backends.kubernetes import KubernetesBackend, manifests
 from jobs.backends.kubernetes import client as kubernetes_client
 from jobs.backends.kubernetes.watch import watch_jobs
+from jobs.checkpoints.store import MANIFEST_NAME, checkpoint_store
 from jobs.management.commands.run_watcher import next_changes, observe_pass, start_watches
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
@@ -155,6 +156,16 @@ def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
     job = settle(cluster, job, JobStatus.PAUSED)
     assert live_pods(cluster, job) == []
     assert "compute released" in job.status_reason
+    # A checkpoint the job saved before the pause, in the protocol's format.
+    prefix = checkpoint_store().local_folder(f"{job.tenant_id}/{job.pk}/")
+    (prefix / "12").mkdir(parents=True)
+    (prefix / "12" / "model.pt").write_bytes(b"weights")
+    manifest = {
+        "step": 12,
+        "time": timezone.now().isoformat(),
+        "files": [{"path": "model.pt", "size": 7}],
+    }
+    (prefix / "12" / MANIFEST_NAME).write_text(json.dumps(manifest))
 
     job = services.job_resume(job=job, actor=SYSTEM)
     tasks.job_resume_task(job.pk)
@@ -162,6 +173,9 @@ def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
     (pod,) = live_pods(cluster, job)
     assert pod["metadata"]["name"] != first_pod
     assert pod["metadata"]["annotations"]["gpugeek.io/resumed"] == "1"
+    # GPUGEEK_RESUME_FROM reads this annotation, patched with the flag.
+    resume_from = pod["metadata"]["annotations"]["gpugeek.io/resume-from"]
+    assert resume_from == f"file://{prefix}/12/{MANIFEST_NAME}"
     assert pod["metadata"]["labels"]["job-name"] == f"gg-{job.pk}-a1"  # same Job, same name
     assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
 
