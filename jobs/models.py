@@ -128,6 +128,11 @@ class Job(TenantOwnedModel):
     # The checkpoint the current start continues from: its manifest's key under the job's
     # own store prefix (`<step>/gpugeek-checkpoint.json`), handed over as GPUGEEK_RESUME_FROM.
     resume_from = models.CharField(max_length=200, blank=True, default="")
+    # "Clone from checkpoint": the job whose latest checkpoint this one's first start
+    # continues from (copied into this job's own prefix at its dispatch).
+    checkpoint_source = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     auto_release = models.BooleanField(default=True)
     ports = models.JSONField(default=list, blank=True)
 

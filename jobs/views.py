@@ -244,7 +244,12 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     job_action_check(request.membership, job)
     try:
         if action == "clone":
-            clone = services.job_clone(job=job, user=request.user, request=request)
+            clone = services.job_clone(
+                job=job,
+                user=request.user,
+                request=request,
+                from_checkpoint=request.POST.get("from_checkpoint") == "1",
+            )
             messages.success(request, f"Cloned as “{clone.name}”.")
             target = reverse("jobs:detail", args=[clone.pk])
         else:

@@ -346,6 +346,14 @@ class TenantSecretSetSerializer(serializers.Serializer):
     )
 
 
+class JobCloneSerializer(serializers.Serializer):
+    from_checkpoint = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="the clone's first start continues from this job's latest checkpoint",
+    )
+
+
 class CheckpointFileSerializer(serializers.Serializer):
     path = StrictCharField()
     size = serializers.IntegerField(help_text="bytes")

@@ -366,7 +366,7 @@ class LocalBackend(ComputeBackend):
             workdir = self._make_workdir(job, self._owner(job))
             checkpoints = checkpoint_folder(job, self._owner(job))
             # A later attempt (requeued after preemption) continues the job's work.
-            env = self._environment(job, resumed or job.attempt > 1)
+            env = self._environment(job, resumed or job.attempt > 1 or bool(job.resume_from))
             spec: dict = {
                 "command": list(job.command),
                 "env": env,

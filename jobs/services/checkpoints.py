@@ -46,9 +46,24 @@ def _describe(resume: JobResume) -> str:
     if resume.step is None:
         return "no complete checkpoint: starting from the beginning"
     text = f"resumed from checkpoint step {resume.step}"
+    if resume.attempt == 1 and resume.start == 0 and resume.job.checkpoint_source_id:
+        text += f" (a copy of job #{resume.job.checkpoint_source_id}'s)"
     if resume.lost_seconds is not None:
         text += f"; {resume.lost_seconds / 60:.1f} min of work lost since it"
     return text
+
+
+def _copy_source_checkpoint(job: Job) -> None:
+    """A clone from a checkpoint gets a copy of its source's latest one in its own prefix
+    (server-side on S3), so that it never needs to reach outside that prefix."""
+    source = Job.objects.filter(pk=job.checkpoint_source_id, tenant_id=job.tenant_id).first()
+    if source is None:
+        return
+    store = checkpoint_store()
+    latest = store.latest(job_store_prefix(source))
+    if latest is not None:
+        step = f"{latest.step}/"
+        store.copy_prefix(job_store_prefix(source) + step, job_store_prefix(job) + step)
 
 
 def job_resume_prepare(*, job: Job, start: int) -> JobResume:
@@ -59,6 +74,8 @@ def job_resume_prepare(*, job: Job, start: int) -> JobResume:
     if existing is not None:
         job.resume_from = existing.manifest_key
         return existing
+    if job.attempt == 1 and start == 0 and job.checkpoint_source_id:
+        _copy_source_checkpoint(job)
     latest: Checkpoint | None = checkpoint_store().latest(job_store_prefix(job))
     interrupted = _interrupted_at(job)
     lost = None

@@ -161,7 +161,7 @@ def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
 def _prepare_resume(job: Job, start: int = 0) -> Exception | None:
     """A later attempt continues from the job's latest checkpoint (jobs.services.checkpoints);
     a store that can't be read now puts the start off rather than starting over."""
-    if job.attempt == 1 and start == 0:
+    if job.attempt == 1 and start == 0 and not job.checkpoint_source_id:
         return None
     try:
         job_resume_prepare(job=job, start=start)

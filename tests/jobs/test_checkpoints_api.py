@@ -82,12 +82,13 @@ def test_another_tenants_checkpoints_are_404(world, other_world, catalog, tmp_pa
 
 @pytest.mark.django_db
 def test_the_job_page_shows_checkpoints_and_where_attempts_resumed(world, catalog, tmp_path):
-    job = JobFactory(tenant=world.tenant)
+    job = JobFactory(tenant=world.tenant, created_by=world.member)
     client = signed_in_client(world.member, world.tenant)
     url = reverse("jobs:detail", args=[job.pk])
     page = client.get(url).content.decode()
     assert 'data-testid="checkpoints"' in page
     assert "No complete checkpoint yet" in page
+    assert "Clone from checkpoint" not in page  # nothing to continue from yet
     advance_to(job, JobStatus.RUNNING)
     save(job, tmp_path, 42)
     job = job_apply_observation(job=job, observation=Observation(phase="preempted"))
@@ -96,6 +97,7 @@ def test_the_job_page_shows_checkpoints_and_where_attempts_resumed(world, catalo
     assert "No complete checkpoint yet" not in page
     assert "2.0\xa0KB" in page  # a human size
     assert "Attempt 2: resumed from step 42, lost 0.0 min" in page
+    assert "Clone from checkpoint (step 42)" in page
     assert "resumed from checkpoint step 42" in page  # the timeline says it too
     partial = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="job-checkpoints")
     assert partial.content.decode().lstrip().startswith('<section id="job-checkpoints"')

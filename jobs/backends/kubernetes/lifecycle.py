@@ -206,7 +206,8 @@ class LifecycleMixin(ApiCalls):
         try:
             # A later attempt (after preemption or a lost node) continues the job's
             # work: GPUGEEK_RESUMED=1 tells the program to load its checkpoint.
-            self._create_attempt(job, resumed=job.attempt > 1)
+            # So does a clone from a checkpoint (resume_from set on its first start).
+            self._create_attempt(job, resumed=job.attempt > 1 or bool(job.resume_from))
         except Exception:
             self.forget_namespace(job.tenant_id)
             raise
