@@ -177,9 +177,16 @@ class FileCheckpointStore(CheckpointStore):
         self.url = f"file://{root}"
 
     def _path(self, key: str) -> Path:
-        path = (self.root / key).resolve()
-        if not path.is_relative_to(self.root.resolve()):
+        """The key's path, refusing `..` and any symlink on the way: a job owns its
+        folder and could plant one to point the console at another job's files."""
+        parts = [part for part in key.split("/") if part]
+        if any(part in (".", "..") for part in parts):
             raise ValueError(f"{key!r} is outside the checkpoint store")
+        path = self.root
+        for part in parts:
+            path = path / part
+            if path.is_symlink():
+                raise FileNotFoundError(key)
         return path
 
     def sizes(self, prefix: str) -> dict[str, int]:
@@ -196,16 +203,17 @@ class FileCheckpointStore(CheckpointStore):
         return listing
 
     def read(self, key: str) -> bytes:
-        path = self._path(key)
-        if path.is_symlink():
-            raise FileNotFoundError(key)
-        with open(path, "rb") as handle:
+        descriptor = os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW)
+        with open(descriptor, "rb") as handle:
             return handle.read(MANIFEST_MAX_BYTES + 1)
 
     def delete_prefix(self, prefix: str) -> None:
-        path = self._path(prefix)
+        try:
+            path = self._path(prefix)
+        except FileNotFoundError:
+            return  # a symlink planted on the way: there is nothing of ours to delete
         if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)  # (rmtree never follows symlinks)
         else:
             path.unlink(missing_ok=True)
 

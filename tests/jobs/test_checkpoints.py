@@ -315,3 +315,22 @@ def test_a_large_file_goes_up_in_parts_and_counts_once_whole(
     assert head["ETag"].strip('"').endswith("-2")  # a multipart upload's ETag: two parts
     [found] = checkpoint_store().checkpoints(job_store_prefix(job))
     assert found.size_bytes == 9 << 20
+
+
+@pytest.mark.django_db
+def test_a_planted_symlink_never_reaches_another_jobs_files(settings, tmp_path):
+    settings.CHECKPOINT_STORE_URL = f"file://{tmp_path / 'store'}"
+    mine, theirs = JobFactory(), JobFactory()
+    for step in (1, 2):
+        save(theirs, tmp_path, step)
+    store = checkpoint_store()
+    their_folder = store.local_folder(job_store_prefix(theirs))
+    my_folder = store.local_folder(job_store_prefix(mine))
+    my_folder.mkdir(parents=True)
+    (my_folder / "1").symlink_to(their_folder / "1")  # a whole checkpoint, through a link
+    (my_folder / "2").mkdir()
+    (my_folder / "2" / MANIFEST_NAME).symlink_to(their_folder / "2" / MANIFEST_NAME)
+    assert store.checkpoints(job_store_prefix(mine)) == []
+    store.delete_checkpoint(job_store_prefix(mine), 1)
+    store.delete_checkpoint(job_store_prefix(mine), 2)
+    assert [c.step for c in store.checkpoints(job_store_prefix(theirs))] == [1, 2]
