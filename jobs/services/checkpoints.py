@@ -56,7 +56,11 @@ def _describe(resume: JobResume) -> str:
 def _copy_source_checkpoint(job: Job) -> None:
     """A clone from a checkpoint gets a copy of its source's latest one in its own prefix
     (server-side on S3), so that it never needs to reach outside that prefix."""
-    source = Job.objects.filter(pk=job.checkpoint_source_id, tenant_id=job.tenant_id).first()
+    source = (
+        Job.objects.for_tenant(job.tenant).filter(pk=job.checkpoint_source_id).first()
+        if job.checkpoint_source_id is not None
+        else None
+    )
     if source is None:
         return
     store = checkpoint_store()
