@@ -255,7 +255,13 @@ class S3CheckpointStore(CheckpointStore):
             region_name=region or None,
             aws_access_key_id=access_key or None,
             aws_secret_access_key=secret_key or None,
-            config=Config(retries={"mode": "standard", "max_attempts": 5}),
+            # Dispatch waits on this store: an unreachable one must fail fast (the start is
+            # put off and retried), not hold the sweep for a minute.
+            config=Config(
+                retries={"mode": "standard", "max_attempts": 3},
+                connect_timeout=5,
+                read_timeout=30,
+            ),
         )
 
     def object_url(self, key: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from jobs.backends.base import Observation
 from jobs.backends.local_checkpoints import CHECKPOINT_MOUNT, checkpoint_environment
 from jobs.checkpoints.store import MANIFEST_NAME, checkpoint_store, job_prefix
 from jobs.models import JobResume, JobStatus
+from jobs.selectors import job_checkpoints
+from jobs.services import job_dispatch
 from jobs.services.checkpoints import (
     job_checkpoints_prune,
     job_resume_prepare,
@@ -334,3 +337,35 @@ def test_a_planted_symlink_never_reaches_another_jobs_files(settings, tmp_path):
     store.delete_checkpoint(job_store_prefix(mine), 1)
     store.delete_checkpoint(job_store_prefix(mine), 2)
     assert [c.step for c in store.checkpoints(job_store_prefix(theirs))] == [1, 2]
+
+
+@pytest.mark.django_db
+def test_an_unreachable_store_puts_the_start_off_and_the_page_says_so(world, catalog, settings):
+    job = JobFactory(tenant=world.tenant)
+    advance_to(job, JobStatus.RUNNING)
+    job = job_apply_observation(job=job, observation=Observation(phase="preempted"))
+    settings.CHECKPOINT_STORE_URL = "s3://nowhere"
+    settings.CHECKPOINT_STORE_ENDPOINT = f"http://127.0.0.1:{_free_port()}"  # nothing listens
+    settings.CHECKPOINT_STORE_REGION = "us-east-1"
+    settings.CHECKPOINT_STORE_ACCESS_KEY_ID = "k"
+    settings.CHECKPOINT_STORE_SECRET_ACCESS_KEY = "s"
+    job.refresh_from_db()
+    if job.status == JobStatus.QUEUED:
+        advance_to(job, JobStatus.DISPATCHING)
+    job = job_dispatch(job=job)
+    assert job.status == JobStatus.DISPATCHING  # not started from scratch: put off
+    assert "checkpoint store could not be read" in job.status_reason
+    assert not JobResume.objects.filter(job=job).exists()
+    found = job_checkpoints(job=job)
+    assert found.checkpoints == [] and "could not be read" in found.unavailable
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("store_kind", ["s3"], indirect=True)  # presigned URLs are S3's
+def test_a_presigned_url_reads_a_manifest_over_plain_http(store_kind, tmp_path):
+    job = JobFactory()
+    save(job, tmp_path, 3)
+    store = checkpoint_store()
+    key = f"{job_store_prefix(job)}3/{MANIFEST_NAME}"
+    with urllib.request.urlopen(store.presigned_url(key, expires_in=60)) as answer:
+        assert json.loads(answer.read())["step"] == 3
