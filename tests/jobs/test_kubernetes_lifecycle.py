@@ -723,3 +723,26 @@ def test_kueue_auto_follows_api_discovery(world, cluster, settings):
     kubernetes_client.API_GROUPS_CACHE.clear()  # the cache's lifetime, passed
     assert get_backend("kubernetes").kueue_queue() == settings.KUEUE_QUEUE_NAME
     kubernetes_client.API_GROUPS_CACHE.clear()
+
+
+def test_an_s3_store_reaches_the_pod_as_its_prefix_with_credentials_from_the_secret(
+    world, cluster, settings
+):
+    settings.CHECKPOINT_STORE_URL = "s3://ckpt-bucket/gpugeek"
+    settings.CHECKPOINT_STORE_ENDPOINT = "https://minio.example:9000"
+    settings.CHECKPOINT_STORE_JOB_ACCESS_KEY_ID = "job-key"
+    settings.CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY = "job-secret"
+    job = settle(cluster, launch(world, gpu_spec()), JobStatus.RUNNING)
+    (pod,) = live_pods(cluster, job)
+    env = {entry["name"]: entry for entry in pod["spec"]["containers"][0]["env"]}
+    prefix = f"s3://ckpt-bucket/gpugeek/{job.tenant_id}/{job.pk}/"
+    assert env["GPUGEEK_CHECKPOINT_URL"]["value"] == prefix
+    assert env["AWS_ENDPOINT_URL"]["value"] == "https://minio.example:9000"
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert "value" not in env[name]  # never in the Job object itself
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": f"gg-{job.pk}-env", "key": name}
+    secret = cluster.get("secrets", ns(job), f"gg-{job.pk}-env")
+    stored = secret.get("stringData") or {
+        key: base64.b64decode(value).decode() for key, value in secret["data"].items()
+    }
+    assert stored == {"AWS_ACCESS_KEY_ID": "job-key", "AWS_SECRET_ACCESS_KEY": "job-secret"}

@@ -69,8 +69,9 @@ class LifecycleMixin(ApiCalls):
         batch can run them in other threads."""
         namespace = namespace or self.ensure_namespace(job.tenant_id)
         creates: list[Create] = []
-        if job.secret_env_names:
-            values = decrypt_json(job.secret_env_encrypted) or {}
+        store_credentials = manifests.checkpoint_secret_values(job)
+        if job.secret_env_names or store_credentials:
+            values = {**(decrypt_json(job.secret_env_encrypted) or {}), **store_credentials}
             secret = manifests.secret_manifest(job, values)
             creates.append(
                 (

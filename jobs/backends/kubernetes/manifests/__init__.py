@@ -89,6 +89,7 @@ from jobs.backends.kubernetes.manifests.namespace import (
 )
 from jobs.backends.kubernetes.manifests.workload import (
     DOCKER_HUB_AUTH_KEY,
+    checkpoint_secret_values,
     job_manifest,
     job_manifests,
     jobset_manifest,
@@ -129,6 +130,7 @@ __all__ = [
     "SPOT_TOLERATION_KEYS",
     "TENANT_LABEL",
     "TIER_LABEL",
+    "checkpoint_secret_values",
     "installation_id",
     "is_gang",
     "job_labels",

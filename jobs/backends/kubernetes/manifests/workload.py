@@ -163,6 +163,16 @@ def _checkpoint_env(job: Job) -> dict[str, str]:
     )
 
 
+# Store credentials reach the pod from the job's Secret, never as values in the Job object.
+STORE_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def checkpoint_secret_values(job: Job) -> dict[str, str]:
+    """The checkpoint store's credentials for the job's Secret (none for a folder store)."""
+    env = _checkpoint_env(job)
+    return {name: env[name] for name in STORE_CREDENTIALS if name in env}
+
+
 def resume_annotations(job: Job) -> dict[str, str]:
     """The pod annotations a resumed start reads GPUGEEK_RESUMED and GPUGEEK_RESUME_FROM
     from (patched onto a suspended Job's template when it resumes)."""
@@ -181,7 +191,12 @@ def _env(job: Job, tier: str, offset: int, *, gang: bool = False) -> list[dict]:
         {"name": "GPUGEEK_ATTEMPT", "value": str(job.attempt)},
         _field_env("GPUGEEK_RESUMED", f"metadata.annotations['{RESUMED_ANNOTATION}']"),
         _field_env("GPUGEEK_RESUME_FROM", f"metadata.annotations['{RESUME_FROM_ANNOTATION}']"),
-        *({"name": name, "value": value} for name, value in checkpoint_env.items()),
+        *(
+            {"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": name}}}
+            if name in STORE_CREDENTIALS
+            else {"name": name, "value": value}
+            for name, value in checkpoint_env.items()
+        ),
         {"name": "GPUGEEK_CHECKPOINT_PATH", "value": job.checkpoint_path or ""},
         {"name": "GPUGEEK_TIER", "value": tier},
         {"name": "GPUGEEK_RANK_OFFSET", "value": str(offset)},
