@@ -3,6 +3,7 @@ from __future__ import annotations
 from django import forms
 
 from billing.selectors import GROUP_BY
+from marketplace.models import GpuType, Region
 
 RANGE_CHOICES = [
     ("this_month", "This month"),
@@ -24,8 +25,10 @@ class CostFilterForm(forms.Form):
         initial="gpu_type",
         choices=[(k, k.replace("_", " ").title()) for k in GROUP_BY],
     )
-    gpu_type = forms.CharField(label="GPU type", required=False, max_length=40)
-    region = forms.CharField(required=False, max_length=40)
+    # Choices, not free text: typing "A100" for the slug "a100-80gb" matched nothing and
+    # showed 0.00 as if nothing had been spent.
+    gpu_type = forms.ChoiceField(label="GPU type", required=False)
+    region = forms.ChoiceField(required=False)
     tier = forms.ChoiceField(
         required=False,
         choices=[
@@ -36,3 +39,16 @@ class CostFilterForm(forms.Form):
         ],
     )
     job = forms.CharField(label="Job name contains", required=False, max_length=100)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Every GPU type and region there is (retired ones too: past usage ran on them).
+        self.fields["gpu_type"].choices = [
+            ("", "Any GPU type"),
+            *((g.slug, str(g)) for g in GpuType.objects.order_by("vendor", "model")),
+            ("cpu", "CPU only"),
+        ]
+        self.fields["region"].choices = [
+            ("", "Any region"),
+            *Region.objects.order_by("name").values_list("slug", "name"),
+        ]

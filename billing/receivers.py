@@ -10,9 +10,11 @@ from django.db.models.signals import post_migrate, pre_migrate
 
 from billing import dbviews, panels, staff_tenants
 from billing.budgets.services import BudgetLaunchPolicy
+from billing.dashboard import dashboard_money_context
 from billing.job_costs import BillingJobCosts
 from billing.metering.tick import release_pending_usage
-from billing.payments.selectors import dashboard_payments_context
+from billing.payments.credits import CreditLaunchPolicy
+from billing.payments.selectors import dashboard_credit_context, dashboard_payments_context
 from billing.prometheus import MeteringCollector
 from console.dashboard import dashboard_section_register
 from console.metrics import scrape_collector_register
@@ -31,9 +33,12 @@ def connect(app_config: AppConfig) -> None:
         dbviews.create_views, sender=app_config, dispatch_uid="billing-create-views"
     )
     extensions.launch_policy_register(BudgetLaunchPolicy())
+    extensions.launch_policy_register(CreditLaunchPolicy())
     extensions.job_cost_provider_register(BillingJobCosts())
     panels.register()
-    dashboard_section_register(dashboard_payments_context)
+    dashboard_section_register(dashboard_payments_context, position=0)
+    dashboard_section_register(dashboard_credit_context, position=10)
+    dashboard_section_register(dashboard_money_context, position=20)
     staff_tenants.register()
     extensions.job_deleting.connect(
         job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"

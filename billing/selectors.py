@@ -25,7 +25,7 @@ from django.db.models import (
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.job_costs import total_run_rate
+from billing.job_costs import PRICED_BY, jobs_run_rates, total_run_rate
 from billing.models import (
     Bucket,
     LiveUsageRollup,
@@ -35,6 +35,7 @@ from billing.models import (
 )
 from console.service_errors import ServiceError
 from jobs.models import BILLED_STATUSES, Job
+from jobs.state import job_run_seconds
 from marketplace.models import GpuType
 
 GROUP_BY = {
@@ -93,6 +94,28 @@ def period_end(now: datetime) -> datetime:
 def run_rate(jobs: QuerySet[Job]) -> Decimal:
     """Hourly cost of the given jobs that are running now."""
     return total_run_rate(jobs.filter(status__in=BILLED_STATUSES))
+
+
+# What a running job's rate and its time left to max runtime are read from.
+RUNTIME_FIELDS = ("on_demand_nodes", "status", "status_changed_at", "max_runtime_minutes",
+                  "run_seconds", "running_since")  # fmt: skip
+
+
+def forecast_month_end(*, jobs: QuerySet[Job], spend: Decimal, now: datetime) -> Decimal:
+    """Month-end spend: `spend` so far plus what each of `jobs` that runs now costs until
+    it reaches its maximum runtime or the month ends, whichever is first. The one forecast
+    rule (budgets, Cost Explorer, cost summary API). Not run rate × the rest of the month:
+    that made one launch of a 24-hour job forecast a whole month of it, and alerts fired
+    from a single launch."""
+    month_left = Decimal(str(max(0.0, (period_end(now) - now).total_seconds())))
+    running = list(jobs.filter(status__in=BILLED_STATUSES).only(*PRICED_BY, *RUNTIME_FIELDS))
+    rates = jobs_run_rates(running)
+    forecast = Decimal(spend)
+    for job in running:
+        runtime_left = max(0.0, job.max_runtime_minutes * 60 - job_run_seconds(job, now))
+        seconds = min(Decimal(str(runtime_left)), month_left)
+        forecast += (rates[job.pk] or Decimal(0)) * seconds / HOUR
+    return forecast
 
 
 def date_range(

@@ -58,13 +58,13 @@ def costs(request: HttpRequest) -> HttpResponse:
         statuses = budget_statuses(tenant=tenant, now=now)
         tenant_budget = next((s for s in statuses if not s.budget.project), None)
         month_end = (selectors.period_end(now) - timedelta(days=1)).date().isoformat()
-        hours_left = Decimal(str((selectors.period_end(now) - now).total_seconds() / 3600))
         forecast = (
             tenant_budget.forecast
             if tenant_budget
-            else (
-                (cumulative[-1] if cumulative else Decimal(0))
-                + selectors.run_rate(Job.objects.for_tenant(tenant)) * hours_left
+            else selectors.forecast_month_end(
+                jobs=Job.objects.for_tenant(tenant),
+                spend=cumulative[-1] if cumulative else Decimal(0),
+                now=now,
             )
         )
         context.update(

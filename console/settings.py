@@ -454,6 +454,9 @@ if env_str("PROMETHEUS_MULTIPROC_DIR", ""):  # prometheus-client writes there fr
 # this is on (a lab or test receiver); otherwise a tenant could aim the server at its own
 # network (SSRF). Checked when a budget is saved and again before each send.
 BUDGET_WEBHOOK_ALLOW_PRIVATE = env_bool("BUDGET_WEBHOOK_ALLOW_PRIVATE", False)
+# A forecast alert fires only when the month-end forecast has stayed over its threshold
+# this long (a job started and cancelled within it never alerts).
+BUDGET_FORECAST_HOLD_MINUTES = env_int("BUDGET_FORECAST_HOLD_MINUTES", 60)
 # Stripe (optional): with an API key, finalized invoices are pushed to Stripe for online
 # payment and credit can be bought through Checkout; without one, invoices stay local.
 # Webhooks (/billing/stripe/webhook/) are refused unless their signing secret is set.

@@ -16,6 +16,10 @@ from console.token_lookup import forget_tokens
 # `tenant_id` and `user_id`. Sockets are checked once at connect; jobs' realtime tells the
 # person's open ones to check again (console can't import jobs).
 membership_changed = Signal()
+# An organisation was created (by sign-up or by staff): sent with `tenant`, inside the
+# transaction that created it, for the rooms above to give it their starting state
+# (the marketplace: the default quota of new organisations).
+tenant_created = Signal()
 
 
 @receiver(user_logged_in)

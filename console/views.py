@@ -47,7 +47,8 @@ def _use_tenant(request: HttpRequest, tenant: Tenant) -> None:
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     if request.tenant is None:
-        return redirect("tenant_create")
+        # Staff who belong to no organisation land on the fleet they run.
+        return redirect("jobs:staff_fleet" if request.user.is_staff else "tenant_create")
     membership = request.membership
     context = {
         "member_count": selectors.members_for_tenant(tenant=request.tenant).count(),
@@ -515,6 +516,7 @@ def staff_tenant_reactivate(request: HttpRequest, tenant_slug: str) -> HttpRespo
             "their users resume them."
         ),
         confirm_label="Reactivate",
+        danger=False,
         act=lambda: tenant_admin.tenant_reactivate(
             tenant=tenant, user=request.user, request=request
         ),

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from console.confirm import confirm_then_act
 from console.permissions import staff_required
 from console.service_errors import ServiceError
+from jobs import fleet
 from jobs.services import chaos
 from marketplace.models import NodePool, Tier
 
@@ -63,12 +64,19 @@ def staff_sandbox(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def staff_sandbox_reclaim(request: HttpRequest, pool_id: int) -> HttpResponse:
     pool = get_object_or_404(NodePool, pk=pool_id, simulated=True, tier=Tier.SPOT)
+    hit = fleet.jobs_on_pool(pool=pool)
     return confirm_then_act(
         request,
         title=f"Reclaim spot capacity of {pool}?",
+        details=[
+            f"{job.name} (#{job.pk}, {job.tenant.name}): {job.spot_nodes} spot node"
+            f"{'' if job.spot_nodes == 1 else 's'}, {job.get_status_display().lower()}"
+            for job in hit
+        ]
+        or ["No job holds capacity on this pool now."],
         message=(
             f"Every pod on the {pool.node_count} node(s) of this pool is disrupted, as when "
-            "the cloud takes spot capacity back. Jobs on it are preempted and requeued."
+            "the cloud takes spot capacity back. These jobs are preempted and requeued:"
         ),
         confirm_label="Reclaim spot capacity",
         act=lambda: chaos.chaos_reclaim_spot(pool=pool, request=request),

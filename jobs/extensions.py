@@ -5,6 +5,7 @@ reservations). Jobs never imports them: they register here from `AppConfig.ready
 - The job-cost provider prices jobs for their pages and the job API.
 - `job_deleting` tells listeners a finished job is about to be deleted, inside the
   deleting transaction (billing moves the usage its meter holds into rollups).
+- Fleet panels: extra sections on the staff fleet page (billing's revenue this month).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Protocol
 
 from django.dispatch import Signal
+
+from marketplace.extensions import Panel, PanelProvider
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -94,3 +97,16 @@ def job_cost_provider_register(provider: JobCostProvider) -> None:
 
 def job_costs() -> JobCostProvider:
     return _cost_provider[0]
+
+
+_fleet_panels: dict[str, PanelProvider] = {}
+
+
+def fleet_panel_register(name: str, provider: PanelProvider) -> None:
+    """Add (or replace, by name: `ready()` may run more than once) a fleet page panel."""
+    _fleet_panels[name] = provider
+
+
+def fleet_panels() -> list[Panel]:
+    panels = (provider() for provider in _fleet_panels.values())
+    return [panel for panel in panels if panel is not None]

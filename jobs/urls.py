@@ -9,6 +9,7 @@ urlpatterns = [
     path("launch/", views.launch, name="launch"),
     path("launch/images/", views.image_options, name="image_options"),
     path("secrets/", views.secrets, name="secrets"),
+    path("staff/fleet/", views.staff_fleet, name="staff_fleet"),
     path("templates/<int:template_id>/delete/", views.template_delete, name="template_delete"),
     path("<int:job_id>/save-template/", views.template_save, name="template_save"),
     path("secrets/<int:secret_id>/delete/", views.secret_delete, name="secret_delete"),
@@ -35,5 +36,6 @@ urlpatterns = [
     ),
     path("<int:job_id>/", views.job_detail, name="detail"),
     path("<int:job_id>/delete/", views.job_delete, name="delete"),
+    path("<int:job_id>/clone/", views.job_clone, name="clone"),
     path("<int:job_id>/<str:action>/", views.job_action, name="action"),
 ]

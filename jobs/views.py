@@ -6,6 +6,8 @@ from django.contrib import messages
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import pluralize
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -20,16 +22,19 @@ from console.permissions import (
     job_action_check,
     may_act_on_job,
     may_change_template,
+    staff_required,
     template_change_check,
 )
 from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
-from jobs import selectors, services
+from jobs import fleet, selectors, services
 from jobs.actors import Actor
-from jobs.extensions import job_costs
+from jobs.extensions import fleet_panels, job_costs
 from jobs.forms import LaunchForm, TenantSecretForm
+from jobs.logs.reading import tail_lines
 from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from marketplace.models import GpuType, Image
+from marketplace.price_book_cache import price_book
 from marketplace.selectors import default_region, registry_credentials_for_tenant
 
 PAGE_SIZE = 50
@@ -195,6 +200,9 @@ def job_list(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/list.html", context)
 
 
+FAILURE_TAIL_LINES = 8
+
+
 @capability_required(Capability.VIEW_TENANT)
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_for_tenant_or_404(
@@ -218,6 +226,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "metrics_url": reverse("api-job-metrics", args=[job.pk]),
         "monitor_url": reverse("api-job-monitor", args=[job.pk]),
         "download_url": reverse("api-job-log-download", args=[job.pk]),
+        # "rank 0: exit code 1" alone doesn't say why: the error is in the last lines.
+        "failure_tail": (
+            tail_lines(job, FAILURE_TAIL_LINES)[0] if job.status == JobStatus.FAILED else []
+        ),
     }
     if request.htmx and request.htmx.target == "job-status":
         return render(request, "jobs/detail.html#job-status", context)
@@ -236,26 +248,71 @@ ACTIONS = {
 
 
 @capability_required(Capability.LAUNCH_JOBS)
+@require_http_methods(["GET", "POST"])
+def job_clone(request: HttpRequest, job_id: int) -> HttpResponse:
+    """A one-click clone asks first, saying what it launches and what that costs; "Edit
+    first" opens the launch form filled from the job instead."""
+    job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
+    job_action_check(request.membership, job)
+    per_node = (
+        f"{job.gpus_per_node} {job.gpu_type} GPU{pluralize(job.gpus_per_node)}"
+        if job.gpu_type_id
+        else f"{job.cpus} vCPU{pluralize(job.cpus)}"
+    )
+    hardware = f"{job.nodes} node{pluralize(job.nodes)} × {per_node}"
+    rate = job_costs().run_rate(job)
+    book = price_book()
+    details = [
+        f"{hardware} in {job.region.name}"
+        + (
+            f" ({job.spot_nodes} spot, {job.on_demand_nodes} on-demand nodes)"
+            if job.spot_nodes
+            else ""
+        ),
+        f"Image {job.image_reference}, command {' '.join(job.command)}"[:300],
+        f"Up to {job.max_runtime_minutes} minutes of running time",
+    ]
+    if rate is not None and book is not None:
+        details.append(
+            f"About {rate:.2f} {book.version.currency} per hour while it runs, at today's prices"
+        )
+    launch_url = reverse("jobs:launch") + f"?from={job.pk}"
+    clone_name = f"{job.name} (clone)"[:100]
+    # "Clone from checkpoint" (the Checkpoints section): the clone's first start continues
+    # from this job's latest complete checkpoint (the form posts back to this URL).
+    from_checkpoint = request.GET.get("from_checkpoint") == "1"
+    if from_checkpoint:
+        details.append("Its first start continues from this job's latest complete checkpoint")
+
+    return confirm_then_act(
+        request,
+        title=f"Launch a clone of “{job.name}”"
+        + (" from its checkpoint?" if from_checkpoint else "?"),
+        message=f"“{clone_name}” is launched at once with the same settings:",
+        details=details,
+        confirm_label="Launch clone",
+        danger=False,
+        alternative=("Edit first", launch_url),
+        act=lambda: services.job_clone(
+            job=job, user=request.user, request=request, from_checkpoint=from_checkpoint
+        ),
+        success_url=lambda clone: reverse("jobs:detail", args=[clone.pk]),
+        success_message=f"Cloned as “{clone_name}”.",
+        cancel_url=reverse("jobs:detail", args=[job.pk]),
+    )
+
+
+@capability_required(Capability.LAUNCH_JOBS)
 @require_POST
 def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     job = get_for_tenant_or_404(Job, request.tenant, pk=job_id)
-    if action != "clone" and action not in ACTIONS:
+    if action not in ACTIONS:
         return HttpResponse(status=404)
     job_action_check(request.membership, job)
     try:
-        if action == "clone":
-            clone = services.job_clone(
-                job=job,
-                user=request.user,
-                request=request,
-                from_checkpoint=request.POST.get("from_checkpoint") == "1",
-            )
-            messages.success(request, f"Cloned as “{clone.name}”.")
-            target = reverse("jobs:detail", args=[clone.pk])
-        else:
-            ACTIONS[action](job=job, actor=Actor.of_user(request.user))
-            messages.success(request, f"{action.title()} requested for “{job.name}”.")
-            target = reverse("jobs:detail", args=[job.pk])
+        ACTIONS[action](job=job, actor=Actor.of_user(request.user))
+        messages.success(request, f"{action.title()} requested for “{job.name}”.")
+        target = reverse("jobs:detail", args=[job.pk])
     except ServiceError as error:
         messages.error(request, error.message)
         target = reverse("jobs:detail", args=[job.pk])
@@ -372,4 +429,28 @@ def job_delete(request: HttpRequest, job_id: int) -> HttpResponse:
         success_message=f"“{job.name}” deleted.",
         # A refused delete (the job isn't finished) goes back to the job, with the reason.
         cancel_url=reverse("jobs:detail", args=[job.pk]),
+    )
+
+
+@staff_required
+def staff_fleet(request: HttpRequest) -> HttpResponse:
+    """Staff's landing page: pools used and free as admission counts them, who holds
+    compute, the queue by what it waits for, and the panels other rooms add."""
+    pools = fleet.fleet_pools()
+    queue = fleet.fleet_queue()
+    return render(
+        request,
+        "jobs/staff_fleet.html",
+        {
+            "pools": pools,
+            "gpus_held": sum(p.held for p in pools if p.unit == "GPUs"),
+            "gpus_total": sum(p.capacity for p in pools if p.unit == "GPUs"),
+            "tenants": fleet.fleet_tenants()[:50],
+            "queue": queue,
+            "queued_total": sum(n for _, n in queue),
+            "panels": [
+                render_to_string(panel.template_name, panel.context, request=request)
+                for panel in fleet_panels()
+            ],
+        },
     )

@@ -6,6 +6,8 @@ class MarketplaceConfig(AppConfig):
     verbose_name = "Marketplace"
 
     def ready(self) -> None:
-        from marketplace.price_book_cache import connect_signals  # models are ready only now
+        # Django's one import in ready(): the receivers import models, which can't load
+        # while the app registry is being populated.
+        from marketplace import receivers
 
-        connect_signals()
+        receivers.connect()

@@ -14,6 +14,7 @@ from marketplace.models import (
     Tier,
     Vendor,
 )
+from marketplace.recommend import Precision, Workload
 from marketplace.services.catalog import GPU_TYPE_EDITABLE_FIELDS, NODE_POOL_EDITABLE_FIELDS
 
 SORT_CHOICES = [
@@ -75,6 +76,36 @@ class EstimateForm(forms.Form):
     )
 
 
+class RecommendForm(forms.Form):
+    """The GPU recommender's inputs in the console (launch form and estimate page); the
+    same bounds as the API's (marketplace.api.serializers.RecommendationRequestSerializer)."""
+
+    prefix = "recommend"
+
+    parameters_billion = forms.DecimalField(
+        label="Model size (billion parameters)",
+        min_value=Decimal("0.001"),
+        max_value=Decimal(10_000),
+        max_digits=9,
+        decimal_places=3,
+        initial=7,
+    )
+    workload = forms.ChoiceField(
+        choices=[(w.value, w.label) for w in Workload], initial=Workload.LORA
+    )
+    precision = forms.ChoiceField(
+        choices=[(p.value, p.value.upper()) for p in Precision],
+        initial=Precision.BF16,
+        help_text="Of the weights (QLoRA: int4 or int8).",
+    )
+    sequence_length = forms.IntegerField(
+        label="Sequence length (tokens)", min_value=1, max_value=1_048_576, initial=2048
+    )
+    batch_size = forms.IntegerField(min_value=1, max_value=4096, initial=1)
+    # A workload without a path at the precision is the service's refusal, shown beside
+    # the precision (console.forms.add_service_error), not a second copy of the rule here.
+
+
 class ImageFilterForm(forms.Form):
     q = forms.CharField(label="Search", required=False)
     kind = forms.ChoiceField(choices=[("", "Any kind"), *ImageKind.choices], required=False)
@@ -110,9 +141,17 @@ class ImageForm(forms.Form):
 
 
 class PriceVersionForm(forms.Form):
+    effective = forms.ChoiceField(
+        choices=[("now", "Now"), ("at", "At a later time")],
+        initial="now",
+        widget=forms.RadioSelect,
+        label="Takes effect",
+    )
     effective_from = forms.DateTimeField(
+        required=False,
+        label="Effective from (UTC)",
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
-        help_text="UTC. Usage before this time keeps the old prices.",
+        help_text="Only for “At a later time”. Usage before this time keeps the old prices.",
     )
     currency = forms.CharField(max_length=3, initial="USD")
     spot_discount_percent = forms.DecimalField(
@@ -129,11 +168,37 @@ class PriceVersionForm(forms.Form):
     )
     note = forms.CharField(max_length=200, required=False)
 
-    def clean_effective_from(self):
-        value = self.cleaned_data["effective_from"]
-        if value < timezone.now() - timezone.timedelta(minutes=1):
-            raise forms.ValidationError("Pick now or a later time; past prices can't change.")
-        return max(value, timezone.now())
+    def clean(self):
+        data = super().clean()
+        now = timezone.now()
+        if data.get("effective") == "now":
+            data["effective_from"] = now
+        elif data.get("effective") == "at":
+            value = data.get("effective_from")
+            if value is None:
+                self.add_error("effective_from", "Give the time it takes effect, or choose Now.")
+            elif value < now - timezone.timedelta(minutes=1):
+                self.add_error(
+                    "effective_from", "Pick now or a later time; past prices can't change."
+                )
+            else:
+                data["effective_from"] = max(value, now)
+        return data
+
+
+class NewTenantPolicyForm(forms.Form):
+    default_max_gpus = forms.IntegerField(
+        min_value=0, required=False, label="GPUs at once", help_text="Empty: no limit."
+    )
+    default_max_concurrent_jobs = forms.IntegerField(
+        min_value=0, required=False, label="Jobs at a time", help_text="Empty: no limit."
+    )
+    require_credit = forms.BooleanField(
+        required=False,
+        label="Require credit before the first launch",
+        help_text="Only where Stripe is configured: an organisation launches once it has "
+        "credit or has paid an invoice.",
+    )
 
 
 class TenantPricingForm(forms.Form):

@@ -259,6 +259,31 @@ class TenantQuota(models.Model):
         return f"{self.tenant}: {self.gpu_type or 'all GPUs'} ≤ {self.max_gpus}"
 
 
+class NewTenantPolicy(models.Model):
+    """What a new organisation starts with (one row, staff-edited): a tenant-wide quota,
+    so a fresh sign-up can't rent a whole pool at once, and whether it needs credit
+    before its first launch where Stripe is set up. A missing row means these defaults."""
+
+    default_max_gpus = models.PositiveIntegerField(
+        null=True, blank=True, default=8, help_text="Empty: no limit."
+    )
+    default_max_concurrent_jobs = models.PositiveIntegerField(
+        null=True, blank=True, default=4, help_text="Empty: no limit."
+    )
+    require_credit = models.BooleanField(
+        default=True,
+        help_text="Where Stripe is configured, an organisation launches only once it has "
+        "credit or has paid an invoice.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return "New organisation policy"
+
+
 class ImageKind(models.TextChoices):
     BASE = "base", "Base (OS + driver/CUDA runtime)"
     FRAMEWORK = "framework", "Framework (PyTorch/TensorFlow)"

@@ -6,9 +6,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
+from django.http import HttpRequest
 
 from console.crypto import decrypt_json
 from console.models import Tenant
@@ -16,10 +18,12 @@ from marketplace.images import InvalidReference, parse_reference
 from marketplace.models import (
     GpuType,
     Image,
+    NewTenantPolicy,
     NodePool,
     PriceVersion,
     Region,
     RegistryCredential,
+    TenantQuota,
     Tier,
     free_capacity,
 )
@@ -249,6 +253,28 @@ def images_for_tenant(
         ids = [image.pk for image in images if vendor in image.compatible_with]
         images = images.filter(pk__in=ids)
     return images
+
+
+def new_tenant_policy() -> NewTenantPolicy:
+    """The policy for new organisations; its defaults where staff never saved one."""
+    return NewTenantPolicy.objects.filter(pk=1).first() or NewTenantPolicy(pk=1)
+
+
+def tenant_wide_quota(*, tenant: Tenant) -> TenantQuota | None:
+    return TenantQuota.objects.for_tenant(tenant).filter(gpu_type=None).first()
+
+
+def dashboard_limits_context(request: HttpRequest) -> dict[str, Any]:
+    """The dashboard's "Your limits" panel where the organisation has a tenant-wide quota
+    (registered with console.dashboard by the marketplace's receivers)."""
+    tenant = getattr(request, "tenant", None)
+    quota = tenant_wide_quota(tenant=tenant) if tenant is not None else None
+    if quota is None or (quota.max_gpus is None and quota.max_concurrent_jobs is None):
+        return {}
+    return {
+        "dashboard_panels": ["marketplace/partials/dashboard_limits.html"],
+        "tenant_quota": quota,
+    }
 
 
 def price_versions() -> QuerySet[PriceVersion]:

@@ -7,6 +7,7 @@ app_name = "marketplace"
 urlpatterns = [
     path("offers/", catalog.offers, name="offers"),
     path("estimate/", catalog.estimate, name="estimate"),
+    path("recommend/", catalog.recommend, name="recommend"),
     path("images/", catalog.images, name="images"),
     path("images/<int:image_id>/retire/", catalog.image_deactivate, name="image_deactivate"),
     path(
@@ -21,6 +22,11 @@ urlpatterns = [
         name="staff_price_version",
     ),
     path("staff/catalog/", staff.staff_catalog, name="staff_catalog"),
+    path(
+        "staff/new-organisations/",
+        staff.staff_new_tenant_policy,
+        name="staff_new_tenant_policy",
+    ),
     path(
         "staff/gpu-types/<slug:gpu_type_slug>/",
         staff.staff_gpu_type_edit,

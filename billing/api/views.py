@@ -116,9 +116,9 @@ class CostSummaryView(APIView):
         now = datetime.now(UTC)
         _days, cumulative = selectors.cumulative_month(tenant=request.tenant, now=now)
         month_to_date = cumulative[-1] if cumulative else 0
-        hours_left = (selectors.period_end(now) - now).total_seconds() / 3600
-        rate = selectors.run_rate(Job.objects.for_tenant(request.tenant))
-        forecast = Decimal(month_to_date) + rate * Decimal(str(hours_left))
+        jobs = Job.objects.for_tenant(request.tenant)
+        rate = selectors.run_rate(jobs)
+        forecast = selectors.forecast_month_end(jobs=jobs, spend=Decimal(month_to_date), now=now)
         budgets = [
             {
                 "id": s.budget.pk,

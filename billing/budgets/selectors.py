@@ -11,7 +11,7 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
-from billing.selectors import period_end, period_start, run_rate
+from billing.selectors import forecast_month_end, period_end, period_start
 from console.models import Tenant
 from jobs.models import Job, Priority
 
@@ -37,10 +37,9 @@ def budget_spend(budget: Budget, now: datetime) -> Decimal:
 
 
 def budget_forecast(budget: Budget, now: datetime, spend: Decimal | None = None) -> Decimal:
-    """Month-end spend if the running jobs keep running at their current rate."""
+    """The budget's month-end forecast (`billing.selectors.forecast_month_end`)."""
     spend = budget_spend(budget, now) if spend is None else spend
-    hours_left = Decimal(str((period_end(now) - now).total_seconds() / 3600))
-    return spend + run_rate(budget_jobs(budget)) * hours_left
+    return forecast_month_end(jobs=budget_jobs(budget), spend=spend, now=now)
 
 
 @dataclass

@@ -14,9 +14,10 @@ import hmac
 import json
 import logging
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
@@ -232,20 +233,20 @@ class BudgetLaunchPolicy:
 
 
 def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bool:
-    """Record a threshold crossing once per period; True when it is new."""
+    """Record a threshold crossing once per period (a cleared forecast alert may fire
+    again); True when it is new."""
+    figure = status.spend if kind == "actual" else status.forecast
+    key = {"budget": status.budget, "period_start": period_start(now), "threshold": threshold}
     try:
         with transaction.atomic():
-            BudgetAlert.objects.create(
-                budget=status.budget,
-                period_start=period_start(now),
-                threshold=threshold,
-                kind=kind,
-                spend=status.spend if kind == "actual" else status.forecast,
-            )
+            BudgetAlert.objects.create(**key, kind=kind, spend=figure, created_at=now)
     except IntegrityError:
-        return False
+        refired = BudgetAlert.objects.filter(**key, kind=kind, cleared_at__isnull=False).update(
+            cleared_at=None, spend=figure, created_at=now
+        )
+        if not refired:
+            return False
     budget = status.budget
-    figure = status.spend if kind == "actual" else status.forecast
     title = (
         f"Budget “{budget.name}” {'reached' if kind == 'actual' else 'forecast to reach'} "
         f"{threshold} %"
@@ -340,17 +341,42 @@ def budget_webhook_send(*, budget: Budget, payload: dict) -> int:
     )
 
 
+def _alert_thresholds(status: BudgetStatus, now: datetime) -> None:
+    """Alert on each threshold spend has crossed; on a threshold only the forecast has
+    crossed, once the forecast has held over it for BUDGET_FORECAST_HOLD_MINUTES; and
+    clear the forecast alerts whose forecast fell back below (their jobs ended)."""
+    budget = status.budget
+    hold = timedelta(minutes=settings.BUDGET_FORECAST_HOLD_MINUTES)
+    over_since = dict(budget.forecast_over_since)
+    for threshold in budget.thresholds:
+        if status.spend * 100 >= budget.amount * threshold:
+            _alert(status, threshold, "actual", now)
+            over_since.pop(str(threshold), None)
+        elif status.forecast * 100 >= budget.amount * threshold:
+            since = datetime.fromisoformat(over_since.setdefault(str(threshold), now.isoformat()))
+            if now - since >= hold:
+                _alert(status, threshold, "forecast", now)
+        else:
+            over_since.pop(str(threshold), None)
+            BudgetAlert.objects.filter(
+                budget=budget,
+                period_start=period_start(now),
+                threshold=threshold,
+                kind="forecast",
+                cleared_at__isnull=True,
+            ).update(cleared_at=now)
+    if over_since != budget.forecast_over_since:
+        budget.forecast_over_since = over_since
+        Budget.objects.filter(pk=budget.pk).update(forecast_over_since=over_since)
+
+
 def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
     """Alert on crossed thresholds; pause or resume the jobs of exhausted budgets.
     Returns the jobs it paused."""
     now = now or timezone.now()
     statuses = budget_statuses(tenant=tenant, now=now)
     for status in statuses:
-        for threshold in status.budget.thresholds:
-            if status.spend * 100 >= status.budget.amount * threshold:
-                _alert(status, threshold, "actual", now)
-            elif status.forecast * 100 >= status.budget.amount * threshold:
-                _alert(status, threshold, "forecast", now)
+        _alert_thresholds(status, now)
 
     paused = []
     blocking = [s for s in statuses if s.blocking]

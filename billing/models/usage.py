@@ -340,6 +340,9 @@ class Budget(TenantOwnedModel):
     webhook_url = models.URLField(blank=True)
     # The key this budget's webhooks are signed with (encrypted; shown once, rotatable).
     webhook_secret_encrypted = models.TextField(blank=True)
+    # Since when the forecast has been at or over each threshold ({"80": ISO time}):
+    # a forecast alert fires only once the forecast has held for a while.
+    forecast_over_since = models.JSONField(default=dict, blank=True)
     # Not a field: set by the budget services on the instance they return when they made
     # a new secret, so the page or API response can show it this one time.
     new_webhook_secret: str | None = None
@@ -367,6 +370,8 @@ class BudgetAlert(models.Model):
     kind = models.CharField(max_length=10)  # actual | forecast
     spend = models.DecimalField(**AMOUNT)
     created_at = models.DateTimeField(default=timezone.now)
+    # A forecast alert whose forecast fell below its threshold again (jobs ended).
+    cleared_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_field = "budget__tenant"

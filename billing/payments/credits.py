@@ -34,12 +34,14 @@ from billing.payments.client import (
     stripe_call,
     stripe_configured,
 )
+from billing.payments.selectors import credit_required_before_launch
 from billing.payments.stripe_sync import stripe_customer_for
 from console.models import Tenant, User
 from console.permissions import Capability, has_capability
 from console.selectors import membership_of
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
+from jobs.services import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +164,16 @@ def credit_purchase_complete(
             metadata={"amount": str(locked.amount), "reference": reference},
         )
     return True
+
+
+class CreditLaunchPolicy:
+    """jobs.extensions.LaunchPolicy: under the policy for new organisations, one without
+    credit or a paid invoice adds credit before its first launch (402)."""
+
+    def check_launch(self, *, tenant: Tenant, spec: JobSpec) -> None:
+        if credit_required_before_launch(tenant=tenant):
+            raise ServiceError(
+                "Add credit before this organisation's first launch (Billing → Credit); "
+                "nothing is charged until a job runs.",
+                code=ErrorCode.PAYMENT_REQUIRED,
+            )

@@ -24,6 +24,7 @@ from billing.models import (
 from billing.payments.client import stripe_configured
 from console.models import Tenant
 from console.permissions import Capability, has_capability
+from marketplace.selectors import new_tenant_policy
 
 HISTORY = 200  # movements shown on the credit page; the API pages through all
 
@@ -35,6 +36,30 @@ def credit_balance(*, tenant: Tenant) -> Decimal:
         .first()
     )
     return balance if balance is not None else Decimal("0.00")
+
+
+def credit_required_before_launch(*, tenant: Tenant) -> bool:
+    """The policy for new organisations, where Stripe is set up: an organisation that has
+    neither credit nor a paid invoice launches nothing yet (staff's opening balance or a
+    credit purchase lifts it)."""
+    if not stripe_configured() or not new_tenant_policy().require_credit:
+        return False
+    if credit_balance(tenant=tenant) > 0:
+        return False
+    return not Invoice.objects.for_tenant(tenant).filter(status=InvoiceStatus.PAID).exists()
+
+
+def dashboard_credit_context(request: HttpRequest) -> dict[str, Any]:
+    """The dashboard's "Add credit to launch" panel (registered with console.dashboard by
+    BillingConfig)."""
+    tenant = getattr(request, "tenant", None)
+    if tenant is None or not credit_required_before_launch(tenant=tenant):
+        return {}
+    membership = getattr(request, "membership", None)
+    return {
+        "dashboard_panels": ["billing/partials/dashboard_credit_required.html"],
+        "can_buy_credit": has_capability(membership, Capability.BUY_CREDIT),
+    }
 
 
 def credit_movements(*, tenant: Tenant) -> QuerySet[CreditMovement]:

@@ -10,6 +10,7 @@ from console.models import Membership, Tenant, User
 from console.permissions import Role
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
+from console.signals import tenant_created
 
 
 def _unique_slug(name: str) -> str:
@@ -35,4 +36,5 @@ def tenant_create(
     audit_record(
         action="tenant.created", tenant=tenant, actor=owner, target=tenant, request=request
     )
+    tenant_created.send(sender=Tenant, tenant=tenant)
     return tenant

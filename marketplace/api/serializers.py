@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.api.fields import (
@@ -21,6 +22,7 @@ from marketplace.models import (
     RegistryCredential,
     Tier,
 )
+from marketplace.recommend import DEFAULT_LORA_RANK, Precision, Workload
 from marketplace.selectors import SORTS
 from marketplace.services.catalog import LABEL_VALUE, NODE_POOL_EDITABLE_FIELDS
 from marketplace.services.images import COMPATIBLE_VALUES
@@ -346,3 +348,89 @@ class RegistryCredentialSerializer(StrictModelSerializer):
         data = super().to_representation(credential)
         data["password"] = mask("stored")
         return data
+
+
+class RecommendationRequestSerializer(serializers.Serializer):
+    """What the GPU recommender needs: the model's size, what to do with it, at which
+    precision, and how many tokens at once. The shape fields are optional: derived from
+    the parameter count when absent (marketplace.recommend.model_shape)."""
+
+    parameters_billion = serializers.DecimalField(
+        max_digits=9,
+        decimal_places=3,
+        min_value=Decimal("0.001"),
+        max_value=Decimal(10_000),
+        help_text="Model size in billions of parameters (7 for a 7B model).",
+    )
+    workload = serializers.ChoiceField(choices=[(w.value, w.label) for w in Workload])
+    precision = serializers.ChoiceField(choices=[p.value for p in Precision])
+    sequence_length = serializers.IntegerField(min_value=1, max_value=1_048_576, default=2048)
+    batch_size = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.ON_DEMAND)
+    region = serializers.SlugRelatedField(
+        slug_field="slug",
+        queryset=Region.objects.filter(is_active=True),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Only options in this region (all the caller may use by default).",
+    )
+    layers = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    hidden_size = serializers.IntegerField(min_value=64, max_value=131_072, required=False)
+    kv_heads = serializers.IntegerField(
+        min_value=1, max_value=1024, required=False, help_text="Fewer than heads for GQA models."
+    )
+    head_dim = serializers.IntegerField(min_value=16, max_value=1024, required=False)
+    lora_rank = serializers.IntegerField(min_value=1, max_value=1024, default=DEFAULT_LORA_RANK)
+
+
+class MemoryBreakdownSerializer(serializers.Serializer):
+    weights = serializers.FloatField(help_text="GiB")
+    gradients = serializers.FloatField(help_text="GiB")
+    optimizer = serializers.FloatField(help_text="GiB")
+    activations = serializers.FloatField(help_text="GiB")
+    kv_cache = serializers.FloatField(help_text="GiB")
+
+
+class ModelShapeSerializer(serializers.Serializer):
+    parameters = serializers.IntegerField()
+    layers = serializers.IntegerField()
+    hidden_size = serializers.IntegerField()
+    heads = serializers.IntegerField()
+    kv_heads = serializers.IntegerField()
+    head_dim = serializers.IntegerField()
+    ffn_size = serializers.IntegerField()
+    vocabulary = serializers.IntegerField()
+
+
+class GpuOptionSerializer(serializers.Serializer):
+    gpu_type = StrictCharField(source="gpu_type.slug")
+    gpu_model = StrictCharField(source="gpu_type.model")
+    gpu_memory_gib = serializers.IntegerField(source="gpu_type.memory_gib")
+    region = StrictCharField(source="region.slug")
+    tier = StrictCharField()
+    gpus = serializers.IntegerField(help_text="GPUs in all")
+    gpus_per_node = serializers.IntegerField()
+    nodes = serializers.IntegerField()
+    fits = StrictBooleanField(help_text="The pools here have enough nodes for it")
+    # Wide: an absurd (but valid) model on small cards asks for billions of GPUs.
+    price_per_hour = serializers.DecimalField(
+        max_digits=32, decimal_places=2, coerce_to_string=True
+    )
+    currency = StrictCharField()
+    available_now = StrictBooleanField(help_text="Enough GPUs are free right now")
+    free_gpus = serializers.IntegerField()
+    memory_per_gpu_gib = serializers.FloatField()
+
+
+class RecommendationSerializer(serializers.Serializer):
+    memory_needed_gib = serializers.FloatField(help_text="Before the margin")
+    memory_margin = serializers.FloatField(help_text="Share of GPU memory kept in reserve")
+    memory_with_margin_gib = serializers.FloatField()
+    breakdown = serializers.SerializerMethodField()
+    model = ModelShapeSerializer(source="shape")
+    options = GpuOptionSerializer(many=True)
+
+    @extend_schema_field(MemoryBreakdownSerializer)
+    def get_breakdown(self, recommendation) -> dict[str, float]:
+        return recommendation.breakdown.gib()

@@ -17,5 +17,6 @@ router.register("price-versions", views.PriceVersionViewSet, basename="api-price
 
 urlpatterns = [
     path("estimates", views.EstimateView.as_view(), name="api-estimate"),
+    path("recommendations", views.RecommendationView.as_view(), name="api-recommendation"),
     *router.urls,
 ]

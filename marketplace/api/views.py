@@ -28,6 +28,7 @@ from marketplace.models import (
     RegistryCredential,
 )
 from marketplace.pricing import PricingError, estimate_cost
+from marketplace.recommend import Precision, Workload, gpu_recommendations
 
 
 class GpuTypeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -97,6 +98,44 @@ class EstimateView(APIView):
         except PricingError as error:
             raise ServiceError(error.message, field=error.field) from None
         return Response(s.EstimateSerializer(result).data)
+
+
+class RecommendationView(APIView):
+    """The GPU recommender: the memory a model needs for a workload and the catalog's
+    configurations that hold it, fitting ones first, then cheapest (the caller's prices)."""
+
+    @extend_schema(
+        request=s.RecommendationRequestSerializer,
+        responses=s.RecommendationSerializer,
+        description="Sizes in GiB. `fits`: the pools have enough nodes for the "
+        "configuration, keeping `memory_margin` of each GPU's memory in reserve; "
+        "`available_now`: enough of their GPUs are free at this moment.",
+    )
+    def post(self, request):
+        data = s.RecommendationRequestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        region = values["region"]
+        if region is not None and not (
+            selectors.regions_for_tenant(request.tenant).filter(pk=region.pk).exists()
+        ):
+            raise ServiceError(selectors.HOST_NOT_AVAILABLE, field="region")
+        recommendation = gpu_recommendations(
+            tenant=request.tenant,
+            parameters_billion=float(values["parameters_billion"]),
+            workload=Workload(values["workload"]),
+            precision=Precision(values["precision"]),
+            sequence_length=values["sequence_length"],
+            batch_size=values["batch_size"],
+            tier=values["tier"],
+            region=region,
+            layers=values.get("layers"),
+            hidden_size=values.get("hidden_size"),
+            kv_heads=values.get("kv_heads"),
+            head_dim=values.get("head_dim"),
+            lora_rank=values["lora_rank"],
+        )
+        return Response(s.RecommendationSerializer(recommendation).data)
 
 
 class ImageViewSet(

@@ -13,6 +13,8 @@ from marketplace.services.catalog import (
     GPU_TYPE_EDITABLE_FIELDS,
     NODE_POOL_EDITABLE_FIELDS,
     gpu_type_update,
+    new_tenant_limits_apply,
+    new_tenant_policy_set,
     node_pool_update,
     tenant_quota_set,
 )
@@ -30,6 +32,7 @@ from marketplace.services.images import (
 )
 from marketplace.services.price_book import (
     PreviewRow,
+    PriceBookPreview,
     PriceRow,
     price_version_preview,
     price_version_publish,
@@ -43,6 +46,7 @@ __all__ = [
     "IMAGE_FIELDS",
     "NODE_POOL_EDITABLE_FIELDS",
     "PreviewRow",
+    "PriceBookPreview",
     "PriceRow",
     "allowed_registry_add",
     "allowed_registry_remove",
@@ -51,6 +55,8 @@ __all__ = [
     "image_create",
     "image_deactivate",
     "image_validate_reference",
+    "new_tenant_limits_apply",
+    "new_tenant_policy_set",
     "node_pool_update",
     "price_version_preview",
     "price_version_publish",

@@ -1,6 +1,6 @@
 """The staff catalog: hand edits of GPU types and node pools (not their capacity, which
-`capacity_sync` owns) and tenants' quotas per GPU type. Every change is audit-logged in
-the same transaction.
+`capacity_sync` owns), tenants' quotas per GPU type and the quota a new organisation
+starts with. Every change is audit-logged in the same transaction.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from django.http import HttpRequest
 from console.models import Tenant, User
 from console.service_errors import ServiceError
 from console.services.audit import audit_record
-from marketplace.models import GpuType, NodePool, TenantQuota
+from marketplace.models import GpuType, NewTenantPolicy, NodePool, TenantQuota
+from marketplace.selectors import new_tenant_policy
 
 # --- GPU types and node pools ----
 
@@ -183,4 +184,73 @@ def tenant_quota_set(
         request=request,
         metadata=metadata,
     )
+    return quota
+
+
+# --- new organisations ----
+
+
+@transaction.atomic
+def new_tenant_policy_set(
+    *,
+    default_max_gpus: int | None,
+    default_max_concurrent_jobs: int | None,
+    require_credit: bool,
+    user: User,
+    request: HttpRequest | None = None,
+) -> NewTenantPolicy:
+    """Set what organisations created from now on start with (existing ones keep theirs)."""
+    for field, value in (
+        ("default_max_gpus", default_max_gpus),
+        ("default_max_concurrent_jobs", default_max_concurrent_jobs),
+    ):
+        if value is not None and value < 0:
+            raise ServiceError("Limits can't be negative.", field=field)
+    policy, _ = NewTenantPolicy.objects.update_or_create(
+        pk=1,
+        defaults={
+            "default_max_gpus": default_max_gpus,
+            "default_max_concurrent_jobs": default_max_concurrent_jobs,
+            "require_credit": require_credit,
+            "updated_by": user,
+        },
+    )
+    audit_record(
+        action="new_tenant_policy.changed",
+        actor=user,
+        target=policy,
+        request=request,
+        metadata={
+            "default_max_gpus": default_max_gpus,
+            "default_max_concurrent_jobs": default_max_concurrent_jobs,
+            "require_credit": require_credit,
+        },
+    )
+    return policy
+
+
+def new_tenant_limits_apply(*, tenant: Tenant) -> TenantQuota | None:
+    """Give a new organisation the policy's tenant-wide quota (unless it has one)."""
+    policy = new_tenant_policy()
+    if policy.default_max_gpus is None and policy.default_max_concurrent_jobs is None:
+        return None
+    quota, created = TenantQuota.objects.get_or_create(
+        tenant=tenant,
+        gpu_type=None,
+        defaults={
+            "max_gpus": policy.default_max_gpus,
+            "max_concurrent_jobs": policy.default_max_concurrent_jobs,
+        },
+    )
+    if created:
+        audit_record(
+            action="tenant_quota.default_applied",
+            tenant=tenant,
+            actor_label="new organisation policy",
+            target=tenant,
+            metadata={
+                "max_gpus": quota.max_gpus,
+                "max_concurrent_jobs": quota.max_concurrent_jobs,
+            },
+        )
     return quota

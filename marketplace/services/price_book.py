@@ -29,16 +29,48 @@ class PriceRow:
 
 @dataclass(frozen=True)
 class PreviewRow:
+    """One offer whose price changes: new (no old price), repriced, or withdrawn (no
+    new price: its cell was left empty)."""
+
     gpu_type: GpuType | None
     region: Region
     old_price: Decimal | None
-    new_price: Decimal
+    new_price: Decimal | None
 
     @property
     def change_percent(self) -> Decimal | None:
-        if not self.old_price:
+        if not self.old_price or self.new_price is None:
             return None
         return ((self.new_price - self.old_price) / self.old_price * 100).quantize(Decimal("0.1"))
+
+
+@dataclass(frozen=True)
+class DiscountChange:
+    label: str
+    old_percent: Decimal | None
+    new_percent: Decimal
+
+
+@dataclass(frozen=True)
+class PriceBookPreview:
+    """What publishing would change against the version in force: only the offers whose
+    price changes and the discounts that change; `unchanged` counts the rest."""
+
+    rows: list[PreviewRow]
+    discounts: list[DiscountChange]
+    unchanged: int
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.rows or self.discounts)
+
+
+DISCOUNT_LABELS = {
+    "spot_discount_percent": "Spot discount",
+    "reserved_1m_discount_percent": "Reserved 1-month discount",
+    "reserved_3m_discount_percent": "Reserved 3-month discount",
+    "reserved_12m_discount_percent": "Reserved 12-month discount",
+}
 
 
 def _validate_discounts(spot: Decimal, reserved: dict[int, Decimal]) -> None:
@@ -53,21 +85,41 @@ def _validate_discounts(spot: Decimal, reserved: dict[int, Decimal]) -> None:
         raise ServiceError("Give a discount for each reserved term: 1, 3 and 12 months.")
 
 
-def price_version_preview(*, rows: list[PriceRow], at: datetime | None = None) -> list[PreviewRow]:
-    """The new table next to the one in force (nothing saved)."""
+def price_version_preview(
+    *,
+    rows: list[PriceRow],
+    spot_discount_percent: Decimal,
+    reserved_discount_percent: dict[int, Decimal],
+    at: datetime | None = None,
+) -> PriceBookPreview:
+    """What changes against the version in force at `at` (nothing saved)."""
     current = PriceVersion.objects.in_force(at)
-    old = {}
-    if current is not None:
-        old = {(e.gpu_type_id, e.region_id): e.on_demand_price for e in current.entries.all()}
-    return [
-        PreviewRow(
-            gpu_type=row.gpu_type,
-            region=row.region,
-            old_price=old.get((row.gpu_type.pk if row.gpu_type else None, row.region.pk)),
-            new_price=row.on_demand_price,
-        )
-        for row in rows
+    entries = list(current.entries.select_related("gpu_type", "region")) if current else []
+    old = {(e.gpu_type_id, e.region_id): e.on_demand_price for e in entries}
+    new = {(r.gpu_type.pk if r.gpu_type else None, r.region.pk): r for r in rows}
+    changed = [
+        PreviewRow(row.gpu_type, row.region, old.get(key), row.on_demand_price)
+        for key, row in new.items()
+        if old.get(key) != row.on_demand_price
+    ] + [
+        PreviewRow(e.gpu_type, e.region, e.on_demand_price, None)
+        for e in entries
+        if (e.gpu_type_id, e.region_id) not in new
     ]
+    proposed = {
+        "spot_discount_percent": spot_discount_percent,
+        **{f"reserved_{m}m_discount_percent": v for m, v in reserved_discount_percent.items()},
+    }
+    discounts = [
+        DiscountChange(DISCOUNT_LABELS[name], getattr(current, name, None), value)
+        for name, value in proposed.items()
+        if current is None or getattr(current, name) != value
+    ]
+    return PriceBookPreview(
+        rows=sorted(changed, key=lambda r: (str(r.gpu_type or "CPU"), r.region.slug)),
+        discounts=discounts,
+        unchanged=len(new) - sum(1 for r in changed if r.new_price is not None),
+    )
 
 
 @transaction.atomic

@@ -22,10 +22,12 @@ from marketplace.forms import (
     ImageFilterForm,
     ImageForm,
     OfferFilterForm,
+    RecommendForm,
     RegistryCredentialForm,
 )
 from marketplace.models import AllowedRegistry, Image, RegistryCredential
 from marketplace.pricing import PricingError, estimate_cost
+from marketplace.recommend import Precision, Recommendation, Workload, gpu_recommendations
 from marketplace.views.common import image_create_from_form
 
 
@@ -94,6 +96,31 @@ def estimate(request: HttpRequest) -> HttpResponse:
             add_service_error(form, error)
     template = "marketplace/partials/estimate.html" if request.htmx else "marketplace/estimate.html"
     return render(request, template, {"estimate_form": form, "estimate": result})
+
+
+@login_required
+def recommend(request: HttpRequest) -> HttpResponse:
+    """The GPU recommender's options table (htmx, from the launch form and the estimate
+    page); a full page without JS."""
+    form = RecommendForm(request.GET or None)
+    recommendation: Recommendation | None = None
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            recommendation = gpu_recommendations(
+                tenant=request.tenant,
+                parameters_billion=float(data["parameters_billion"]),
+                workload=Workload(data["workload"]),
+                precision=Precision(data["precision"]),
+                sequence_length=data["sequence_length"],
+                batch_size=data["batch_size"],
+            )
+        except ServiceError as error:
+            add_service_error(form, error)
+    context = {"recommend_form": form, "recommendation": recommendation}
+    if request.htmx:
+        return render(request, "marketplace/partials/recommend.html", context)
+    return render(request, "marketplace/recommend.html", context)
 
 
 @login_required

@@ -49,6 +49,10 @@ def _price_rows_from_post(request: HttpRequest) -> tuple[list[services.PriceRow]
     return rows, errors
 
 
+def _reserved(data: dict) -> dict[int, Decimal]:
+    return {m: data[f"reserved_{m}m_discount_percent"] for m in (1, 3, 12)}
+
+
 def _price_grid(version: PriceVersion | None, posted: dict | None = None) -> dict:
     regions = list(selectors.regions_active())
     gpu_types = list(GpuType.objects.all())
@@ -64,7 +68,9 @@ def _price_grid(version: PriceVersion | None, posted: dict | None = None) -> dic
         for region in regions:
             name = f"price|{slug}|{region.slug}"
             value = posted.get(name) if posted is not None else current.get((slug, region.slug))
-            cells.append({"name": name, "value": value if value is not None else ""})
+            cells.append(
+                {"name": name, "value": value if value is not None else "", "region": region}
+            )
         grid.append({"label": label, "cells": cells})
     return {"regions": regions, "grid": grid}
 
@@ -100,11 +106,7 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
                         effective_from=data["effective_from"],
                         rows=rows,
                         spot_discount_percent=data["spot_discount_percent"],
-                        reserved_discount_percent={
-                            1: data["reserved_1m_discount_percent"],
-                            3: data["reserved_3m_discount_percent"],
-                            12: data["reserved_12m_discount_percent"],
-                        },
+                        reserved_discount_percent=_reserved(data),
                         currency=data["currency"],
                         note=data["note"],
                         user=request.user,
@@ -120,7 +122,11 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
                     )
                     return redirect("marketplace:staff_prices")
             else:
-                preview = services.price_version_preview(rows=rows)
+                preview = services.price_version_preview(
+                    rows=rows,
+                    spot_discount_percent=data["spot_discount_percent"],
+                    reserved_discount_percent=_reserved(data),
+                )
     context = {
         "form": form,
         "preview": preview,

@@ -20,11 +20,12 @@ from console.forms import add_service_error
 from console.models import Tenant
 from console.permissions import staff_required
 from console.service_errors import ServiceError
-from marketplace import services
+from marketplace import selectors, services
 from marketplace.forms import (
     AllowedRegistryForm,
     GpuTypeForm,
     ImageForm,
+    NewTenantPolicyForm,
     NodePoolForm,
     TenantPricingForm,
     TenantQuotaForm,
@@ -42,6 +43,7 @@ from marketplace.views.common import image_create_from_form
 
 @staff_required
 def staff_catalog(request: HttpRequest) -> HttpResponse:
+    policy = selectors.new_tenant_policy()
     return render(
         request,
         "marketplace/staff_catalog.html",
@@ -50,8 +52,30 @@ def staff_catalog(request: HttpRequest) -> HttpResponse:
             "pools": NodePool.objects.select_related("region", "gpu_type"),
             "registries": AllowedRegistry.objects.all(),
             "registry_form": AllowedRegistryForm(),
+            "policy_form": NewTenantPolicyForm(
+                initial={
+                    "default_max_gpus": policy.default_max_gpus,
+                    "default_max_concurrent_jobs": policy.default_max_concurrent_jobs,
+                    "require_credit": policy.require_credit,
+                }
+            ),
         },
     )
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_new_tenant_policy(request: HttpRequest) -> HttpResponse:
+    form = NewTenantPolicyForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.new_tenant_policy_set(user=request.user, request=request, **form.cleaned_data)
+        except ServiceError as error:
+            add_service_error(form, error)
+        else:
+            messages.success(request, "Saved: organisations created from now on start with it.")
+            return redirect("marketplace:staff_catalog")
+    return render(request, "marketplace/staff_new_tenant_policy.html", {"form": form})
 
 
 def _staff_model_edit(

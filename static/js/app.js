@@ -13,6 +13,8 @@ document.addEventListener("DOMContentLoaded", () => {
         navigator.clipboard?.writeText(input.value).then(() => { copyButton.textContent = "Copied"; });
       }
     }
+    const use = event.target.closest("[data-recommend-use]");
+    if (use) fillFromRecommendation(use);
     const toggle = event.target.closest("[data-nav-toggle]");
     if (toggle) {
       const nav = document.getElementById(toggle.getAttribute("aria-controls"));
@@ -21,3 +23,28 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   });
 });
+
+// The GPU recommender's "Use": fill the page's launch (or estimate) form with the chosen
+// configuration, then fire "change" so its image list and live estimate follow.
+function fillFromRecommendation(button) {
+  const panel = button.closest("[data-recommend-fills]");
+  const form = panel && panel.dataset.recommendFills && document.querySelector(panel.dataset.recommendFills);
+  if (!form) return;
+  const values = {
+    gpu_type: button.dataset.gpuType,
+    gpus_per_node: button.dataset.gpusPerNode,
+    nodes: button.dataset.nodes,
+    region: button.dataset.region,
+    tier: button.dataset.tier,
+    spot_ratio: button.dataset.tier === "spot" ? "1" : "0",
+  };
+  for (const [name, value] of Object.entries(values)) {
+    const field = form.elements.namedItem(name);
+    if (!field || field.type === "hidden" || value === undefined) continue;
+    field.value = value;
+    field.dispatchEvent(new Event("change", { bubbles: true }));
+  }
+  const first = form.elements.namedItem("gpu_type");
+  if (first && first.focus) first.focus();
+  button.textContent = "Filled in";
+}

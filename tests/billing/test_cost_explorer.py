@@ -483,6 +483,9 @@ def test_htmx_gets_only_the_explorer_partial(usage, world):
         ({"range": "custom", "start": "2026-03-01"}, "Give a start and an end date"),
         ({"range": "this_month", "group_by": "colour"}, "Select a valid choice"),
         ({"range": "fortnight"}, "Select a valid choice"),
+        # A GPU type is picked from the catalog's, not typed ("A100" used to give 0.00).
+        ({"range": "this_month", "gpu_type": "A100"}, "Select a valid choice"),
+        ({"range": "this_month", "region": "mars"}, "Select a valid choice"),
         ({"range": "custom", "start": "yesterday", "end": "2026-03-01"}, "Enter a valid date"),
         # The end of the calendar (was a 500: the day after it can't be computed).
         ({"range": "custom", "start": "9999-12-31", "end": "9999-12-31"}, "Dates go up to"),
@@ -532,3 +535,12 @@ def test_selectors_refuse_bad_queries(world, catalog, query, field):
         with pytest.raises(ServiceError) as refused:
             selector(tenant=world.tenant, query=query)
         assert refused.value.field == field
+
+
+def test_gpu_type_and_region_filters_offer_the_catalog(world, catalog):
+    html = signed_in_client(world.member, world.tenant).get("/billing/costs/").content.decode()
+    gpu_select = html.split('name="gpu_type"', 1)[1].split("</select>", 1)[0]
+    assert '<option value="a100-80gb">' in gpu_select and "A100" in gpu_select
+    assert '<option value="cpu">CPU only</option>' in gpu_select
+    region_select = html.split('name="region"', 1)[1].split("</select>", 1)[0]
+    assert '<option value="us-west">' in region_select

@@ -638,6 +638,7 @@ def test_staff_publish_a_price_change_and_offers_show_both_prices(
     # Staff: Platform admin → Price book; A100-80GB in us-west from 1.79 to 2.19.
     sign_in(page, base, staff_user.email, DEFAULT_PASSWORD)
     page.goto("/marketplace/staff/prices/")
+    page.get_by_label("At a later time").check()
     page.locator("[name=effective_from]").fill(effective.strftime("%Y-%m-%dT%H:%M"))
     price_cell = page.locator("input[name='price|a100-80gb|us-west']")
     expect(price_cell).to_have_value(re.compile(r"^1\.790*$"))

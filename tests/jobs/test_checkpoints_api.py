@@ -13,7 +13,7 @@ from django.urls import reverse
 from jobs.backends.base import Observation
 from jobs.backends.local_checkpoints import checkpoint_environment
 from jobs.checkpoints.store import MANIFEST_NAME
-from jobs.models import JobStatus
+from jobs.models import Job, JobStatus
 from jobs.services.checkpoints import job_resume_prepare
 from jobs.services.observe import job_apply_observation
 from tests.conftest import signed_in_client, token_client
@@ -101,3 +101,22 @@ def test_the_job_page_shows_checkpoints_and_where_attempts_resumed(world, catalo
     assert "resumed from checkpoint step 42" in page  # the timeline says it too
     partial = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="job-checkpoints")
     assert partial.content.decode().lstrip().startswith('<section id="job-checkpoints"')
+
+
+@pytest.mark.django_db
+def test_clone_from_checkpoint_asks_first_then_launches_from_it(world, catalog, tmp_path):
+    job = JobFactory(tenant=world.tenant, created_by=world.member)
+    client = signed_in_client(world.member, world.tenant)
+    url = reverse("jobs:clone", args=[job.pk]) + "?from_checkpoint=1"
+    refused = client.post(url)  # nothing to continue from yet: said, nothing launched
+    assert refused.status_code == 302
+    assert Job.objects.count() == 1
+    save(job, tmp_path, 9)
+    asked = client.get(url).content.decode()
+    assert "from its checkpoint?" in asked
+    assert "continues from this job&#x27;s latest complete checkpoint" in asked
+    launched = client.post(url)
+    assert launched.status_code == 302
+    clone = Job.objects.exclude(pk=job.pk).get()
+    assert clone.checkpoint_source_id == job.pk
+    assert launched["Location"] == reverse("jobs:detail", args=[clone.pk])

@@ -7,12 +7,14 @@ import sys
 import time
 
 import pytest
+from django.urls import reverse
 
 from jobs import services
 from jobs.actors import SYSTEM
 from jobs.backends.local import LocalBackend, _alive
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
+from tests.conftest import signed_in_client
 from tests.jobs_helpers import launch
 
 
@@ -158,3 +160,20 @@ def test_without_a_sandbox_python_is_the_console_interpreter(world, catalog, db,
     )
     env = LocalBackend()._environment(job, resumed=False)
     assert env["PATH"].split(":")[0] == str(__import__("pathlib").Path(sys.executable).parent)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_jobs_page_shows_what_it_printed_last(world, catalog):
+    code = "import sys; print('loading'); sys.exit('ValueError: bad learning rate -1')"
+    job = launch(world, spec(["python", "-c", code]))
+    job = wait_for_status(job, {JobStatus.SUCCEEDED, JobStatus.FAILED})
+    assert job.status == JobStatus.FAILED
+
+    page = signed_in_client(world.member, world.tenant).get(reverse("jobs:detail", args=[job.pk]))
+
+    tail = page.content.decode().split('data-testid="failure-tail"', 1)[1].split("</pre>", 1)[0]
+    assert "loading" in tail and "ValueError: bad learning rate -1" in tail
+    ok = launch(world, spec(["python", "-c", "print('fine')"]))
+    wait_for_status(ok, {JobStatus.SUCCEEDED})
+    page = signed_in_client(world.member, world.tenant).get(reverse("jobs:detail", args=[ok.pk]))
+    assert 'data-testid="failure-tail"' not in page.content.decode()

@@ -328,8 +328,9 @@ def test_detail_shows_timeline_spec_and_actions(member, world):
     assert "<strong>running</strong>" in page and "now running" in page
     assert 'data-testid="job-status">Running<' in page
     assert "HF_TOKEN=••••••" in page and "hf_secret_value" not in page
-    for action in ("pause", "cancel", "clone"):
+    for action in ("pause", "cancel"):
         assert f'action="{action_url(job, action)}"' in page, action
+    assert f'href="{reverse("jobs:clone", args=[job.pk])}"' in page
     assert f'action="{action_url(job, "resume")}"' not in page
     assert reverse("jobs:delete", args=[job.pk]) not in page
     assert 'hx-trigger="every 2s' in page  # polling stays as the fallback to the socket
@@ -415,12 +416,32 @@ def test_htmx_action_answers_with_a_client_redirect(member, world):
     assert response["HX-Redirect"] == detail_url(job)
 
 
-def test_clone_opens_the_new_job(member, world):
+def test_clone_asks_first_saying_what_it_launches_then_opens_the_new_job(member, world):
     job = make_job(world, "train", JobStatus.RUNNING, JobStatus.FAILED)
-    response = member.post(action_url(job, "clone"))
+    url = reverse("jobs:clone", args=[job.pk])
+
+    confirm = member.get(url)
+
+    assert confirm.status_code == 200
+    assert not Job.objects.exclude(pk=job.pk).exists()  # asking launches nothing
+    assert "Launch a clone of “train”?" in text(confirm)
+    details = confirm.context["details"]
+    assert details[0] == "1 node × 1 vCPU in This host"
+    assert details[-1].startswith("About ") and "USD per hour while it runs" in details[-1]
+    assert f'href="{reverse("jobs:launch")}?from={job.pk}">Edit first<' in text(confirm)
+
+    response = member.post(url)
     clone = Job.objects.exclude(pk=job.pk).get()
     assert response["Location"] == detail_url(clone)
     assert clone.name == "train (clone)" and clone.command == job.command
+
+
+def test_clone_of_another_tenants_job_is_404(member, world, other_world):
+    foreign = make_job(world, "theirs", JobStatus.RUNNING, tenant_world=other_world)
+    url = reverse("jobs:clone", args=[foreign.pk])
+    assert member.get(url).status_code == 404
+    assert member.post(url).status_code == 404
+    assert Job.objects.count() == 1
 
 
 def test_delete_asks_first_then_deletes_a_finished_job(member, world):

@@ -159,17 +159,51 @@ def test_a_version_in_force_cannot_be_withdrawn(catalog, staff_user):
     assert PriceVersion.objects.filter(pk=catalog.version.pk).exists()
 
 
-def test_preview_compares_with_the_version_in_force_and_saves_nothing(catalog):
-    rows = [
-        services.PriceRow(
-            gpu_type=catalog.gpu("a100-80gb"),
-            region=catalog.region("us-west"),
-            on_demand_price=D("1.969"),
-        ),
+def in_force_discounts():
+    version = PriceVersion.objects.in_force()
+    return {
+        "spot_discount_percent": version.spot_discount_percent,
+        "reserved_discount_percent": {m: version.reserved_discount(m) for m in (1, 3, 12)},
+    }
+
+
+def test_preview_shows_only_what_changes_and_saves_nothing(catalog):
+    version = catalog.version
+    unchanged = [
+        services.PriceRow(gpu_type=e.gpu_type, region=e.region, on_demand_price=e.on_demand_price)
+        for e in version.entries.select_related("gpu_type", "region")
     ]
-    (row,) = services.price_version_preview(rows=rows)
+    a100 = (catalog.gpu("a100-80gb"), catalog.region("us-west"))
+    rows = [r for r in unchanged if (r.gpu_type, r.region) != a100]
+    rows.append(services.PriceRow(gpu_type=a100[0], region=a100[1], on_demand_price=D("1.969")))
+
+    preview = services.price_version_preview(rows=rows, **in_force_discounts())
+
+    (row,) = preview.rows
     assert (row.old_price, row.new_price, row.change_percent) == (D("1.79"), D("1.969"), D("10.0"))
+    assert preview.discounts == []
+    assert preview.unchanged == len(unchanged) - 1
     assert PriceVersion.objects.count() == 1
+
+
+def test_preview_shows_a_discount_change_and_a_withdrawn_offer(catalog):
+    version = catalog.version
+    rows = [
+        services.PriceRow(gpu_type=e.gpu_type, region=e.region, on_demand_price=e.on_demand_price)
+        for e in version.entries.select_related("gpu_type", "region")
+    ]
+    withdrawn = rows.pop()
+    discounts = in_force_discounts()
+    discounts["spot_discount_percent"] = version.spot_discount_percent + 5
+
+    preview = services.price_version_preview(rows=rows, **discounts)
+
+    (row,) = preview.rows
+    assert (row.gpu_type, row.region, row.new_price) == (withdrawn.gpu_type, withdrawn.region, None)
+    (change,) = preview.discounts
+    assert change.label == "Spot discount"
+    assert change.new_percent - change.old_percent == 5
+    assert preview.unchanged == len(rows)
 
 
 # --- staff page ----
@@ -177,6 +211,7 @@ def test_preview_compares_with_the_version_in_force_and_saves_nothing(catalog):
 
 def page_form(effective_from, action, **cells):
     data = {
+        "effective": "at",
         "effective_from": effective_from.strftime("%Y-%m-%dT%H:%M"),
         "currency": "USD",
         "spot_discount_percent": "50",
@@ -388,3 +423,51 @@ def test_staff_patches_a_pool_but_not_its_capacity(catalog, staff_user, world):
     pool.refresh_from_db()
     assert (pool.name, pool.total_gpus, pool.is_active) == ("Renamed", total, False)
     assert AuditEvent.objects.filter(action="node_pool.changed").exists()
+
+
+def test_staff_page_publishes_effective_now_without_a_time(catalog, staff_user):
+    client = signed_in_client(staff_user)
+    data = page_form(timezone.now(), "publish", **{"cpu__us-west": "0.02"})
+    data["effective"], data["effective_from"] = "now", ""
+
+    response = client.post(STAFF_PRICES, data)
+
+    assert response.status_code == 302, response.context["form"].errors
+    version = PriceVersion.objects.exclude(pk=catalog.version.pk).get()
+    assert PriceVersion.objects.in_force() == version
+
+
+def test_staff_page_asks_for_the_time_of_a_later_version(catalog, staff_user):
+    data = page_form(timezone.now(), "preview", **{"cpu__us-west": "0.02"})
+    data["effective_from"] = ""
+
+    response = signed_in_client(staff_user).post(STAFF_PRICES, data)
+
+    assert response.status_code == 200
+    assert response.context["form"].errors["effective_from"] == [
+        "Give the time it takes effect, or choose Now."
+    ]
+
+
+def test_staff_page_preview_lists_the_discount_change_only(catalog, staff_user):
+    version = catalog.version
+    cells = {
+        f"{e.gpu_type.slug if e.gpu_type else 'cpu'}__{e.region.slug}": str(e.on_demand_price)
+        for e in version.entries.select_related("gpu_type", "region")
+    }
+    data = page_form(timezone.now() + timedelta(days=1), "preview", **cells)
+    data.update(
+        {
+            "spot_discount_percent": str(version.spot_discount_percent + 5),
+            "reserved_1m_discount_percent": str(version.reserved_1m_discount_percent),
+            "reserved_3m_discount_percent": str(version.reserved_3m_discount_percent),
+            "reserved_12m_discount_percent": str(version.reserved_12m_discount_percent),
+        }
+    )
+
+    html = signed_in_client(staff_user).post(STAFF_PRICES, data).content.decode()
+
+    assert "Spot discount" in html
+    assert "On-demand prices that change" not in html
+    assert f"{len(cells)} offers keep their price" in html
+    assert " in 4" not in html  # price cells are labelled by region, not a column number

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connections
+from django.test import override_settings
 
 from console.host_access import host_isolation
 from console.launcher import ConsoleLauncher, redacted_url
@@ -46,13 +47,20 @@ class Command(BaseCommand):
             )
         )
         try:
+            caches_here = settings.CACHES
             if not os.environ.get("REDIS_URL"):
                 env["REDIS_URL"] = launcher.start_embedded_redis()
                 # The URL carries the password (kept 0600 in the data dir): never printed.
                 self.stdout.write(f"Embedded Redis at {redacted_url(env['REDIS_URL'])}")
-            call_command("migrate", interactive=False, verbosity=0)
-            if not settings.PRODUCTION and not no_seed:
-                call_command("seed_demo", if_empty=True)
+                # This process's settings were read before that Redis existed: seeding
+                # (which drops cached memberships) talks to it, not to no Redis at all.
+                caches_here = {
+                    "default": {**settings.CACHES["default"], "LOCATION": env["REDIS_URL"]}
+                }
+            with override_settings(CACHES=caches_here):
+                call_command("migrate", interactive=False, verbosity=0)
+                if not settings.PRODUCTION and not no_seed:
+                    call_command("seed_demo", if_empty=True)
             if settings.SANDBOX_CLUSTER:
                 env.update(launcher.start_sandbox(write_sandbox_files))
                 self.stdout.write(

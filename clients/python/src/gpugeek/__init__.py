@@ -1,6 +1,6 @@
 """GpuGeek: Python SDK for the GpuGeek GPU-cloud console API."""
 
-from gpugeek.client import Client
+from gpugeek.client import Client, recommend
 from gpugeek.cluster import Cluster
 from gpugeek.errors import (
     APIError,
@@ -15,12 +15,23 @@ from gpugeek.errors import (
     Timeout,
     ValidationError,
 )
-from gpugeek.models import Budget, Estimate, GpuType, Invoice, Job, LogLine, NodePool, Offer
+from gpugeek.models import (
+    Budget,
+    Estimate,
+    GpuOption,
+    GpuType,
+    Invoice,
+    Job,
+    LogLine,
+    NodePool,
+    Offer,
+    Recommendation,
+)
 
 __version__ = "0.1.0"
 __all__ = [
     "APIError", "AuthenticationError", "Budget", "BudgetExceeded", "Client", "Cluster",
-    "Conflict", "ConnectionFailed", "Estimate", "GpuGeekError", "GpuType", "Invoice", "Job",
-    "LogLine", "NodePool", "NotFound", "Offer", "QuotaExceeded", "ServerError", "Timeout",
-    "ValidationError", "__version__",
+    "Conflict", "ConnectionFailed", "Estimate", "GpuGeekError", "GpuOption", "GpuType",
+    "Invoice", "Job", "LogLine", "NodePool", "NotFound", "Offer", "QuotaExceeded",
+    "Recommendation", "ServerError", "Timeout", "ValidationError", "__version__", "recommend",
 ]  # fmt: skip

@@ -49,6 +49,11 @@ BUDGET_ACTIONS = {
     "pause": "pause_non_critical", "warn": "alert_only",
     "pause_non_critical": "pause_non_critical", "alert_only": "alert_only",
 }  # fmt: skip
+RECOMMEND_COLUMNS = ["gpu_type", "gpus", "nodes", "gpus_per_node", "region", "tier",
+                     "price_per_hour", "currency", "fits", "available_now"]  # fmt: skip
+WORKLOADS = ["pretrain", "full_finetune", "lora", "qlora", "inference"]
+PRECISIONS = ["fp32", "bf16", "fp16", "int8", "int4"]
+SIZE_SUFFIXES = {"t": 1000, "b": 1, "m": 0.001}
 INVOICE_COLUMNS = ["number", "status", "period_start", "period_end", "total", "amount_due",
                    "currency"]  # fmt: skip
 
@@ -83,6 +88,17 @@ def _parser() -> argparse.ArgumentParser:
     _shape_args(estimate)
     estimate.add_argument("--hours", default="1")
     estimate.add_argument("--tier")
+
+    recommend = sub.add_parser("recommend", help="GPUs for a model size and workload")
+    recommend.add_argument("size", help="parameters: 7b, 70B, 1.5b, 350m, 1t (or 7 for 7B)")
+    recommend.add_argument("--workload", choices=WORKLOADS, default="inference")
+    recommend.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    recommend.add_argument("--sequence-length", type=int, help="tokens per sequence")
+    recommend.add_argument("--batch-size", type=int)
+    recommend.add_argument("--tier", choices=["on_demand", "spot", "reserved"])
+    recommend.add_argument("--region")
+    for name in ("--layers", "--hidden-size", "--kv-heads", "--head-dim", "--lora-rank"):
+        recommend.add_argument(name, type=int, help="model shape (else derived from the size)")
 
     launch = sub.add_parser("launch", help="launch a job (flags or -f spec.yaml)")
     launch.add_argument("-f", "--file", help="spec file (YAML needs PyYAML; or JSON)")
@@ -287,6 +303,8 @@ def _dispatch(args, client: Client) -> int:
             raise UsageError("estimate needs --region")
         result = client.estimate(**request).to_dict()
         output.dump(result) if args.json else output.pairs(result)
+    elif cmd == "recommend":
+        _recommend(args, client)
     elif cmd == "launch":
         cluster = Cluster.create(
             _launch_spec(args), client=client, idempotency_key=args.idempotency_key
@@ -332,6 +350,35 @@ def _dispatch(args, client: Client) -> int:
         client.delete_budget(args.name)
         output.dump({"deleted": args.name}) if args.json else print(f"Deleted {args.name!r}")
     return OK
+
+
+def parameters_billion(size: str) -> str:
+    """A size as the API's billions: 7b → 7, 350m → 0.35, 1.5T → 1500; a bare number is
+    billions already."""
+    text = size.strip().lower()
+    factor = SIZE_SUFFIXES.get(text[-1:])
+    number = text[:-1] if factor is not None else text
+    try:
+        value = float(number) * (factor or 1)
+    except ValueError:
+        raise UsageError(f"size {size!r}: a parameter count such as 7b, 350m or 70") from None
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def _recommend(args, client: Client) -> None:
+    shape = ("sequence_length", "batch_size", "tier", "region", "layers", "hidden_size",
+             "kv_heads", "head_dim", "lora_rank")  # fmt: skip
+    result = client.recommend(
+        parameters_billion(args.size), workload=args.workload, precision=args.precision,
+        **{k: getattr(args, k) for k in shape},
+    )  # fmt: skip
+    if args.json:
+        output.dump(result.to_dict())
+        return
+    parts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in result.breakdown.items() if v)
+    print(f"GPU memory needed: {result.memory_needed_gib} GiB ({parts})")
+    print(f"With the {result.memory_margin:.0%} margin: {result.memory_with_margin_gib} GiB")
+    output.table([o.to_dict() for o in result.options], RECOMMEND_COLUMNS)
 
 
 def _who(me: Any) -> str:

@@ -13,7 +13,16 @@ import httpx
 from gpugeek.cluster import Cluster
 from gpugeek.errors import Conflict, NotFound
 from gpugeek.http import Transport, env_url
-from gpugeek.models import Budget, Estimate, GpuType, Invoice, Job, NodePool, Offer
+from gpugeek.models import (
+    Budget,
+    Estimate,
+    GpuType,
+    Invoice,
+    Job,
+    NodePool,
+    Offer,
+    Recommendation,
+)
 from gpugeek.spec import resolve_gpu_type, split_count
 
 _default: Client | None = None
@@ -78,6 +87,27 @@ class Client:
             )
         body.setdefault("nodes", 1)
         return Estimate.from_dict(self.http.post("estimates", body))
+
+    def recommend(
+        self,
+        parameters_billion: float | str | Decimal,
+        *,
+        workload: str,
+        precision: str = "bf16",
+        **request: Any,
+    ) -> Recommendation:
+        """POST /recommendations: the GPU memory a model of `parameters_billion` needs for
+        `workload` (pretrain, full_finetune, lora, qlora, inference) at `precision` (fp32,
+        bf16, fp16, int8, int4), and the GPU configurations that hold it, fitting first,
+        then cheapest. Optional: sequence_length, batch_size, tier, region, layers,
+        hidden_size, kv_heads, head_dim, lora_rank."""
+        body = {
+            "parameters_billion": str(parameters_billion),
+            "workload": workload,
+            "precision": precision,
+            **{k: v for k, v in request.items() if v is not None},
+        }
+        return Recommendation.from_dict(self.http.post("recommendations", body))
 
     # --- jobs ----
 
@@ -175,3 +205,11 @@ def _param(value: Any) -> Any:
 
 def default_client() -> Client:
     return _default if _default is not None else Client()
+
+
+def recommend(
+    parameters_billion: float | str | Decimal, *, workload: str, **request: Any
+) -> Recommendation:
+    """`gpugeek.recommend(7, workload="lora")`: `Client.recommend` on the default client
+    (the latest made, else one from GPUGEEK_URL and GPUGEEK_TOKEN)."""
+    return default_client().recommend(parameters_billion, workload=workload, **request)

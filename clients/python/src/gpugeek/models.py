@@ -206,6 +206,50 @@ class LogLine(Model):
     ts: str | None = None  # when the server read the line (ISO 8601)
 
 
+@dataclass
+class GpuOption(Model):
+    """One configuration the GPU recommender proposes: `gpus` GPUs of `gpu_type` in
+    `region`, as `nodes` nodes of `gpus_per_node`."""
+
+    gpu_type: str
+    gpu_model: str
+    gpu_memory_gib: int
+    region: str
+    tier: str
+    gpus: int
+    gpus_per_node: int
+    nodes: int
+    fits: bool
+    price_per_hour: str
+    currency: str
+    available_now: bool
+    free_gpus: int
+    memory_per_gpu_gib: float
+
+
+@dataclass
+class Recommendation(Model):
+    """The GPU recommender's answer: sizes in GiB; `options` fitting first, then cheapest."""
+
+    memory_needed_gib: float
+    memory_margin: float
+    memory_with_margin_gib: float
+    breakdown: dict[str, float]
+    model: dict[str, int]
+    options: list[GpuOption]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recommendation:
+        recommendation = super().from_dict(data)
+        recommendation.options = [GpuOption.from_dict(o) for o in data.get("options") or []]
+        return recommendation
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["options"] = [o.to_dict() for o in self.options]
+        return out
+
+
 # OpenAPI component name of each model (tests/sdk/test_schema.py).
 SCHEMA_COMPONENTS: dict[type[Model], str] = {
     Job: "Job",
@@ -216,4 +260,6 @@ SCHEMA_COMPONENTS: dict[type[Model], str] = {
     Budget: "Budget",
     Invoice: "Invoice",
     LogLine: "LogLine",
+    Recommendation: "Recommendation",
+    GpuOption: "GpuOption",
 }
