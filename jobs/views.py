@@ -253,6 +253,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     }
     if request.htmx and request.htmx.target == "job-status":
         return render(request, "jobs/detail.html#job-status", context)
+    # Read from the store: on the full page and its own (slower) refresh only.
+    context["checkpoints"] = selectors.job_checkpoints(job=job)
+    if request.htmx and request.htmx.target == "job-checkpoints":
+        return render(request, "jobs/detail.html#job-checkpoints", context)
     return render(request, "jobs/detail.html", context)
 
 
@@ -294,16 +298,24 @@ def job_clone(request: HttpRequest, job_id: int) -> HttpResponse:
         )
     launch_url = reverse("jobs:launch") + f"?from={job.pk}"
     clone_name = f"{job.name} (clone)"[:100]
+    # "Clone from checkpoint" (the Checkpoints section): the clone's first start continues
+    # from this job's latest complete checkpoint (the form posts back to this URL).
+    from_checkpoint = request.GET.get("from_checkpoint") == "1"
+    if from_checkpoint:
+        details.append("Its first start continues from this job's latest complete checkpoint")
 
     return confirm_then_act(
         request,
-        title=f"Launch a clone of “{job.name}”?",
+        title=f"Launch a clone of “{job.name}”"
+        + (" from its checkpoint?" if from_checkpoint else "?"),
         message=f"“{clone_name}” is launched at once with the same settings:",
         details=details,
         confirm_label="Launch clone",
         danger=False,
         alternative=("Edit first", launch_url),
-        act=lambda: services.job_clone(job=job, user=request.user, request=request),
+        act=lambda: services.job_clone(
+            job=job, user=request.user, request=request, from_checkpoint=from_checkpoint
+        ),
         success_url=lambda clone: reverse("jobs:detail", args=[clone.pk]),
         success_message=f"Cloned as “{clone_name}”.",
         cancel_url=reverse("jobs:detail", args=[job.pk]),

@@ -20,7 +20,7 @@ from console.api.fields import (
 from jobs import selectors, services
 from jobs.expectations.selectors import EXPECTATION_COLUMNS, job_expectations
 from jobs.extensions import job_costs
-from jobs.models import Job, JobEvent, JobStatus, Priority, TenantSecret
+from jobs.models import Job, JobEvent, JobResume, JobStatus, Priority, TenantSecret
 from jobs.services.spec import MAX_COMMAND_ARGS, MAX_ENV_TOTAL_BYTES, MAX_JOB_SECRETS
 
 
@@ -387,3 +387,44 @@ class TenantSecretSetSerializer(serializers.Serializer):
     members_may_use = StrictBooleanField(
         default=False, help_text="Members' jobs may use it too (else owners' and admins' only)"
     )
+
+
+class JobCloneSerializer(serializers.Serializer):
+    from_checkpoint = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="the clone's first start continues from this job's latest checkpoint",
+    )
+
+
+class CheckpointFileSerializer(serializers.Serializer):
+    path = StrictCharField()
+    size = serializers.IntegerField(help_text="bytes")
+
+
+class CheckpointSerializer(serializers.Serializer):
+    """One complete checkpoint (its manifest written last, every listed file present)."""
+
+    step = serializers.IntegerField()
+    time = serializers.DateTimeField()
+    size_bytes = serializers.IntegerField()
+    files = CheckpointFileSerializer(many=True)
+    metrics = serializers.DictField()
+    manifest_url = serializers.SerializerMethodField()
+
+    def get_manifest_url(self, checkpoint) -> str:
+        return selectors.checkpoint_manifest_url(job=self.context["job"], checkpoint=checkpoint)
+
+
+class JobResumeSerializer(StrictModelSerializer):
+    """Where one start after the first continued from; step null: from the beginning."""
+
+    class Meta:
+        model = JobResume
+        fields = ["attempt", "start", "at", "step", "checkpoint_at", "lost_seconds"]
+
+
+class JobCheckpointsSerializer(serializers.Serializer):
+    checkpoints = CheckpointSerializer(many=True)
+    resumes = JobResumeSerializer(many=True)
+    unavailable = StrictCharField(help_text="why the store couldn't be read; empty when it was")

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0010_jobevent_actor_kind'),
+        ('jobs', '0011_checkpoints'),
     ]
 
     operations = [
