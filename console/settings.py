@@ -227,12 +227,25 @@ USE_TZ = True
 
 # --- Static files ----
 STATIC_URL = "/static/"
-STATIC_ROOT = DATA_DIR / "staticfiles"
+# The test session points it at one folder kept between sessions (tests/plugin.py).
+STATIC_ROOT = Path(env_str("STATIC_ROOT") or DATA_DIR / "staticfiles")
 STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns about a missing STATIC_ROOT
 STATICFILES_DIRS = [BASE_DIR / "static"]
-# WhiteNoise serves from the finders, so no collectstatic step is needed to start.
-WHITENOISE_USE_FINDERS = True
+# Collected (the launcher and the test session run collectstatic): names carry a content
+# hash, so WhiteNoise serves them with a year's immutable cache, pre-compressed (Brotli
+# with the `brotli` package, else gzip). With DEBUG, templates name the plain files and
+# WhiteNoise serves them from the finders, so editing CSS/JS needs no collectstatic.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "console.static_storage.CompressedOnceManifestStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
+# Source maps are fetched by browser dev tools only: not worth compressing.
+WHITENOISE_SKIP_COMPRESS_EXTENSIONS = (
+    *("jpg", "jpeg", "png", "gif", "webp", "ico", "woff", "woff2", "zip", "gz", "br"),
+    "map",
+)
 
 # --- REST API ----
 REST_FRAMEWORK = {
