@@ -45,6 +45,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["GPUGEEK_DATA_DIR"] = data_dir
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     # Password hashing dominates test time otherwise; children inherit the same choice.
+    # The session's child workers and beat log each task they receive and finish (tests
+    # read those lines), which the quiet default (settings.LOGGING) leaves out.
+    os.environ.setdefault("LOG_LEVEL", "INFO")
     os.environ["PASSWORD_HASHERS"] = "django.contrib.auth.hashers.MD5PasswordHasher"
     # Own queue and channel prefix: a shared Redis (CI's) never mixes sessions' messages.
     os.environ["CELERY_QUEUE"] = f"gpugeek-test-{os.getpid()}"
