@@ -19,7 +19,12 @@ from console.api.fields import (
 from jobs import selectors, services
 from jobs.extensions import job_costs
 from jobs.models import Job, JobEvent, JobStatus, Priority, TenantSecret
-from jobs.services.spec import MAX_COMMAND_ARGS, MAX_ENV_TOTAL_BYTES, MAX_JOB_SECRETS
+from jobs.services.spec import (
+    DEFAULT_MAX_RUNTIME_MINUTES,
+    MAX_COMMAND_ARGS,
+    MAX_ENV_TOTAL_BYTES,
+    MAX_JOB_SECRETS,
+)
 
 
 class ArgumentField(StrictCharField):
@@ -66,7 +71,7 @@ class JobCreateSerializer(serializers.Serializer):
     )
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
     max_runtime_minutes = serializers.IntegerField(
-        min_value=1, max_value=60 * 24 * 90, default=24 * 60
+        min_value=1, max_value=60 * 24 * 90, default=DEFAULT_MAX_RUNTIME_MINUTES
     )
     checkpoint_path = StrictCharField(max_length=400, required=False, default="", allow_blank=True)
     auto_release = StrictBooleanField(default=True)
