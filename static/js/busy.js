@@ -45,7 +45,8 @@
   document.addEventListener("submit", (event) => {
     const form = event.target;
     // htmx handles (and prevents) its forms' submits: those are covered below.
-    if (event.defaultPrevented) return;
+    // A form answered in another tab or frame leaves this page as it is.
+    if (event.defaultPrevented || (form.target && form.target !== "_self")) return;
     const submitter = event.submitter;
     setTimeout(() => markBusy(form, submitter), 0);
     // A GET form may answer with a download, leaving this page in place.
