@@ -6,12 +6,14 @@ import ast
 import gzip
 import json
 import re
+import time
 from pathlib import Path
 
 import brotli
 import pytest
 from django.conf import settings
-from django.test import Client
+from django.core.management import call_command
+from django.test import Client, override_settings
 from plotly.offline import get_plotlyjs_version
 
 ROOT = Path(settings.BASE_DIR)
@@ -90,3 +92,38 @@ def test_every_chart_trace_type_is_in_the_basic_bundle():
                 used.add(value.value)
     assert used, "the chart modules build traces"
     assert used <= PLOTLY_BASIC_TRACES, used - PLOTLY_BASIC_TRACES
+
+
+def test_collectstatic_compresses_a_file_once_and_again_when_it_changes(tmp_path):
+    """console/static_storage.py: a second collectstatic keeps what it compressed; a
+    changed file is compressed again, under its new hashed name and its plain one."""
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "js").mkdir(parents=True)
+    script = source / "js" / "page.js"
+    script.write_text("console.log('first');\n" * 200)
+    with override_settings(
+        STATIC_ROOT=str(root),
+        STATICFILES_DIRS=[str(source)],
+        STATICFILES_FINDERS=["django.contrib.staticfiles.finders.FileSystemFinder"],
+    ):
+        collect = lambda: call_command("collectstatic", interactive=False, verbosity=0)  # noqa: E731
+        collect()
+        (first,) = [p for p in (root / "js").glob("page.*.js.br")]
+        compressed_at = {p: p.stat().st_mtime_ns for p in (root / "js").glob("*.br")}
+        collect()
+        assert {p: p.stat().st_mtime_ns for p in (root / "js").glob("*.br")} == compressed_at
+
+        time.sleep(1.1)  # collectstatic copies a file changed in a later second only
+        script.write_text("console.log('second');\n" * 200)
+        collect()
+        plain = brotli.decompress((root / "js" / "page.js.br").read_bytes())
+        assert plain == script.read_bytes()
+        hashed = [p for p in (root / "js").glob("page.*.js.br") if p != first]
+        assert [brotli.decompress(p.read_bytes()) for p in hashed] == [script.read_bytes()]
+
+
+@pytest.mark.django_db
+def test_plain_names_the_error_pages_use_are_served():
+    page = (ROOT / "templates" / "errors" / "404.html").read_text()
+    for url in _static_urls(page):
+        assert Client().get(url).status_code == 200, url
