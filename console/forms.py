@@ -43,17 +43,23 @@ class EmailAuthenticationForm(AuthenticationForm):
     # The account behind a correct password that still awaits verification, if any.
     user_awaiting_verification: User | None = None
 
-    def get_invalid_login_error(self):
-        # Django's backends refuse inactive accounts like a wrong password. Only when the
-        # password is right does the form say the address isn't verified yet.
-        user = registration.account_awaiting_verification(
-            email=self.cleaned_data.get("username") or "",
-            password=self.cleaned_data.get("password") or "",
-        )
-        if user is None:
-            return super().get_invalid_login_error()
-        self.user_awaiting_verification = user
-        return ValidationError(self.error_messages["unverified"], code="unverified")
+    def clean(self):
+        # Django's backends refuse an inactive account like a wrong password, and that
+        # refusal is a failed sign-in to django-axes. The right password of an account
+        # that only awaits verification is not one: it is answered here, before
+        # authenticate(), so it is neither logged as a failure nor counted toward lockout.
+        email = self.cleaned_data.get("username") or ""
+        password = self.cleaned_data.get("password") or ""
+        if email and password:
+            outcome, user = registration.sign_in_awaiting_verification(
+                request=self.request, email=email, password=password
+            )
+            if outcome is registration.UnverifiedSignIn.RIGHT_PASSWORD:
+                self.user_awaiting_verification = user
+                raise ValidationError(self.error_messages["unverified"], code="unverified")
+            if outcome is registration.UnverifiedSignIn.WRONG_PASSWORD:
+                raise self.get_invalid_login_error()
+        return super().clean()
 
 
 class WorkerPasswordResetForm(PasswordResetForm):

@@ -21,11 +21,14 @@ first one knows.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
+from axes.handlers.proxy import AxesProxyHandler
 from django.conf import settings
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.password_validation import validate_password
+from django.contrib.auth.signals import user_login_failed
 from django.contrib.auth.tokens import PasswordResetTokenGenerator
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -187,17 +190,35 @@ def verification_resend(*, user: User, verify_link_for: LinkBuilder) -> bool:
     return True
 
 
-def account_awaiting_verification(*, email: str, password: str) -> User | None:
-    """The unverified account behind these credentials, if the password is right.
+class UnverifiedSignIn(enum.Enum):
+    """What a sign-in with the credentials of an account awaiting verification is."""
 
-    Only asked after sign-in has failed; a wrong password or unknown address gives None,
-    so the answer reveals nothing the password didn't. A password is always hashed once,
-    so the time taken doesn't tell either."""
+    NOT_UNVERIFIED = "not_unverified"  # no such account, a verified one, or locked out
+    RIGHT_PASSWORD = "right_password"
+    WRONG_PASSWORD = "wrong_password"
+
+
+def sign_in_awaiting_verification(
+    *, request: HttpRequest | None, email: str, password: str
+) -> tuple[UnverifiedSignIn, User | None]:
+    """Answer a sign-in to an account that awaits verification, before authenticate().
+
+    Django's backends refuse an inactive account like a wrong password, so the right
+    password would be logged and counted toward lockout (django-axes) as a failure. Here
+    it is told apart: the right password gives the account (the page says "verify your
+    address"), a wrong one is recorded as the failed sign-in it is. Anything else
+    (unknown address, verified account, a lockout in force) is for authenticate() and
+    axes to decide, so the answer reveals nothing the password didn't, and a password is
+    hashed once on every path."""
     user = User.objects.filter(email__iexact=(email or "").strip().lower()).first()
     if user is None or not awaiting_verification(user):
-        make_password(password)
-        return None
-    return user if user.check_password(password) else None
+        return UnverifiedSignIn.NOT_UNVERIFIED, None
+    if request is not None and not AxesProxyHandler.is_allowed(request, {"username": email}):
+        return UnverifiedSignIn.NOT_UNVERIFIED, None
+    if user.check_password(password):
+        return UnverifiedSignIn.RIGHT_PASSWORD, user
+    user_login_failed.send(sender=__name__, credentials={"username": email}, request=request)
+    return UnverifiedSignIn.WRONG_PASSWORD, None
 
 
 def verification_link_user(*, uidb64: str, token: str, lock: bool = False) -> User | None:

@@ -227,12 +227,25 @@ USE_TZ = True
 
 # --- Static files ----
 STATIC_URL = "/static/"
-STATIC_ROOT = DATA_DIR / "staticfiles"
+# The test session points it at one folder kept between sessions (tests/plugin.py).
+STATIC_ROOT = Path(env_str("STATIC_ROOT") or DATA_DIR / "staticfiles")
 STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns about a missing STATIC_ROOT
 STATICFILES_DIRS = [BASE_DIR / "static"]
-# WhiteNoise serves from the finders, so no collectstatic step is needed to start.
-WHITENOISE_USE_FINDERS = True
+# Collected (the launcher and the test session run collectstatic): names carry a content
+# hash, so WhiteNoise serves them with a year's immutable cache, pre-compressed (Brotli
+# with the `brotli` package, else gzip). With DEBUG, templates name the plain files and
+# WhiteNoise serves them from the finders, so editing CSS/JS needs no collectstatic.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "console.static_storage.CompressedOnceManifestStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
+# Source maps are fetched by browser dev tools only: not worth compressing.
+WHITENOISE_SKIP_COMPRESS_EXTENSIONS = (
+    *("jpg", "jpeg", "png", "gif", "webp", "ico", "woff", "woff2", "zip", "gz", "br"),
+    "map",
+)
 
 # --- REST API ----
 REST_FRAMEWORK = {
@@ -433,6 +446,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_throttle": 1,
 }
 # A separate queue name lets test sessions share one Redis without eating each other's tasks.
+# The console e-mail backend prints to stdout, which the worker logs (at WARNING by default).
+CELERY_WORKER_REDIRECT_STDOUTS_LEVEL = "INFO"
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "gpugeek")
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "console.beat:HeartbeatDatabaseScheduler"
@@ -522,13 +537,35 @@ if PRODUCTION:
     SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
     SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 
+# Quiet by default: what an operator acts on, not a line per periodic task run, HTTP call
+# or static file. Setting LOG_LEVEL (INFO, DEBUG) opens the quiet loggers up to it.
+LOG_LEVEL = env_str("LOG_LEVEL")
+_QUIET_LEVEL = LOG_LEVEL or "WARNING"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {
+        "client_errors_without_traceback": {
+            "()": "console.log_filters.ClientErrorsWithoutTraceback"
+        },
+        "no_static_access_lines": {"()": "console.log_filters.NoStaticAccessLines"},
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"axes": {"level": "WARNING"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL or "INFO"},
+    "loggers": {
+        "axes": {"level": "WARNING"},
+        # One line per Prometheus query / API call.
+        "httpx": {"level": _QUIET_LEVEL},
+        "httpcore": {"level": _QUIET_LEVEL},
+        # Celery's "Task … received" / "… succeeded in" and beat's "Sending due task":
+        # periodic tasks (metrics every few seconds) would fill the log.
+        "celery.worker.strategy": {"level": _QUIET_LEVEL},
+        "celery.app.trace": {"level": _QUIET_LEVEL},
+        "celery.beat": {"level": _QUIET_LEVEL},
+        "django.request": {"filters": ["client_errors_without_traceback"]},
+        "uvicorn.access": {"filters": [] if LOG_LEVEL == "DEBUG" else ["no_static_access_lines"]},
+    },
 }
 
 # --- Checkpoint store ----

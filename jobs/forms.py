@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 
 from jobs.models import Priority, TenantSecret
-from jobs.services.spec import JobSpec
+from jobs.services.spec import DEFAULT_MAX_RUNTIME_MINUTES, JobSpec
 from marketplace.models import GpuType, Image, Region
 from marketplace.selectors import default_region, regions_for_tenant
 
@@ -85,7 +85,10 @@ class LaunchForm(forms.Form):
     )
     priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
     max_runtime_minutes = forms.IntegerField(
-        label="Max runtime (minutes)", min_value=1, max_value=60 * 24 * 90, initial=60
+        label="Max runtime (minutes)",
+        min_value=1,
+        max_value=60 * 24 * 90,
+        initial=DEFAULT_MAX_RUNTIME_MINUTES,
     )
     checkpoint_path = forms.CharField(max_length=400, required=False)
     auto_release = forms.BooleanField(

@@ -9,10 +9,12 @@ password, given to it on stdin.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from console.launcher import (
     wait_for_redis,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 _state: dict = {}
 
 
@@ -42,10 +45,14 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["GPUGEEK_DATA_DIR"] = data_dir
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     # Password hashing dominates test time otherwise; children inherit the same choice.
+    # The session's child workers and beat log each task they receive and finish (tests
+    # read those lines), which the quiet default (settings.LOGGING) leaves out.
+    os.environ.setdefault("LOG_LEVEL", "INFO")
     os.environ["PASSWORD_HASHERS"] = "django.contrib.auth.hashers.MD5PasswordHasher"
     # Own queue and channel prefix: a shared Redis (CI's) never mixes sessions' messages.
     os.environ["CELERY_QUEUE"] = f"gpugeek-test-{os.getpid()}"
     os.environ["CHANNELS_PREFIX"] = f"gpugeek-test-{os.getpid()}"
+    _collect_static()
     if not os.environ.get("REDIS_URL"):
         port = free_loopback_port()
         password = secrets.token_urlsafe(32)
@@ -61,6 +68,23 @@ def pytest_load_initial_conftests(early_config, parser, args):
         wait_for_redis("127.0.0.1", port, password)
         os.environ["REDIS_URL"] = redis_url(port=port, password=password)
         _state["embedded_redis"] = True
+
+
+def _collect_static() -> None:
+    """Pages name hashed static files from the manifest (settings.STORAGES), so the session
+    collects them once, before any test or child server renders a page. The folder is kept
+    between sessions (a hashed file is compressed once: console/static_storage.py), under a
+    lock, since several sessions may share a checkout."""
+    static_root = Path(os.environ.get("STATIC_ROOT") or ROOT / "var" / "test-static")
+    static_root.mkdir(parents=True, exist_ok=True)
+    os.environ["STATIC_ROOT"] = str(static_root)
+    with open(static_root.parent / f"{static_root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(
+            [sys.executable, "manage.py", "collectstatic", "--noinput", "--verbosity=0"],
+            cwd=ROOT,
+            check=True,
+        )
 
 
 def pytest_report_header(config):

@@ -22,7 +22,12 @@ from jobs.expectations.selectors import EXPECTATION_COLUMNS, job_expectations
 from jobs.extensions import job_costs
 from jobs.models import Job, JobEvent, JobResume, JobStatus, Priority, TenantSecret
 from jobs.selectors import SIMULATED_POOLS
-from jobs.services.spec import MAX_COMMAND_ARGS, MAX_ENV_TOTAL_BYTES, MAX_JOB_SECRETS
+from jobs.services.spec import (
+    DEFAULT_MAX_RUNTIME_MINUTES,
+    MAX_COMMAND_ARGS,
+    MAX_ENV_TOTAL_BYTES,
+    MAX_JOB_SECRETS,
+)
 from marketplace.pricing import to_cents
 
 
@@ -70,7 +75,7 @@ class JobCreateSerializer(serializers.Serializer):
     )
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
     max_runtime_minutes = serializers.IntegerField(
-        min_value=1, max_value=60 * 24 * 90, default=24 * 60
+        min_value=1, max_value=60 * 24 * 90, default=DEFAULT_MAX_RUNTIME_MINUTES
     )
     checkpoint_path = StrictCharField(max_length=400, required=False, default="", allow_blank=True)
     auto_release = StrictBooleanField(default=True)

@@ -45,6 +45,10 @@ MAX_JOB_SECRETS = 32  # organisation secrets one job may name
 MAX_LABELS = 32
 
 
+# The one default: the launch form, the API, the SDK and the CLI (which send none) use it.
+DEFAULT_MAX_RUNTIME_MINUTES = 24 * 60
+
+
 @dataclass
 class JobSpec:
     """What a user asks to run; validated by `spec_validate`."""
@@ -59,7 +63,7 @@ class JobSpec:
     region: str | None = None
     spot_ratio: Decimal = Decimal(0)
     priority: str = Priority.NORMAL
-    max_runtime_minutes: int = 24 * 60
+    max_runtime_minutes: int = DEFAULT_MAX_RUNTIME_MINUTES
     checkpoint_path: str = ""
     project: str = ""
     labels: dict[str, str] = field(default_factory=dict)

@@ -249,7 +249,11 @@
       if (this.last) parts.push(`lines ${this.first}–${this.last} of ${this.latest}`);
       else parts.push(this.latest ? `${this.latest} lines` : "no output yet");
       if (this.paused) parts.push("paused");
-      if (this.textFilter || this.rankFilter) parts.push("filtered");
+      if (this.textFilter || this.rankFilter) {
+        const rows = Array.from(this.list.children);
+        const shown = rows.filter((row) => !row.hidden).length;
+        parts.push(`${shown} of ${rows.length} loaded ${rows.length === 1 ? "line matches" : "lines match"} the filter`);
+      }
       this.info.textContent = parts.join(" · ");
     }
   }
@@ -404,13 +408,21 @@
   );
   const liveState = root.querySelector("[data-testid=live-state]");
 
+  // A finished job has nothing live to show: its log is complete.
+  const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+  let finished = root.hasAttribute("data-finished");
+
   function setState(state, label) {
-    liveState.dataset.state = state;
-    liveState.textContent = label;
+    liveState.dataset.state = finished && state === "open" ? "ended" : state;
+    liveState.textContent = finished && state === "open" ? "finished" : label;
     html.dataset.jobSocket = state;
   }
 
   function statusChanged(message) {
+    if (message.type === "status" && FINISHED.has(message.status) && !finished) {
+      finished = true;
+      if (liveState.dataset.state === "open") setState("open", "live");
+    }
     const shown = document.getElementById("job-status");
     if (!shown || shown.dataset.status !== message.status || message.type === "alert") {
       document.body.dispatchEvent(new CustomEvent("gg:job-changed"));

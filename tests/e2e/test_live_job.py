@@ -178,6 +178,15 @@ def test_live_logs_and_status_survive_reconnects(
     assert rows[-1][1] == "final line"
     assert all(text == f"line {number}" for number, text in rows[:-1])
     assert len(rows) == LocalBackend().logs(job, limit=100000)[-1].line_no - numbers[0] + 1
+    # Finished: nothing is live any more, and a filter counts the lines it shows.
+    expect(page.get_by_test_id("live-state")).to_have_attribute("data-state", "ended")
+    expect(page.get_by_test_id("live-state")).to_have_text("finished")
+    page.locator("[data-log-filter]").fill("final line")
+    expect(page.locator("[data-log-info]")).to_contain_text(
+        f"1 of {len(rows)} loaded lines match the filter"
+    )
+    page.reload()  # a finished job's page says so from the start
+    expect(page.get_by_test_id("live-state")).to_have_attribute("data-state", "ended")
     page.problems.assert_clean()
 
     # Handshake refusals on the real server: foreign Origin, anonymous, other tenant.

@@ -1,4 +1,5 @@
-"""`manage.py runconsole`: migrate, seed demo data on first start, run every process."""
+"""`manage.py runconsole`: migrate, collect static files, seed demo data on first start,
+run every process."""
 
 import logging
 import os
@@ -59,6 +60,8 @@ class Command(BaseCommand):
                 }
             with override_settings(CACHES=caches_here):
                 call_command("migrate", interactive=False, verbosity=0)
+                # Hashed, compressed static files (settings.STORAGES); seconds after the first.
+                call_command("collectstatic", interactive=False, verbosity=0)
                 if not settings.PRODUCTION and not no_seed:
                     call_command("seed_demo", if_empty=True)
             if settings.SANDBOX_CLUSTER:

@@ -331,9 +331,13 @@ def _dispatch(args, client: Client) -> int:
         output.dump(rows) if args.json else output.table(rows, JOB_COLUMNS)
     elif cmd == "status":
         _print_job(args, client.job(args.id))
-    elif cmd in ("pause", "resume", "cancel"):
+    elif cmd in ("pause", "resume"):
         cluster = client.cluster(args.id)
-        getattr(cluster, cmd)()
+        # The command answers at once with "pausing"/"queued"; `gpugeek status` follows.
+        getattr(cluster, cmd)(wait=False)
+        _print_job(args, cluster.job)
+    elif cmd == "cancel":
+        cluster = client.cluster(args.id).cancel()
         _print_job(args, cluster.job)
     elif cmd == "logs":
         cluster = client.cluster(args.id)

@@ -64,11 +64,22 @@ class Cluster:
         self.job = Job.from_dict(self.client.http.post(f"jobs/{self.job.id}/{action}"))
         return self
 
-    def pause(self) -> Cluster:
-        return self._act("pause")
+    def pause(self, *, wait: bool = True, timeout: float = 600, poll: float = 1.0) -> Cluster:
+        """Pause a running job: its work checkpoints and stops, and billing stops. With
+        `wait` (the default) this returns once the job is `paused`, so a `resume()` may
+        follow at once; `wait=False` returns while it is still `pausing`. Raises
+        `Timeout` after `timeout` seconds, `Conflict` if the job can't be paused (it isn't
+        running) or finishes first."""
+        self._act("pause")
+        return self.wait("paused", timeout=timeout, poll=poll) if wait else self
 
-    def resume(self) -> Cluster:
-        return self._act("resume")
+    def resume(self, *, wait: bool = True, timeout: float = 600, poll: float = 1.0) -> Cluster:
+        """Resume a paused job from its checkpoint. With `wait` (the default) this returns
+        once it is `running` again (it may queue for capacity first: `timeout` covers
+        that); `wait=False` returns at once. Raises `Timeout`, or `Conflict` if the job
+        isn't paused or finishes before it runs."""
+        self._act("resume")
+        return self.wait("running", timeout=timeout, poll=poll) if wait else self
 
     def cancel(self) -> Cluster:
         """Stop the job for good. One whose work runs is "cancelling" (still billed) until
@@ -97,7 +108,10 @@ class Cluster:
                     code="finished",
                 )
             if time.monotonic() >= deadline:
-                raise Timeout(f"job {self.job.id} is {self.job.status} after {timeout}s")
+                raise Timeout(
+                    f"job {self.job.id} is still {self.job.status} after {timeout}s "
+                    f"(waiting for {'/'.join(wanted)})"
+                )
             time.sleep(poll)
 
     def logs(

@@ -8,6 +8,7 @@ catalog (`GET /gpu-types`), the per-node GPU count read from the pools that offe
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,7 +114,7 @@ def job_payload(client: Client, spec: dict[str, Any]) -> dict[str, Any]:
             errors={k: ["Unknown field."] for k in sorted(unknown)},
         )
     if isinstance(spec.get("command"), str):
-        spec["command"] = shlex.split(spec["command"])
+        spec["command"] = split_command(spec["command"])
     if spec.get("gpu_type"):
         spec["gpu_type"] = resolve_gpu_type(client, str(spec["gpu_type"]))
     if count is not None:
@@ -134,6 +135,24 @@ def job_payload(client: Client, spec: dict[str, Any]) -> dict[str, Any]:
     if "spot_ratio" in spec and spec["spot_ratio"] is not None:
         spec["spot_ratio"] = str(spec["spot_ratio"])
     if not spec.get("name"):
-        base = spec.get("image") or "job"
-        spec["name"] = f"{base}-sdk"[:100]
+        spec["name"] = default_name(spec)
     return spec
+
+
+def split_command(command: str) -> list[str]:
+    """A command string split as a shell would (never run by one)."""
+    try:
+        return shlex.split(command)
+    except ValueError as error:  # "No closing quotation", "No escaped character"
+        message = f"The command can't be split like a shell would: {str(error).lower()}."
+        raise ValidationError(message, errors={"command": [message]}) from None
+
+
+def default_name(spec: dict[str, Any]) -> str:
+    """A job name for a spec without one: what it runs (the script, else the program,
+    else the image) and a short random suffix, so two launches are told apart."""
+    argv = [str(arg) for arg in spec.get("command") or []]
+    scripts = [arg for arg in argv if re.search(r"\.(py|sh|ipynb)$", arg)]
+    what = scripts[0] if scripts else (argv[0] if argv else str(spec.get("image") or "job"))
+    words = re.sub(r"[^a-z0-9]+", "-", what.rsplit("/", 1)[-1].lower()).strip("-") or "job"
+    return f"{words[:60]}-{secrets.token_hex(3)}"
