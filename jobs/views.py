@@ -80,6 +80,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             auto_release=data["auto_release"],
             secrets=data["secrets"],
             ports=list(data["image"].ports) if data["expose_ports"] else [],
+            volumes=data["volumes"],
         )
         try:
             job = services.job_submit(

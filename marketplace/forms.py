@@ -152,6 +152,9 @@ class TenantQuotaForm(forms.Form):
     )
     max_gpus = forms.IntegerField(min_value=0, required=False)
     max_concurrent_jobs = forms.IntegerField(min_value=0, required=False)
+    max_storage_gib = forms.IntegerField(
+        min_value=0, required=False, label="Max storage (GiB of volumes, tenant-wide)"
+    )
 
 
 class GpuTypeForm(forms.ModelForm):

@@ -235,7 +235,8 @@ class TenantPricing(models.Model):
 
 class TenantQuota(models.Model):
     """Per-tenant limits: max GPUs of one type (gpu_type set), or tenant-wide limits
-    (gpu_type empty: max GPUs of all types together and max concurrent jobs)."""
+    (gpu_type empty: max GPUs of all types together, max concurrent jobs and max GiB of
+    volumes)."""
 
     tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="quotas")
     gpu_type = models.ForeignKey(
@@ -243,6 +244,8 @@ class TenantQuota(models.Model):
     )
     max_gpus = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True)
+    # Total size of the tenant's volumes (tenant-wide row only).
+    max_storage_gib = models.PositiveIntegerField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_field = "tenant"

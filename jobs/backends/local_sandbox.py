@@ -267,7 +267,21 @@ def _device_binds(devices: list[int]) -> list[str]:
     return args
 
 
-def sandbox_plan(*, job: Job, workdir: Path, env: dict[str, str], limits: JobLimits) -> dict:
+def _volume_binds(volumes: list[tuple[Path, str, bool]]) -> list[str]:
+    args: list[str] = []
+    for folder, path, read_only in volumes:
+        args += ["--ro-bind" if read_only else "--bind", str(folder), path]
+    return args
+
+
+def sandbox_plan(
+    *,
+    job: Job,
+    workdir: Path,
+    env: dict[str, str],
+    limits: JobLimits,
+    volumes: list[tuple[Path, str, bool]] | None = None,
+) -> dict:
     """What the supervisor runs: the bubblewrap options (handed to it in a file
     descriptor, never in argv where `ps` shows them), the files the job sees in /etc, the
     host uid/gid to drop to, the network and the limits. JSON-ready."""
@@ -301,6 +315,9 @@ def sandbox_plan(*, job: Job, workdir: Path, env: dict[str, str], limits: JobLim
         "--bind",
         str(workdir / "tmp"),
         SANDBOX_TMP,
+        # (host folder, mount path, read-only): after the work dir, so a volume may sit
+        # inside it.
+        *_volume_binds(volumes or []),
         "--dir",
         SHIM_BIN,
         "--symlink",

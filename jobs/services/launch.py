@@ -15,7 +15,7 @@ from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from console.tenant_admin import TenantSuspended
 from jobs.actors import SYSTEM, Actor
-from jobs.extensions import launch_check
+from jobs.extensions import launch_check, volume_provider
 from jobs.models import Job, JobStatus, Priority, WaitKind
 from jobs.services.admission import job_pools, jobs_admit
 from jobs.services.secrets import secrets_named_again, tenant_secrets_resolve
@@ -80,6 +80,7 @@ def job_submit(
                 wait_kind=WaitKind.ADMISSION,
                 idempotency_key=idempotency_key or "",
             )
+            volume_provider().attach(job=job, mounts=spec.volumes)
             job_note(job=job, actor=Actor.of_user(user) if user else SYSTEM, reason="submitted")
             audit_record(
                 action="job.launched",
