@@ -86,6 +86,12 @@ from jobs.backends.kubernetes.manifests.namespace import (
     quota_hard,
     resource_quota_manifest,
 )
+from jobs.backends.kubernetes.manifests.volumes import (
+    VOLUME_LABEL,
+    pod_volumes,
+    volume_claim_manifest,
+    volume_claim_name,
+)
 from jobs.backends.kubernetes.manifests.workload import (
     DOCKER_HUB_AUTH_KEY,
     job_manifest,
@@ -126,6 +132,7 @@ __all__ = [
     "SPOT_TOLERATION_KEYS",
     "TENANT_LABEL",
     "TIER_LABEL",
+    "VOLUME_LABEL",
     "installation_id",
     "is_gang",
     "job_labels",
@@ -145,6 +152,7 @@ __all__ = [
     "needs_service",
     "network_policy_manifest",
     "owner_labels",
+    "pod_volumes",
     "quota_hard",
     "registry_secret_manifest",
     "registry_secret_name",
@@ -155,4 +163,6 @@ __all__ = [
     "service_name",
     "setting",
     "tiers",
+    "volume_claim_manifest",
+    "volume_claim_name",
 ]
