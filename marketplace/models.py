@@ -216,6 +216,39 @@ class CatalogRevision(models.Model):
         return f"catalog revision {self.token}"
 
 
+# Storage prices are kept per GiB-hour (the unit metering charges, so an amount is
+# size × hours × price exactly); pages show them per GiB-month of 730 hours.
+HOURS_PER_MONTH = 730
+STORAGE_PRICE_PLACES = 9
+
+
+class StoragePrice(models.Model):
+    """The price of volume storage in a region, in one price-book version: per GiB-hour
+    provisioned, while the volume exists, attached or not."""
+
+    version = models.ForeignKey(
+        PriceVersion, on_delete=models.CASCADE, related_name="storage_prices"
+    )
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
+    price_per_gib_hour = models.DecimalField(
+        max_digits=PRICE_DIGITS + 3,
+        decimal_places=STORAGE_PRICE_PLACES,
+        validators=[MinValueValidator(Decimal(0))],
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["version", "region"], name="storage_price_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.region_id}: {self.price_per_gib_month}/GiB-month"
+
+    @property
+    def price_per_gib_month(self) -> Decimal:
+        return self.price_per_gib_hour * HOURS_PER_MONTH
+
+
 class TenantPricing(models.Model):
     """Negotiated discount for one tenant, applied on top of the price book."""
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.db.models import QuerySet, Sum
 
 from console.models import Tenant
 from jobs.models import FINISHED, Job
+from marketplace.models import PriceVersion, StoragePrice
 from storage.models import Volume, VolumeAttachment
 
 
@@ -35,3 +38,15 @@ def volume_holders(*, volume: Volume, writers_only: bool = False) -> QuerySet[Jo
 
 def volume_attachments_of(*, job: Job) -> QuerySet[VolumeAttachment]:
     return VolumeAttachment.objects.filter(job=job).select_related("volume").order_by("position")
+
+
+def storage_prices_per_gib_month() -> dict[int, tuple[Decimal, str]]:
+    """The price of a GiB-month of volume storage by region id, in the price-book version
+    in force now, with its currency (volumes are billed by the GiB-hour at 1/730 of it)."""
+    version = PriceVersion.objects.in_force()
+    if version is None:
+        return {}
+    return {
+        price.region_id: (price.price_per_gib_month, version.currency)
+        for price in StoragePrice.objects.filter(version=version)
+    }

@@ -17,6 +17,7 @@ from marketplace.models import Region, TenantQuota
 from marketplace.selectors import regions_for_tenant
 from storage.models import Volume, VolumeAccess, VolumeStatus
 from storage.selectors import volume_holders, volume_storage_gib
+from storage.signals import volume_resizing
 
 # A DNS label: it names the volume's PersistentVolumeClaim and folder.
 VOLUME_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -88,6 +89,7 @@ def volume_create(
                 region=region_row,
                 access=access,
                 created_by=user,
+                created_at=timezone.now(),  # the meter starts here
             )
             audit_record(
                 action="volume.created",
@@ -118,6 +120,7 @@ def volume_resize(
             )
         _check_quota(tenant=volume.tenant, more_gib=size_gib - volume.size_gib)
         before = volume.size_gib
+        volume_resizing.send(sender=Volume, volume=volume)
         volume.size_gib = size_gib
         volume.save(update_fields=["size_gib"])
         audit_record(

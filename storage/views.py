@@ -29,7 +29,9 @@ def _live_volume(request: HttpRequest, volume_id: int) -> Volume:
 @require_http_methods(["GET", "POST"])
 def volumes(request: HttpRequest) -> HttpResponse:
     can_manage = has_capability(request.membership, Capability.LAUNCH_JOBS)
-    regions = [(r.slug, r.name) for r in regions_for_tenant(request.tenant).order_by("slug")]
+    usable = list(regions_for_tenant(request.tenant).order_by("slug"))
+    regions = [(r.slug, r.name) for r in usable]
+    region_names = {r.pk: r.name for r in usable}
     form = VolumeCreateForm(request.POST or None, regions=regions)
     if request.method == "POST":
         if not can_manage:
@@ -45,6 +47,10 @@ def volumes(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Volume {volume.name} created ({volume.size_gib} GiB).")
                 return redirect("storage:volumes")
     listed = list(selectors.volumes_for_tenant(tenant=request.tenant))
+    prices = selectors.storage_prices_per_gib_month()
+    for volume in listed:  # what a month of the volume costs at today's price
+        price = prices.get(volume.region_id)
+        volume.monthly = (price[0] * volume.size_gib, price[1]) if price else None
     return render(
         request,
         "storage/volumes.html",
@@ -53,6 +59,9 @@ def volumes(request: HttpRequest) -> HttpResponse:
             "can_manage": can_manage,
             "volumes": listed,
             "total_gib": sum(v.size_gib for v in listed),
+            "region_prices": [
+                (name, prices[pk]) for pk, name in region_names.items() if pk in prices
+            ],
         },
     )
 

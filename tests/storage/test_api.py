@@ -130,6 +130,8 @@ def test_the_storage_page_lists_creates_resizes_and_deletes(world, catalog):
     assert created.status_code == 302
     page = client.get("/storage/")
     assert b"<code>data</code>" in page.content and b"3 GiB" in page.content
+    # The demo price book: 0.10 USD per GiB-month on this host (billed by the GiB-hour).
+    assert b"0.30 USD" in page.content and b"per GiB-month" in page.content
     volume = world.tenant.volumes.get()
     bad = client.post(f"/storage/{volume.pk}/resize/", {"size_gib": "1"})
     assert bad.status_code == 200 and b"only grow" in bad.content
