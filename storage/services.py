@@ -3,6 +3,7 @@ and records an audit event; backends forget a deleted volume's storage after com
 
 from __future__ import annotations
 
+import logging
 import re
 
 from django.db import IntegrityError, transaction
@@ -12,7 +13,7 @@ from django.utils import timezone
 from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
-from jobs.backends import configured_backends
+from jobs.backends import BackendUnavailable, configured_backends
 from marketplace.models import Region, TenantQuota
 from marketplace.selectors import regions_for_tenant
 from storage.models import Volume, VolumeAccess, VolumeStatus
@@ -22,6 +23,8 @@ from storage.signals import volume_resizing
 # A DNS label: it names the volume's PersistentVolumeClaim and folder.
 VOLUME_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MAX_VOLUME_GIB = 64 * 1024
+
+log = logging.getLogger(__name__)
 
 
 def _check_size(size_gib: int) -> None:
@@ -123,6 +126,10 @@ def volume_resize(
         volume_resizing.send(sender=Volume, volume=volume)
         volume.size_gib = size_gib
         volume.save(update_fields=["size_gib"])
+        volume_id, tenant_id = volume.pk, volume.tenant_id
+        transaction.on_commit(
+            lambda: _grow_storage(tenant_id=tenant_id, volume_id=volume_id, size_gib=size_gib)
+        )
         audit_record(
             action="volume.resized",
             tenant=volume.tenant,
@@ -159,6 +166,16 @@ def volume_delete(*, volume: Volume, user: User | None, request: HttpRequest | N
         )
         tenant_id, volume_id = volume.tenant_id, volume.pk
         transaction.on_commit(lambda: _forget_storage(tenant_id=tenant_id, volume_id=volume_id))
+
+
+def _grow_storage(*, tenant_id: int, volume_id: int, size_gib: int) -> None:
+    """Grow the storage backends made already (a claim). A backend that is down now
+    keeps the old size until the volume is resized again (logged)."""
+    for backend in configured_backends():
+        try:
+            backend.volume_resize(tenant_id=tenant_id, volume_id=volume_id, size_gib=size_gib)
+        except BackendUnavailable as error:
+            log.warning("volume %s not grown on a backend: %s", volume_id, error)
 
 
 def _forget_storage(*, tenant_id: int, volume_id: int) -> None:

@@ -30,7 +30,7 @@ from marketplace.services import (
     registry_credential_delete,
     registry_credential_set,
 )
-from storage.services import volume_delete
+from storage.services import volume_delete, volume_resize
 from tests.factories import VolumeFactory
 from tests.jobs.test_kubernetes_lifecycle import (
     cluster,  # noqa: F401  (a fixture)
@@ -176,7 +176,8 @@ def run_plain_lifecycle(world, kube) -> None:
     services.job_cancel(job=blocked, actor=SYSTEM)
     tasks.job_cancel_task(blocked.pk)
     settle(kube, blocked, JobStatus.CANCELLED)
-    with TestCase.captureOnCommitCallbacks(execute=True):  # the volume's claim goes with it
+    with TestCase.captureOnCommitCallbacks(execute=True):  # its claim grows, then goes
+        volume_resize(volume=volume, user=world.admin, size_gib=20)
         volume_delete(volume=volume, user=world.admin)
 
     capacity_sync(backend=backend)

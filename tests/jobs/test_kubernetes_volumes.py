@@ -107,6 +107,13 @@ def test_a_job_mounts_its_volume_claim_bound_by_the_cluster(
         == uid
     )
 
+    # Growing the volume grows its claim (volume expansion).
+    with django_capture_on_commit_callbacks(execute=True):
+        storage.volume_resize(volume=volume, user=world.owner, size_gib=80)
+    grown = cluster.get("persistentvolumeclaims", ns(job), f"gg-vol-{volume.pk}")
+    assert grown["spec"]["resources"]["requests"]["storage"] == "80Gi"
+    assert grown["status"]["capacity"] == {"storage": "80Gi"}
+
     # Deleting a volume (once no job holds it) deletes its claim.
     services.job_cancel(job=job, actor=SYSTEM)
     tasks.job_cancel_task(job.pk)

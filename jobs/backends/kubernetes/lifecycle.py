@@ -203,6 +203,19 @@ class LifecycleMixin(ApiCalls):
             manifests.namespace_name(tenant_id),
         )
 
+    def volume_resize(self, *, tenant_id: int, volume_id: int, size_gib: int) -> None:
+        """Ask for the larger size on the volume's claim (volume expansion; its storage
+        class must allow it). A claim not made yet (404) gets the size when it is."""
+        name = manifests.volume_claim_name(volume_id)
+        self._call(
+            f"resizing volume claim {name}",
+            self.core.patch_namespaced_persistent_volume_claim,
+            name,
+            manifests.namespace_name(tenant_id),
+            {"spec": {"resources": {"requests": {"storage": f"{int(size_gib)}Gi"}}}},
+            ok=(404,),
+        )
+
     def _delete_job(self, namespace: str, name: str) -> None:
         # Background propagation: batch/v1's default would orphan the pods.
         self._delete(
