@@ -10,6 +10,7 @@ from itertools import pairwise
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -21,8 +22,15 @@ from marketplace.models import Region, StoragePrice
 from storage import services
 from storage.models import Volume
 from tests.conftest import token_client
-from tests.factories import PriceVersionFactory, RegionFactory, TenantFactory, VolumeFactory
+from tests.factories import (
+    PriceVersionFactory,
+    RegionFactory,
+    TenantFactory,
+    UserFactory,
+    VolumeFactory,
+)
 from tests.jobs_helpers import at_time
+from tests.marketplace.test_price_book import publish
 
 pytestmark = pytest.mark.django_db
 
@@ -140,3 +148,20 @@ def test_cost_explorer_lists_storage_as_a_tier(world, other_world):
         "/api/v1/usage", {"start": "2026-03-02", "end": "2026-03-02", "group_by": "gpu_type"}
     ).json()
     assert [r["key"] for r in by_type["results"]] == ["storage"]
+
+
+def test_a_new_price_version_keeps_the_storage_prices_unless_given(catalog):
+    staff = UserFactory(is_staff=True)
+    local = Region.objects.get(slug="local")
+    in_force = StoragePrice.objects.get(region=local).price_per_gib_hour
+    kept = publish(catalog, staff, effective_from=timezone.now() + HOUR)
+    assert kept.storage_prices.get(region=local).price_per_gib_hour == in_force
+    given = publish(
+        catalog,
+        staff,
+        effective_from=timezone.now() + 2 * HOUR,
+        storage_prices={local: Decimal("0.0002")},
+    )
+    assert [(p.region, p.price_per_gib_hour) for p in given.storage_prices.all()] == [
+        (local, Decimal("0.0002"))
+    ]
