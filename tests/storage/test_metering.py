@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from billing.invoices.services import invoice_draft_create
 from billing.metering import meter_tick
 from billing.metering.storage import STORAGE_TIER, storage_amount, storage_meter
 from billing.models import UsageRecord
@@ -165,3 +166,18 @@ def test_a_new_price_version_keeps_the_storage_prices_unless_given(catalog):
     assert [(p.region, p.price_per_gib_hour) for p in given.storage_prices.all()] == [
         (local, Decimal("0.0002"))
     ]
+
+
+def test_the_invoice_has_a_storage_line_in_gib_hours(world):
+    region = priced_region(Decimal("0.0002"))
+    VolumeFactory(tenant=world.tenant, name="data", size_gib=50, region=region, created_at=START)
+    storage_meter(now=START + 10 * HOUR)
+    invoice = invoice_draft_create(
+        tenant=world.tenant,
+        period_start=datetime(2026, 3, 1, tzinfo=UTC),
+        period_end=datetime(2026, 4, 1, tzinfo=UTC),
+    )
+    (line,) = invoice.lines.all()
+    assert line.description == f"Volume storage · {region.slug}"
+    assert (line.quantity, line.unit, line.tier) == (Decimal(500), "GiB-hour", STORAGE_TIER)
+    assert line.amount == Decimal("0.1")
