@@ -12,19 +12,26 @@ from billing import dbviews, panels, staff_tenants
 from billing.budgets.services import BudgetLaunchPolicy
 from billing.dashboard import dashboard_money_context
 from billing.job_costs import BillingJobCosts
-from billing.metering.tick import release_pending_usage
+from billing.metering.tick import release_pending_usage, storage_meter_volume
 from billing.payments.credits import CreditLaunchPolicy
 from billing.payments.selectors import dashboard_credit_context, dashboard_payments_context
 from billing.prometheus import MeteringCollector
 from console.dashboard import dashboard_section_register
 from console.metrics import scrape_collector_register
 from jobs import extensions
+from storage.models import Volume
+from storage.signals import volume_resizing
 
 
 def job_deleting_keep_usage(sender, job_ids: list[int], **kwargs) -> None:
     """A deleted job's usage stays in the job rollups: move what its meter holds there
     first (this waits for any metering tick to end, and holds off the next)."""
     release_pending_usage(job_ids)
+
+
+def volume_resizing_meter(sender, volume: Volume, **kwargs) -> None:
+    """Bill a volume's time so far at its old size before it grows."""
+    storage_meter_volume(volume_id=volume.pk)
 
 
 def connect(app_config: AppConfig) -> None:
@@ -43,4 +50,5 @@ def connect(app_config: AppConfig) -> None:
     extensions.job_deleting.connect(
         job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"
     )
+    volume_resizing.connect(volume_resizing_meter, dispatch_uid="billing-meter-volume-resize")
     scrape_collector_register("metering", MeteringCollector())

@@ -251,8 +251,9 @@ SUMS = {
     name: _signed_sum(name) for name in ("gpu_seconds", "cpu_seconds", "amount", "on_demand_amount")
 }
 # A group whose usage lies wholly in days subtracted from a month sums to nothing: it
-# had no usage in the range, and is not shown.
-USED = ~Q(gpu_seconds=0, cpu_seconds=0)
+# had no usage in the range, and is not shown. Storage is billed by GiB-hour, not compute
+# time: its groups show by their amount.
+USED = ~Q(gpu_seconds=0, cpu_seconds=0, amount=0)
 
 
 def _cells(tenant, query: CostQuery, *dimensions: str, only: dict | None = None) -> list[dict]:

@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "console",
     "marketplace",
     "jobs",
+    "storage",
     "billing",
 ]
 
@@ -402,6 +403,13 @@ LOCAL_JOB_USER = env_str("LOCAL_JOB_USER", "")
 # a finished job's work dir is kept (its log stays in the archive).
 LOCAL_JOB_MAX_PROCESSES = env_int("LOCAL_JOB_MAX_PROCESSES", 4096)
 LOCAL_JOB_DISK_GIB = float(env_str("LOCAL_JOB_DISK_GIB", "50") or 50)
+# Volumes on the local backend: a folder each, outside the data dir (job users must pass
+# through its parents, as for LOCAL_JOB_WORK_DIR). Default: beside the data dir.
+LOCAL_VOLUME_DIR = env_str("LOCAL_VOLUME_DIR", "") or str(
+    DATA_DIR.with_name(f"{DATA_DIR.name}-volumes")
+)
+# The storage class of volumes' PersistentVolumeClaims ("" = the cluster's default).
+VOLUME_STORAGE_CLASS = env_str("VOLUME_STORAGE_CLASS", "")
 LOCAL_JOB_RETENTION_HOURS = env_int("LOCAL_JOB_RETENTION_HOURS", 72)
 # Networks a sandboxed job's traffic never reaches (besides the host's loopback and its
 # own addresses): private ranges and the cloud metadata endpoint, as on Kubernetes.

@@ -73,6 +73,8 @@ urlpatterns = [
     path("marketplace/", include("marketplace.urls")),
     path("api/v1/", include("marketplace.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
+    path("api/v1/", include("storage.api.urls")),
+    path("storage/", include("storage.urls")),
     path("jobs/", include("jobs.urls")),
     path("billing/", include("billing.urls")),
     path("api/v1/", include("billing.api.urls")),

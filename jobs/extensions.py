@@ -3,6 +3,8 @@ reservations). Jobs never imports them: they register here from `AppConfig.ready
 
 - Launch policies judge a launch before it is recorded (a budget that is used up).
 - The job-cost provider prices jobs for their pages and the job API.
+- The volume provider (storage) resolves the volumes a spec mounts, records them with
+  the job and tells backends what to mount; without one, a spec naming volumes is refused.
 - `job_deleting` tells listeners a finished job is about to be deleted, inside the
   deleting transaction (billing moves the usage its meter holds into rollups).
 - Fleet panels: extra sections on the staff fleet page (billing's revenue this month).
@@ -10,11 +12,13 @@ reservations). Jobs never imports them: they register here from `AppConfig.ready
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Protocol
 
 from django.dispatch import Signal
 
+from console.service_errors import ServiceError
 from marketplace.extensions import Panel, PanelProvider
 
 if TYPE_CHECKING:
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
     from console.models import Tenant
     from jobs.models import Job
     from jobs.services.spec import JobSpec
+    from marketplace.models import Region
 
 # Sent with `job_ids` (a list of ids) inside the transaction that deletes them.
 job_deleting = Signal()
@@ -83,7 +88,51 @@ class _NoCosts:
         return {job.pk: None for job in jobs}
 
 
+@dataclass(frozen=True)
+class VolumeMount:
+    """One volume as a job's backend mounts it (the volume's id names its storage: a
+    folder on the host, a PersistentVolumeClaim)."""
+
+    volume_id: int
+    name: str
+    path: str
+    read_only: bool
+    size_gib: int
+    shared: bool  # many jobs may mount it (else one writer at a time)
+
+
+class VolumeProvider(Protocol):
+    def check_mounts(self, *, tenant: Tenant, region: Region, mounts: list[dict]) -> None:
+        """Raise a ServiceError when a mount (already well-formed: name, path, read_only)
+        names no volume of `tenant` in `region`, or one held as its access forbids."""
+        ...
+
+    def attach(self, *, job: Job, mounts: list[dict]) -> None:
+        """Record the job's mounts, inside its launch transaction (checked again there,
+        under lock, so two launches can't both take a single-writer volume)."""
+        ...
+
+    def mounts_for(self, job: Job) -> list[VolumeMount]:
+        """What the job mounts, in the order it asked."""
+        ...
+
+
+class _NoVolumes:
+    """Without storage installed no spec may name a volume."""
+
+    def check_mounts(self, *, tenant: Tenant, region: Region, mounts: list[dict]) -> None:
+        if mounts:
+            raise ServiceError("This installation offers no volumes.", field="volumes")
+
+    def attach(self, *, job: Job, mounts: list[dict]) -> None:
+        return None
+
+    def mounts_for(self, job: Job) -> list[VolumeMount]:
+        return []
+
+
 _launch_policies: list[LaunchPolicy] = []
+_volume_provider: list[VolumeProvider] = [_NoVolumes()]
 _cost_provider: list[JobCostProvider] = [_NoCosts()]
 
 
@@ -117,3 +166,9 @@ def fleet_panel_register(name: str, provider: PanelProvider) -> None:
 def fleet_panels() -> list[Panel]:
     panels = (provider() for provider in _fleet_panels.values())
     return [panel for panel in panels if panel is not None]
+def volume_provider_register(provider: VolumeProvider) -> None:
+    _volume_provider[0] = provider
+
+
+def volume_provider() -> VolumeProvider:
+    return _volume_provider[0]

@@ -26,6 +26,25 @@ def parse_pairs(text: str, field_label: str) -> dict[str, str]:
     return pairs
 
 
+def parse_volume_lines(text: str) -> list[dict]:
+    """`name:/path` or `name:/path:ro` lines (as the CLI's --volume) into spec mounts."""
+    mounts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition(":")
+        path, read_only = rest, False
+        if rest.endswith((":ro", ":rw")):
+            path, read_only = rest[:-3], rest.endswith(":ro")
+        if not name or not path:
+            raise forms.ValidationError(
+                f"Volumes line {number}: write name:/path or name:/path:ro."
+            )
+        mounts.append({"name": name.strip(), "path": path.strip(), "read_only": read_only})
+    return mounts
+
+
 class LaunchForm(forms.Form):
     name = forms.CharField(max_length=100)
     project = forms.CharField(max_length=100, required=False)
@@ -83,6 +102,15 @@ class LaunchForm(forms.Form):
         required=False,
         help_text="Reachable through the job's Service (cluster) or on this host (local).",
     )
+    volumes = forms.CharField(
+        label="Volumes",
+        required=False,
+        widget=forms.Textarea(
+            attrs={"rows": 2, "placeholder": "data:/data", "spellcheck": "false"}
+        ),
+        help_text="One per line: name:/path, or name:/path:ro to mount read-only. Volumes "
+        "are on the Storage page and usable only in their region.",
+    )
     priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
     max_runtime_minutes = forms.IntegerField(
         label="Max runtime (minutes)",
@@ -132,6 +160,10 @@ class LaunchForm(forms.Form):
             "env": "\n".join(f"{key}={value}" for key, value in spec.env.items()),
             "max_runtime_minutes": spec.max_runtime_minutes,
             "checkpoint_path": spec.checkpoint_path,
+            "volumes": "\n".join(
+                f"{m['name']}:{m['path']}{':ro' if m.get('read_only') else ''}"
+                for m in spec.volumes
+            ),
         }
 
     def clean_command(self):
@@ -142,6 +174,9 @@ class LaunchForm(forms.Form):
         if not argv:
             raise forms.ValidationError("Give a command to run.")
         return argv
+
+    def clean_volumes(self):
+        return parse_volume_lines(self.cleaned_data["volumes"])
 
     def clean_env(self):
         return parse_pairs(self.cleaned_data["env"], "Environment")

@@ -100,6 +100,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             auto_release=data["auto_release"],
             secrets=data["secrets"],
             ports=list(data["image"].ports) if data["expose_ports"] else [],
+            volumes=data["volumes"],
         )
         try:
             # The form posts to its own address: a launch from a template names it.

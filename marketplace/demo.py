@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace.models import (
+    HOURS_PER_MONTH,
     AllowedRegistry,
     Backend,
     GpuType,
@@ -17,6 +18,7 @@ from marketplace.models import (
     PriceEntry,
     PriceVersion,
     Region,
+    StoragePrice,
     Tier,
 )
 
@@ -163,6 +165,7 @@ REGIONS = [
     ("local", "This host", D("1.00")),
 ]
 CPU_PRICE_PER_VCPU_HOUR = D("0.0125")
+STORAGE_PRICE_PER_GIB_MONTH = D("0.10")
 # (region, gpu slug, tier, nodes, GPUs per node, vCPUs per node, memory GiB per node)
 DEMO_POOLS = [
     ("us-west", "h100-80gb", Tier.ON_DEMAND, 8, 8, 208, 1800),
@@ -418,6 +421,17 @@ def seed_catalog() -> dict[str, int]:
                 )
             )
         PriceEntry.objects.bulk_create(entries)
+        # Volumes: 0.10 per GiB-month (× the region's factor), kept per GiB-hour.
+        StoragePrice.objects.bulk_create(
+            StoragePrice(
+                version=version,
+                region=regions[region_slug],
+                price_per_gib_hour=(
+                    STORAGE_PRICE_PER_GIB_MONTH * factor / HOURS_PER_MONTH
+                ).quantize(D("0.000000001")),
+            )
+            for region_slug, _, factor in REGIONS
+        )
     # Demo fleet: stands in for a cluster until one is configured (COMPUTE_BACKENDS).
     for region_slug, gpu_slug, tier, nodes, per_node, vcpus, memory in DEMO_POOLS:
         NodePool.objects.get_or_create(

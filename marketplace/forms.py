@@ -240,6 +240,9 @@ class TenantQuotaForm(forms.Form):
     max_concurrent_jobs = forms.IntegerField(
         label="Max concurrent jobs", min_value=0, required=False
     )
+    max_storage_gib = forms.IntegerField(
+        min_value=0, required=False, label="Max storage (GiB of volumes, tenant-wide)"
+    )
 
 
 class GpuTypeForm(forms.ModelForm):

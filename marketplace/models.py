@@ -216,6 +216,39 @@ class CatalogRevision(models.Model):
         return f"catalog revision {self.token}"
 
 
+# Storage prices are kept per GiB-hour (the unit metering charges, so an amount is
+# size × hours × price exactly); pages show them per GiB-month of 730 hours.
+HOURS_PER_MONTH = 730
+STORAGE_PRICE_PLACES = 9
+
+
+class StoragePrice(models.Model):
+    """The price of volume storage in a region, in one price-book version: per GiB-hour
+    provisioned, while the volume exists, attached or not."""
+
+    version = models.ForeignKey(
+        PriceVersion, on_delete=models.CASCADE, related_name="storage_prices"
+    )
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
+    price_per_gib_hour = models.DecimalField(
+        max_digits=PRICE_DIGITS + 3,
+        decimal_places=STORAGE_PRICE_PLACES,
+        validators=[MinValueValidator(Decimal(0))],
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["version", "region"], name="storage_price_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.region_id}: {self.price_per_gib_month}/GiB-month"
+
+    @property
+    def price_per_gib_month(self) -> Decimal:
+        return self.price_per_gib_hour * HOURS_PER_MONTH
+
+
 class TenantPricing(models.Model):
     """Negotiated discount for one tenant, applied on top of the price book."""
 
@@ -235,7 +268,8 @@ class TenantPricing(models.Model):
 
 class TenantQuota(models.Model):
     """Per-tenant limits: max GPUs of one type (gpu_type set), or tenant-wide limits
-    (gpu_type empty: max GPUs of all types together and max concurrent jobs)."""
+    (gpu_type empty: max GPUs of all types together, max concurrent jobs and max GiB of
+    volumes)."""
 
     tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="quotas")
     gpu_type = models.ForeignKey(
@@ -243,6 +277,8 @@ class TenantQuota(models.Model):
     )
     max_gpus = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True)
+    # Total size of the tenant's volumes (tenant-wide row only).
+    max_storage_gib = models.PositiveIntegerField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_field = "tenant"

@@ -23,6 +23,7 @@ from marketplace.models import (
     Tier,
     Vendor,
 )
+from storage.models import Volume
 
 DEFAULT_PASSWORD = "correct-horse-battery-42"
 
@@ -230,3 +231,18 @@ class JobFactory(factory.django.DjangoModelFactory):
                 f"JobFactory makes queued jobs; reach {status!r} through the state machine"
             )
         return super()._create(model_class, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------- storage
+
+
+class VolumeFactory(factory.django.DjangoModelFactory):
+    """An existing volume (10 GiB, single writer) in the "local" region by default."""
+
+    class Meta:
+        model = Volume
+
+    tenant = factory.SubFactory(TenantFactory)
+    name = factory.Sequence(lambda n: f"vol-{n}")
+    size_gib = 10
+    region = factory.SubFactory(RegionFactory, slug="local")

@@ -18,7 +18,8 @@ from console.celery import app as celery_app
 from console.service_errors import ErrorCode, ServiceError
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["console", "marketplace", "jobs", "billing"]
+# storage sits beside jobs, below billing: it may use jobs, jobs never uses it.
+ORDER = ["console", "marketplace", "jobs", "storage", "billing"]
 # The project shell in console/ wires every room together and may name them all.
 SHELL = {"console/urls.py", "console/routing.py", "console/asgi.py", "console/settings.py",
          "console/celery.py", "console/beat.py", "console/launcher.py",

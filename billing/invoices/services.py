@@ -32,6 +32,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 
 from billing import tasks
 from billing.credit_notes.ledger import credit_balance_move
+from billing.metering.storage import STORAGE_TIER
 from billing.models import (
     AMOUNT_QUANTUM,
     CENTS,
@@ -156,10 +157,11 @@ def usage_lines(records: QuerySet[UsageRecord], *, period_start: datetime) -> li
     lines = []
     for row in rows:
         is_gpu = row["gpu_type__slug"] is not None
+        is_storage = row["tier"] == STORAGE_TIER
         seconds = row["gpu_seconds"] if is_gpu else row["cpu_seconds"]
-        what = row["gpu_type__model"] if is_gpu else "CPU"
+        what = row["gpu_type__model"] if is_gpu else "Volume storage" if is_storage else "CPU"
         tier = TIER_LABELS.get(row["tier"], row["tier"])
-        description = f"{what} · {tier} · {row['region__slug']}"
+        description = " · ".join([what, *([] if is_storage else [tier]), row["region__slug"]])
         if row["late"]:
             description += " · metered late for an earlier period"
         percent = row["discount_percent"]
@@ -167,14 +169,18 @@ def usage_lines(records: QuerySet[UsageRecord], *, period_start: datetime) -> li
         discount = ZERO
         if ZERO < percent < HUNDRED:
             discount = (amount * percent / (HUNDRED - percent)).quantize(AMOUNT_QUANTUM)
+        quantity = (seconds / SECONDS_PER_HOUR).quantize(HOURS_QUANTUM)
+        if is_storage:  # GiB-hours: the records' size × hours, at the line's one price
+            unit_price = row["unit_price"]
+            quantity = (amount / unit_price).quantize(HOURS_QUANTUM) if unit_price else ZERO
         lines.append(
             UsageLine(
                 description=description,
-                gpu_type=row["gpu_type__slug"] or "cpu",
+                gpu_type=row["gpu_type__slug"] or ("storage" if is_storage else "cpu"),
                 tier=row["tier"],
                 region=row["region__slug"],
-                quantity=(seconds / SECONDS_PER_HOUR).quantize(HOURS_QUANTUM),
-                unit="GPU-hour" if is_gpu else "vCPU-hour",
+                quantity=quantity,
+                unit="GPU-hour" if is_gpu else "GiB-hour" if is_storage else "vCPU-hour",
                 unit_price=row["unit_price"],
                 amount=amount,
                 price_version_id=row["price_version_id"],

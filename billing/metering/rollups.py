@@ -226,7 +226,8 @@ class _RebuildRow(NamedTuple):
 
     @property
     def gpu_type(self) -> str:
-        return self.gpu_slug or "cpu"
+        # Storage records have no GPU type and are no CPU time (billing.metering.storage).
+        return self.gpu_slug or ("storage" if self.tier == "storage" else "cpu")
 
     @property
     def hour_start(self) -> datetime:

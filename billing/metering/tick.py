@@ -22,6 +22,7 @@ from billing.metering.postgres import fetch_rows
 from billing.metering.prices import PriceBook
 from billing.metering.rollups import move_pending_to_rollups, roll_closed_days, rollup_marks
 from billing.metering.spans import JOB_COLUMNS, JobRow, StatusChange, billed_spans
+from billing.metering.storage import storage_meter
 from billing.metering.tables import EMPTY_PENDING_HOUR
 from billing.metering.writers import tick_writer
 from billing.models import HourlyRollupMark, JobMeter, MonthlyRollupMark
@@ -65,7 +66,17 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
         if mark is not None:
             result = _tick(now=hour)
         _release_pending_hours(hour)
-    return result.merged(_tick(now=now))
+    result = result.merged(_tick(now=now))
+    with _ticks_take_turns():  # volumes' storage, in its own turn
+        records, tenants = storage_meter(now=now)
+    return result.merged(TickResult(0, records, tenants))
+
+
+def storage_meter_volume(*, volume_id: int) -> None:
+    """Meter one volume up to now, in turn with the ticks (before a resize changes the
+    size its unmetered time is billed at)."""
+    with _ticks_take_turns():
+        storage_meter(now=timezone.now(), volume_ids=[volume_id])
 
 
 def _hour_before(at: datetime) -> datetime:

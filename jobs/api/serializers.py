@@ -27,6 +27,7 @@ from jobs.services.spec import (
     MAX_COMMAND_ARGS,
     MAX_ENV_TOTAL_BYTES,
     MAX_JOB_SECRETS,
+    MAX_VOLUME_MOUNTS,
 )
 from marketplace.pricing import to_cents
 
@@ -35,6 +36,12 @@ class ArgumentField(StrictCharField):
     """One argv item: a JSON string, never a number turned into one."""
 
     default_error_messages = {"invalid": "Each argument is a string."}
+
+
+class VolumeMountSerializer(serializers.Serializer):
+    name = StrictCharField(max_length=63, help_text="The volume's name")
+    path = StrictCharField(max_length=400, help_text="Absolute mount path, e.g. /data")
+    read_only = StrictBooleanField(default=False)
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -97,8 +104,19 @@ class JobCreateSerializer(serializers.Serializer):
         ),
     )
 
+    volumes = serializers.ListField(
+        child=VolumeMountSerializer(),
+        required=False,
+        default=list,
+        max_length=MAX_VOLUME_MOUNTS,
+        help_text="Volumes to mount by name, e.g. "
+        '[{"name": "data", "path": "/data", "read_only": false}]',
+    )
+
     def to_spec(self) -> services.JobSpec:
-        return services.JobSpec(**self.validated_data)
+        values = dict(self.validated_data)
+        values["volumes"] = [dict(mount) for mount in values.get("volumes", [])]
+        return services.JobSpec(**values)
 
 
 class SlugOfField(StrictCharField):

@@ -242,6 +242,14 @@ class ComputeBackend(abc.ABC):
         """Remove those files (a documented no-op default): the work files, and with
         `logs` the job's output too. Idempotent."""
 
+    def volume_remove(self, *, tenant_id: int, volume_id: int) -> None:  # noqa: B027
+        """Delete a deleted volume's storage here (its folder, its claim), if any: a
+        documented no-op default. Idempotent."""
+
+    def volume_resize(self, *, tenant_id: int, volume_id: int, size_gib: int) -> None:  # noqa: B027
+        """Grow a volume's storage here, where it exists already (a claim's request); a
+        documented no-op default (the local backend reads the size at each start)."""
+
     def tenant_isolation(self) -> TenantIsolation:
         """Whether this backend keeps one tenant's jobs from the console and from other
         tenants (a pod boundary does; the console's host needs a sandbox)."""

@@ -34,7 +34,7 @@ from django.conf import settings
 
 from console.crypto import decrypt_json
 from jobs import gpu_readings
-from jobs.backends import local_sandbox, local_supervisor
+from jobs.backends import local_sandbox, local_supervisor, local_volumes
 from jobs.backends.base import (
     BackendRejected,
     BackendUnavailable,
@@ -365,6 +365,7 @@ class LocalBackend(ComputeBackend):
                 (run_dir / "run").write_text(token)
             workdir = self._make_workdir(job, self._owner(job))
             checkpoints = checkpoint_folder(job, self._owner(job))
+            volumes = local_volumes.volume_binds(job)
             # A later attempt (requeued after preemption) continues the job's work.
             env = self._environment(job, resumed or job.attempt > 1 or bool(job.resume_from))
             spec: dict = {
@@ -381,6 +382,7 @@ class LocalBackend(ComputeBackend):
                     env=env,
                     limits=self.limits(job),
                     checkpoints=checkpoints,
+                    volumes=volumes,
                 )
             starter = subprocess.Popen(  # noqa: S603  (argv only, no shell)
                 [
@@ -567,6 +569,9 @@ class LocalBackend(ComputeBackend):
             f"Runs in a sandbox on the console's host: {self.limits(job).describe()}; "
             f"{network}; only its work dir ({local_sandbox.WORKSPACE}) is writable."
         )
+
+    def volume_remove(self, *, tenant_id: int, volume_id: int) -> None:
+        local_volumes.volume_remove(tenant_id=tenant_id, volume_id=volume_id)
 
     def stored_job_ids(self) -> set[int]:
         """Jobs with a run or work directory on this host."""

@@ -268,6 +268,13 @@ def _device_binds(devices: list[int]) -> list[str]:
     return args
 
 
+def _volume_binds(volumes: list[tuple[Path, str, bool]]) -> list[str]:
+    args: list[str] = []
+    for folder, path, read_only in volumes:
+        args += ["--ro-bind" if read_only else "--bind", str(folder), path]
+    return args
+
+
 def sandbox_plan(
     *,
     job: Job,
@@ -275,6 +282,7 @@ def sandbox_plan(
     env: dict[str, str],
     limits: JobLimits,
     checkpoints: Path | None = None,
+    volumes: list[tuple[Path, str, bool]] | None = None,
 ) -> dict:
     """What the supervisor runs: the bubblewrap options (handed to it in a file
     descriptor, never in argv where `ps` shows them), the files the job sees in /etc, the
@@ -312,6 +320,9 @@ def sandbox_plan(
         str(workdir / "tmp"),
         SANDBOX_TMP,
         *(["--bind", str(checkpoints), CHECKPOINT_MOUNT] if checkpoints else []),
+        # (host folder, mount path, read-only): after the work dir, so a volume may sit
+        # inside it.
+        *_volume_binds(volumes or []),
         "--dir",
         SHIM_BIN,
         "--symlink",

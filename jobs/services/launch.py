@@ -16,7 +16,7 @@ from console.services.audit import audit_record
 from console.tenant_admin import TenantSuspended
 from jobs.actors import SYSTEM, Actor
 from jobs.checkpoints.store import checkpoint_store
-from jobs.extensions import launch_check
+from jobs.extensions import launch_check, volume_provider
 from jobs.models import Job, JobStatus, LaunchTemplate, Priority, WaitKind
 from jobs.services.admission import job_pools, jobs_admit
 from jobs.services.checkpoints import job_store_prefix
@@ -91,6 +91,7 @@ def job_submit(
                 launch_template=launch_template,
                 checkpoint_source=checkpoint_source,
             )
+            volume_provider().attach(job=job, mounts=spec.volumes)
             job_note(job=job, actor=Actor.of_user(user) if user else SYSTEM, reason="submitted")
             audit_record(
                 action="job.launched",

@@ -3,6 +3,7 @@ maxima, and where it would be placed. Pure reads; nothing here writes."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -13,6 +14,7 @@ from django.db.models import F
 from console.crypto import decrypt_json
 from console.models import Tenant
 from console.service_errors import ServiceError
+from jobs.extensions import volume_provider
 from jobs.models import Job, Priority
 from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Tier
 from marketplace.pricing import node_split
@@ -73,6 +75,8 @@ class JobSpec:
     ports: list[dict] = field(default_factory=list)
     # Names of tenant secrets to inject as environment variables of the same name.
     secrets: list[str] = field(default_factory=list)
+    # Volumes to mount: [{"name": "data", "path": "/data", "read_only": False}].
+    volumes: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -264,6 +268,65 @@ def _validate_ports(ports) -> None:
         numbers.add(number)
 
 
+MAX_VOLUME_MOUNTS = 16
+VOLUME_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# The kernel's and the runtime's: a volume over one of them would hide or replace it.
+FORBIDDEN_MOUNT_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def validate_volume_mounts(volumes) -> list[dict]:
+    """The shape of a spec's volume mounts: each names a volume once, at an absolute,
+    normal path outside /proc, /sys and /dev, no two at one path. Whether the volumes
+    exist and may be mounted so is the volume provider's to say (`check_mounts`)."""
+    if not isinstance(volumes, list) or len(volumes) > MAX_VOLUME_MOUNTS:
+        raise invalid(
+            f'Volumes are a list of at most {MAX_VOLUME_MOUNTS} {{"name", "path", '
+            '"read_only"}} objects.',
+            "volumes",
+        )
+    clean: list[dict] = []
+    for mount in volumes:
+        if not isinstance(mount, dict) or not {"name", "path"} <= set(mount) <= {
+            "name",
+            "path",
+            "read_only",
+        }:
+            raise invalid('Each volume is {"name": "data", "path": "/data", "read_only": false}.',
+                          "volumes")  # fmt: skip
+        name, path, read_only = mount["name"], mount["path"], mount.get("read_only", False)
+        if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
+            raise invalid(f"“{str(name)[:80]}” is not a volume name.", "volumes")
+        if not isinstance(read_only, bool):
+            raise invalid(f"Volume {name}: read_only is true or false.", "volumes")
+        if (
+            not isinstance(path, str)
+            or not path.startswith("/")
+            or len(path) > 400
+            or any(ord(char) < 32 or ord(char) == 127 for char in path)
+            or posixpath.normpath(path) != path
+            or path.startswith("//")
+        ):
+            raise invalid(
+                f"Volume {name}: the mount path is an absolute path such as /data "
+                "(no “..”, no trailing /).",
+                "volumes",
+            )
+        if path == "/" or any(
+            path == root or path.startswith(f"{root}/") for root in FORBIDDEN_MOUNT_ROOTS
+        ):
+            raise invalid(
+                f"Volume {name}: a volume can't be mounted at {path} (/, /proc, /sys and "
+                "/dev belong to the system).",
+                "volumes",
+            )
+        if any(other["path"] == path for other in clean):
+            raise invalid(f"Two volumes are mounted at {path}.", "volumes")
+        if any(other["name"] == name for other in clean):
+            raise invalid(f"Volume {name} is mounted twice; mount it once.", "volumes")
+        clean.append({"name": name, "path": path, "read_only": read_only})
+    return clean
+
+
 def _pick_pool(
     *, tenant: Tenant, gpu_type: GpuType | None, region: Region, tier: str
 ) -> NodePool | None:
@@ -316,6 +379,7 @@ def spec_validate(
     )
     _validate_ports(spec.ports)
     _validate_checkpoint_path(spec.checkpoint_path)
+    spec.volumes = validate_volume_mounts(spec.volumes)
     overlap = set(spec.env) & set(spec.secret_env)
     if overlap:
         raise invalid(f"{', '.join(sorted(overlap))} is both plain and secret.", "secret_env")
@@ -409,6 +473,7 @@ def spec_validate(
                 f"{tier_nodes * cpus} asked.",
                 "cpus",
             )
+    volume_provider().check_mounts(tenant=tenant, region=region, mounts=spec.volumes)
     total_gpus = spec.nodes * spec.gpus_per_node
     quotas = list(TenantQuota.objects.for_tenant(tenant).order_by("pk"))
     for quota in quotas:
@@ -458,4 +523,8 @@ def spec_from_job(job: Job) -> JobSpec:
         secret_env=decrypt_json(job.secret_env_encrypted),
         auto_release=job.auto_release,
         ports=list(job.ports),
+        volumes=[
+            {"name": mount.name, "path": mount.path, "read_only": mount.read_only}
+            for mount in volume_provider().mounts_for(job)
+        ],
     )

@@ -143,10 +143,16 @@ def tenant_quota_set(
     max_gpus: int | None,
     max_concurrent_jobs: int | None,
     user: User,
+    max_storage_gib: int | None = None,
     request: HttpRequest | None = None,
 ) -> TenantQuota | None:
-    """Set (or clear, with both limits empty) one quota row of a tenant."""
-    for field, value in (("max_gpus", max_gpus), ("max_concurrent_jobs", max_concurrent_jobs)):
+    """Set (or clear, with every limit empty) one quota row of a tenant."""
+    limits = {
+        "max_gpus": max_gpus,
+        "max_concurrent_jobs": max_concurrent_jobs,
+        "max_storage_gib": max_storage_gib,
+    }
+    for field, value in limits.items():
         if value is not None and value < 0:
             raise ServiceError("Limits can't be negative.", field=field)
     if gpu_type is not None and max_concurrent_jobs is not None:
@@ -154,13 +160,18 @@ def tenant_quota_set(
             "Concurrent jobs are limited tenant-wide, not per GPU type.",
             field="max_concurrent_jobs",
         )
+    if gpu_type is not None and max_storage_gib is not None:
+        raise ServiceError(
+            "Storage is limited tenant-wide, not per GPU type.", field="max_storage_gib"
+        )
     quotas = TenantQuota.objects.for_tenant(tenant).filter(gpu_type=gpu_type)
     metadata: dict[str, Any] = {
         "gpu_type": gpu_type.slug if gpu_type else None,
         "max_gpus": max_gpus,
         "max_concurrent_jobs": max_concurrent_jobs,
+        "max_storage_gib": max_storage_gib,
     }
-    if max_gpus is None and max_concurrent_jobs is None:
+    if all(value is None for value in limits.values()):
         quotas.delete()
         audit_record(
             action="tenant_quota.cleared",
@@ -174,7 +185,7 @@ def tenant_quota_set(
     quota, _ = TenantQuota.objects.update_or_create(
         tenant=tenant,
         gpu_type=gpu_type,
-        defaults={"max_gpus": max_gpus, "max_concurrent_jobs": max_concurrent_jobs},
+        defaults=limits,
     )
     audit_record(
         action="tenant_quota.changed",

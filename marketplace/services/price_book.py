@@ -16,7 +16,14 @@ from django.utils import timezone
 from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
-from marketplace.models import GpuType, PriceEntry, PriceVersion, Region, TenantPricing
+from marketplace.models import (
+    GpuType,
+    PriceEntry,
+    PriceVersion,
+    Region,
+    StoragePrice,
+    TenantPricing,
+)
 from marketplace.pricing import RESERVED_TERMS
 
 
@@ -134,9 +141,11 @@ def price_version_publish(
     note: str = "",
     request: HttpRequest | None = None,
     now: datetime | None = None,
+    storage_prices: dict[Region, Decimal] | None = None,
 ) -> PriceVersion:
     """Publish a complete, dated price table. Past times are refused: usage already
-    rated must keep the price it ran at."""
+    rated must keep the price it ran at. Volume storage prices (per GiB-hour, by region)
+    are the version in force's unless `storage_prices` gives them."""
     now = now or timezone.now()
     # A minute of slack: "now" typed in a form is a few moments old when it arrives.
     if effective_from < now - timedelta(seconds=60):
@@ -163,6 +172,15 @@ def price_version_publish(
             )
         seen.add(key)
     _validate_discounts(spot_discount_percent, reserved_discount_percent)
+    if storage_prices is None:
+        current = PriceVersion.objects.in_force(now)
+        storage_prices = (
+            {price.region: price.price_per_gib_hour for price in current.storage_prices.all()}
+            if current is not None
+            else {}
+        )
+    if any(price < 0 for price in storage_prices.values()):
+        raise ServiceError("Storage prices can't be negative.", field="prices")
     version = PriceVersion.objects.create(
         currency=currency.upper(),
         effective_from=effective_from,
@@ -183,6 +201,10 @@ def price_version_publish(
             )
             for row in rows
         ]
+    )
+    StoragePrice.objects.bulk_create(
+        StoragePrice(version=version, region=region, price_per_gib_hour=price)
+        for region, price in storage_prices.items()
     )
     audit_record(
         action="price_version.published",

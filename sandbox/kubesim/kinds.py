@@ -238,3 +238,45 @@ class KindHooks(Admission):
             "hard": dict(hard),
             "used": {k: format_quantity(v) for k, v in self._quota_usage(ns, hard).items()},
         }
+
+    # A claim is bound at once to a simulated volume of its size (as a dynamic
+    # provisioner with Immediate binding would); the spec is immutable but for a larger
+    # storage request (volume expansion).
+    PVC_ACCESS_MODES = frozenset(
+        {"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"}
+    )
+
+    def _prepare_persistentvolumeclaim(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        name = obj["metadata"]["name"]
+        spec = obj.setdefault("spec", {})
+        modes = spec.get("accessModes") or []
+        if not modes or not set(modes) <= self.PVC_ACCESS_MODES:
+            raise invalid(rt, name, "spec.accessModes", modes, "Unsupported value")
+        storage = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
+        try:
+            size = parse_quantity(storage)
+        except (TypeError, ValueError) as exc:
+            raise invalid(
+                rt, name, "spec.resources.requests.storage", storage, "Required value"
+            ) from exc
+        if old is not None:
+            ospec = old.get("spec") or {}
+            before = parse_quantity(ospec["resources"]["requests"]["storage"])
+            if size < before:
+                raise invalid(
+                    rt, name, "spec.resources.requests.storage", storage,
+                    "field can not be less than previous value",
+                )  # fmt: skip
+            if modes != ospec.get("accessModes"):
+                raise invalid(rt, name, "spec", "", "spec is immutable after creation")
+            spec["volumeName"] = ospec.get("volumeName")
+            spec["storageClassName"] = ospec.get("storageClassName")
+        else:
+            spec.setdefault("storageClassName", "standard")
+            spec["volumeName"] = f"pvc-{obj['metadata']['uid']}"
+            spec.setdefault("volumeMode", "Filesystem")
+        obj["status"] = {
+            "phase": "Bound",
+            "accessModes": list(modes),
+            "capacity": {"storage": str(storage)},
+        }

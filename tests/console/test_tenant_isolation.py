@@ -25,6 +25,7 @@ from marketplace.demo import seed_catalog
 from marketplace.models import AllowedRegistry, GpuType, NodePool, PriceVersion
 from marketplace.services import capacity_sync, image_create, registry_credential_set
 from tests.conftest import signed_in_client, token_client
+from tests.factories import VolumeFactory
 
 # URL names anyone may open without signing in.
 PUBLIC = {
@@ -116,6 +117,8 @@ def foreign(other_world, world):
         spec=JobSpec(name="globex-secret-job", image="python-3.11", command=["true"], cpus=1),
     )
 
+    foreign_volume = VolumeFactory(tenant=other_world.tenant, name="globex-data")
+
     foreign_secret = tenant_secret_set(
         tenant=other_world.tenant,
         user=other_world.owner,
@@ -166,6 +169,7 @@ def foreign(other_world, world):
         "api-invoice": foreign_invoice.pk,
         "api-price-version": version.pk,
         "api-secret": foreign_secret.pk,
+        "api-volume": foreign_volume.pk,
     }
     return {
         "kwargs": {
@@ -176,6 +180,7 @@ def foreign(other_world, world):
             "token": raw_invite,
             "job_id": foreign_job.pk,
             "secret_id": foreign_secret.pk,
+            "volume_id": foreign_volume.pk,
             "template_id": foreign_template.pk,
             "budget_id": foreign_budget.pk,
             "invoice_id": foreign_invoice.pk,

@@ -15,6 +15,7 @@ from urllib.parse import unquote
 
 import pytest
 import yaml
+from django.test import TestCase
 
 from jobs import services, tasks
 from jobs.actors import SYSTEM
@@ -29,6 +30,8 @@ from marketplace.services import (
     registry_credential_delete,
     registry_credential_set,
 )
+from storage.services import volume_delete, volume_resize
+from tests.factories import VolumeFactory
 from tests.jobs.test_kubernetes_lifecycle import (
     cluster,  # noqa: F401  (a fixture)
     gpu_spec,
@@ -155,20 +158,27 @@ def run_plain_lifecycle(world, kube) -> None:
     registry_credential_delete(credential=credential, user=world.admin)
     tasks.registry_pull_secret_remove_task(world.tenant.pk, credential.registry)
 
-    # A dispatch that runs again finds its objects (409) and reads them to check they are
-    # its own; a job whose pods can't be created is explained from its Job's events.
+    # A dispatch that runs again finds its objects (409: its volume's claim too) and reads
+    # them to check they are its own; a job whose pods can't be created is explained from
+    # its Job's events.
+    volume = VolumeFactory(tenant=world.tenant, name="data", region__slug="us-west")
     kube.create(
         "resourcequotas",
         {"metadata": {"name": "blocker"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}},
         namespace=f"gg-t-{world.tenant.pk}",
     )
-    blocked = redispatched(world, backend, gpu_spec(name="blocked"))
+    blocked = redispatched(
+        world, backend, gpu_spec(name="blocked", volumes=[{"name": "data", "path": "/data"}])
+    )
     kube.tick()
     assert backend.observe(blocked).phase == "pending"
     kube.delete("resourcequotas", f"gg-t-{world.tenant.pk}", "blocker")
     services.job_cancel(job=blocked, actor=SYSTEM)
     tasks.job_cancel_task(blocked.pk)
     settle(kube, blocked, JobStatus.CANCELLED)
+    with TestCase.captureOnCommitCallbacks(execute=True):  # its claim grows, then goes
+        volume_resize(volume=volume, user=world.admin, size_gib=20)
+        volume_delete(volume=volume, user=world.admin)
 
     capacity_sync(backend=backend)
     run_the_watch(kube)

@@ -61,6 +61,7 @@ CREATE_PATHS = {
     "create_namespace": "/api/v1/namespaces",
     "create_namespaced_secret": "/api/v1/namespaces/{}/secrets",
     "create_namespaced_service": "/api/v1/namespaces/{}/services",
+    "create_namespaced_persistent_volume_claim": "/api/v1/namespaces/{}/persistentvolumeclaims",
     "create_namespaced_resource_quota": "/api/v1/namespaces/{}/resourcequotas",
     "create_namespaced_limit_range": "/api/v1/namespaces/{}/limitranges",
     "create_namespaced_network_policy": "/apis/networking.k8s.io/v1/namespaces/{}/networkpolicies",

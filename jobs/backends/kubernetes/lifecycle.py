@@ -20,6 +20,7 @@ from jobs.backends.kubernetes.client import (
     ApiCalls,
     kueue_owner_uid,
 )
+from jobs.extensions import volume_provider
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -66,9 +67,20 @@ class LifecycleMixin(ApiCalls):
         """Set up what the attempt needs first (its namespace, image pull Secret: these
         read the database) and return the creates of its own objects, in order: env
         Secret, Service, then its Job(s) or JobSet. They call only the API server, so a
-        batch can run them in other threads."""
+        batch can run them in other threads. A volume's claim is created with the first job
+        that mounts it and kept (409: it exists) until the volume is deleted."""
         namespace = namespace or self.ensure_namespace(job.tenant_id)
         creates: list[Create] = []
+        volumes = volume_provider().mounts_for(job)
+        for mount in volumes:
+            claim = manifests.volume_claim_manifest(job.tenant_id, mount)
+            creates.append(
+                (
+                    f"volume claim {claim['metadata']['name']}",
+                    self.core.create_namespaced_persistent_volume_claim,
+                    (namespace, claim),
+                )
+            )
         store_credentials = manifests.checkpoint_secret_values(job)
         if job.secret_env_names or store_credentials:
             values = {**(decrypt_json(job.secret_env_encrypted) or {}), **store_credentials}
@@ -94,7 +106,7 @@ class LifecycleMixin(ApiCalls):
         queue = self.kueue_queue()
         if self._gang(job, queue):
             jobset = manifests.jobset_manifest(
-                job, kueue_queue=queue, resumed=resumed, pull_secrets=pull_secrets
+                job, kueue_queue=queue, resumed=resumed, pull_secrets=pull_secrets, volumes=volumes
             )
             creates.append(
                 (
@@ -111,7 +123,7 @@ class LifecycleMixin(ApiCalls):
             )
             return creates
         for manifest in manifests.job_manifests(
-            job, resumed=resumed, pull_secrets=pull_secrets, kueue_queue=queue
+            job, resumed=resumed, pull_secrets=pull_secrets, kueue_queue=queue, volumes=volumes
         ):
             creates.append(
                 (
@@ -181,6 +193,29 @@ class LifecycleMixin(ApiCalls):
             ok=(404,),
         )
         return listed.items if listed is not None else []
+
+    def volume_remove(self, *, tenant_id: int, volume_id: int) -> None:
+        """Delete the volume's claim (its data goes with the claim's reclaim policy)."""
+        name = manifests.volume_claim_name(volume_id)
+        self._delete(
+            f"volume claim {name}",
+            self.core.delete_namespaced_persistent_volume_claim,
+            name,
+            manifests.namespace_name(tenant_id),
+        )
+
+    def volume_resize(self, *, tenant_id: int, volume_id: int, size_gib: int) -> None:
+        """Ask for the larger size on the volume's claim (volume expansion; its storage
+        class must allow it). A claim not made yet (404) gets the size when it is."""
+        name = manifests.volume_claim_name(volume_id)
+        self._call(
+            f"resizing volume claim {name}",
+            self.core.patch_namespaced_persistent_volume_claim,
+            name,
+            manifests.namespace_name(tenant_id),
+            {"spec": {"resources": {"requests": {"storage": f"{int(size_gib)}Gi"}}}},
+            ok=(404,),
+        )
 
     def _delete_job(self, namespace: str, name: str) -> None:
         # Background propagation: batch/v1's default would orphan the pods.

@@ -27,6 +27,7 @@ from gpugeek.errors import (
     ValidationError,
 )
 from gpugeek.models import FINISHED_STATUSES
+from gpugeek.spec import parse_volume
 
 OK, API_ERROR, USAGE, AUTH, NOT_FOUND, TIMEOUT, CONFLICT, LIMIT, UNREACHABLE = range(9)
 EXIT_CODES = {
@@ -107,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--image")
     _shape_args(launch)
     launch.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    launch.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        metavar="NAME:/PATH[:ro]",
+        help="mount a volume (repeatable), e.g. data:/data or data:/data:ro",
+    )
     launch.add_argument("--priority")
     launch.add_argument("--idempotency-key")
     launch.add_argument("--wait", action="store_true", help="wait until running")
@@ -220,6 +228,8 @@ def _launch_spec(args) -> dict[str, Any]:
             key, value = item.split("=", 1)
             env[key] = value
         spec["env"] = env
+    if args.volume:
+        spec["volumes"] = [*(spec.get("volumes") or []), *map(parse_volume, args.volume)]
     if not spec.get("image") or not spec.get("command"):
         raise UsageError("launch needs an image and a command (flags or -f spec)")
     return spec

@@ -24,8 +24,24 @@ JOB_FIELDS = frozenset(
         "name", "project", "labels", "image", "command", "env", "secret_env", "gpu_type",
         "gpus_per_node", "cpus", "nodes", "region", "spot_ratio", "priority",
         "max_runtime_minutes", "checkpoint_path", "auto_release", "ports", "secrets",
+        "volumes",
     }
 )  # fmt: skip
+
+
+def parse_volume(text: str) -> dict[str, Any]:
+    """`data:/data` or `data:/data:ro` (the CLI's --volume) as a spec's volume mount."""
+    name, _, rest = text.partition(":")
+    path, read_only = rest, False
+    if rest.endswith((":ro", ":rw")):
+        path, read_only = rest[:-3], rest.endswith(":ro")
+    if not name or not path.startswith("/"):
+        raise ValidationError(
+            f"--volume {text!r}: write NAME:/PATH or NAME:/PATH:ro.",
+            code="invalid",
+            errors={"volumes": [f"{text!r} is not NAME:/PATH[:ro]."]},
+        )
+    return {"name": name, "path": path, "read_only": read_only}
 
 
 def _norm(text: str) -> str:

@@ -87,6 +87,12 @@ from jobs.backends.kubernetes.manifests.namespace import (
     quota_hard,
     resource_quota_manifest,
 )
+from jobs.backends.kubernetes.manifests.volumes import (
+    VOLUME_LABEL,
+    pod_volumes,
+    volume_claim_manifest,
+    volume_claim_name,
+)
 from jobs.backends.kubernetes.manifests.workload import (
     DOCKER_HUB_AUTH_KEY,
     checkpoint_secret_values,
@@ -130,6 +136,7 @@ __all__ = [
     "SPOT_TOLERATION_KEYS",
     "TENANT_LABEL",
     "TIER_LABEL",
+    "VOLUME_LABEL",
     "checkpoint_secret_values",
     "installation_id",
     "is_gang",
@@ -150,6 +157,7 @@ __all__ = [
     "needs_service",
     "network_policy_manifest",
     "owner_labels",
+    "pod_volumes",
     "quota_hard",
     "registry_secret_manifest",
     "registry_secret_name",
@@ -161,4 +169,6 @@ __all__ = [
     "service_name",
     "setting",
     "tiers",
+    "volume_claim_manifest",
+    "volume_claim_name",
 ]

@@ -48,9 +48,11 @@ from jobs.backends.kubernetes.manifests.names import (
     setting,
     tiers,
 )
+from jobs.backends.kubernetes.manifests.volumes import pod_volumes
 from jobs.checkpoints.store import job_checkpoint_environment
 
 if TYPE_CHECKING:
+    from jobs.extensions import VolumeMount
     from jobs.models import Job
     from marketplace.models import NodePool
 
@@ -252,12 +254,15 @@ def job_manifest(
     pull_secrets: list[str] | None = None,
     kueue_queue: str | None = None,
     gang: bool = False,
+    volumes: list[VolumeMount] | None = None,
 ) -> dict:
     """One tier's Indexed Job of the job's current attempt. `pull_secrets`: names of the
     image pull Secrets for its image's registry (see `registry_secret_manifest`).
+    `volumes`: the job's volumes, mounted from their claims (`volume_claim_manifest`).
     `kueue_queue`: the tenant's LocalQueue when Kueue admits jobs; `gang`: the Job is a
     template inside the attempt's JobSet (which carries the queue label instead)."""
     pool = job.spot_pool if tier == SPOT else job.pool
+    claim_volumes, claim_mounts = pod_volumes(volumes or [])
     labels = job_labels(job, tier)
     job_metadata_labels = dict(labels)
     if kueue_queue and not gang:
@@ -294,6 +299,7 @@ def job_manifest(
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},  # noqa: S108  (NCCL shared memory)
             {"name": "home", "mountPath": HOME},
+            *claim_mounts,
         ],
     }
     if job.image_id and job.image.tenant_id is not None:
@@ -322,6 +328,7 @@ def job_manifest(
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             {"name": "home", "emptyDir": {}},
+            *claim_volumes,
         ],
     }
     if needs_service(job):  # the pods' DNS names under the job's Service
@@ -391,6 +398,7 @@ def job_manifests(
     resumed: bool = False,
     pull_secrets: list[str] | None = None,
     kueue_queue: str | None = None,
+    volumes: list[VolumeMount] | None = None,
 ) -> list[dict]:
     """The attempt's Kubernetes Jobs, on-demand tier first (it holds rank 0)."""
     return [
@@ -402,6 +410,7 @@ def job_manifests(
             resumed=resumed,
             pull_secrets=pull_secrets,
             kueue_queue=kueue_queue,
+            volumes=volumes,
         )
         for tier, nodes, offset in tiers(job)
     ]
@@ -413,6 +422,7 @@ def jobset_manifest(
     kueue_queue: str,
     resumed: bool = False,
     pull_secrets: list[str] | None = None,
+    volumes: list[VolumeMount] | None = None,
 ) -> dict:
     """The attempt of a job split over spot and on-demand nodes, as one JobSet.
 
@@ -442,6 +452,7 @@ def jobset_manifest(
             pull_secrets=pull_secrets,
             kueue_queue=kueue_queue,
             gang=True,
+            volumes=volumes,
         )
         template_spec = dict(manifest["spec"])
         template_spec.pop("suspend")  # the JobSet's suspend governs its Jobs

@@ -1,0 +1,1 @@
+"""Volumes: named, sized storage a tenant keeps between jobs and mounts into them."""

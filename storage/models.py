@@ -1,0 +1,80 @@
+"""A volume (a tenant's named storage in one region) and its attachments to jobs."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from console.tenancy import TenantOwnedModel
+
+
+class VolumeAccess(models.TextChoices):
+    SINGLE_WRITER = "single_writer", "Single writer"
+    SHARED = "shared", "Shared (many jobs)"
+
+
+class VolumeStatus(models.TextChoices):
+    AVAILABLE = "available", "Available"
+    DELETED = "deleted", "Deleted"
+
+
+class Volume(TenantOwnedModel):
+    """Named storage of one tenant in one region. Deleting keeps the row (marked
+    `deleted_at`) so that metering knows when the volume stopped existing; its name is
+    free again at once."""
+
+    tenant = models.ForeignKey("console.Tenant", on_delete=models.CASCADE, related_name="volumes")
+    name = models.CharField(max_length=63)
+    size_gib = models.PositiveIntegerField()
+    region = models.ForeignKey("marketplace.Region", on_delete=models.PROTECT, related_name="+")
+    access = models.CharField(
+        max_length=16, choices=VolumeAccess.choices, default=VolumeAccess.SINGLE_WRITER
+    )
+    status = models.CharField(
+        max_length=16, choices=VolumeStatus.choices, default=VolumeStatus.AVAILABLE
+    )
+    created_by = models.ForeignKey(
+        "console.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name", "pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "name"],
+                condition=Q(deleted_at=None),
+                name="volume_name_unique_per_tenant",
+            ),
+            models.CheckConstraint(condition=Q(size_gib__gte=1), name="volume_size_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def shared(self) -> bool:
+        return self.access == VolumeAccess.SHARED
+
+
+class VolumeAttachment(models.Model):
+    """A job's mount of a volume, recorded at launch; it holds the volume while the job
+    is not finished."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="+")
+    volume = models.ForeignKey(Volume, on_delete=models.PROTECT, related_name="attachments")
+    path = models.CharField(max_length=400)
+    read_only = models.BooleanField(default=False)
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["job", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "volume"], name="attachment_once_per_job"),
+            models.UniqueConstraint(fields=["job", "path"], name="attachment_one_per_path"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.volume_id} at {self.path}"

@@ -1,0 +1,183 @@
+"""Volume writes: create, resize (up only), delete. Each runs in one durable transaction
+and records an audit event; backends forget a deleted volume's storage after commit."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from django.db import IntegrityError, transaction
+from django.http import HttpRequest
+from django.utils import timezone
+
+from console.models import Tenant, User
+from console.service_errors import ErrorCode, ServiceError
+from console.services.audit import audit_record
+from jobs.backends import BackendUnavailable, configured_backends
+from marketplace.models import Region, TenantQuota
+from marketplace.selectors import regions_for_tenant
+from storage.models import Volume, VolumeAccess, VolumeStatus
+from storage.selectors import volume_holders, volume_storage_gib
+from storage.signals import volume_resizing
+
+# A DNS label: it names the volume's PersistentVolumeClaim and folder.
+VOLUME_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+MAX_VOLUME_GIB = 64 * 1024
+
+log = logging.getLogger(__name__)
+
+
+def _check_size(size_gib: int) -> None:
+    if isinstance(size_gib, bool) or not isinstance(size_gib, int) or size_gib < 1:
+        raise ServiceError("A volume is at least 1 GiB.", field="size_gib")
+    if size_gib > MAX_VOLUME_GIB:
+        raise ServiceError(f"A volume is at most {MAX_VOLUME_GIB:,} GiB.", field="size_gib")
+
+
+def _check_quota(*, tenant: Tenant, more_gib: int) -> None:
+    """The staff-set storage quota (tenant-wide quota row) bounds all existing volumes."""
+    quota = TenantQuota.objects.for_tenant(tenant).filter(gpu_type=None).first()
+    if quota is None or quota.max_storage_gib is None:
+        return
+    used = volume_storage_gib(tenant=tenant)
+    if used + more_gib > quota.max_storage_gib:
+        raise ServiceError(
+            f"Your organisation's storage quota is {quota.max_storage_gib:,} GiB; "
+            f"{used:,} GiB are in use, so {more_gib:,} GiB more don't fit.",
+            field="size_gib",
+        )
+
+
+def _region(*, tenant: Tenant, slug: str) -> Region:
+    region = regions_for_tenant(tenant).filter(slug=slug).first()
+    if region is None:
+        raise ServiceError(f"Unknown region “{slug}”.", field="region")
+    return region
+
+
+def volume_create(
+    *,
+    tenant: Tenant,
+    user: User | None,
+    name: str,
+    size_gib: int,
+    region: str,
+    access: str = VolumeAccess.SINGLE_WRITER,
+    request: HttpRequest | None = None,
+) -> Volume:
+    """A new, empty volume. Its storage (folder, PVC) is made when a job first mounts it."""
+    if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
+        raise ServiceError(
+            "A volume name is up to 63 lower-case letters, digits and -, starting and "
+            "ending with a letter or digit.",
+            field="name",
+        )
+    _check_size(size_gib)
+    if access not in VolumeAccess.values:
+        raise ServiceError("Access is single_writer or shared.", field="access")
+    region_row = _region(tenant=tenant, slug=region)
+    try:
+        with transaction.atomic(durable=True):
+            # The tenant row is the lock that serialises quota checks of one tenant.
+            Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+            if Volume.objects.for_tenant(tenant).filter(name=name, deleted_at=None).exists():
+                raise ServiceError(
+                    f"A volume named {name} exists already.", code=ErrorCode.CONFLICT, field="name"
+                )
+            _check_quota(tenant=tenant, more_gib=size_gib)
+            volume = Volume.objects.create(
+                tenant=tenant,
+                name=name,
+                size_gib=size_gib,
+                region=region_row,
+                access=access,
+                created_by=user,
+                created_at=timezone.now(),  # the meter starts here
+            )
+            audit_record(
+                action="volume.created",
+                tenant=tenant,
+                actor=user,
+                target=volume,
+                request=request,
+                metadata={"name": name, "size_gib": size_gib, "region": region},
+            )
+    except IntegrityError:  # a concurrent create of the same name won
+        raise ServiceError(
+            f"A volume named {name} exists already.", code=ErrorCode.CONFLICT, field="name"
+        ) from None
+    return volume
+
+
+def volume_resize(
+    *, volume: Volume, user: User | None, size_gib: int, request: HttpRequest | None = None
+) -> Volume:
+    """Grow a volume (never shrink: data may fill it)."""
+    _check_size(size_gib)
+    with transaction.atomic(durable=True):
+        Tenant.objects.select_for_update().filter(pk=volume.tenant_id).first()
+        volume = Volume.objects.select_for_update().get(pk=volume.pk, deleted_at=None)
+        if size_gib < volume.size_gib:
+            raise ServiceError(
+                f"Volumes only grow: {volume.name} is {volume.size_gib} GiB.", field="size_gib"
+            )
+        _check_quota(tenant=volume.tenant, more_gib=size_gib - volume.size_gib)
+        before = volume.size_gib
+        volume_resizing.send(sender=Volume, volume=volume)
+        volume.size_gib = size_gib
+        volume.save(update_fields=["size_gib"])
+        volume_id, tenant_id = volume.pk, volume.tenant_id
+        transaction.on_commit(
+            lambda: _grow_storage(tenant_id=tenant_id, volume_id=volume_id, size_gib=size_gib)
+        )
+        audit_record(
+            action="volume.resized",
+            tenant=volume.tenant,
+            actor=user,
+            target=volume,
+            request=request,
+            metadata={"name": volume.name, "from_gib": before, "to_gib": size_gib},
+        )
+    return volume
+
+
+def volume_delete(*, volume: Volume, user: User | None, request: HttpRequest | None = None) -> None:
+    """Delete a volume and its data; refused (409) while a job that isn't finished mounts
+    it. The meter stops at `deleted_at`."""
+    with transaction.atomic(durable=True):
+        volume = Volume.objects.select_for_update().get(pk=volume.pk, deleted_at=None)
+        holder = volume_holders(volume=volume).first()
+        if holder is not None:
+            raise ServiceError(
+                f"Volume {volume.name} is mounted by job #{holder.pk} “{holder.name}” "
+                f"({holder.get_status_display().lower()}); delete it once that job ends.",
+                code=ErrorCode.CONFLICT,
+            )
+        volume.deleted_at = timezone.now()
+        volume.status = VolumeStatus.DELETED
+        volume.save(update_fields=["deleted_at", "status"])
+        audit_record(
+            action="volume.deleted",
+            tenant=volume.tenant,
+            actor=user,
+            target=volume,
+            request=request,
+            metadata={"name": volume.name, "size_gib": volume.size_gib},
+        )
+        tenant_id, volume_id = volume.tenant_id, volume.pk
+        transaction.on_commit(lambda: _forget_storage(tenant_id=tenant_id, volume_id=volume_id))
+
+
+def _grow_storage(*, tenant_id: int, volume_id: int, size_gib: int) -> None:
+    """Grow the storage backends made already (a claim). A backend that is down now
+    keeps the old size until the volume is resized again (logged)."""
+    for backend in configured_backends():
+        try:
+            backend.volume_resize(tenant_id=tenant_id, volume_id=volume_id, size_gib=size_gib)
+        except BackendUnavailable as error:
+            log.warning("volume %s not grown on a backend: %s", volume_id, error)
+
+
+def _forget_storage(*, tenant_id: int, volume_id: int) -> None:
+    for backend in configured_backends():
+        backend.volume_remove(tenant_id=tenant_id, volume_id=volume_id)

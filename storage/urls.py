@@ -1,0 +1,11 @@
+from django.urls import path
+
+from storage import views
+
+app_name = "storage"
+
+urlpatterns = [
+    path("", views.volumes, name="volumes"),
+    path("<int:volume_id>/resize/", views.volume_resize, name="volume_resize"),
+    path("<int:volume_id>/delete/", views.volume_delete, name="volume_delete"),
+]
