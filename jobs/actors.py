@@ -17,6 +17,7 @@ class ActorKind(models.TextChoices):
     SYSTEM = "system", "The console"
     BACKEND = "backend", "The compute backend"
     SUSPENSION = "suspension", "A tenant suspension"
+    PREEMPTION = "preemption", "A higher-priority job"
 
 
 @dataclass(frozen=True)
@@ -38,5 +39,9 @@ BACKEND = Actor(ActorKind.BACKEND, "backend")
 BUDGET = Actor(ActorKind.BUDGET, "budget")
 ALERTS = Actor(ActorKind.ALERT, "alerts")
 SUSPENSION = Actor(ActorKind.SUSPENSION, "suspension")
+# Admission stopping a job for a higher-priority one: the reason names the preemptor.
+PREEMPTION = Actor(ActorKind.PREEMPTION, "preemption")
 # Each kind that is not a person acts as one of these.
-NON_USER_ACTORS = {actor.kind: actor for actor in (SYSTEM, BACKEND, BUDGET, ALERTS, SUSPENSION)}
+NON_USER_ACTORS = {
+    actor.kind: actor for actor in (SYSTEM, BACKEND, BUDGET, ALERTS, SUSPENSION, PREEMPTION)
+}

@@ -76,7 +76,10 @@ class Priority(models.TextChoices):
     LOW = "low", "Low"
 
 
-PRIORITY_RANK = {Priority.CRITICAL: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+PRIORITY_RANK: dict[str, int] = {Priority.CRITICAL: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+# What losing one GPU of a job of this priority costs when admission picks preemption
+# victims (victims minimise weight × GPUs lost).
+PRIORITY_WEIGHT: dict[str, int] = {Priority.LOW: 1, Priority.NORMAL: 2, Priority.CRITICAL: 4}
 
 
 class JobQuerySet(TenantScopedQuerySet):

@@ -58,6 +58,16 @@ def job_cancel_task(job_id: int) -> None:
 
 
 @shared_task(**RETRY)
+def job_preempted_stop_task(job_id: int, attempt: int) -> None:
+    """Stop attempt `attempt` of a job admission preempted (SIGTERM, the grace period to
+    checkpoint): only while its next attempt hasn't started, so a late copy of this
+    task never stops the new one."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is not None:
+        services.job_preempted_stop(job=job, attempt=attempt)
+
+
+@shared_task(**RETRY)
 def job_release_task(job_id: int) -> None:
     """Remove what a finished job left on its backend (e.g. its Service and Secret)."""
     job = Job.objects.filter(pk=job_id).first()

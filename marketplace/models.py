@@ -114,6 +114,28 @@ class NodePool(models.Model):
     # Its nodes are simulated (the sandbox cluster; set by capacity sync): offers and
     # jobs on it carry a "simulated" badge.
     simulated = models.BooleanField(default=False)
+    # Preemption knobs (jobs.services.admission): set by staff, shown on the pool page.
+    preemption_threshold = models.DecimalField(
+        max_digits=3,
+        decimal_places=2,
+        default=Decimal("0.80"),
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))],
+        help_text=(
+            "Preemption happens in this pool only while the share of its capacity that "
+            "running jobs hold is at least this (0.80: 80 % in use; 0: whenever a job "
+            "can't fit; 1: only when the pool is full). A queued job that doesn't fit "
+            "may then stop lower-priority jobs of its own organisation, which are "
+            "requeued and resume from their latest checkpoint."
+        ),
+    )
+    preempt_other_tenants_spot = models.BooleanField(
+        default=False,
+        help_text=(
+            "Also let a job that doesn't fit stop lower-priority spot-only jobs of other "
+            "organisations here (only when its own organisation's can't free enough). "
+            "On-demand jobs of other organisations are never preempted."
+        ),
+    )
 
     class Meta:
         ordering = ["region__slug", "gpu_type__slug", "tier"]

@@ -17,6 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from jobs.backends.kubernetes import manifests
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 KUBE = DEPLOY / "kubernetes"
@@ -197,3 +199,13 @@ def test_the_dockerfile_is_slim_non_root_locked_and_collects_static():
     assert (DEPLOY / "Dockerfile.dockerignore").read_text().count(".venv")
     checked = subprocess.run(["sh", "-n", str(DEPLOY / "entrypoint.sh")], capture_output=True)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_the_console_outranks_every_job_priority_class():
+    """Tenant work never preempts (or is kept before) the control plane; the classes the
+    console creates are valid objects too."""
+    console = min(c["value"] for c in by_kind("PriorityClass").values())
+    jobs = [c["value"] for c in manifests.priority_class_manifests()]
+    assert max(jobs) < console
+    for document in manifests.priority_class_manifests():
+        validate(document)

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0011_checkpoints'),
+        ('jobs', '0012_jobevent_actor_preemption'),
     ]
 
     operations = [

@@ -3,6 +3,7 @@
 - `spec`: what a launch asks for and its validation against the catalog;
 - `launch`: recording a launch (policies, secrets, admission) and clones;
 - `admission`: which queued jobs take compute, and what the others wait for;
+- `preemption`: which lower-priority jobs a job that can't fit stops, and stopping them;
 - `dispatch`: starting admitted attempts on their backend (the sweep task);
 - `files`: what finished jobs left on the host;
 - `checkpoints`: where a later start resumes from, and pruning old checkpoints;
@@ -37,6 +38,7 @@ from jobs.services.dispatch import (
 from jobs.services.files import job_files_discard, jobs_files_prune
 from jobs.services.launch import job_clone, job_submit
 from jobs.services.observe import job_apply_observation, jobs_observe, jobs_reconcile
+from jobs.services.preemption import job_preempted_stop
 from jobs.services.secrets import tenant_secret_delete, tenant_secret_set, tenant_secrets_resolve
 from jobs.services.spec import (
     JobSpec,
@@ -66,6 +68,7 @@ __all__ = [
     "job_files_discard",
     "job_pause",
     "job_pause_once",
+    "job_preempted_stop",
     "job_resume",
     "job_resume_prepare",
     "job_submit",

@@ -1,5 +1,6 @@
 """Admission: which queued jobs may take compute now (priority, then FIFO, per pool),
-against free capacity and each tenant's quota. The only writer of queue waits."""
+against free capacity and each tenant's quota, preempting lower-priority jobs where the
+rules allow (jobs.services.preemption). The only writer of queue waits."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from jobs.actors import SYSTEM
 from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
 from jobs.selectors import before_in_queue, queued_in_order, queued_in_pools, wanting_pools
 from jobs.services.dispatch import dispatch_on_commit
+from jobs.services.preemption import jobs_preempt, preemption_plan
 from jobs.state import job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
@@ -42,6 +44,18 @@ class Usage:
                 self.pool_vcpus[pool_id] += nodes * job.cpus
         self.tenant_gpus[(job.tenant_id, job.gpu_type_id)] += job.total_gpus
         self.tenant_jobs[job.tenant_id] += 1
+
+    def remove(self, job: Job) -> None:
+        """What `add` counted for `job`, no longer held (a preemption victim)."""
+        for pool_id, nodes in (
+            (job.pool_id, job.on_demand_nodes),
+            (job.spot_pool_id, job.spot_nodes),
+        ):
+            if pool_id:
+                self.pool_gpus[pool_id] -= nodes * job.gpus_per_node
+                self.pool_vcpus[pool_id] -= nodes * job.cpus
+        self.tenant_gpus[(job.tenant_id, job.gpu_type_id)] -= job.total_gpus
+        self.tenant_jobs[job.tenant_id] -= 1
 
 
 def held_usage(
@@ -130,6 +144,40 @@ def blocking_wait(
         if held + job.total_gpus > quota.max_gpus:
             return Wait(WaitKind.QUOTA, f"quota: {held} of {quota.max_gpus} GPUs in use")
     return None
+
+
+def _admit_by_preemption(
+    job: Job, pools: dict[int, NodePool], usage: Usage, quotas: dict[int, list[TenantQuota]]
+) -> set[int] | None:
+    """Make room for `job`, which doesn't fit its pools, by preempting lower-priority
+        jobs (jobs.services.preemption's rules), all or nothing: only when the victims
+        free enough in every pool it lacks room in and its quota then lets it run. `usage`
+        loses what the victims held. Returns the victims' ids when `job` may be admitted
+    now, None when it must wait."""
+    deficits: dict[int, int] = {}
+    held: dict[int, int] = {}
+    for pool_id, nodes in ((job.pool_id, job.on_demand_nodes), (job.spot_pool_id, job.spot_nodes)):
+        if not pool_id:
+            continue
+        pool = pools.get(pool_id)
+        if pool is None:
+            return None
+        need = nodes * (job.gpus_per_node if pool.gpu_type_id else job.cpus)
+        free = _free(pool, usage.pool_gpus[pool_id], usage.pool_vcpus[pool_id])
+        held[pool_id] = usage.pool_gpus[pool_id] if pool.gpu_type_id else usage.pool_vcpus[pool_id]
+        if need > free:
+            deficits[pool_id] = need - free
+    plan = preemption_plan(job, pools, deficits, held) if deficits else None
+    if not plan:
+        return None
+    for victim in plan:
+        usage.remove(victim.job)
+    if blocking_wait(job, pools, usage, quotas) is not None:
+        for victim in plan:  # its quota holds it back anyway: stop no one
+            usage.add(victim.job)
+        return None
+    jobs_preempt(preemptor=job, victims=plan, pools=pools)
+    return {victim.job.pk for victim in plan}
 
 
 def _wait(job: Job, wait: Wait) -> None:
@@ -222,12 +270,18 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
         # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
         blocked_by_quota: set[tuple[int, int]] = set()
         admitted: list[Job] = []
+        preempted: set[int] = set()
         launched_waits = launched is not None
         for job in queue.iterator(chunk_size=ADMIT_CHUNK):
             if launched is not None and job.pk == launched.pk:
                 job, launched_waits = launched, False
             wanted = set(job_pools(job))
             wait: Wait | None
+            if job.pk in preempted:
+                # Requeued by this pass for a higher-priority job: judged by the next one,
+                # and nothing later for its pools overtakes it meanwhile.
+                blocked_pools |= wanted
+                continue
             if job.tenant_id not in tenant_ids:
                 # Queued without the pool locks (a requeue) after the tenants were read:
                 # its quotas weren't, so it is judged by its own pass; nothing overtakes it.
@@ -242,6 +296,11 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
                 wait = BEHIND_OWN_QUOTA
             else:
                 wait = blocking_wait(job, locked_pools, usage, quotas)
+                if wait is not None and wait.kind == WaitKind.CAPACITY:
+                    victims = _admit_by_preemption(job, locked_pools, usage, quotas)
+                    if victims is not None:
+                        wait = None
+                        preempted |= victims
             if wait is None:
                 usage.add(job)
                 admitted.append(job)

@@ -19,6 +19,7 @@ from jobs.backends import BackendUnavailable, ComputeBackend, Observation, get_b
 from jobs.models import FINISHED, HOLDING_COMPUTE, ON_BACKEND, STOPPING, Job, JobStatus, WaitKind
 from jobs.services.admission import job_pools, jobs_admit
 from jobs.services.dispatch import dispatch_sweep_now, transition_quietly
+from jobs.services.preemption import job_requeue_preempted
 from jobs.state import job_run_seconds, job_wait_update
 
 log = logging.getLogger(__name__)
@@ -82,15 +83,7 @@ def job_apply_observation(*, job: Job, observation: Observation) -> Job:
             job, JobStatus.PREEMPTED, BACKEND, observation.reason or "spot capacity reclaimed"
         )
         if job.status == JobStatus.PREEMPTED:
-            job = transition_quietly(
-                job,
-                JobStatus.QUEUED,
-                SYSTEM,
-                "requeued as a new attempt from the checkpoint",
-                attempt=job.attempt + 1,
-                assigned_devices=[],
-                wait_kind=WaitKind.ADMISSION,
-            )
+            job = job_requeue_preempted(job=job)
     elif phase == "missing" and status in (
         JobStatus.RUNNING,
         JobStatus.PROVISIONING,

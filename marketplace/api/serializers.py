@@ -289,6 +289,8 @@ class NodePoolSerializer(StrictModelSerializer):
             "memory_gib_per_node",
             "last_synced_at",
             "is_active",
+            "preemption_threshold",
+            "preempt_other_tenants_spot",
         ]
         read_only_fields = [f for f in fields if f not in NODE_POOL_EDITABLE_FIELDS]
 

@@ -33,7 +33,14 @@ GPU_TYPE_EDITABLE_FIELDS = (
     "nvml_names",
     "is_active",
 )
-NODE_POOL_EDITABLE_FIELDS = ("name", "tier", "node_selector", "is_active")
+NODE_POOL_EDITABLE_FIELDS = (
+    "name",
+    "tier",
+    "node_selector",
+    "is_active",
+    "preemption_threshold",
+    "preempt_other_tenants_spot",
+)
 
 # A pool's node selector goes into its pods' specs, matched against Kubernetes node
 # labels, so it takes their syntax: a value is up to 63 characters of letters, digits,

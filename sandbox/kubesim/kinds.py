@@ -8,6 +8,7 @@ import base64
 import copy
 
 from sandbox.kubesim.admission import Admission
+from sandbox.kubesim.errors import ApiError
 from sandbox.kubesim.resources import ResourceType, format_quantity, parse_quantity
 from sandbox.kubesim.validation import invalid
 
@@ -22,6 +23,38 @@ class KindHooks(Admission):
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
         if old is None:
             obj["status"] = {"phase": "Active"}
+
+    def _prepare_priorityclass(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        """As the scheduling API validates a PriorityClass: an integer value, at most one
+        billion outside the system classes, that can't change afterwards."""
+        name = obj["metadata"]["name"]
+        value = obj.get("value")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise invalid(rt, name, "value", value, "Required value")
+        if value > 1_000_000_000 and not name.startswith("system-"):
+            raise invalid(rt, name, "value", value, "must not be greater than 1000000000")
+        if old is not None and old.get("value") != value:
+            raise invalid(rt, name, "value", value, "field is immutable")
+        obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        obj.setdefault("globalDefault", False)
+
+    def _resolve_priority(self, name: str, spec: dict) -> None:
+        """The Priority admission plugin: a pod naming a PriorityClass gets its value and
+        preemption policy, and one naming a class that doesn't exist is forbidden (the
+        Job controller then records FailedCreate)."""
+        class_name = spec.get("priorityClassName")
+        if not class_name:
+            spec.setdefault("priority", 0)
+            return
+        found = self._get(self._by_key["priorityclasses.scheduling.k8s.io"], None, class_name)
+        if found is None:
+            raise ApiError(
+                403,
+                f'pods "{name}" is forbidden: no PriorityClass with name {class_name} was found',
+                details={"name": name, "kind": "pods"},
+            )
+        spec["priority"] = found["value"]
+        spec["preemptionPolicy"] = found.get("preemptionPolicy", "PreemptLowerPriority")
 
     def _prepare_node(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
         if old is None:
@@ -76,7 +109,7 @@ class KindHooks(Admission):
         spec.setdefault("schedulerName", "default-scheduler")
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("securityContext", {})
-        spec.setdefault("priority", 0)
+        self._resolve_priority(name, spec)
         obj["status"] = {"phase": "Pending", "qosClass": self._qos(spec)}
 
     @staticmethod

@@ -55,6 +55,7 @@ BUILTIN_TYPES = (
     ResourceType("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True),
     ResourceType("batch", "v1", "jobs", "Job", True),
     ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, False),
+    ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, False),
 )
 
 _QTY = re.compile(

@@ -353,3 +353,38 @@ def test_quota_from_per_type_quotas():
     hard = manifests.quota_hard(quotas, {"nvidia.com/gpu": [3, 4], "amd.com/gpu": [5]})
     # every NVIDIA type has a quota: their sum; AMD has none: left to admission
     assert hard == {"requests.nvidia.com/gpu": "12", "count/jobs.batch": "4"}
+
+
+@pytest.mark.parametrize(
+    ("priority", "class_name"),
+    [("low", "gpugeek-low"), ("normal", "gpugeek-normal"), ("critical", "gpugeek-critical")],
+)
+def test_a_jobs_priority_reaches_its_pods_and_kueue(priority, class_name):
+    job = cpu_job()
+    job.priority = priority
+    (plain,) = manifests.job_manifests(job)
+    assert plain["spec"]["template"]["spec"]["priorityClassName"] == class_name
+    assert "kueue.x-k8s.io/priority-class" not in plain["metadata"]["labels"]
+    (queued,) = manifests.job_manifests(job, kueue_queue="gpugeek")
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == class_name
+    gang = h100_job()
+    gang.priority = priority
+    jobset = manifests.jobset_manifest(gang, kueue_queue="gpugeek")
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == class_name
+    for replicated in jobset["spec"]["replicatedJobs"]:
+        assert replicated["template"]["spec"]["template"]["spec"]["priorityClassName"] == (
+            class_name
+        )
+
+
+def test_priority_classes_rank_like_the_console_and_never_preempt_on_their_own():
+    classes = {c["metadata"]["name"]: c for c in manifests.priority_class_manifests()}
+    values = [classes[f"gpugeek-{p}"]["value"] for p in ("low", "normal", "critical")]
+    assert values == sorted(values) and len(set(values)) == 3
+    # Preemption is admission's decision (other organisations' on-demand work is safe).
+    assert {c["preemptionPolicy"] for c in classes.values()} == {"Never"}
+    assert all(c["globalDefault"] is False for c in classes.values())
+    kueue = {
+        c["metadata"]["name"]: c["value"] for c in manifests.workload_priority_class_manifests()
+    }
+    assert kueue == {name: c["value"] for name, c in classes.items()}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -423,6 +424,23 @@ def test_staff_patches_a_pool_but_not_its_capacity(catalog, staff_user, world):
     pool.refresh_from_db()
     assert (pool.name, pool.total_gpus, pool.is_active) == ("Renamed", total, False)
     assert AuditEvent.objects.filter(action="node_pool.changed").exists()
+
+
+def test_staff_set_a_pools_preemption_knobs_through_the_api(catalog, staff_user, world):
+    api = token_client(staff_user, world.tenant)
+    pool = NodePool.objects.filter(gpu_type__isnull=False).first()
+    url = f"/api/v1/staff/pools/{pool.pk}"
+
+    refused = api.patch(url, {"preemption_threshold": "1.5"}, format="json")
+    assert refused.status_code == 400
+    assert "preemption_threshold" in json.dumps(refused.json())
+    saved = api.patch(
+        url, {"preemption_threshold": "0.5", "preempt_other_tenants_spot": True}, format="json"
+    )
+    assert saved.status_code == 200, saved.content
+    assert saved.json()["preemption_threshold"] == "0.50"
+    pool.refresh_from_db()
+    assert (pool.preemption_threshold, pool.preempt_other_tenants_spot) == (Decimal("0.5"), True)
 
 
 def test_staff_page_publishes_effective_now_without_a_time(catalog, staff_user):

@@ -3,6 +3,9 @@ launch form's default region. Each write is audited with the row it changed."""
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
+
 import pytest
 from django.urls import reverse
 
@@ -105,7 +108,13 @@ def test_staff_pages_add_and_remove_a_registry_and_edit_a_pool(catalog, staff_us
     pool = NodePool.objects.filter(gpu_type__isnull=False).first()
     page = client.post(
         reverse("marketplace:staff_pool_edit", args=[pool.pk]),
-        {"name": "Edited", "tier": pool.tier, "node_selector": "{}", "is_active": "on"},
+        {
+            "name": "Edited",
+            "tier": pool.tier,
+            "node_selector": "{}",
+            "is_active": "on",
+            "preemption_threshold": "0.8",
+        },
         follow=True,
     )
     assert page.redirect_chain == [(STAFF_CATALOG, 302)]
@@ -138,12 +147,47 @@ def test_the_staff_pool_page_refuses_a_node_selector_kubernetes_would_not_take(
     before = pool.node_selector
     page = client.post(
         reverse("marketplace:staff_pool_edit", args=[pool.pk]),
-        {"name": pool.name, "tier": pool.tier, "node_selector": selector, "is_active": "on"},
+        {
+            "name": pool.name,
+            "tier": pool.tier,
+            "node_selector": selector,
+            "is_active": "on",
+            "preemption_threshold": "0.8",
+        },
     )
     assert page.status_code == 200  # the form again, with the error
     assert page.context["form"].errors["node_selector"]
     assert NodePool.objects.get(pk=pool.pk).node_selector == before
     assert not AuditEvent.objects.filter(action="node_pool.changed").exists()
+
+
+def test_staff_set_a_pools_preemption_knobs_with_their_meaning_on_the_page(catalog, staff_user):
+    client = signed_in_client(staff_user)
+    pool = NodePool.objects.filter(gpu_type__isnull=False).first()
+    url = reverse("marketplace:staff_pool_edit", args=[pool.pk])
+    page = client.get(url).content.decode()
+    assert "Preemption happens in this pool only while" in page
+    assert "On-demand jobs of other organisations are never preempted" in page
+    form = {
+        "name": pool.name,
+        "tier": pool.tier,
+        "node_selector": json.dumps(pool.node_selector),
+        "is_active": "on",
+    }
+
+    refused = client.post(url, {**form, "preemption_threshold": "1.5"})
+    assert refused.status_code == 200
+    assert refused.context["form"].errors["preemption_threshold"]
+    assert NodePool.objects.get(pk=pool.pk).preemption_threshold == Decimal("0.80")
+
+    saved = client.post(
+        url, {**form, "preemption_threshold": "0.5", "preempt_other_tenants_spot": "on"}
+    )
+    assert saved.status_code == 302
+    pool.refresh_from_db()
+    assert pool.preemption_threshold == Decimal("0.5") and pool.preempt_other_tenants_spot
+    changed = AuditEvent.objects.get(action="node_pool.changed").metadata["changed"]
+    assert {"preemption_threshold", "preempt_other_tenants_spot"} <= set(changed)
 
 
 # --- default region ----

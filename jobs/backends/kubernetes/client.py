@@ -67,6 +67,8 @@ CREATE_PATHS = {
     "create_namespaced_network_policy": "/apis/networking.k8s.io/v1/namespaces/{}/networkpolicies",
     "create_namespaced_job": "/apis/batch/v1/namespaces/{}/jobs",
     "create_namespaced_custom_object": "/apis/{}/{}/namespaces/{}/{}",
+    "create_priority_class": "/apis/scheduling.k8s.io/v1/priorityclasses",
+    "create_cluster_custom_object": "/apis/{}/{}/{}",
 }
 
 
@@ -282,6 +284,10 @@ class ApiCalls:
     def custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api_client)
 
+    @functools.cached_property
+    def scheduling(self) -> client.SchedulingV1Api:
+        return client.SchedulingV1Api(self.api_client)
+
     # --- plumbing ---------------------------------------------------------------------------
     def _call(
         self, what: str, fn: Callable[..., Any], *args: Any, ok: Iterable[int] = (), **kwargs
@@ -322,6 +328,17 @@ class ApiCalls:
         except (HTTPError, OSError) as error:
             raise BackendUnavailable(f"creating {what}: {error}") from error
         return True
+
+    def _create_shared(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        """Create a cluster-scoped object every installation defines the same way (our
+        PriorityClasses): one that exists already is success, whoever made it."""
+        try:
+            self._post(fn, *args)
+        except ApiException as error:
+            if error.status != 409:
+                raise classify(error, f"creating {what}") from error
+        except (HTTPError, OSError) as error:
+            raise BackendUnavailable(f"creating {what}: {error}") from error
 
     def _post(self, create: Callable[..., Any], *args: Any) -> None:
         """`create(*args)` (a typed client method, e.g. BatchV1Api.create_namespaced_job)

@@ -26,12 +26,16 @@ log = logging.getLogger(__name__)
 NAMESPACE_RECHECK_SECONDS = 30.0
 _recently_ensured: dict[tuple[str, int], tuple[str, float]] = {}
 _recently_ensured_lock = threading.Lock()
+# API servers (and whether with Kueue's classes) this process made our priority classes
+# on: they never change, so once per process is enough.
+_priority_classes_on: set[tuple[str, bool]] = set()
 
 
 def namespaces_forget_all() -> None:
     """Forget every namespace set up lately (a new cluster behind the same address)."""
     with _recently_ensured_lock:
         _recently_ensured.clear()
+        _priority_classes_on.clear()
 
 
 class NamespacesMixin(ApiCalls):
@@ -50,6 +54,7 @@ class NamespacesMixin(ApiCalls):
         )
         name = namespace["metadata"]["name"]
         queue = self.kueue_queue()
+        self.ensure_priority_classes(kueue=bool(queue))
         local_queue = (
             manifests.local_queue_manifest(tenant_id, queue, settings.KUEUE_CLUSTER_QUEUE)
             if queue
@@ -104,6 +109,33 @@ class NamespacesMixin(ApiCalls):
         with _recently_ensured_lock:
             _recently_ensured[key] = (fingerprint, time.monotonic())
         return name
+
+    def ensure_priority_classes(self, *, kueue: bool) -> None:
+        """The PriorityClasses our pods name (a pod naming a missing one is refused), and
+        Kueue's WorkloadPriorityClasses where Kueue admits our jobs; cluster-scoped,
+        made once per process and API server."""
+        key = (self.api_client.configuration.host, kueue)
+        with _recently_ensured_lock:
+            if key in _priority_classes_on:
+                return
+        for manifest in manifests.priority_class_manifests():
+            self._create_shared(
+                f"PriorityClass {manifest['metadata']['name']}",
+                self.scheduling.create_priority_class,
+                manifest,
+            )
+        if kueue:
+            for manifest in manifests.workload_priority_class_manifests():
+                self._create_shared(
+                    f"Kueue WorkloadPriorityClass {manifest['metadata']['name']}",
+                    self.custom.create_cluster_custom_object,
+                    manifests.KUEUE_GROUP,
+                    manifests.KUEUE_VERSION,
+                    "workloadpriorityclasses",
+                    manifest,
+                )
+        with _recently_ensured_lock:
+            _priority_classes_on.add(key)
 
     def forget_namespace(self, tenant_id: int) -> None:
         """Set the tenant's namespace up again at the next attempt (after a failure)."""

@@ -30,6 +30,7 @@ class KueueController(Store):
             ("localqueues", "LocalQueue", True),
             ("workloads", "Workload", True),
             ("resourceflavors", "ResourceFlavor", False),
+            ("workloadpriorityclasses", "WorkloadPriorityClass", False),
         ):
             self.register_resource(
                 ResourceType("kueue.x-k8s.io", "v1beta1", plural, kind, namespaced)

@@ -31,6 +31,7 @@ RESUME_FROM_ANNOTATION = "gpugeek.io/resume-from"
 RANK_OFFSET_ANNOTATION = "gpugeek.io/rank-offset"
 REGISTRY_ANNOTATION = "gpugeek.io/registry"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REGION_LABEL = "topology.kubernetes.io/region"
 CONTAINER = "main"
@@ -79,6 +80,23 @@ def setting(name: str, default: Any) -> Any:
 
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+SCHEDULING_GROUP, SCHEDULING_VERSION = "scheduling.k8s.io", "v1"
+
+# A job's priority on the cluster: the PriorityClass (and, under Kueue, the
+# WorkloadPriorityClass) of each GpuGeek priority, by name and value. All below the
+# console's own class (deploy/kubernetes/priorityclass.yaml, 1000000), so tenant work
+# never preempts the control plane.
+PRIORITY_CLASSES = {
+    "low": ("gpugeek-low", 1000),
+    "normal": ("gpugeek-normal", 10000),
+    "critical": ("gpugeek-critical", 100000),
+}
+
+
+def priority_class_name(job: Job) -> str:
+    return PRIORITY_CLASSES[job.priority][0]
+
+
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
 # replicatedJob names of a gang-admitted job's JobSet, per tier.
 JOBSET_TIER_NAMES = {ON_DEMAND: "od", SPOT: "spot"}

@@ -21,15 +21,21 @@ from jobs.backends.kubernetes.manifests.names import (
     JOBSET_TIER_NAMES,
     JOBSET_VERSION,
     KUEUE_GROUP,
+    KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
     KUEUE_VERSION,
+    MANAGED_BY,
+    MANAGER,
     MASTER_PORT,
+    PRIORITY_CLASSES,
     RANK_OFFSET_ANNOTATION,
     REGION_LABEL,
     REGISTRY_ANNOTATION,
     RESUME_FROM_ANNOTATION,
     RESUMED_ANNOTATION,
     RUN_AS,
+    SCHEDULING_GROUP,
+    SCHEDULING_VERSION,
     SPOT,
     SPOT_NODE_LABELS,
     SPOT_TOLERATION_KEYS,
@@ -42,6 +48,7 @@ from jobs.backends.kubernetes.manifests.names import (
     namespace_name,
     needs_service,
     owner_labels,
+    priority_class_name,
     registry_secret_name,
     secret_name,
     service_name,
@@ -267,6 +274,7 @@ def job_manifest(
     job_metadata_labels = dict(labels)
     if kueue_queue and not gang:
         job_metadata_labels[KUEUE_QUEUE_LABEL] = kueue_queue
+        job_metadata_labels[KUEUE_PRIORITY_LABEL] = priority_class_name(job)
 
     node_selector = {REGION_LABEL: job.region.slug}
     if job.gpu_type_id:
@@ -312,6 +320,7 @@ def job_manifest(
         ]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "priorityClassName": priority_class_name(job),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.JOB_TERMINATION_GRACE_SECONDS,
@@ -483,7 +492,11 @@ def jobset_manifest(
         "metadata": {
             "name": jobset_name(job),
             "namespace": namespace_name(job.tenant_id),
-            "labels": {**job_labels(job), KUEUE_QUEUE_LABEL: kueue_queue},
+            "labels": {
+                **job_labels(job),
+                KUEUE_QUEUE_LABEL: kueue_queue,
+                KUEUE_PRIORITY_LABEL: priority_class_name(job),
+            },
         },
         "spec": spec,
     }
@@ -501,3 +514,39 @@ def local_queue_manifest(tenant_id: int, queue: str, cluster_queue: str) -> dict
         },
         "spec": {"clusterQueue": cluster_queue},
     }
+
+
+def priority_class_manifests() -> list[dict]:
+    """GpuGeek's PriorityClasses (cluster-scoped, the same in every installation).
+    `preemptionPolicy: Never`: the scheduler orders pending pods by them and evicts lower
+    ones first under node pressure, but never preempts running pods to place a job;
+    preemption is the console's admission's (or Kueue's) decision, which keeps other
+    organisations' on-demand work safe."""
+    return [
+        {
+            "apiVersion": f"{SCHEDULING_GROUP}/{SCHEDULING_VERSION}",
+            "kind": "PriorityClass",
+            "metadata": {"name": name, "labels": {MANAGED_BY: MANAGER}},
+            "value": value,
+            "globalDefault": False,
+            "preemptionPolicy": "Never",
+            "description": f"GpuGeek jobs of {priority} priority.",
+        }
+        for priority, (name, value) in PRIORITY_CLASSES.items()
+    ]
+
+
+def workload_priority_class_manifests() -> list[dict]:
+    """The same priorities as Kueue WorkloadPriorityClasses (when Kueue admits our jobs):
+    Kueue orders and preempts Workloads by these, named by each Job's
+    `kueue.x-k8s.io/priority-class` label."""
+    return [
+        {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": name, "labels": {MANAGED_BY: MANAGER}},
+            "value": value,
+            "description": f"GpuGeek jobs of {priority} priority.",
+        }
+        for priority, (name, value) in PRIORITY_CLASSES.items()
+    ]
