@@ -46,8 +46,9 @@ def ssh_key_list(request: HttpRequest) -> HttpResponse:
         "keys": selectors.ssh_keys_of_user(user=request.user),
         "max_keys": ssh_keys.MAX_KEYS_PER_USER,
     }
-    template = f"{PAGE_TEMPLATE}#ssh-key-area" if request.htmx else PAGE_TEMPLATE
-    return render(request, template, context, status=400 if form.errors else 200)
+    if request.htmx:  # htmx swaps only 2xx answers: the refused form comes back as 200
+        return render(request, f"{PAGE_TEMPLATE}#ssh-key-area", context)
+    return render(request, PAGE_TEMPLATE, context, status=400 if form.errors else 200)
 
 
 @login_required

@@ -304,6 +304,10 @@ def test_the_page_adds_through_htmx_into_its_partial(world):
     assert 'data-testid="ssh-key-added"' in body and "<html" not in body
     assert "via-htmx" in body
 
+    refused = client.post(PAGE, {"public_key": "nonsense"}, HTTP_HX_REQUEST="true")
+    assert refused.status_code == 200  # htmx swaps only 2xx: the form shows its error
+    assert "doesn&#x27;t look like an SSH public key" in refused.content.decode()
+
 
 def test_delete_asks_first_then_deletes(world):
     key = SshPublicKeyFactory(user=world.member, title="old laptop")
