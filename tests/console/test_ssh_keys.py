@@ -22,6 +22,7 @@ from console.service_errors import ErrorCode, ServiceError
 from console.services import ssh_keys
 from console.services.ssh_keys import ssh_key_add, ssh_key_delete
 from console.ssh_public_keys import parse_public_key
+from tests.concurrency import run_at_once
 from tests.conftest import signed_in_client, token_client
 from tests.factories import (
     MembershipFactory,
@@ -238,6 +239,33 @@ def test_at_most_fifty_keys_per_person(world):
     assert caught.value.code is ErrorCode.CONFLICT and "50 SSH keys" in caught.value.message
     assert SshPublicKey.objects.filter(user=world.member).count() == 50
     ssh_key_add(user=world.admin, public_key=ed25519_public_key_line())  # per person
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_adds_keep_one_copy_and_the_limit():
+    """Two requests at once (two threads, two connections): the same key is stored once,
+    and the 50th place goes to one of two different keys."""
+    user = UserFactory()
+    line = ed25519_public_key_line("race")
+    refused: list[ErrorCode] = []
+
+    def add(public_key: str) -> None:
+        try:
+            ssh_key_add(user=user, public_key=public_key)
+        except ServiceError as error:
+            refused.append(error.code)
+
+    run_at_once(lambda: add(line))
+    assert SshPublicKey.objects.filter(user=user).count() == 1
+    assert refused == [ErrorCode.CONFLICT]
+
+    refused.clear()
+    for _ in range(ssh_keys.MAX_KEYS_PER_USER - 2):
+        SshPublicKeyFactory(user=user)
+    lines = iter([ed25519_public_key_line("a"), ed25519_public_key_line("b")])
+    run_at_once(lambda: add(next(lines)))
+    assert SshPublicKey.objects.filter(user=user).count() == ssh_keys.MAX_KEYS_PER_USER
+    assert refused == [ErrorCode.CONFLICT]
 
 
 def test_delete_removes_the_key_and_audits(world):
