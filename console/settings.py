@@ -474,6 +474,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "metrics-downsample": {"task": "jobs.tasks.metrics_downsample_task", "schedule": 600.0},
     "logs-archive": {"task": "jobs.tasks.logs_archive_task", "schedule": 60.0},
     "jobs-files-prune": {"task": "jobs.tasks.jobs_files_prune_task", "schedule": 3600.0},
+    "checkpoints-prune": {"task": "jobs.tasks.jobs_checkpoints_prune_task", "schedule": 300.0},
     "capacity-sync": {
         "task": "jobs.tasks.capacity_sync_task",
         "schedule": float(CAPACITY_SYNC_INTERVAL),
@@ -529,3 +530,21 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"axes": {"level": "WARNING"}},
 }
+
+# --- Checkpoint store ----
+# Where jobs' checkpoints live, each job under its own prefix <tenant>/<job>/ (jobs.checkpoints):
+# s3://bucket/prefix (any S3-compatible service; CHECKPOINT_STORE_ENDPOINT for MinIO/Ceph)
+# or file:///folder. The embedded default is a folder beside the data dir, not in it: the
+# data dir is closed to job users, and a sandboxed job's folder is bind-mounted from here.
+CHECKPOINT_STORE_URL = env_str("CHECKPOINT_STORE_URL", "") or (
+    f"file://{DATA_DIR.with_name(f'{DATA_DIR.name}-checkpoints')}"
+)
+CHECKPOINT_STORE_ENDPOINT = env_str("CHECKPOINT_STORE_ENDPOINT", "")
+CHECKPOINT_STORE_REGION = env_str("CHECKPOINT_STORE_REGION", "")
+CHECKPOINT_STORE_ACCESS_KEY_ID = env_str("CHECKPOINT_STORE_ACCESS_KEY_ID", "")
+CHECKPOINT_STORE_SECRET_ACCESS_KEY = env_str("CHECKPOINT_STORE_SECRET_ACCESS_KEY", "")
+# Credentials handed to jobs (limit them to the bucket); empty: the console's own.
+CHECKPOINT_STORE_JOB_ACCESS_KEY_ID = env_str("CHECKPOINT_STORE_JOB_ACCESS_KEY_ID", "")
+CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY = env_str("CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY", "")
+# Complete checkpoints kept per job; older ones are pruned.
+CHECKPOINT_KEEP_LAST = env_int("CHECKPOINT_KEEP_LAST", 3)

@@ -125,8 +125,20 @@ class Job(TenantOwnedModel):
     priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.NORMAL)
     max_runtime_minutes = models.PositiveIntegerField(default=24 * 60)
     checkpoint_path = models.CharField(max_length=400, blank=True)
+    # The checkpoint the current start continues from: its manifest's key under the job's
+    # own store prefix (`<step>/gpugeek-checkpoint.json`), handed over as GPUGEEK_RESUME_FROM.
+    resume_from = models.CharField(max_length=200, blank=True, default="")
+    # "Clone from checkpoint": the job whose latest checkpoint this one's first start
+    # continues from (copied into this job's own prefix at its dispatch).
+    checkpoint_source = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     auto_release = models.BooleanField(default=True)
     ports = models.JSONField(default=list, blank=True)
+    # The template it was launched from, if any: its past runs predict this one's runtime.
+    launch_template = models.ForeignKey(
+        "jobs.LaunchTemplate", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     # --- placement (decided at launch from the spot ratio) ---
     backend = models.CharField(max_length=16)
@@ -245,6 +257,41 @@ class JobEvent(models.Model):
         if self.actor_kind != ActorKind.USER:
             return NON_USER_ACTORS[ActorKind(self.actor_kind)].label
         return self.actor_user.email if self.actor_user else "deleted user"
+
+
+class JobResume(models.Model):
+    """Where one start of a job after its first (a requeued attempt, a resume after a
+    pause, a clone from a checkpoint) continued from, and the work lost: the time between
+    its last complete checkpoint and the interruption. One per attempt and start."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="resumes")
+    attempt = models.PositiveIntegerField()
+    # 0: the attempt's first start; n: its n-th resume after a pause.
+    start = models.PositiveIntegerField(default=0)
+    at = models.DateTimeField(default=timezone.now)
+    # Empty when no complete checkpoint existed: the start began from scratch.
+    manifest_key = models.CharField(max_length=200, blank=True)
+    step = models.PositiveBigIntegerField(null=True, blank=True)
+    checkpoint_at = models.DateTimeField(null=True, blank=True)
+    lost_seconds = models.FloatField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_field = "job__tenant"
+
+    class Meta:
+        ordering = ["attempt", "start"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "start"], name="job_resume_once_per_start"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: attempt {self.attempt} from step {self.step}"
+
+    @property
+    def lost_minutes(self) -> float | None:
+        return None if self.lost_seconds is None else self.lost_seconds / 60
 
 
 class TenantSecret(TenantOwnedModel):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
 
 from console.host_access import HostIsolation
 from console.permissions import Capability, has_capability
 from jobs.backends import configured_backends, get_backend
-from jobs.models import Job, JobEvent, JobStatus, Priority
+from jobs.checkpoints.store import Checkpoint, checkpoint_store, job_prefix
+from jobs.models import Job, JobEvent, JobResume, JobStatus, Priority
+
+log = logging.getLogger(__name__)
 
 
 def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") -> QuerySet[Job]:
@@ -183,3 +189,32 @@ def host_jobs_isolation() -> HostIsolation | None:
 def job_isolation_note(job: Job) -> str:
     """What the job may use and reach where it runs, for its page."""
     return get_backend(job.backend).isolation_note(job)
+
+
+@dataclass(frozen=True)
+class JobCheckpoints:
+    """A job's complete checkpoints (newest first), where each of its later starts
+    resumed from, and why the store couldn't be read (else empty)."""
+
+    checkpoints: list[Checkpoint]
+    resumes: list[JobResume]
+    unavailable: str = ""
+
+
+def job_checkpoints(*, job: Job) -> JobCheckpoints:
+    """Reads the checkpoint store (one listing of the job's prefix, one read per
+    manifest): a partial checkpoint is not among them."""
+    resumes = list(JobResume.objects.filter(job=job))
+    store = checkpoint_store()
+    try:
+        found = store.checkpoints(job_prefix(tenant_id=job.tenant_id, job_id=job.pk))
+    except Exception as error:  # an unreachable store must not take the job page down
+        log.warning("job %s: the checkpoint store could not be read: %s", job.pk, error)
+        return JobCheckpoints([], resumes, "The checkpoint store could not be read just now.")
+    return JobCheckpoints(list(reversed(found)), resumes)
+
+
+def checkpoint_manifest_url(*, job: Job, checkpoint: Checkpoint) -> str:
+    """Where a checkpoint's manifest lies in the store (as the job sees it outside a sandbox)."""
+    prefix = job_prefix(tenant_id=job.tenant_id, job_id=job.pk)
+    return checkpoint_store().object_url(prefix + checkpoint.manifest_key)

@@ -115,3 +115,9 @@ def job_files_discard_task(backend_name: str, job_ids: list[int]) -> None:
 @shared_task(acks_late=True)
 def jobs_files_prune_task() -> None:
     services.jobs_files_prune(now=timezone.now())
+
+
+@shared_task(acks_late=True)
+def jobs_checkpoints_prune_task() -> int:
+    """Keep CHECKPOINT_KEEP_LAST complete checkpoints per active job (safe to rerun)."""
+    return services.jobs_checkpoints_prune()

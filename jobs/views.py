@@ -29,6 +29,12 @@ from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from jobs import fleet, selectors, services
 from jobs.actors import Actor
+from jobs.expectations.selectors import (
+    EXPECTATION_COLUMNS,
+    EXPECTED_STATUSES,
+    Expectation,
+    job_expectations,
+)
 from jobs.extensions import fleet_panels, job_costs
 from jobs.forms import LaunchForm, TenantSecretForm
 from jobs.logs.reading import tail_lines
@@ -51,6 +57,7 @@ def launch(request: HttpRequest) -> HttpResponse:
         "gpus_per_node": 0,
     }
     template_id = request.GET.get("template")
+    template = None
     if template_id and template_id.isdigit():
         template = LaunchTemplate.objects.for_tenant(request.tenant).filter(pk=template_id).first()
         if template is not None:
@@ -87,8 +94,13 @@ def launch(request: HttpRequest) -> HttpResponse:
             ports=list(data["image"].ports) if data["expose_ports"] else [],
         )
         try:
+            # The form posts to its own address: a launch from a template names it.
             job = services.job_submit(
-                tenant=request.tenant, user=request.user, spec=spec, request=request
+                tenant=request.tenant,
+                user=request.user,
+                spec=spec,
+                request=request,
+                launch_template=template,
             )
         except ServiceError as error:
             add_service_error(form, error)
@@ -138,7 +150,9 @@ def _shortened(text: str, length: int) -> str:
     return text if len(text) <= length else f"{text[: length - 1]}…"
 
 
-def job_list_rows(jobs: list[dict], costs: dict) -> list[dict]:
+def job_list_rows(
+    jobs: list[dict], costs: dict, expectations: dict[int, Expectation]
+) -> list[dict]:
     """What each row of the list shows, worked out once here (per-row URL reversing,
     choice labels and number formatting in the template were most of a 50-row page's
     time); the `job-row` partial of jobs/list.html writes it."""
@@ -166,6 +180,7 @@ def job_list_rows(jobs: list[dict], costs: dict) -> list[dict]:
                 "region": job["region_slug"],
                 "launched": naturaltime(job["created_at"]),
                 "cost": str(costs[job_id]),
+                "expected": expectations[job_id].summary if job_id in expectations else "",
             }
         )
     return rows
@@ -182,12 +197,16 @@ def job_list(request: HttpRequest) -> HttpResponse:
     # A page reads its rows as values, with what their costs need, in one query; it
     # counts the filtered jobs without those.
     rows_query = costs_provider.with_cost_inputs(
-        selectors.list_page_rows(jobs, also=costs_provider.cost_columns)
+        selectors.list_page_rows(jobs, also=(*costs_provider.cost_columns, *EXPECTATION_COLUMNS))
     ).order_by(*Job._meta.ordering)
     paginator = CappedPaginator(rows_query, PAGE_SIZE, count_queryset=jobs)
     page = paginator.get_page(request.GET.get("page"))
     jobs_on_page = list(page)
-    rows = job_list_rows(jobs_on_page, costs_provider.row_costs(jobs_on_page))
+    # Queued and running rows say when they start or end (a fixed number of queries).
+    expectations = job_expectations(
+        [selectors.job_from_row(row) for row in jobs_on_page if row["status"] in EXPECTED_STATUSES]
+    )
+    rows = job_list_rows(jobs_on_page, costs_provider.row_costs(jobs_on_page), expectations)
     context = {
         "page": page,
         "rows": rows,
@@ -219,6 +238,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "cost": job_costs().costs_to_date([job])[job.pk],
         "run_rate": job_costs().run_rate(job),
         "queue_position": selectors.queue_position(job),
+        "expectation": job_expectations([job])[job.pk],
         "isolation_note": selectors.job_isolation_note(job),
         "can_launch": has_capability(request.membership, Capability.LAUNCH_JOBS),
         "can_act": may_act_on_job(request.membership, job),
@@ -233,6 +253,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     }
     if request.htmx and request.htmx.target == "job-status":
         return render(request, "jobs/detail.html#job-status", context)
+    # Read from the store: on the full page and its own (slower) refresh only.
+    context["checkpoints"] = selectors.job_checkpoints(job=job)
+    if request.htmx and request.htmx.target == "job-checkpoints":
+        return render(request, "jobs/detail.html#job-checkpoints", context)
     return render(request, "jobs/detail.html", context)
 
 
@@ -274,16 +298,24 @@ def job_clone(request: HttpRequest, job_id: int) -> HttpResponse:
         )
     launch_url = reverse("jobs:launch") + f"?from={job.pk}"
     clone_name = f"{job.name} (clone)"[:100]
+    # "Clone from checkpoint" (the Checkpoints section): the clone's first start continues
+    # from this job's latest complete checkpoint (the form posts back to this URL).
+    from_checkpoint = request.GET.get("from_checkpoint") == "1"
+    if from_checkpoint:
+        details.append("Its first start continues from this job's latest complete checkpoint")
 
     return confirm_then_act(
         request,
-        title=f"Launch a clone of “{job.name}”?",
+        title=f"Launch a clone of “{job.name}”"
+        + (" from its checkpoint?" if from_checkpoint else "?"),
         message=f"“{clone_name}” is launched at once with the same settings:",
         details=details,
         confirm_label="Launch clone",
         danger=False,
         alternative=("Edit first", launch_url),
-        act=lambda: services.job_clone(job=job, user=request.user, request=request),
+        act=lambda: services.job_clone(
+            job=job, user=request.user, request=request, from_checkpoint=from_checkpoint
+        ),
         success_url=lambda clone: reverse("jobs:detail", args=[clone.pk]),
         success_message=f"Cloned as “{clone_name}”.",
         cancel_url=reverse("jobs:detail", args=[job.pk]),

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from sandbox import checkpoints as store
 from sandbox.kubesim import PodRun
 
 DEFAULT_DURATION_SECONDS = 120.0
@@ -94,6 +95,10 @@ class Run:
     seed: int
     last_step: int = 0  # the step of the last progress line
     checkpoints: list[str] = field(default_factory=list)
+    # The job's prefix in the console's checkpoint store (and what reaches it), if given.
+    store_url: str = ""
+    store_env: dict[str, str] = field(default_factory=dict)
+    resume_from: str = ""
 
     @property
     def total_steps(self) -> int:
@@ -131,8 +136,12 @@ class Workloads:
         fail_at = _float_env(env, "SANDBOX_FAIL_AT", None)
         resumed = env.get("GPUGEEK_RESUMED") == "1"
         container = pod["spec"]["containers"][0]
+        resume_from = env.get("GPUGEEK_RESUME_FROM", "")
+        stored = store.resume_step(resume_from, env) if resumed and resume_from else None
         with self._lock:
             first_step = self._checkpoints.get(job_key, 0) if resumed else 0
+        if stored is not None:
+            first_step = stored  # the console's store, as a real program would read it
         run = Run(
             namespace=meta["namespace"],
             pod=meta["name"],
@@ -150,6 +159,9 @@ class Workloads:
             first_step=first_step,
             seed=int(hashlib.sha256(meta["uid"].encode()).hexdigest()[:8], 16),
             last_step=first_step,
+            store_url=env.get("GPUGEEK_CHECKPOINT_URL", ""),
+            store_env={k: v for k, v in env.items() if k.startswith("AWS_")},
+            resume_from=resume_from if stored is not None else "",
         )
         remaining = max(0.5, (run.total_steps - first_step) / STEPS_PER_SECOND)
         ends_in, exit_code = remaining, 0
@@ -173,8 +185,10 @@ class Workloads:
             f"rank {run.rank}/{run.world_size}: {run.gpus} GPU(s) visible, NCCL initialised",
         ]
         if run.resumed:
-            where = run.checkpoint_path or "(no checkpoint path)"
+            where = run.checkpoint_path or run.resume_from or "(no checkpoint path)"
             lines.append(f"GPUGEEK_RESUMED=1: resuming from {where} at step {run.first_step}")
+            if run.resume_from:
+                lines.append(f"GPUGEEK_RESUME_FROM={run.resume_from}")
         return lines
 
     def _tick(self, uid: str, elapsed: float, ends_in: float, exit_code: int) -> Iterable[str]:
@@ -208,14 +222,29 @@ class Workloads:
         )
 
     def _checkpoint(self, run: Run, step: int) -> str:
+        stored = self._store_checkpoint(run, step) if run.store_url else ""
         target = f"{run.checkpoint_path.rstrip('/')}/step-{step:06d}" if run.checkpoint_path else ""
         run.checkpoints.append(target or f"step-{step:06d}")
         if run.rank == 0:
             with self._lock:
                 self._checkpoints[run.job_key] = max(self._checkpoints.get(run.job_key, 0), step)
         if not target:
-            return f"step {step}: no checkpoint path configured, checkpoint skipped"
+            return stored or f"step {step}: no checkpoint path configured, checkpoint skipped"
         return f"saved checkpoint {target} (rank {run.rank})"
+
+    @staticmethod
+    def _store_checkpoint(run: Run, step: int) -> str:
+        """Rank 0 writes the checkpoint to the console's store; what to log (empty for
+        the other ranks)."""
+        if run.rank != 0:
+            return ""
+        try:
+            manifest = store.save(
+                run.store_url, run.store_env, step=step, rank=run.rank, loss=run.loss_at(step)
+            )
+        except Exception as error:  # the store is unreachable: training goes on
+            return f"step {step}: checkpoint to the store failed: {error}"
+        return f"saved checkpoint {manifest} (rank {run.rank})"
 
     @staticmethod
     def _ending(run: Run, exit_code: int) -> str:

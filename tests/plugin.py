@@ -85,6 +85,7 @@ def pytest_unconfigure(config):
         _stop_local_jobs_left_running(Path(data_dir))
         shutil.rmtree(data_dir, ignore_errors=True)
         shutil.rmtree(f"{data_dir}-work", ignore_errors=True)  # local jobs' work dirs
+        shutil.rmtree(f"{data_dir}-checkpoints", ignore_errors=True)  # the folder store
 
 
 def _stop_local_jobs_left_running(data_dir: Path) -> None:

@@ -7,6 +7,7 @@ from functools import cached_property
 
 from django.db.models import F, QuerySet
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.api.fields import (
@@ -17,8 +18,9 @@ from console.api.fields import (
     StrictRegexField,
 )
 from jobs import selectors, services
+from jobs.expectations.selectors import EXPECTATION_COLUMNS, job_expectations
 from jobs.extensions import job_costs
-from jobs.models import Job, JobEvent, JobStatus, Priority, TenantSecret
+from jobs.models import Job, JobEvent, JobResume, JobStatus, Priority, TenantSecret
 from jobs.services.spec import MAX_COMMAND_ARGS, MAX_ENV_TOTAL_BYTES, MAX_JOB_SECRETS
 
 
@@ -139,6 +141,18 @@ def _as_stored(field: serializers.Field) -> str | None:
     return field.source if plain and reads_its_source and simple else None
 
 
+class RuntimePredictionSerializer(serializers.Serializer):
+    """A job's predicted running time (jobs.expectations.runtime.RuntimePrediction)."""
+
+    median_seconds = serializers.IntegerField()
+    p90_seconds = serializers.IntegerField()
+    samples = serializers.IntegerField(help_text="Similar past runs it rests on (0: none)")
+    basis = serializers.ChoiceField(
+        choices=["project", "launch_template", "image", "gpu_type", "max_runtime"],
+        help_text="Which similar runs: the first kind with at least 3, else max_runtime",
+    )
+
+
 class JobSerializer(StrictModelSerializer):
     """The API's one writing of a job, a list's rows and a single job alike. Each job's
     cost and queue position come from one batch for all the jobs it writes (`_batch`)."""
@@ -149,6 +163,16 @@ class JobSerializer(StrictModelSerializer):
     secret_env = serializers.SerializerMethodField()
     cost_to_date = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
+    expected_start = serializers.SerializerMethodField(
+        help_text="Queued: when it is expected to start (null: not foreseeable)"
+    )
+    expected_end = serializers.SerializerMethodField(
+        help_text="Queued or running: when it is expected to end"
+    )
+    runtime_prediction = serializers.SerializerMethodField(
+        help_text="Predicted running time: median_seconds, p90_seconds, samples (similar "
+        "past runs) and basis (project, launch_template, image, gpu_type or max_runtime)"
+    )
     _model_fields: dict[str, serializers.Field] | None = None
 
     class Meta:
@@ -179,6 +203,9 @@ class JobSerializer(StrictModelSerializer):
             "status",
             "status_reason",
             "queue_position",
+            "expected_start",
+            "expected_end",
+            "runtime_prediction",
             "attempt",
             "exit_code",
             "cost_to_date",
@@ -232,13 +259,15 @@ class JobSerializer(StrictModelSerializer):
         return {name: "••••••" for name in job.secret_env_names}
 
     def _batch(self) -> dict:
-        """Costs and queue positions of every job being serialized, computed once."""
+        """Costs, queue positions and expectations of every job being serialized,
+        computed once."""
         if "_job_batch" not in self.context:
             instances = self.parent.instance if self.parent is not None else self.instance
             jobs = [instances] if isinstance(instances, Job) else list(instances)
             self.context["_job_batch"] = {
                 "costs": job_costs().costs_to_date(jobs),
                 "positions": selectors.queue_positions(jobs),
+                "expectations": job_expectations(jobs),
             }
         return self.context["_job_batch"]
 
@@ -247,6 +276,19 @@ class JobSerializer(StrictModelSerializer):
 
     def get_queue_position(self, job) -> int | None:
         return self._batch()["positions"].get(job.pk) if job.status == "queued" else None
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_expected_start(self, job) -> str | None:
+        return self._timestamp(self._batch()["expectations"][job.pk].expected_start)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_expected_end(self, job) -> str | None:
+        return self._timestamp(self._batch()["expectations"][job.pk].expected_end)
+
+    @extend_schema_field(RuntimePredictionSerializer(allow_null=True))
+    def get_runtime_prediction(self, job) -> dict | None:
+        prediction = self._batch()["expectations"][job.pk].prediction
+        return None if prediction is None else prediction.as_dict()
 
 
 # The columns a row shows or prices from (and what a queue position reads): a list
@@ -261,9 +303,10 @@ ROW_COLUMNS = (
 
 
 def listed_jobs(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """`jobs` as a list page reads them: the columns a row shows or prices from, the
-    slugs of their catalog rows and their costs' inputs (`with_cost_inputs`)."""
-    return job_costs().with_cost_inputs(jobs.annotate(**RELATED_SLUGS).only(*ROW_COLUMNS))
+    """`jobs` as a list page reads them: the columns a row shows, prices from or expects
+    from, the slugs of their catalog rows and their costs' inputs (`with_cost_inputs`)."""
+    columns = dict.fromkeys((*ROW_COLUMNS, *EXPECTATION_COLUMNS))
+    return job_costs().with_cost_inputs(jobs.annotate(**RELATED_SLUGS).only(*columns))
 
 
 class JobQuerySerializer(serializers.Serializer):
@@ -344,3 +387,44 @@ class TenantSecretSetSerializer(serializers.Serializer):
     members_may_use = StrictBooleanField(
         default=False, help_text="Members' jobs may use it too (else owners' and admins' only)"
     )
+
+
+class JobCloneSerializer(serializers.Serializer):
+    from_checkpoint = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="the clone's first start continues from this job's latest checkpoint",
+    )
+
+
+class CheckpointFileSerializer(serializers.Serializer):
+    path = StrictCharField()
+    size = serializers.IntegerField(help_text="bytes")
+
+
+class CheckpointSerializer(serializers.Serializer):
+    """One complete checkpoint (its manifest written last, every listed file present)."""
+
+    step = serializers.IntegerField()
+    time = serializers.DateTimeField()
+    size_bytes = serializers.IntegerField()
+    files = CheckpointFileSerializer(many=True)
+    metrics = serializers.DictField()
+    manifest_url = serializers.SerializerMethodField()
+
+    def get_manifest_url(self, checkpoint) -> str:
+        return selectors.checkpoint_manifest_url(job=self.context["job"], checkpoint=checkpoint)
+
+
+class JobResumeSerializer(StrictModelSerializer):
+    """Where one start after the first continued from; step null: from the beginning."""
+
+    class Meta:
+        model = JobResume
+        fields = ["attempt", "start", "at", "step", "checkpoint_at", "lost_seconds"]
+
+
+class JobCheckpointsSerializer(serializers.Serializer):
+    checkpoints = CheckpointSerializer(many=True)
+    resumes = JobResumeSerializer(many=True)
+    unavailable = StrictCharField(help_text="why the store couldn't be read; empty when it was")

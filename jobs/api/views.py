@@ -82,10 +82,20 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     def cancel(self, request, pk=None):
         return self._act(services.job_cancel)
 
-    @extend_schema(request=None, responses={201: s.JobSerializer, 402: ErrorSerializer})
+    @extend_schema(
+        request=s.JobCloneSerializer,
+        responses={201: s.JobSerializer, 402: ErrorSerializer, 409: ErrorSerializer},
+    )
     @action(detail=True, methods=["post"])
     def clone(self, request, pk=None):
-        job = services.job_clone(job=self.get_object(), user=request.user, request=request._request)
+        data = s.JobCloneSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = services.job_clone(
+            job=self.get_object(),
+            user=request.user,
+            request=request._request,
+            from_checkpoint=data.validated_data["from_checkpoint"],
+        )
         return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     def destroy(self, request, *args, **kwargs):
@@ -99,6 +109,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         paginator = EventCursorPagination()
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(s.JobEventSerializer(page, many=True).data)
+
+    @extend_schema(responses=s.JobCheckpointsSerializer)
+    @action(detail=True, methods=["get"])
+    def checkpoints(self, request, pk=None):
+        """The job's complete checkpoints, newest first, and where each later start
+        resumed from (with the work lost)."""
+        job = self.get_object()
+        found = selectors.job_checkpoints(job=job)
+        return Response(s.JobCheckpointsSerializer(found, context={"job": job}).data)
 
     @extend_schema(parameters=[s.LogQuerySerializer], responses=s.LogPageSerializer)
     @action(detail=True, methods=["get"])

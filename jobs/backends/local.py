@@ -47,6 +47,7 @@ from jobs.backends.base import (
     Observation,
     TenantIsolation,
 )
+from jobs.backends.local_checkpoints import checkpoint_environment, checkpoint_folder
 from jobs.backends.local_logs import LocalLogStream, run_ended
 from jobs.logs.stores import FileLog
 
@@ -312,6 +313,7 @@ class LocalBackend(ComputeBackend):
                 "MASTER_PORT": "29500",
                 "PYTHONUNBUFFERED": "1",
                 "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in job.assigned_devices) or "",
+                **checkpoint_environment(job, sandboxed=local_sandbox.sandbox_support().available),
             }
         )
         return env
@@ -362,8 +364,9 @@ class LocalBackend(ComputeBackend):
                     (run_dir / name).unlink(missing_ok=True)
                 (run_dir / "run").write_text(token)
             workdir = self._make_workdir(job, self._owner(job))
+            checkpoints = checkpoint_folder(job, self._owner(job))
             # A later attempt (requeued after preemption) continues the job's work.
-            env = self._environment(job, resumed or job.attempt > 1)
+            env = self._environment(job, resumed or job.attempt > 1 or bool(job.resume_from))
             spec: dict = {
                 "command": list(job.command),
                 "env": env,
@@ -373,7 +376,11 @@ class LocalBackend(ComputeBackend):
             if support.available:
                 spec["env"] = {}  # the sandbox sets the job's environment itself
                 spec["sandbox"] = local_sandbox.sandbox_plan(
-                    job=job, workdir=workdir, env=env, limits=self.limits(job)
+                    job=job,
+                    workdir=workdir,
+                    env=env,
+                    limits=self.limits(job),
+                    checkpoints=checkpoints,
                 )
             starter = subprocess.Popen(  # noqa: S603  (argv only, no shell)
                 [

@@ -37,6 +37,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from jobs.backends.base import node_memory_share
+from jobs.backends.local_checkpoints import CHECKPOINT_MOUNT
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -267,10 +268,19 @@ def _device_binds(devices: list[int]) -> list[str]:
     return args
 
 
-def sandbox_plan(*, job: Job, workdir: Path, env: dict[str, str], limits: JobLimits) -> dict:
+def sandbox_plan(
+    *,
+    job: Job,
+    workdir: Path,
+    env: dict[str, str],
+    limits: JobLimits,
+    checkpoints: Path | None = None,
+) -> dict:
     """What the supervisor runs: the bubblewrap options (handed to it in a file
     descriptor, never in argv where `ps` shows them), the files the job sees in /etc, the
-    host uid/gid to drop to, the network and the limits. JSON-ready."""
+    host uid/gid to drop to, the network and the limits. JSON-ready. `checkpoints`: the
+    job's own checkpoint folder, bind-mounted at CHECKPOINT_MOUNT (nothing else of the
+    store is visible)."""
     support = sandbox_support()
     devices = [int(index) for index in job.assigned_devices or []]
     args = [
@@ -301,6 +311,7 @@ def sandbox_plan(*, job: Job, workdir: Path, env: dict[str, str], limits: JobLim
         "--bind",
         str(workdir / "tmp"),
         SANDBOX_TMP,
+        *(["--bind", str(checkpoints), CHECKPOINT_MOUNT] if checkpoints else []),
         "--dir",
         SHIM_BIN,
         "--symlink",

@@ -5,6 +5,7 @@
 - `admission`: which queued jobs take compute, and what the others wait for;
 - `dispatch`: starting admitted attempts on their backend (the sweep task);
 - `files`: what finished jobs left on the host;
+- `checkpoints`: where a later start resumes from, and pruning old checkpoints;
 - `actions`: pause, resume, cancel, delete;
 - `observe`: backend observations, max runtime, grace, the reconciler;
 - `secrets`, `templates`: organisation secrets and launch templates.
@@ -22,6 +23,11 @@ from jobs.services.actions import (
     job_resume,
 )
 from jobs.services.admission import jobs_admit
+from jobs.services.checkpoints import (
+    job_checkpoints_prune,
+    job_resume_prepare,
+    jobs_checkpoints_prune,
+)
 from jobs.services.dispatch import (
     job_backend_resume,
     job_dispatch,
@@ -54,6 +60,7 @@ __all__ = [
     "job_apply_observation",
     "job_backend_resume",
     "job_cancel",
+    "job_checkpoints_prune",
     "job_clone",
     "job_delete",
     "job_dispatch",
@@ -61,8 +68,10 @@ __all__ = [
     "job_pause",
     "job_pause_once",
     "job_resume",
+    "job_resume_prepare",
     "job_submit",
     "jobs_admit",
+    "jobs_checkpoints_prune",
     "jobs_dispatch",
     "jobs_dispatch_pending",
     "jobs_files_prune",

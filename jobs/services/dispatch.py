@@ -39,6 +39,7 @@ from jobs.actors import SYSTEM, Actor
 from jobs.backends import BackendRejected, BackendUnavailable, ComputeBackend, get_backend
 from jobs.models import Job, JobStatus, WaitKind
 from jobs.prometheus import dispatch_latency_observe
+from jobs.services.checkpoints import job_resume_prepare
 from jobs.state import IllegalTransition, job_retry_note, job_transition, jobs_transition_many
 
 log = logging.getLogger(__name__)
@@ -131,8 +132,15 @@ def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
         by_backend[job.backend].append(job)
     started: list[Job] = []
     retry_in: list[float] = []
-    for name, group in by_backend.items():
+    for name, jobs_of_backend in by_backend.items():
         backend = get_backend(name)
+        group = []
+        for job in jobs_of_backend:
+            error = _prepare_resume(job)
+            if error is None:
+                group.append(job)
+            elif (delay := _start_failed(job, backend, error)) is not None:
+                retry_in.append(delay)
         outcomes = _submit(backend, group)
         for job in group:
             error = outcomes[job.pk]
@@ -148,6 +156,19 @@ def jobs_dispatch(*, job_ids: list[int]) -> list[Job]:
     if retry_in:  # one later sweep for every job this one had to put off
         enqueue_now(tasks.jobs_dispatch_task, countdown=min(retry_in))
     return started
+
+
+def _prepare_resume(job: Job, start: int = 0) -> Exception | None:
+    """A later attempt continues from the job's latest checkpoint (jobs.services.checkpoints);
+    a store that can't be read now puts the start off rather than starting over."""
+    if job.attempt == 1 and start == 0 and not job.checkpoint_source_id:
+        return None
+    try:
+        job_resume_prepare(job=job, start=start)
+    except Exception as error:
+        log.warning("job %s: the checkpoint store could not be read: %s", job.pk, error)
+        return BackendUnavailable(f"the checkpoint store could not be read ({error})")
+    return None
 
 
 def _submit(backend: ComputeBackend, jobs: list[Job]) -> dict[int, Exception | None]:
@@ -203,6 +224,10 @@ def job_backend_resume(*, job: Job) -> Job:
     if job.status != JobStatus.RESUMING:
         return job
     backend = get_backend(job.backend)
+    # The same count the local backend names its starts by: this is the n-th resume.
+    error = _prepare_resume(job, start=job.events.filter(to_status=JobStatus.RESUMING).count())
+    if error is not None:
+        raise error  # BackendUnavailable: the task retries it
     try:
         _assign_devices(job, backend)
         backend.resume(job)

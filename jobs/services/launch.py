@@ -15,9 +15,11 @@ from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from console.tenant_admin import TenantSuspended
 from jobs.actors import SYSTEM, Actor
+from jobs.checkpoints.store import checkpoint_store
 from jobs.extensions import launch_check
-from jobs.models import Job, JobStatus, Priority, WaitKind
+from jobs.models import Job, JobStatus, LaunchTemplate, Priority, WaitKind
 from jobs.services.admission import job_pools, jobs_admit
+from jobs.services.checkpoints import job_store_prefix
 from jobs.services.secrets import secrets_named_again, tenant_secrets_resolve
 from jobs.services.spec import JobSpec, spec_from_job, spec_validate, validate_env
 from jobs.state import job_note
@@ -30,8 +32,15 @@ def job_submit(
     spec: JobSpec,
     idempotency_key: str | None = None,
     request=None,
+    launch_template: LaunchTemplate | None = None,
+    checkpoint_source: Job | None = None,
 ) -> Job:
-    """Validate and record a launch; it is admitted now if it fits, else it queues."""
+    """Validate and record a launch; it is admitted now if it fits, else it queues.
+    `launch_template`: the tenant's template it was launched from (its runs predict
+    this one's runtime). `checkpoint_source`: a job of the same tenant whose latest
+    checkpoint the first start continues from."""
+    if launch_template is not None and launch_template.tenant_id != tenant.pk:
+        raise ServiceError("No such launch template.", field="template")
     if idempotency_key:
         existing = Job.objects.for_tenant(tenant).filter(idempotency_key=idempotency_key).first()
         if existing is not None:
@@ -79,6 +88,8 @@ def job_submit(
                 status_reason="waiting for admission",
                 wait_kind=WaitKind.ADMISSION,
                 idempotency_key=idempotency_key or "",
+                launch_template=launch_template,
+                checkpoint_source=checkpoint_source,
             )
             job_note(job=job, actor=Actor.of_user(user) if user else SYSTEM, reason="submitted")
             audit_record(
@@ -123,9 +134,23 @@ def _check_priority_allowed(*, tenant: Tenant, user: User | None, priority: str)
         )
 
 
-def job_clone(*, job: Job, user: User | None, request=None) -> Job:
+def job_clone(*, job: Job, user: User | None, request=None, from_checkpoint: bool = False) -> Job:
+    """A new job with `job`'s spec; `from_checkpoint`: its first start continues from
+    `job`'s latest complete checkpoint (409 when there is none)."""
+    if from_checkpoint and checkpoint_store().latest(job_store_prefix(job)) is None:
+        raise ServiceError(
+            "This job has no complete checkpoint to continue from.", code=ErrorCode.CONFLICT
+        )
     spec = spec_from_job(job)
     spec.name = f"{job.name} (clone)"[:100]
     # Organisation secrets are named again, not copied: the clone is checked like a launch.
     spec = secrets_named_again(tenant=job.tenant, spec=spec)
-    return job_submit(tenant=job.tenant, user=user, spec=spec, request=request)
+    # The same kind of run as its source: its template's runs predict it too.
+    return job_submit(
+        tenant=job.tenant,
+        user=user,
+        spec=spec,
+        request=request,
+        launch_template=job.launch_template,
+        checkpoint_source=job if from_checkpoint else None,
+    )

@@ -32,6 +32,7 @@ BENCHES = [
     ("costs", "tests/bench/costs/bench_cost_explorer.py"),
     ("costs", "tests/bench/costs/bench_budget_reaction.py"),
     ("streaming", "tests/bench/streaming/test_streaming.py"),
+    ("queue", "tests/bench/queue/bench_runtime_prediction.py"),
 ]
 SMOKE_ENV = {
     "GPUGEEK_BENCH_JOBS": "20",

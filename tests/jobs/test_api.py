@@ -501,6 +501,7 @@ def test_pause_resume_cancel_a_running_job(member_api, settings):
         "pausing",
         "paused",
         "resuming",
+        "resuming",  # the note of where it resumed from (no checkpoint: the beginning)
         "running",
         "cancelling",
         "cancelled",

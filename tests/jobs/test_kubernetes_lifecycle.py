@@ -21,6 +21,7 @@ from jobs.backends import get_backend
 from jobs.backends.kubernetes import KubernetesBackend, manifests
 from jobs.backends.kubernetes import client as kubernetes_client
 from jobs.backends.kubernetes.watch import watch_jobs
+from jobs.checkpoints.store import MANIFEST_NAME, checkpoint_store
 from jobs.management.commands.run_watcher import next_changes, observe_pass, start_watches
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
@@ -155,6 +156,16 @@ def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
     job = settle(cluster, job, JobStatus.PAUSED)
     assert live_pods(cluster, job) == []
     assert "compute released" in job.status_reason
+    # A checkpoint the job saved before the pause, in the protocol's format.
+    prefix = checkpoint_store().local_folder(f"{job.tenant_id}/{job.pk}/")
+    (prefix / "12").mkdir(parents=True)
+    (prefix / "12" / "model.pt").write_bytes(b"weights")
+    manifest = {
+        "step": 12,
+        "time": timezone.now().isoformat(),
+        "files": [{"path": "model.pt", "size": 7}],
+    }
+    (prefix / "12" / MANIFEST_NAME).write_text(json.dumps(manifest))
 
     job = services.job_resume(job=job, actor=SYSTEM)
     tasks.job_resume_task(job.pk)
@@ -162,6 +173,9 @@ def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
     (pod,) = live_pods(cluster, job)
     assert pod["metadata"]["name"] != first_pod
     assert pod["metadata"]["annotations"]["gpugeek.io/resumed"] == "1"
+    # GPUGEEK_RESUME_FROM reads this annotation, patched with the flag.
+    resume_from = pod["metadata"]["annotations"]["gpugeek.io/resume-from"]
+    assert resume_from == f"file://{prefix}/12/{MANIFEST_NAME}"
     assert pod["metadata"]["labels"]["job-name"] == f"gg-{job.pk}-a1"  # same Job, same name
     assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
 
@@ -709,3 +723,26 @@ def test_kueue_auto_follows_api_discovery(world, cluster, settings):
     kubernetes_client.API_GROUPS_CACHE.clear()  # the cache's lifetime, passed
     assert get_backend("kubernetes").kueue_queue() == settings.KUEUE_QUEUE_NAME
     kubernetes_client.API_GROUPS_CACHE.clear()
+
+
+def test_an_s3_store_reaches_the_pod_as_its_prefix_with_credentials_from_the_secret(
+    world, cluster, settings
+):
+    settings.CHECKPOINT_STORE_URL = "s3://ckpt-bucket/gpugeek"
+    settings.CHECKPOINT_STORE_ENDPOINT = "https://minio.example:9000"
+    settings.CHECKPOINT_STORE_JOB_ACCESS_KEY_ID = "job-key"
+    settings.CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY = "job-secret"
+    job = settle(cluster, launch(world, gpu_spec()), JobStatus.RUNNING)
+    (pod,) = live_pods(cluster, job)
+    env = {entry["name"]: entry for entry in pod["spec"]["containers"][0]["env"]}
+    prefix = f"s3://ckpt-bucket/gpugeek/{job.tenant_id}/{job.pk}/"
+    assert env["GPUGEEK_CHECKPOINT_URL"]["value"] == prefix
+    assert env["AWS_ENDPOINT_URL"]["value"] == "https://minio.example:9000"
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert "value" not in env[name]  # never in the Job object itself
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": f"gg-{job.pk}-env", "key": name}
+    secret = cluster.get("secrets", ns(job), f"gg-{job.pk}-env")
+    stored = secret.get("stringData") or {
+        key: base64.b64decode(value).decode() for key, value in secret["data"].items()
+    }
+    assert stored == {"AWS_ACCESS_KEY_ID": "job-key", "AWS_SECRET_ACCESS_KEY": "job-secret"}

@@ -31,6 +31,7 @@ def pinned_settings(settings):
     settings.KUBERNETES_IMAGE_PULL_SECRETS = []
     settings.KUBERNETES_EPHEMERAL_STORAGE = "20Gi"
     settings.GPUGEEK_INSTALLATION_ID = "gg-golden"
+    settings.CHECKPOINT_STORE_URL = "file:///var/lib/gpugeek-checkpoints"
     return settings
 
 

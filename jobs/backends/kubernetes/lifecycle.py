@@ -69,8 +69,9 @@ class LifecycleMixin(ApiCalls):
         batch can run them in other threads."""
         namespace = namespace or self.ensure_namespace(job.tenant_id)
         creates: list[Create] = []
-        if job.secret_env_names:
-            values = decrypt_json(job.secret_env_encrypted) or {}
+        store_credentials = manifests.checkpoint_secret_values(job)
+        if job.secret_env_names or store_credentials:
+            values = {**(decrypt_json(job.secret_env_encrypted) or {}), **store_credentials}
             secret = manifests.secret_manifest(job, values)
             creates.append(
                 (
@@ -206,7 +207,8 @@ class LifecycleMixin(ApiCalls):
         try:
             # A later attempt (after preemption or a lost node) continues the job's
             # work: GPUGEEK_RESUMED=1 tells the program to load its checkpoint.
-            self._create_attempt(job, resumed=job.attempt > 1)
+            # So does a clone from a checkpoint (resume_from set on its first start).
+            self._create_attempt(job, resumed=job.attempt > 1 or bool(job.resume_from))
         except Exception:
             self.forget_namespace(job.tenant_id)
             raise
@@ -306,7 +308,7 @@ class LifecycleMixin(ApiCalls):
         body = {
             "spec": {
                 "suspend": False,
-                "template": {"metadata": {"annotations": {manifests.RESUMED_ANNOTATION: "1"}}},
+                "template": {"metadata": {"annotations": manifests.resume_annotations(job)}},
             }
         }
         try:
@@ -327,17 +329,18 @@ class LifecycleMixin(ApiCalls):
         """Flag the pods as resumed (allowed while suspended), then reactivate the
         Workload so that Kueue admits the attempt again and unsuspends it."""
         namespace = manifests.namespace_name(job.tenant_id)
-        flag = {manifests.RESUMED_ANNOTATION: "1"}
+        flag = manifests.resume_annotations(job)
         if any(kueue_owner_uid(k) != k.metadata.uid for k in kube_jobs.values()):
             # A JobSet copies its template to its Jobs when it is unsuspended.
             ops = [
                 {
                     "op": "replace",
                     "path": f"/spec/replicatedJobs/{index}/template/spec/template/metadata"
-                    f"/annotations/{manifests.RESUMED_ANNOTATION.replace('/', '~1')}",
-                    "value": "1",
+                    f"/annotations/{name.replace('/', '~1')}",
+                    "value": value,
                 }
                 for index in range(len(manifests.tiers(job)))
+                for name, value in flag.items()
             ]
             self._call(
                 f"updating JobSet {manifests.jobset_name(job)}",

@@ -66,6 +66,12 @@ class Job(Model):
     status: str
     status_reason: str
     queue_position: int | None
+    # Queued: when it is expected to start; queued or running: when it is expected to end
+    # (ISO 8601); the runtime prediction behind them: median_seconds, p90_seconds,
+    # samples, basis.
+    expected_start: str | None
+    expected_end: str | None
+    runtime_prediction: dict[str, Any] | None
     attempt: int
     exit_code: int | None
     cost_to_date: str

@@ -26,6 +26,8 @@ TIER_LABEL = "gpugeek.io/tier"
 # "done already" only for an object that carries ours (see ApiCalls._create).
 INSTALLATION_LABEL = "gpugeek.io/installation"
 RESUMED_ANNOTATION = "gpugeek.io/resumed"
+# GPUGEEK_RESUME_FROM, read like GPUGEEK_RESUMED: a resume patches it with the flag.
+RESUME_FROM_ANNOTATION = "gpugeek.io/resume-from"
 RANK_OFFSET_ANNOTATION = "gpugeek.io/rank-offset"
 REGISTRY_ANNOTATION = "gpugeek.io/registry"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

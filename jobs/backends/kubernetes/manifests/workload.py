@@ -27,6 +27,7 @@ from jobs.backends.kubernetes.manifests.names import (
     RANK_OFFSET_ANNOTATION,
     REGION_LABEL,
     REGISTRY_ANNOTATION,
+    RESUME_FROM_ANNOTATION,
     RESUMED_ANNOTATION,
     RUN_AS,
     SPOT,
@@ -47,6 +48,7 @@ from jobs.backends.kubernetes.manifests.names import (
     setting,
     tiers,
 )
+from jobs.checkpoints.store import job_checkpoint_environment
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -155,12 +157,46 @@ def _field_env(name: str, path: str) -> dict:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def _checkpoint_env(job: Job) -> dict[str, str]:
+    return job_checkpoint_environment(
+        tenant_id=job.tenant_id, job_id=job.pk, resume_from=job.resume_from
+    )
+
+
+# Store credentials reach the pod from the job's Secret, never as values in the Job object.
+STORE_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def checkpoint_secret_values(job: Job) -> dict[str, str]:
+    """The checkpoint store's credentials for the job's Secret (none for a folder store)."""
+    env = _checkpoint_env(job)
+    return {name: env[name] for name in STORE_CREDENTIALS if name in env}
+
+
+def resume_annotations(job: Job) -> dict[str, str]:
+    """The pod annotations a resumed start reads GPUGEEK_RESUMED and GPUGEEK_RESUME_FROM
+    from (patched onto a suspended Job's template when it resumes)."""
+    return {
+        RESUMED_ANNOTATION: "1",
+        RESUME_FROM_ANNOTATION: _checkpoint_env(job)["GPUGEEK_RESUME_FROM"],
+    }
+
+
 def _env(job: Job, tier: str, offset: int, *, gang: bool = False) -> list[dict]:
     index_path = f"metadata.annotations['{COMPLETION_INDEX}']"
+    checkpoint_env = _checkpoint_env(job)
+    del checkpoint_env["GPUGEEK_RESUME_FROM"]  # from the annotation, as GPUGEEK_RESUMED
     platform: list[dict] = [
         {"name": "GPUGEEK_JOB_ID", "value": str(job.pk)},
         {"name": "GPUGEEK_ATTEMPT", "value": str(job.attempt)},
         _field_env("GPUGEEK_RESUMED", f"metadata.annotations['{RESUMED_ANNOTATION}']"),
+        _field_env("GPUGEEK_RESUME_FROM", f"metadata.annotations['{RESUME_FROM_ANNOTATION}']"),
+        *(
+            {"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": name}}}
+            if name in STORE_CREDENTIALS
+            else {"name": name, "value": value}
+            for name, value in checkpoint_env.items()
+        ),
         {"name": "GPUGEEK_CHECKPOINT_PATH", "value": job.checkpoint_path or ""},
         {"name": "GPUGEEK_TIER", "value": tier},
         {"name": "GPUGEEK_RANK_OFFSET", "value": str(offset)},
@@ -326,6 +362,7 @@ def job_manifest(
                 "labels": labels,
                 "annotations": {
                     RESUMED_ANNOTATION: "1" if resumed else "0",
+                    RESUME_FROM_ANNOTATION: _checkpoint_env(job)["GPUGEEK_RESUME_FROM"],
                     RANK_OFFSET_ANNOTATION: str(offset),
                 },
             },

@@ -1,0 +1,159 @@
+"""Checkpoints of jobs: where a new start continues from, and pruning old ones.
+
+A start that continues a job's work (a requeued attempt after preemption, a resume after
+a pause) is prepared here just before its backend call: the latest complete checkpoint
+under the job's prefix becomes `Job.resume_from` (GPUGEEK_RESUME_FROM), and a `JobResume`
+row plus a timeline entry record it with the work lost since that checkpoint. Preparing
+is idempotent per (attempt, start), so a redelivered dispatch starts from the same one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.actors import SYSTEM
+from jobs.checkpoints.store import (
+    MANIFEST_NAME,
+    Checkpoint,
+    checkpoint_store,
+    job_prefix,
+)
+from jobs.models import Job, JobEvent, JobResume, JobStatus
+from jobs.state import job_note
+
+log = logging.getLogger(__name__)
+
+
+def job_store_prefix(job: Job) -> str:
+    return job_prefix(tenant_id=job.tenant_id, job_id=job.pk)
+
+
+def _interrupted_at(job: Job):
+    """When the work this start continues was interrupted: the last preemption or pause."""
+    event = (
+        JobEvent.objects.filter(job=job, to_status__in=[JobStatus.PREEMPTED, JobStatus.PAUSING])
+        .order_by("-at", "-id")
+        .first()
+    )
+    return event.at if event else None
+
+
+def _describe(resume: JobResume) -> str:
+    if resume.step is None:
+        return "no complete checkpoint: starting from the beginning"
+    text = f"resumed from checkpoint step {resume.step}"
+    if resume.attempt == 1 and resume.start == 0 and resume.job.checkpoint_source_id:
+        text += f" (a copy of job #{resume.job.checkpoint_source_id}'s)"
+    if resume.lost_seconds is not None:
+        text += f"; {resume.lost_seconds / 60:.1f} min of work lost since it"
+    return text
+
+
+def _copy_source_checkpoint(job: Job) -> None:
+    """A clone from a checkpoint gets a copy of its source's latest one in its own prefix
+    (server-side on S3), so that it never needs to reach outside that prefix."""
+    source = (
+        Job.objects.for_tenant(job.tenant).filter(pk=job.checkpoint_source_id).first()
+        if job.checkpoint_source_id is not None
+        else None
+    )
+    if source is None:
+        return
+    store = checkpoint_store()
+    latest = store.latest(job_store_prefix(source))
+    if latest is not None:
+        step = f"{latest.step}/"
+        store.copy_prefix(job_store_prefix(source) + step, job_store_prefix(job) + step)
+
+
+def job_resume_prepare(*, job: Job, start: int) -> JobResume:
+    """Decide (once) what start `start` of the job's current attempt continues from.
+
+    Reads the store (may raise its errors: the caller retries the start later)."""
+    existing = JobResume.objects.filter(job=job, attempt=job.attempt, start=start).first()
+    if existing is not None:
+        job.resume_from = existing.manifest_key
+        return existing
+    if job.attempt == 1 and start == 0 and job.checkpoint_source_id:
+        _copy_source_checkpoint(job)
+    latest: Checkpoint | None = checkpoint_store().latest(job_store_prefix(job))
+    interrupted = _interrupted_at(job)
+    lost = None
+    if latest is not None and interrupted is not None:
+        lost = max(0.0, (interrupted - latest.time).total_seconds())
+    with transaction.atomic():
+        resume, created = JobResume.objects.get_or_create(
+            job=job,
+            attempt=job.attempt,
+            start=start,
+            defaults={
+                "at": timezone.now(),
+                "manifest_key": latest.manifest_key if latest else "",
+                "step": latest.step if latest else None,
+                "checkpoint_at": latest.time if latest else None,
+                "lost_seconds": lost,
+            },
+        )
+        Job.objects.filter(pk=job.pk).update(resume_from=resume.manifest_key)
+        job.resume_from = resume.manifest_key
+        if created:
+            job_note(job=job, actor=SYSTEM, reason=_describe(resume))
+    return resume
+
+
+def job_checkpoints_prune(*, job: Job, keep_last: int | None = None) -> list[int]:
+    """Delete the job's complete checkpoints beyond the newest `keep_last` (default
+    CHECKPOINT_KEEP_LAST), never the one its current start resumed from, and unfinished
+    uploads older than the oldest kept. Returns the steps deleted."""
+    keep_last = settings.CHECKPOINT_KEEP_LAST if keep_last is None else keep_last
+    store = checkpoint_store()
+    prefix = job_store_prefix(job)
+    complete = store.checkpoints(prefix)
+    if len(complete) <= keep_last:
+        return []
+    kept = complete[len(complete) - keep_last :] if keep_last > 0 else []
+    oldest_kept = kept[0].step if kept else None
+    in_use = job.resume_from
+    deleted = []
+    for checkpoint in complete:
+        if checkpoint in kept or checkpoint.manifest_key == in_use:
+            continue
+        store.delete_checkpoint(prefix, checkpoint.step)
+        deleted.append(checkpoint.step)
+    if oldest_kept is not None:
+        complete_steps = {checkpoint.step for checkpoint in complete}
+        partial = {
+            int(key.split("/", 1)[0])
+            for key in store.sizes(prefix)
+            if key.split("/", 1)[0].isdigit() and not key.endswith(f"/{MANIFEST_NAME}")
+        } - complete_steps
+        for step in sorted(partial):
+            if step < oldest_kept and f"{step}/{MANIFEST_NAME}" != in_use:
+                store.delete_prefix(f"{prefix}{step}/")
+                deleted.append(step)
+    return sorted(deleted)
+
+
+def jobs_checkpoints_prune(*, keep_last: int | None = None) -> int:
+    """The periodic pass: prune every job that may still be writing or may resume
+    (running, paused, queued again). A store error skips that job until the next pass."""
+    pruned = 0
+    active = [
+        JobStatus.RUNNING,
+        JobStatus.PROVISIONING,
+        JobStatus.RESUMING,
+        JobStatus.PAUSING,
+        JobStatus.PAUSED,
+        JobStatus.QUEUED,
+        JobStatus.DISPATCHING,
+    ]
+    for job in Job.objects.filter(status__in=active).only("pk", "tenant_id", "resume_from"):
+        try:
+            pruned += len(job_checkpoints_prune(job=job, keep_last=keep_last))
+        except Exception:  # one store error must not stop the pass for other jobs
+            log.exception("pruning the checkpoints of job %s failed", job.pk)
+    return pruned
