@@ -154,6 +154,33 @@ class ApiTokenForm(forms.Form):
     )
 
 
+class SshKeyForm(forms.Form):
+    """The key is validated by the service (console.ssh_public_keys), not here, so the
+    page and the API refuse the same things with the same words."""
+
+    public_key = forms.CharField(
+        label="Public key",
+        max_length=8192,
+        strip=True,
+        widget=forms.Textarea(
+            attrs={
+                "rows": 4,
+                "spellcheck": "false",
+                "autocomplete": "off",
+                "placeholder": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA… you@laptop",
+            }
+        ),
+        help_text="The one line in your .pub file, e.g. ~/.ssh/id_ed25519.pub. "
+        "Never the private key.",
+    )
+    title = forms.CharField(
+        label="Title",
+        max_length=100,
+        required=False,
+        help_text="Optional; defaults to the key's comment (often you@laptop).",
+    )
+
+
 class TenantForm(forms.Form):
     name = forms.CharField(label="Organisation name", max_length=120)
 

@@ -9,6 +9,7 @@ from django.db import models
 from django.utils import timezone
 
 from console.permissions import Role
+from console.ssh_public_keys import key_type_label
 from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
 
 
@@ -261,3 +262,35 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.component} @ {self.last_seen}"
+
+
+class SshPublicKey(models.Model):
+    """A person's SSH public key, for signing in to their dev environments.
+
+    Belongs to a user, not a tenant: the same key opens the environments of every
+    organisation the person is a member of. Stored only in normalised form (`type
+    base64`, see console.ssh_public_keys), the comment kept apart, so one key pasted twice
+    is the same row."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="ssh_keys")
+    title = models.CharField(max_length=100)
+    key_type = models.CharField(max_length=40)
+    bits = models.PositiveIntegerField()
+    public_key = models.TextField()
+    comment = models.CharField(max_length=200, blank=True)
+    fingerprint = models.CharField(max_length=60)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "fingerprint"], name="ssh_key_unique_per_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.title} ({self.fingerprint})"
+
+    @property
+    def type_label(self) -> str:
+        return key_type_label(self.key_type, self.bits)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -17,12 +18,32 @@ from console.models import (
     Invitation,
     Membership,
     Notification,
+    SshPublicKey,
     Tenant,
     User,
 )
 from console.permissions import Capability, has_capability
 
 HEARTBEAT_COMPONENTS = ("worker", "beat", "watcher")
+
+
+def ssh_keys_of_user(*, user: User) -> QuerySet[SshPublicKey]:
+    """A person's own SSH keys, newest first: the only way pages and the API reach keys,
+    so another person's key is a 404."""
+    return SshPublicKey.objects.filter(user=user)
+
+
+def ssh_keys_for_users(*, users: Iterable[User]) -> list[str]:
+    """The authorized_keys lines that let `users` in (an environment's members): one line
+    per key of each active user, `type base64 comment`, the comment naming the person
+    and the key so sshd's log says whose key was used. Inactive accounts get no line."""
+    user_ids = [user.pk for user in users]
+    keys = (
+        SshPublicKey.objects.filter(user_id__in=user_ids, user__is_active=True)
+        .select_related("user")
+        .order_by("user__email", "created_at", "id")
+    )
+    return [f"{key.public_key} {key.user.email} key-{key.pk}" for key in keys]
 
 
 def notifications_for(*, user: User, tenant: Tenant):

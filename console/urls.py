@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import account_views, health, metrics, views
+from console import account_views, health, metrics, ssh_key_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -42,6 +42,12 @@ urlpatterns = [
         "accounts/password/reset/<str:uidb64>/<str:token>/",
         account_views.PasswordResetConfirmView.as_view(),
         name="password_reset_confirm",
+    ),
+    path("account/ssh-keys/", ssh_key_views.ssh_key_list, name="ssh_keys"),
+    path(
+        "account/ssh-keys/<int:key_id>/delete/",
+        ssh_key_views.ssh_key_delete,
+        name="ssh_key_delete",
     ),
     path("tenants/new/", views.tenant_create, name="tenant_create"),
     path("tenants/switch/", views.tenant_switch, name="tenant_switch"),

@@ -4,12 +4,23 @@ from datetime import timedelta
 from decimal import Decimal
 
 import factory
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from django.utils import timezone
 from django.utils.text import slugify
 
 from billing.models import Budget, BudgetAction
-from console.models import AuditEvent, Invitation, Membership, Tenant, User, sha256_hex
+from console.models import (
+    AuditEvent,
+    Invitation,
+    Membership,
+    SshPublicKey,
+    Tenant,
+    User,
+    sha256_hex,
+)
 from console.permissions import Role
+from console.ssh_public_keys import ParsedPublicKey, parse_public_key
 from jobs.models import Job, JobStatus
 from marketplace.models import (
     Backend,
@@ -79,6 +90,36 @@ class AuditEventFactory(factory.django.DjangoModelFactory):
     tenant = factory.SubFactory(TenantFactory)
     actor_label = "someone@example.test"
     action = "test.event"
+
+
+def ed25519_public_key_line(comment: str = "") -> str:
+    """A fresh Ed25519 public key as one .pub line (made by `cryptography`)."""
+    line = (
+        ed25519.Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    return f"{line} {comment}".strip()
+
+
+class SshPublicKeyFactory(factory.django.DjangoModelFactory):
+    """A real, fresh Ed25519 key, its fields as the parser reads them."""
+
+    class Meta:
+        model = SshPublicKey
+        exclude = ("parsed",)
+
+    user = factory.SubFactory(UserFactory)
+    parsed: ParsedPublicKey = factory.LazyFunction(
+        lambda: parse_public_key(ed25519_public_key_line("factory@test"))
+    )
+    title = factory.Sequence(lambda n: f"laptop {n}")
+    key_type = factory.LazyAttribute(lambda o: o.parsed.key_type)
+    bits = factory.LazyAttribute(lambda o: o.parsed.bits)
+    public_key = factory.LazyAttribute(lambda o: o.parsed.public_key)
+    comment = factory.LazyAttribute(lambda o: o.parsed.comment)
+    fingerprint = factory.LazyAttribute(lambda o: o.parsed.fingerprint)
 
 
 # --------------------------------------------------------------------------- catalog

@@ -9,7 +9,7 @@ from console.api.fields import (
     StrictModelSerializer,
     StrictSlugField,
 )
-from console.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
+from console.models import ApiToken, AuditEvent, Invitation, Membership, SshPublicKey, Tenant
 from console.permissions import Role
 
 
@@ -145,6 +145,50 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
+
+
+class SshKeySerializer(StrictModelSerializer):
+    key_type = StrictCharField(
+        read_only=True, help_text="ssh-ed25519, ecdsa-sha2-nistp256/384/521 or ssh-rsa."
+    )
+    type_label = StrictCharField(read_only=True, help_text='For people: "ED25519", "RSA 4096".')
+    public_key = StrictCharField(
+        read_only=True, help_text="Normalised: the key type and its base64, no comment."
+    )
+    fingerprint = StrictCharField(
+        read_only=True, help_text="SHA256 fingerprint as `ssh-keygen -l` prints it."
+    )
+
+    class Meta:
+        model = SshPublicKey
+        fields = [
+            "id",
+            "title",
+            "key_type",
+            "bits",
+            "type_label",
+            "public_key",
+            "comment",
+            "fingerprint",
+            "created_at",
+            "last_used_at",
+        ]
+        read_only_fields = fields
+
+
+class SshKeyCreateSerializer(serializers.Serializer):
+    public_key = StrictCharField(
+        max_length=8192,
+        help_text="One line as in a .pub file: `ssh-ed25519 AAAA… comment`. Ed25519, ECDSA "
+        "(nistp256/384/521) or RSA of at least 3,072 bits; never a private key.",
+    )
+    title = StrictCharField(
+        max_length=100,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Default: the key's comment.",
+    )
 
 
 class AuditQuerySerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ router.register("tenants", views.TenantListView, basename="api-tenant")
 router.register("members", views.MemberViewSet, basename="api-member")
 router.register("invitations", views.InvitationViewSet, basename="api-invitation")
 router.register("tokens", views.ApiTokenViewSet, basename="api-token")
+router.register("ssh-keys", views.SshKeyViewSet, basename="api-ssh-key")
 router.register("audit", views.AuditEventViewSet, basename="api-audit")
 router.register("staff/tenants", views.StaffTenantViewSet, basename="api-staff-tenant")
 

@@ -22,6 +22,7 @@ from console.models import ApiToken, AuditEvent, Invitation, Membership, Tenant
 from console.permissions import Capability, IsPlatformStaff, IsPlatformStaffElseNotFound
 from console.services.invitations import invitation_create, invitation_revoke
 from console.services.memberships import membership_change_role, membership_remove
+from console.services.ssh_keys import ssh_key_add, ssh_key_delete
 from console.services.tokens import api_token_create, api_token_revoke
 
 
@@ -239,6 +240,47 @@ class ApiTokenViewSet(
             token=self.get_object(), by_user=request.user, request=request._request
         )
         return Response(s.ApiTokenSerializer(token).data)
+
+
+class SshKeyViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    GenericViewSet,
+):
+    """The caller's own SSH public keys (a person's, in every organisation: not scoped to
+    the token's tenant). Another person's key id is a 404."""
+
+    serializer_class = s.SshKeySerializer
+    permission_classes = [IsAuthenticated]
+    lookup_value_regex = r"\d+"
+
+    def get_queryset(self):
+        return selectors.ssh_keys_of_user(user=self.request.user)
+
+    @extend_schema(
+        request=s.SshKeyCreateSerializer,
+        responses={201: s.SshKeySerializer, 400: ErrorSerializer, 409: ErrorSerializer},
+        description="Add a public key. 400: not a public key, a private key pasted by "
+        "mistake (not stored), DSA, RSA under 3,072 bits, options or a certificate; 409: "
+        "the same key again, or 50 keys already.",
+    )
+    def create(self, request, *args, **kwargs):
+        data = s.SshKeyCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = ssh_key_add(
+            user=request.user,
+            public_key=data.validated_data["public_key"],
+            title=data.validated_data["title"],
+            request=request._request,
+        )
+        return Response(s.SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None, 404: ErrorSerializer})
+    def destroy(self, request, *args, **kwargs):
+        ssh_key_delete(key=self.get_object(), request=request._request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class AuditEventViewSet(mixins.ListModelMixin, TenantScopedViewSet):

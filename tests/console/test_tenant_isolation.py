@@ -18,6 +18,7 @@ from billing.budgets.services import budget_create
 from billing.invoices.services import invoice_adjustment_add, invoice_draft_create
 from console.services.audit import audit_record
 from console.services.invitations import invitation_create
+from console.services.ssh_keys import ssh_key_add
 from console.services.tokens import api_token_create
 from jobs.backends.local import LocalBackend
 from jobs.services import JobSpec, job_submit, launch_template_save, tenant_secret_set
@@ -25,7 +26,7 @@ from marketplace.demo import seed_catalog
 from marketplace.models import AllowedRegistry, GpuType, NodePool, PriceVersion
 from marketplace.services import capacity_sync, image_create, registry_credential_set
 from tests.conftest import signed_in_client, token_client
-from tests.factories import VolumeFactory
+from tests.factories import VolumeFactory, ed25519_public_key_line
 
 # URL names anyone may open without signing in.
 PUBLIC = {
@@ -154,9 +155,15 @@ def foreign(other_world, world):
         username="globex-secret-robot",
         password="globex-registry-password",
     )
+    foreign_ssh_key = ssh_key_add(
+        user=other_world.owner,
+        public_key=ed25519_public_key_line("globex@laptop"),
+        title="globex-secret-ssh-key",
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
+        "api-ssh-key": foreign_ssh_key.pk,
         "api-registry-credential": foreign_registry_login.pk,
         "api-member": membership.pk,
         "api-invitation": invitation.pk,
@@ -187,6 +194,7 @@ def foreign(other_world, world):
             "action": "pause",
             "image_id": private_image.pk,  # also staff_image_retire: staff-only, 404
             "credential_id": foreign_registry_login.pk,
+            "key_id": foreign_ssh_key.pk,
             # staff-only pages: a tenant owner must get 404 whatever the object
             "version_id": version.pk,
             "pool_id": pool.pk,
@@ -213,6 +221,8 @@ def foreign(other_world, world):
             "globex-secret-value",
             "globex-secret-robot",
             "globex-registry-password",
+            "globex-secret-ssh-key",
+            foreign_ssh_key.fingerprint,
         ],
     }
 

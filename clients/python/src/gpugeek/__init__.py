@@ -26,6 +26,7 @@ from gpugeek.models import (
     NodePool,
     Offer,
     Recommendation,
+    SshKey,
 )
 
 __version__ = "0.1.0"
@@ -33,5 +34,6 @@ __all__ = [
     "APIError", "AuthenticationError", "Budget", "BudgetExceeded", "Client", "Cluster",
     "Conflict", "ConnectionFailed", "Estimate", "GpuGeekError", "GpuOption", "GpuType",
     "Invoice", "Job", "LogLine", "NodePool", "NotFound", "Offer", "QuotaExceeded",
-    "Recommendation", "ServerError", "Timeout", "ValidationError", "__version__", "recommend",
+    "Recommendation", "ServerError", "SshKey", "Timeout", "ValidationError", "__version__",
+    "recommend",
 ]  # fmt: skip

@@ -55,6 +55,7 @@ RECOMMEND_COLUMNS = ["gpu_type", "gpus", "nodes", "gpus_per_node", "region", "ti
 WORKLOADS = ["pretrain", "full_finetune", "lora", "qlora", "inference"]
 PRECISIONS = ["fp32", "bf16", "fp16", "int8", "int4"]
 SIZE_SUFFIXES = {"t": 1000, "b": 1, "m": 0.001}
+SSH_KEY_COLUMNS = ["id", "title", "type_label", "fingerprint", "created_at", "last_used_at"]
 INVOICE_COLUMNS = ["number", "status", "period_start", "period_end", "total", "amount_due",
                    "currency"]  # fmt: skip
 
@@ -133,6 +134,15 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true")
     logs.add_argument("--since-line", type=int, default=0)
     logs.add_argument("--timeout", type=float)
+
+    ssh_keys = sub.add_parser("ssh-keys", help="your SSH public keys (for dev environments)")
+    ssh_sub = ssh_keys.add_subparsers(dest="ssh_keys_command", required=True, metavar="ACTION")
+    ssh_sub.add_parser("list", help="list your SSH keys")
+    ssh_add = ssh_sub.add_parser("add", help="add the public key in FILE (~/.ssh/id_ed25519.pub)")
+    ssh_add.add_argument("file", help='a .pub file; "-" reads the key from stdin')
+    ssh_add.add_argument("--title", default="", help="default: the key's comment")
+    ssh_remove = ssh_sub.add_parser("remove", help="delete the SSH key ID")
+    ssh_remove.add_argument("id", type=int)
 
     sub.add_parser("costs", help="cost summary")
     sub.add_parser("invoices", help="list invoices")
@@ -377,7 +387,26 @@ def _dispatch(args, client: Client) -> int:
     elif cmd == "budget":
         client.delete_budget(args.name)
         output.dump({"deleted": args.name}) if args.json else print(f"Deleted {args.name!r}")
+    elif cmd == "ssh-keys":
+        _ssh_keys(args, client)
     return OK
+
+
+def _ssh_keys(args, client: Client) -> None:
+    if args.ssh_keys_command == "list":
+        rows = [key.to_dict() for key in client.ssh_keys.list()]
+        output.dump(rows) if args.json else output.table(rows, SSH_KEY_COLUMNS)
+    elif args.ssh_keys_command == "add":
+        try:
+            path = Path(args.file).expanduser()
+            text = sys.stdin.read() if args.file == "-" else path.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"cannot read {args.file}: {error}") from None
+        key = client.ssh_keys.add(text, title=args.title).to_dict()
+        output.dump(key) if args.json else output.pairs(key)
+    else:
+        client.ssh_keys.delete(args.id)
+        output.dump({"deleted": args.id}) if args.json else print(f"Deleted SSH key {args.id}")
 
 
 def parameters_billion(size: str) -> str:

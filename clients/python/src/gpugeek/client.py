@@ -24,6 +24,7 @@ from gpugeek.models import (
     Recommendation,
 )
 from gpugeek.spec import errors_named_count, resolve_gpu_type, split_count
+from gpugeek.ssh_keys import SshKeys
 
 _default: Client | None = None
 
@@ -49,6 +50,7 @@ class Client:
             self.url, self.token, timeout=timeout, retries=retries, backoff=backoff,
             transport=transport,
         )  # fmt: skip
+        self.ssh_keys = SshKeys(self.http)
         _default = self
 
     def close(self) -> None:

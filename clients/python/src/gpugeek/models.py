@@ -263,6 +263,22 @@ class Recommendation(Model):
 
 
 # OpenAPI component name of each model (tests/sdk/test_schema.py).
+@dataclass
+class SshKey(Model):
+    """One of the caller's SSH public keys; `public_key` is `type base64` (no comment)."""
+
+    id: int
+    title: str
+    key_type: str
+    bits: int
+    type_label: str
+    public_key: str
+    comment: str
+    fingerprint: str
+    created_at: str
+    last_used_at: str | None
+
+
 SCHEMA_COMPONENTS: dict[type[Model], str] = {
     Job: "Job",
     Offer: "Offer",
@@ -274,4 +290,5 @@ SCHEMA_COMPONENTS: dict[type[Model], str] = {
     LogLine: "LogLine",
     Recommendation: "Recommendation",
     GpuOption: "GpuOption",
+    SshKey: "SshKey",
 }
