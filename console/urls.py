@@ -73,6 +73,7 @@ urlpatterns = [
     path("marketplace/", include("marketplace.urls")),
     path("api/v1/", include("marketplace.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
+    path("api/v1/", include("services.api.urls")),
     path("jobs/", include("jobs.urls")),
     path("billing/", include("billing.urls")),
     path("api/v1/", include("billing.api.urls")),

@@ -272,7 +272,30 @@ def sandbox_plan(*, job: Job, workdir: Path, env: dict[str, str], limits: JobLim
     descriptor, never in argv where `ps` shows them), the files the job sees in /etc, the
     host uid/gid to drop to, the network and the limits. JSON-ready."""
     support = sandbox_support()
-    devices = [int(index) for index in job.assigned_devices or []]
+    return process_plan(
+        hostname=f"gpugeek-job-{job.pk}",
+        devices=[int(index) for index in job.assigned_devices or []],
+        uid=job_uid(job) if support.own_uid else None,
+        gid=tenant_gid(job.tenant_id) if support.own_uid else None,
+        workdir=workdir,
+        env=env,
+        limits=limits,
+    )
+
+
+def process_plan(
+    *,
+    hostname: str,
+    devices: list[int],
+    uid: int | None,
+    gid: int | None,
+    workdir: Path,
+    env: dict[str, str],
+    limits: JobLimits,
+) -> dict:
+    """The plan of `sandbox_plan` for any process the console runs on its host (a job, a
+    service's replica): the same sandbox, named and owned as the caller says."""
+    support = sandbox_support()
     args = [
         "--unshare-all",
         "--unshare-user",
@@ -284,7 +307,7 @@ def sandbox_plan(*, job: Job, workdir: Path, env: dict[str, str], limits: JobLim
         "--gid",
         str(INNER_UID),
         "--hostname",
-        f"gpugeek-job-{job.pk}",
+        hostname,
         *_system_binds(),
         "--proc",
         "/proc",
@@ -328,8 +351,8 @@ def sandbox_plan(*, job: Job, workdir: Path, env: dict[str, str], limits: JobLim
         "bwrap": shutil.which("bwrap"),
         "args": args,
         "files": files,
-        "uid": job_uid(job) if support.own_uid else None,
-        "gid": tenant_gid(job.tenant_id) if support.own_uid else None,
+        "uid": uid,
+        "gid": gid,
         "network": (
             {
                 "slirp4netns": shutil.which("slirp4netns"),

@@ -24,6 +24,7 @@ from jobs.services import JobSpec, job_submit, launch_template_save, tenant_secr
 from marketplace.demo import seed_catalog
 from marketplace.models import AllowedRegistry, GpuType, NodePool, PriceVersion
 from marketplace.services import capacity_sync, image_create, registry_credential_set
+from services.services import ServiceSpec, service_create, service_token_create
 from tests.conftest import signed_in_client, token_client
 
 # URL names anyone may open without signing in.
@@ -151,6 +152,17 @@ def foreign(other_world, world):
         username="globex-secret-robot",
         password="globex-registry-password",
     )
+    foreign_service = service_create(
+        tenant=other_world.tenant,
+        user=other_world.owner,
+        spec=ServiceSpec(
+            name="globex-secret-service", image="python:3.11", command=["true"], port=8080,
+            region="local",
+        ),
+    )  # fmt: skip
+    foreign_service_token, _ = service_token_create(
+        service=foreign_service, user=other_world.owner, name="globex-secret-service-token"
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
@@ -166,6 +178,7 @@ def foreign(other_world, world):
         "api-invoice": foreign_invoice.pk,
         "api-price-version": version.pk,
         "api-secret": foreign_secret.pk,
+        "api-service": foreign_service.pk,
     }
     return {
         "kwargs": {
@@ -176,6 +189,8 @@ def foreign(other_world, world):
             "token": raw_invite,
             "job_id": foreign_job.pk,
             "secret_id": foreign_secret.pk,
+            "service_id": foreign_service.pk,
+            "service_token_id": foreign_service_token.pk,
             "template_id": foreign_template.pk,
             "budget_id": foreign_budget.pk,
             "invoice_id": foreign_invoice.pk,
@@ -208,6 +223,7 @@ def foreign(other_world, world):
             "globex-secret-value",
             "globex-secret-robot",
             "globex-registry-password",
+            "globex-secret-service",
         ],
     }
 
