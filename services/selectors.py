@@ -20,10 +20,14 @@ from services.models import (
 
 def services_with_counts(queryset: QuerySet[Service]) -> QuerySet[Service]:
     """`ready_replicas` (serving) and `replica_count` (not stopped) on each row."""
-    return queryset.select_related("current_revision", "region", "tenant").annotate(
-        ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
-        replica_count=Count("replicas", filter=~Q(replicas__state=ReplicaState.STOPPED)),
-    ).order_by("name", "pk")  # (Meta.ordering does not apply to an aggregate query)
+    return (
+        queryset.select_related("current_revision", "region", "tenant")
+        .annotate(
+            ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
+            replica_count=Count("replicas", filter=~Q(replicas__state=ReplicaState.STOPPED)),
+        )
+        .order_by("name", "pk")
+    )  # (Meta.ordering does not apply to an aggregate query)
 
 
 def services_for_tenant(*, tenant: Tenant | None) -> QuerySet[Service]:

@@ -348,6 +348,7 @@ def service_delete(*, service: Service, user: User | None, request=None) -> None
         request=request,
         metadata={"name": service.name},
     )
+    service.replicas.all().delete()  # (they protect their revisions)
     service.delete()
     for handle in handles:
         enqueue_on_commit(tasks.service_replica_discard_task, handle)

@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
+from jobs.backends import host_processes
 from services import reconcile
-from services.models import ReplicaState, Service, ServiceReplica
+from services.models import ReplicaState, Service
 from services.services import ServiceSpec
 from tests.services.echo import COMMAND
 
@@ -31,13 +32,12 @@ def echo_spec(**overrides) -> ServiceSpec:
 
 @pytest.fixture
 def replicas_cleanup():
-    """Stop and remove every replica process the test started (rows may be gone)."""
-    started: list[str] = []
-    yield started
-    handles = set(started) | set(ServiceReplica.objects.values_list("handle", flat=True))
-    for handle in handles:
-        if handle:
-            reconcile.replica_discard(handle)
+    """Stop and remove every replica process the test started (found by their run
+    directories: the rows may be gone, and the database with them)."""
+    yield
+    root = host_processes.run_dir("x").parent
+    for directory in root.glob("service-*") if root.exists() else []:
+        reconcile.replica_discard(directory.name)
 
 
 def reconcile_until(
