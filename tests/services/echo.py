@@ -2,7 +2,8 @@
 sandbox shows a replica no file of ours, so its source travels in argv.
 
 GET /healthz answers "ok" (after READY_DELAY seconds from its start); GET /whoami
-answers the replica's REPLICA_NAME env and the headers it got; POST /echo streams the
+answers the replica's REPLICA_NAME env and the headers it got; GET /sleep?s=N answers
+after N seconds; POST /echo streams the
 body back as it reads it (chunked), so the gateway's streaming is what is tested."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STARTED = time.monotonic()
+INSTANCE = os.urandom(6).hex()  # pids repeat: each sandbox has its own PID namespace
 DELAY = float(os.environ.get("READY_DELAY", "0"))
 
 class Handler(BaseHTTPRequestHandler):
@@ -31,11 +33,14 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path.startswith("/whoami"):
             body = json.dumps({
                 "replica": os.environ.get("REPLICA_NAME", ""),
-                "pid": os.getpid(),
+                "instance": INSTANCE,
                 "path": self.path,
                 "headers": {k.lower(): v for k, v in self.headers.items()},
             }).encode()
             self._send(200, body, "application/json")
+        elif self.path.startswith("/sleep"):
+            time.sleep(float(self.path.rsplit("=", 1)[-1]))
+            self._send(200, b"slept")
         else:
             self._send(404, b"no such path")
 
