@@ -12,6 +12,7 @@ from console.selectors import memberships_of_user, unread_notification_count
 NAVIGATION = [
     ("Launch", "jobs:launch", Capability.LAUNCH_JOBS),
     ("Jobs", "jobs:list", Capability.VIEW_TENANT),
+    ("Services", "services:list", Capability.VIEW_TENANT),
     ("Catalog", "marketplace:offers", None),  # shared catalog: any signed-in user
     ("Costs", "billing:costs", Capability.VIEW_TENANT),
     ("Budgets", "billing:budgets", Capability.VIEW_TENANT),

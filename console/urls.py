@@ -75,6 +75,7 @@ urlpatterns = [
     path("api/v1/", include("jobs.api.urls")),
     path("api/v1/", include("services.api.urls")),
     path("jobs/", include("jobs.urls")),
+    path("services/", include("services.urls")),
     path("billing/", include("billing.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("console.api.urls")),

@@ -29,11 +29,13 @@ class ServiceCreateSerializer(serializers.Serializer):
         allow_empty=False,
         max_length=256,
     )
-    port = serializers.IntegerField(help_text="Where the server listens (1–65535)")
+    port = serializers.IntegerField(
+        min_value=1, max_value=65535, help_text="Where the server listens"
+    )
     region = StrictCharField(max_length=40)
-    cpus = serializers.IntegerField(default=1)
-    min_replicas = serializers.IntegerField(default=2)
-    max_replicas = serializers.IntegerField(default=10)
+    cpus = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=1000, default=2)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=1000, default=10)
     readiness_path = StrictCharField(max_length=200, default="/")
     env = _env_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
@@ -52,22 +54,24 @@ class ServiceUpdateSerializer(serializers.Serializer):
         max_length=256,
         required=False,
     )
-    port = serializers.IntegerField(required=False)
-    cpus = serializers.IntegerField(required=False)
-    min_replicas = serializers.IntegerField(required=False)
-    max_replicas = serializers.IntegerField(required=False)
+    port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
+    cpus = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=1000, required=False)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     readiness_path = StrictCharField(max_length=200, required=False)
     env = _env_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, required=False)
 
 
 class ServiceScaleSerializer(serializers.Serializer):
-    min_replicas = serializers.IntegerField()
-    max_replicas = serializers.IntegerField()
+    min_replicas = serializers.IntegerField(min_value=0, max_value=1000)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=1000)
 
 
 class ServiceRollbackSerializer(serializers.Serializer):
-    revision = serializers.IntegerField(help_text="The number of the revision to run again")
+    revision = serializers.IntegerField(
+        min_value=1, help_text="The number of the revision to run again"
+    )
 
 
 class ServiceTokenCreateSerializer(serializers.Serializer):

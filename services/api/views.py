@@ -34,7 +34,12 @@ class ServiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
 
     @extend_schema(
         request=s.ServiceCreateSerializer,
-        responses={201: s.ServiceSerializer, 400: ErrorSerializer, 409: ErrorSerializer},
+        responses={
+            201: s.ServiceSerializer,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            409: ErrorSerializer,
+        },
     )
     def create(self, request, *args, **kwargs):
         data = s.ServiceCreateSerializer(data=request.data)

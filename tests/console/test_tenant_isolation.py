@@ -191,6 +191,7 @@ def foreign(other_world, world):
             "secret_id": foreign_secret.pk,
             "service_id": foreign_service.pk,
             "service_token_id": foreign_service_token.pk,
+            "revision_number": 1,
             "template_id": foreign_template.pk,
             "budget_id": foreign_budget.pk,
             "invoice_id": foreign_invoice.pk,
