@@ -8,110 +8,259 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('console', '0005_api_token_without_tenant'),
-        ('marketplace', '0006_new_tenant_policy'),
+        ("console", "0005_api_token_without_tenant"),
+        ("marketplace", "0006_new_tenant_policy"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Service',
+            name="Service",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, validators=[django.core.validators.RegexValidator('^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$', 'Use lowercase letters, digits and hyphens (a DNS label, at most 63 characters).')])),
-                ('image', models.CharField(max_length=300)),
-                ('command', models.JSONField(default=list)),
-                ('env', models.JSONField(blank=True, default=dict)),
-                ('port', models.PositiveIntegerField()),
-                ('cpus', models.PositiveSmallIntegerField(default=1)),
-                ('min_replicas', models.PositiveSmallIntegerField(default=2)),
-                ('max_replicas', models.PositiveSmallIntegerField(default=10)),
-                ('readiness_path', models.CharField(default='/', max_length=200)),
-                ('auth', models.CharField(choices=[('public', 'Public'), ('token', 'Service token')], default='token', max_length=8)),
-                ('status', models.CharField(choices=[('deploying', 'Deploying'), ('ready', 'Ready'), ('degraded', 'Degraded'), ('scaled_to_zero', 'Scaled to zero'), ('failed', 'Failed')], default='deploying', max_length=16)),
-                ('status_reason', models.CharField(blank=True, default='', max_length=300)),
-                ('restarts', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('pool', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='marketplace.nodepool')),
-                ('region', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='marketplace.region')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='console.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=63,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+                                "Use lowercase letters, digits and hyphens (a DNS label, at most 63 characters).",  # noqa: E501
+                            )
+                        ],
+                    ),
+                ),
+                ("image", models.CharField(max_length=300)),
+                ("command", models.JSONField(default=list)),
+                ("env", models.JSONField(blank=True, default=dict)),
+                ("port", models.PositiveIntegerField()),
+                ("cpus", models.PositiveSmallIntegerField(default=1)),
+                ("min_replicas", models.PositiveSmallIntegerField(default=2)),
+                ("max_replicas", models.PositiveSmallIntegerField(default=10)),
+                ("readiness_path", models.CharField(default="/", max_length=200)),
+                (
+                    "auth",
+                    models.CharField(
+                        choices=[("public", "Public"), ("token", "Service token")],
+                        default="token",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("deploying", "Deploying"),
+                            ("ready", "Ready"),
+                            ("degraded", "Degraded"),
+                            ("scaled_to_zero", "Scaled to zero"),
+                            ("failed", "Failed"),
+                        ],
+                        default="deploying",
+                        max_length=16,
+                    ),
+                ),
+                ("status_reason", models.CharField(blank=True, default="", max_length=300)),
+                ("restarts", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="marketplace.nodepool",
+                    ),
+                ),
+                (
+                    "region",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="marketplace.region",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="console.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='ServiceRevision',
+            name="ServiceRevision",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('image', models.CharField(max_length=300)),
-                ('command', models.JSONField(default=list)),
-                ('env', models.JSONField(blank=True, default=dict)),
-                ('port', models.PositiveIntegerField()),
-                ('cpus', models.PositiveSmallIntegerField()),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('copied_from', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='services.servicerevision')),
-                ('service', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='revisions', to='services.service')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                ("image", models.CharField(max_length=300)),
+                ("command", models.JSONField(default=list)),
+                ("env", models.JSONField(blank=True, default=dict)),
+                ("port", models.PositiveIntegerField()),
+                ("cpus", models.PositiveSmallIntegerField()),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "copied_from",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="services.servicerevision",
+                    ),
+                ),
+                (
+                    "service",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="revisions",
+                        to="services.service",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-number'],
+                "ordering": ["-number"],
             },
         ),
         migrations.CreateModel(
-            name='ServiceReplica',
+            name="ServiceReplica",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('host_port', models.PositiveIntegerField(blank=True, null=True)),
-                ('handle', models.CharField(blank=True, default='', max_length=120)),
-                ('state', models.CharField(choices=[('starting', 'Starting'), ('ready', 'Ready'), ('draining', 'Draining'), ('stopped', 'Stopped')], default='starting', max_length=10)),
-                ('reason', models.CharField(blank=True, default='', max_length=300)),
-                ('started_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('ready_at', models.DateTimeField(blank=True, null=True)),
-                ('service', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='replicas', to='services.service')),
-                ('revision', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='services.servicerevision')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("host_port", models.PositiveIntegerField(blank=True, null=True)),
+                ("handle", models.CharField(blank=True, default="", max_length=120)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("starting", "Starting"),
+                            ("ready", "Ready"),
+                            ("draining", "Draining"),
+                            ("stopped", "Stopped"),
+                        ],
+                        default="starting",
+                        max_length=10,
+                    ),
+                ),
+                ("reason", models.CharField(blank=True, default="", max_length=300)),
+                ("started_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("ready_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "service",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="replicas",
+                        to="services.service",
+                    ),
+                ),
+                (
+                    "revision",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="services.servicerevision",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['started_at', 'pk'],
+                "ordering": ["started_at", "pk"],
             },
         ),
         migrations.AddField(
-            model_name='service',
-            name='current_revision',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='services.servicerevision'),
+            model_name="service",
+            name="current_revision",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="services.servicerevision",
+            ),
         ),
         migrations.CreateModel(
-            name='ServiceToken',
+            name="ServiceToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('prefix', models.CharField(max_length=16)),
-                ('key_hash', models.CharField(max_length=64, unique=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('service', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to='services.service')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("prefix", models.CharField(max_length=16)),
+                ("key_hash", models.CharField(max_length=64, unique=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "service",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tokens",
+                        to="services.service",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.AddConstraint(
-            model_name='servicerevision',
-            constraint=models.UniqueConstraint(fields=('service', 'number'), name='service_revision_number'),
+            model_name="servicerevision",
+            constraint=models.UniqueConstraint(
+                fields=("service", "number"), name="service_revision_number"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='service',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='service_name_per_tenant'),
+            model_name="service",
+            constraint=models.UniqueConstraint(
+                fields=("tenant", "name"), name="service_name_per_tenant"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='service',
-            constraint=models.CheckConstraint(condition=models.Q(('min_replicas__lte', models.F('max_replicas'))), name='service_min_le_max'),
+            model_name="service",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("min_replicas__lte", models.F("max_replicas"))),
+                name="service_min_le_max",
+            ),
         ),
     ]
