@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from console.celery import app as celery_app
 from jobs.backends import host_processes
 from services import reconcile, services
 from services.models import ReplicaState, ServiceStatus
@@ -106,3 +107,14 @@ def test_deleting_a_service_stops_its_replicas(
     with django_capture_on_commit_callbacks(execute=True):
         services.service_delete(service=service, user=None)
     assert not any(host_processes.host_running(handle) for handle in handles)
+
+
+def test_beat_reconciles_every_service_that_wants_or_has_replicas(service, world, settings):
+    entry = settings.CELERY_BEAT_SCHEDULE["services-reconcile"]
+    celery_app.loader.import_default_modules()
+    assert entry["task"] in celery_app.tasks
+    idle = services.service_create(
+        tenant=world.tenant, user=None, spec=echo_spec(name="idle", min_replicas=0)
+    )
+    assert reconcile.services_reconcile_all() == 1  # the idle one has nothing to do
+    assert service.replicas.count() == 2 and not idle.replicas.exists()
