@@ -1,4 +1,5 @@
-"""ASGI entry point: Django for HTTP, Channels for WebSockets (routes added by the apps)."""
+"""ASGI entry point: Django for HTTP (the services gateway in front of it for /svc/…),
+Channels for WebSockets (routes added by the apps)."""
 
 import os
 
@@ -16,10 +17,11 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from console.gc_tuning import tune_garbage_collector  # noqa: E402
 from console.metrics import WebsocketMetrics  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
+from services.gateway import ServiceGateway  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": ServiceGateway(django_asgi_app),
         "websocket": WebsocketMetrics(
             AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
         ),

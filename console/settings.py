@@ -84,6 +84,7 @@ INSTALLED_APPS = [
     "marketplace",
     "jobs",
     "storage",
+    "services",
     "billing",
 ]
 
@@ -487,9 +488,25 @@ STRIPE_API_KEY = env_str("STRIPE_API_KEY", "")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
 STRIPE_API_BASE = env_str("STRIPE_API_BASE", "https://api.stripe.com")
 STRIPE_TIMEOUT = env_int("STRIPE_TIMEOUT", 30)  # seconds per Stripe request
+# --- Services (inference endpoints) ----
+# Replicas per service an organisation may ask for (its quota).
+SERVICE_MAX_REPLICAS = env_int("SERVICE_MAX_REPLICAS", 10)
+# Seconds between reconcile passes (replicas started, health-checked, restarted).
+SERVICE_RECONCILE_INTERVAL = env_int("SERVICE_RECONCILE_INTERVAL", 5)
+SERVICE_READINESS_TIMEOUT = float(env_str("SERVICE_READINESS_TIMEOUT", "2") or 2)
+# Replica ends without a ready one before the service is "failed" (a crash loop).
+SERVICE_MAX_RESTARTS = env_int("SERVICE_MAX_RESTARTS", 5)
+# The gateway's upstream timeouts (seconds): connecting to a replica, and between bytes.
+SERVICE_GATEWAY_CONNECT_TIMEOUT = float(env_str("SERVICE_GATEWAY_CONNECT_TIMEOUT", "2") or 2)
+SERVICE_GATEWAY_READ_TIMEOUT = float(env_str("SERVICE_GATEWAY_READ_TIMEOUT", "60") or 60)
+
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "meter-tick": {"task": "billing.tasks.meter_tick_task", "schedule": float(METERING_INTERVAL)},
     "jobs-reconcile": {"task": "jobs.tasks.jobs_reconcile_task", "schedule": 30.0},
+    "services-reconcile": {
+        "task": "services.tasks.services_reconcile_task",
+        "schedule": float(SERVICE_RECONCILE_INTERVAL),
+    },
     "metrics-collect": {
         "task": "jobs.tasks.metrics_collect_task",
         "schedule": float(env_int("METRICS_INTERVAL", 5)),

@@ -1,5 +1,5 @@
 """The code's shape, checked: dependencies point one way (console ← marketplace ← jobs ←
-billing), no module outside jobs/backends/ names a backend, modules stay small, and the
+services ← billing), no module outside jobs/backends/ names a backend, modules stay small, and the
 sandbox cluster (sandbox/) stands alone: plain Python, none of Django or the apps; and our own
 imports sit at module level (only AppConfig.ready() and `if TYPE_CHECKING:` defer them);
 no module of ours patches third-party code; serializers use the strict fields of
@@ -18,8 +18,9 @@ from console.celery import app as celery_app
 from console.service_errors import ErrorCode, ServiceError
 
 ROOT = Path(__file__).resolve().parent.parent
-# storage sits beside jobs, below billing: it may use jobs, jobs never uses it.
-ORDER = ["console", "marketplace", "jobs", "storage", "billing"]
+# storage and services sit beside jobs, below billing: they may use jobs, jobs never
+# uses them (services may mount storage's volumes; storage never uses services).
+ORDER = ["console", "marketplace", "jobs", "storage", "services", "billing"]
 # The project shell in console/ wires every room together and may name them all.
 SHELL = {"console/urls.py", "console/routing.py", "console/asgi.py", "console/settings.py",
          "console/celery.py", "console/beat.py", "console/launcher.py",
@@ -464,3 +465,26 @@ def test_only_the_realtime_package_talks_to_the_channel_layer():
         for line in channel_layer_uses(ast.parse(path.read_text()))
     ]
     assert offenders == []
+
+
+# --- services: a room beside jobs, reaching the host only through one interface -------------
+SERVICES_ROOMS = {"models", "services", "selectors", "tasks", "gateway"}
+# The one module of jobs/backends/ a service may use (the host jobs' sandbox and supervisor,
+# behind a small interface); never a backend's job methods.
+SERVICES_BACKEND_INTERFACE = "jobs.backends.host_processes"
+
+
+def test_services_has_its_rooms_and_uses_the_host_through_one_interface():
+    rooms = {p.stem for p in (ROOT / "services").glob("*.py")}
+    assert rooms >= SERVICES_ROOMS
+    assert (ROOT / "services" / "api" / "views.py").exists()
+    offenders = {
+        relative: sorted(
+            module
+            for module in imported_modules(path)
+            if module.startswith("jobs.backends.")
+            and not module.startswith(SERVICES_BACKEND_INTERFACE)
+        )
+        for relative, path in app_modules("services")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

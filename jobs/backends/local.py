@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import pwd
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -34,7 +32,7 @@ from django.conf import settings
 
 from console.crypto import decrypt_json
 from jobs import gpu_readings
-from jobs.backends import local_sandbox, local_supervisor, local_volumes
+from jobs.backends import host_processes, local_sandbox, local_supervisor, local_volumes
 from jobs.backends.base import (
     BackendRejected,
     BackendUnavailable,
@@ -384,24 +382,7 @@ class LocalBackend(ComputeBackend):
                     checkpoints=checkpoints,
                     volumes=volumes,
                 )
-            starter = subprocess.Popen(  # noqa: S603  (argv only, no shell)
-                [
-                    sys.executable,
-                    "-I",  # no PYTHONPATH, user site or current directory on its path
-                    SUPERVISOR,
-                    str(run_dir),
-                    str(workdir),
-                    *(["--user", user] if user else []),
-                ],
-                cwd=run_dir,
-                env={key: os.environ[key] for key in ("PATH", "LANG") if key in os.environ},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            # The starter reads the spec, detaches the supervisor and exits at once.
-            starter.communicate(json.dumps(spec).encode(), timeout=30)
+            host_processes.supervisor_launch(run_dir=run_dir, workdir=workdir, spec=spec, user=user)
         # The supervisor takes the lock, then writes child.pid (or exit_code 127, or
         # not_started when the job was stopped first).
         deadline = time.monotonic() + 10

@@ -290,7 +290,36 @@ def sandbox_plan(
     job's own checkpoint folder, bind-mounted at CHECKPOINT_MOUNT (nothing else of the
     store is visible)."""
     support = sandbox_support()
-    devices = [int(index) for index in job.assigned_devices or []]
+    return process_plan(
+        hostname=f"gpugeek-job-{job.pk}",
+        devices=[int(index) for index in job.assigned_devices or []],
+        uid=job_uid(job) if support.own_uid else None,
+        gid=tenant_gid(job.tenant_id) if support.own_uid else None,
+        workdir=workdir,
+        env=env,
+        limits=limits,
+        binds=[
+            *(["--bind", str(checkpoints), CHECKPOINT_MOUNT] if checkpoints else []),
+            *_volume_binds(volumes or []),
+        ],
+    )
+
+
+def process_plan(
+    *,
+    hostname: str,
+    devices: list[int],
+    uid: int | None,
+    gid: int | None,
+    workdir: Path,
+    env: dict[str, str],
+    limits: JobLimits,
+    binds: list[str] | None = None,
+) -> dict:
+    """The plan of `sandbox_plan` for any process the console runs on its host (a job, a
+    service's replica): the same sandbox, named and owned as the caller says. `binds`:
+    bubblewrap bind options for what else it sees (a checkpoint folder, volumes)."""
+    support = sandbox_support()
     args = [
         "--unshare-all",
         "--unshare-user",
@@ -302,7 +331,7 @@ def sandbox_plan(
         "--gid",
         str(INNER_UID),
         "--hostname",
-        f"gpugeek-job-{job.pk}",
+        hostname,
         *_system_binds(),
         "--proc",
         "/proc",
@@ -319,10 +348,8 @@ def sandbox_plan(
         "--bind",
         str(workdir / "tmp"),
         SANDBOX_TMP,
-        *(["--bind", str(checkpoints), CHECKPOINT_MOUNT] if checkpoints else []),
-        # (host folder, mount path, read-only): after the work dir, so a volume may sit
-        # inside it.
-        *_volume_binds(volumes or []),
+        # After the work dir, so a volume may sit inside it.
+        *(binds or []),
         "--dir",
         SHIM_BIN,
         "--symlink",
@@ -350,8 +377,8 @@ def sandbox_plan(
         "bwrap": shutil.which("bwrap"),
         "args": args,
         "files": files,
-        "uid": job_uid(job) if support.own_uid else None,
-        "gid": tenant_gid(job.tenant_id) if support.own_uid else None,
+        "uid": uid,
+        "gid": gid,
         "network": (
             {
                 "slirp4netns": shutil.which("slirp4netns"),

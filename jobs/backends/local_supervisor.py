@@ -30,6 +30,7 @@ import pwd
 import resource
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -148,6 +149,7 @@ class Sandbox:
         self._wait_for_loopback()
         ready_r, ready_w = os.pipe()
         exit_r, self._slirp_exit_w = os.pipe()
+        publish = network.get("publish")  # a service replica: its port on the host
         self.slirp = subprocess.Popen(  # noqa: S603  (fixed argv)
             [
                 network["slirp4netns"],
@@ -156,6 +158,7 @@ class Sandbox:
                 "--disable-host-loopback",
                 "--enable-sandbox",
                 "--enable-seccomp",
+                *([f"--api-socket={publish['api_socket']}"] if publish else []),
                 f"--ready-fd={ready_w}",
                 f"--exit-fd={exit_r}",
                 "--netns-type=path",
@@ -175,6 +178,8 @@ class Sandbox:
             os.close(ready_r)
             raise SandboxError("its network (slirp4netns) did not start")
         os.close(ready_r)
+        if publish:
+            _publish_port(publish)
         enter = [network["nsenter"], "-t", str(self.init_pid), "-n"]
         for cidr in network["deny"]:
             route = subprocess.run(  # noqa: S603  (fixed argv; the CIDR was validated)
@@ -263,6 +268,28 @@ class Sandbox:
 
 class SandboxError(Exception):
     """The sandbox could not be set up; the job does not run."""
+
+
+def _publish_port(publish: dict) -> None:
+    """Forward `host_port` on the host's loopback to `guest_port` in the sandbox (slirp4netns'
+    API): the one way in to a service replica, whose network namespace is its own."""
+    request = {
+        "execute": "add_hostfwd",
+        "arguments": {
+            "proto": "tcp",
+            "host_addr": "127.0.0.1",
+            "host_port": int(publish["host_port"]),
+            "guest_port": int(publish["guest_port"]),
+        },
+    }
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as api:
+        api.settimeout(10)
+        api.connect(publish["api_socket"])
+        api.sendall(json.dumps(request).encode())
+        api.shutdown(socket.SHUT_WR)
+        answer = json.loads(api.recv(4096) or b"{}")
+    if "return" not in answer:
+        raise SandboxError(f"its port could not be published: {answer.get('error', answer)}")
 
 
 def _memfd(data: bytes) -> int:

@@ -25,6 +25,7 @@ from jobs.services import JobSpec, job_submit, launch_template_save, tenant_secr
 from marketplace.demo import seed_catalog
 from marketplace.models import AllowedRegistry, GpuType, NodePool, PriceVersion
 from marketplace.services import capacity_sync, image_create, registry_credential_set
+from services.services import ServiceSpec, service_create, service_token_create
 from tests.conftest import signed_in_client, token_client
 from tests.factories import VolumeFactory, ed25519_public_key_line
 
@@ -160,6 +161,17 @@ def foreign(other_world, world):
         public_key=ed25519_public_key_line("globex@laptop"),
         title="globex-secret-ssh-key",
     )
+    foreign_service = service_create(
+        tenant=other_world.tenant,
+        user=other_world.owner,
+        spec=ServiceSpec(
+            name="globex-secret-service", image="python:3.11", command=["true"], port=8080,
+            region="local",
+        ),
+    )  # fmt: skip
+    foreign_service_token, _ = service_token_create(
+        service=foreign_service, user=other_world.owner, name="globex-secret-service-token"
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     by_basename = {
@@ -177,6 +189,7 @@ def foreign(other_world, world):
         "api-price-version": version.pk,
         "api-secret": foreign_secret.pk,
         "api-volume": foreign_volume.pk,
+        "api-service": foreign_service.pk,
     }
     return {
         "kwargs": {
@@ -188,6 +201,9 @@ def foreign(other_world, world):
             "job_id": foreign_job.pk,
             "secret_id": foreign_secret.pk,
             "volume_id": foreign_volume.pk,
+            "service_id": foreign_service.pk,
+            "service_token_id": foreign_service_token.pk,
+            "revision_number": 1,
             "template_id": foreign_template.pk,
             "budget_id": foreign_budget.pk,
             "invoice_id": foreign_invoice.pk,
@@ -223,6 +239,7 @@ def foreign(other_world, world):
             "globex-registry-password",
             "globex-secret-ssh-key",
             foreign_ssh_key.fingerprint,
+            "globex-secret-service",
         ],
     }
 

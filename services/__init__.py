@@ -1,0 +1,1 @@
+"""Inference services: long-running HTTP servers reached through the console's gateway."""

@@ -1,0 +1,167 @@
+"""Service API shapes. Input is checked here for types; services.services checks meaning."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from console.api.fields import StrictCharField, StrictModelSerializer
+from services import selectors
+from services.models import Service, ServiceAuth, ServiceReplica, ServiceRevision, ServiceToken
+from services.services import ServiceSpec
+
+
+class ArgumentField(StrictCharField):
+    default_error_messages = {"invalid": "Each argument is a string."}
+
+
+def _env_field():
+    return serializers.DictField(
+        child=StrictCharField(allow_blank=True, trim_whitespace=False, max_length=4096),
+        required=False,
+    )
+
+
+class ServiceCreateSerializer(serializers.Serializer):
+    name = StrictCharField(max_length=63, help_text="A DNS label, unique in the organisation")
+    image = StrictCharField(max_length=300)
+    command = serializers.ListField(
+        child=ArgumentField(trim_whitespace=False, max_length=4096),
+        allow_empty=False,
+        max_length=256,
+    )
+    port = serializers.IntegerField(
+        min_value=1, max_value=65535, help_text="Where the server listens"
+    )
+    region = StrictCharField(max_length=40)
+    cpus = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=1000, default=2)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=1000, default=10)
+    readiness_path = StrictCharField(max_length=200, default="/")
+    env = _env_field()
+    auth = serializers.ChoiceField(choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
+
+    def to_spec(self) -> ServiceSpec:
+        data = dict(self.validated_data)
+        data["env"] = dict(data.get("env") or {})
+        return ServiceSpec(**data)
+
+
+class ServiceUpdateSerializer(serializers.Serializer):
+    image = StrictCharField(max_length=300, required=False)
+    command = serializers.ListField(
+        child=ArgumentField(trim_whitespace=False, max_length=4096),
+        allow_empty=False,
+        max_length=256,
+        required=False,
+    )
+    port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
+    cpus = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=1000, required=False)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    readiness_path = StrictCharField(max_length=200, required=False)
+    env = _env_field()
+    auth = serializers.ChoiceField(choices=ServiceAuth.choices, required=False)
+
+
+class ServiceScaleSerializer(serializers.Serializer):
+    min_replicas = serializers.IntegerField(min_value=0, max_value=1000)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=1000)
+
+
+class ServiceRollbackSerializer(serializers.Serializer):
+    revision = serializers.IntegerField(
+        min_value=1, help_text="The number of the revision to run again"
+    )
+
+
+class ServiceTokenCreateSerializer(serializers.Serializer):
+    name = StrictCharField(max_length=100)
+
+
+class ServiceSerializer(StrictModelSerializer):
+    region: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    revision = serializers.SerializerMethodField()
+    ready_replicas = serializers.SerializerMethodField()
+    replicas = serializers.SerializerMethodField()
+    endpoint_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Service
+        fields = [
+            "id",
+            "name",
+            "image",
+            "command",
+            "env",
+            "port",
+            "cpus",
+            "region",
+            "min_replicas",
+            "max_replicas",
+            "readiness_path",
+            "auth",
+            "status",
+            "status_reason",
+            "revision",
+            "ready_replicas",
+            "replicas",
+            "endpoint_url",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    def get_revision(self, service: Service) -> int | None:
+        return service.current_revision.number if service.current_revision else None
+
+    def get_ready_replicas(self, service: Service) -> int:
+        return getattr(service, "ready_replicas", 0)
+
+    def get_replicas(self, service: Service) -> int:
+        return getattr(service, "replica_count", 0)
+
+    def get_endpoint_url(self, service: Service) -> str:
+        path = selectors.endpoint_path(service)
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request is not None else path
+
+
+class ServiceRevisionSerializer(StrictModelSerializer):
+    copied_from = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ServiceRevision
+        fields = ["number", "image", "command", "env", "port", "cpus", "copied_from", "created_at"]
+        read_only_fields = fields
+
+    def get_copied_from(self, revision: ServiceRevision) -> int | None:
+        return revision.copied_from.number if revision.copied_from else None
+
+
+class ServiceReplicaSerializer(StrictModelSerializer):
+    revision = serializers.IntegerField(source="revision.number", read_only=True)
+
+    class Meta:
+        model = ServiceReplica
+        fields = ["id", "revision", "state", "reason", "started_at", "ready_at"]
+        read_only_fields = fields
+
+
+class ServiceTokenSerializer(StrictModelSerializer):
+    class Meta:
+        model = ServiceToken
+        fields = ["id", "name", "prefix", "created_at", "revoked_at"]
+        read_only_fields = fields
+
+
+class ServiceTokenCreatedSerializer(ServiceTokenSerializer):
+    token = serializers.SerializerMethodField(help_text="Shown once; only its hash is kept")
+
+    class Meta(ServiceTokenSerializer.Meta):
+        fields = [*ServiceTokenSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+    def get_token(self, token: ServiceToken) -> str:
+        return self.context["raw"]

@@ -1,0 +1,64 @@
+"""Forms of the services pages: what a person types, turned into a ServiceSpec."""
+
+from __future__ import annotations
+
+import shlex
+
+from django import forms
+
+from marketplace.selectors import regions_active
+from services.models import ServiceAuth
+from services.services import ServiceSpec
+
+
+class ServiceForm(forms.Form):
+    name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and hyphens.")
+    image = forms.CharField(max_length=300, initial="python:3.11-slim")
+    command = forms.CharField(
+        max_length=4000,
+        help_text="As you would type it, e.g. python3 -m http.server (PORT is set for you).",
+    )
+    port = forms.IntegerField(min_value=1, max_value=65535, initial=8080, label="Port")
+    region = forms.ChoiceField()
+    cpus = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="CPUs per replica")
+    min_replicas = forms.IntegerField(min_value=0, initial=2, label="Minimum replicas")
+    max_replicas = forms.IntegerField(min_value=1, initial=10, label="Maximum replicas")
+    readiness_path = forms.CharField(max_length=200, initial="/", label="Readiness path")
+    auth = forms.ChoiceField(choices=ServiceAuth.choices, initial=ServiceAuth.TOKEN)
+    env = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        label="Environment",
+        help_text="One NAME=value per line.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["region"].choices = [(r.slug, r.name) for r in regions_active()]
+
+    def clean_command(self) -> list[str]:
+        try:
+            words = shlex.split(self.cleaned_data["command"])
+        except ValueError as error:
+            raise forms.ValidationError(f"The command can't be read: {error}.") from None
+        if not words:
+            raise forms.ValidationError("Give the command that starts your server.")
+        return words
+
+    def clean_env(self) -> dict[str, str]:
+        env = {}
+        for number, line in enumerate(self.cleaned_data["env"].splitlines(), 1):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep:
+                raise forms.ValidationError(f"Line {number} is not NAME=value.")
+            env[name.strip()] = value
+        return env
+
+    def to_spec(self) -> ServiceSpec:
+        return ServiceSpec(**self.cleaned_data)
+
+
+class ServiceTokenForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="Who uses it, e.g. “web-frontend”.")

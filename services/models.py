@@ -1,0 +1,176 @@
+"""Services, their immutable revisions, replicas and access tokens.
+
+A `Service` is the desired state (what the user asked for); a `ServiceRevision` is an
+immutable snapshot of what its replicas run (image, command, env, resources, port). Any
+change of those makes a new revision; a rollback makes a new revision that copies an
+earlier one (`copied_from`), so revision numbers only grow and "what runs now" is always
+the service's `current_revision`. `ServiceReplica` rows are what the reconcile service
+started; the gateway routes only to READY ones.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
+
+DNS_LABEL = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+    "Use lowercase letters, digits and hyphens (a DNS label, at most 63 characters).",
+)
+
+
+class ServiceStatus(models.TextChoices):
+    DEPLOYING = "deploying", "Deploying"
+    READY = "ready", "Ready"
+    DEGRADED = "degraded", "Degraded"
+    SCALED_TO_ZERO = "scaled_to_zero", "Scaled to zero"
+    FAILED = "failed", "Failed"
+
+
+class ServiceAuth(models.TextChoices):
+    PUBLIC = "public", "Public"
+    TOKEN = "token", "Service token"
+
+
+class ReplicaState(models.TextChoices):
+    STARTING = "starting", "Starting"
+    READY = "ready", "Ready"
+    DRAINING = "draining", "Draining"
+    STOPPED = "stopped", "Stopped"
+
+
+class Service(TenantOwnedModel):
+    """One HTTP endpoint of a tenant, served by `min_replicas`…`max_replicas` replicas."""
+
+    name = models.CharField(max_length=63, validators=[DNS_LABEL])
+    region = models.ForeignKey("marketplace.Region", on_delete=models.PROTECT, related_name="+")
+    # Where its replicas run (chosen at creation from the region's pools).
+    pool = models.ForeignKey("marketplace.NodePool", on_delete=models.PROTECT, related_name="+")
+    image = models.CharField(max_length=300)
+    command = models.JSONField(default=list)
+    env = models.JSONField(default=dict, blank=True)
+    port = models.PositiveIntegerField()
+    cpus = models.PositiveSmallIntegerField(default=1)
+    min_replicas = models.PositiveSmallIntegerField(default=2)
+    max_replicas = models.PositiveSmallIntegerField(default=10)
+    readiness_path = models.CharField(max_length=200, default="/")
+    auth = models.CharField(max_length=8, choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
+    status = models.CharField(
+        max_length=16, choices=ServiceStatus.choices, default=ServiceStatus.DEPLOYING
+    )
+    status_reason = models.CharField(max_length=300, blank=True, default="")
+    # Replicas of the current revision that ended without being asked to (crash loops
+    # make the service "failed").
+    restarts = models.PositiveIntegerField(default=0)
+    current_revision = models.ForeignKey(
+        "ServiceRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="service_name_per_tenant"),
+            models.CheckConstraint(
+                condition=models.Q(min_replicas__lte=models.F("max_replicas")),
+                name="service_min_le_max",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ServiceRevision(models.Model):
+    """What a service's replicas run; never changed once written."""
+
+    tenant_field = "service__tenant"
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    image = models.CharField(max_length=300)
+    command = models.JSONField(default=list)
+    env = models.JSONField(default=dict, blank=True)
+    port = models.PositiveIntegerField()
+    cpus = models.PositiveSmallIntegerField()
+    # A rollback copies an earlier revision into a new one.
+    copied_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["service", "number"], name="service_revision_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.service.name} r{self.number}"
+
+
+class ServiceTokenQuerySet(TenantScopedQuerySet):
+    def active(self):
+        return self.filter(revoked_at__isnull=True)
+
+
+class ServiceToken(models.Model):
+    """A bearer token for one service's endpoint; stored only as a hash (as ApiToken)."""
+
+    PREFIX = "ggs_"
+    tenant_field = "service__tenant"
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ServiceTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class ServiceReplica(models.Model):
+    """One running copy of a revision: a sandboxed process on the console's host,
+    reached on `host_port` of the loopback."""
+
+    tenant_field = "service__tenant"
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="replicas")
+    revision = models.ForeignKey(ServiceRevision, on_delete=models.PROTECT, related_name="+")
+    host_port = models.PositiveIntegerField(null=True, blank=True)
+    # The backend's name for the process (its run directory), to observe and stop it.
+    handle = models.CharField(max_length=120, blank=True, default="")
+    state = models.CharField(
+        max_length=10, choices=ReplicaState.choices, default=ReplicaState.STARTING
+    )
+    reason = models.CharField(max_length=300, blank=True, default="")
+    started_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["started_at", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.service.name} replica {self.pk}"

@@ -1,0 +1,96 @@
+"""Reads of services: lists with replica counts, revisions, tokens, and what the gateway
+needs to route one request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Count, Q, QuerySet
+
+from console.models import Tenant, sha256_hex
+from services.models import (
+    ReplicaState,
+    Service,
+    ServiceAuth,
+    ServiceReplica,
+    ServiceRevision,
+    ServiceToken,
+)
+
+
+def services_with_counts(queryset: QuerySet[Service]) -> QuerySet[Service]:
+    """`ready_replicas` (serving) and `replica_count` (not stopped) on each row."""
+    return (
+        queryset.select_related("current_revision", "region", "tenant")
+        .annotate(
+            ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
+            replica_count=Count("replicas", filter=~Q(replicas__state=ReplicaState.STOPPED)),
+        )
+        .order_by("name", "pk")
+    )  # (Meta.ordering does not apply to an aggregate query)
+
+
+def services_for_tenant(*, tenant: Tenant | None) -> QuerySet[Service]:
+    return services_with_counts(Service.objects.for_tenant(tenant))
+
+
+def service_revisions(*, service: Service) -> QuerySet[ServiceRevision]:
+    return service.revisions.select_related("copied_from").order_by("-number")
+
+
+def service_tokens(*, service: Service) -> QuerySet[ServiceToken]:
+    return service.tokens.order_by("-created_at")
+
+
+def service_replicas(*, service: Service) -> QuerySet[ServiceReplica]:
+    return service.replicas.select_related("revision").order_by("started_at", "pk")
+
+
+def endpoint_path(service: Service) -> str:
+    return f"/svc/{service.tenant.slug}/{service.name}/"
+
+
+@dataclass(frozen=True)
+class Route:
+    """What the gateway needs of one service: its id, whether a token is needed, and the
+    loopback ports of its ready replicas."""
+
+    service_id: int
+    auth: str
+    ports: list[int]
+
+
+def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
+    """The service `name` of the tenant `tenant_slug`, or None (unknown either way: the
+    gateway never tells another tenant's service from a missing one)."""
+    service = (
+        Service.objects.filter(tenant__slug=tenant_slug, tenant__is_active=True, name=name)
+        .values("pk", "auth")
+        .first()
+    )
+    if service is None:
+        return None
+    ports = [
+        port
+        for port in ServiceReplica.objects.filter(
+            service_id=service["pk"], state=ReplicaState.READY, host_port__isnull=False
+        )
+        .order_by("pk")
+        .values_list("host_port", flat=True)
+        if port is not None
+    ]
+    return Route(service_id=service["pk"], auth=service["auth"], ports=ports)
+
+
+def service_token_valid(*, service_id: int, raw: str) -> bool:
+    if not raw.startswith(ServiceToken.PREFIX):
+        return False
+    return (
+        ServiceToken.objects.active()
+        .filter(service_id=service_id, key_hash=sha256_hex(raw))
+        .exists()
+    )
+
+
+def needs_token(route: Route) -> bool:
+    return route.auth == ServiceAuth.TOKEN

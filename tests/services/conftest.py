@@ -1,0 +1,60 @@
+"""Fixtures of the services tests: a spec that runs the echo server, and the cleanup of
+every replica process a test started."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from jobs.backends import host_processes
+from services import reconcile
+from services.models import ReplicaState, Service
+from services.services import ServiceSpec
+from tests.services.echo import COMMAND
+
+
+def echo_spec(**overrides) -> ServiceSpec:
+    values = {
+        "name": "echo",
+        "image": "python:3.11-slim",
+        "command": COMMAND,
+        "port": 8080,
+        "region": "local",
+        "min_replicas": 2,
+        "max_replicas": 4,
+        "readiness_path": "/healthz",
+    }
+    values.update(overrides)
+    return ServiceSpec(**values)
+
+
+@pytest.fixture
+def replicas_cleanup():
+    """Stop and remove every replica process the test started (found by their run
+    directories: the rows may be gone, and the database with them)."""
+    yield
+    root = host_processes.run_dir("x").parent
+    for directory in root.glob("service-*") if root.exists() else []:
+        reconcile.replica_discard(directory.name)
+
+
+def reconcile_until(
+    service: Service, done: Callable[[Service], bool], *, timeout: float = 30
+) -> Service:
+    """Reconcile passes (as beat would run them) until `done`, bounded in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fresh = reconcile.service_reconcile(service_id=service.pk)
+        assert fresh is not None
+        if done(fresh):
+            return fresh
+        if time.monotonic() > deadline:
+            states = list(fresh.replicas.values_list("state", "reason"))
+            raise AssertionError(f"timed out: {fresh.status} {fresh.status_reason} {states}")
+        time.sleep(0.2)
+
+
+def ready_count(service: Service) -> int:
+    return service.replicas.filter(state=ReplicaState.READY).count()

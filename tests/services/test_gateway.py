@@ -1,0 +1,133 @@
+"""The gateway through a real ASGI server (uvicorn serving console.asgi, as deployed) to
+real replicas (the echo server, sandboxed): token auth, 404s that reveal nothing, 503
+with no ready replica, round-robin, streamed bodies, a retry when a replica is gone, and
+the upstream timeout."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import httpx
+import pytest
+
+from console.launcher import asgi_server_argv, free_loopback_port
+from jobs.backends import host_processes
+from services import services
+from services.models import ServiceStatus
+from tests.servers import served
+from tests.services.conftest import echo_spec, reconcile_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("replicas_cleanup")]
+
+
+@pytest.fixture
+def gateway(transactional_db, tmp_path, monkeypatch):
+    # The server's own setting: a short upstream read timeout, to test it quickly.
+    monkeypatch.setenv("SERVICE_GATEWAY_READ_TIMEOUT", "1.5")
+    port = free_loopback_port()
+    argv = asgi_server_argv("127.0.0.1", port)
+    with (
+        served("uvicorn", argv, port, tmp_path / "u.log") as server,
+        httpx.Client(base_url=server.url, timeout=20) as client,
+    ):
+        yield client
+
+
+@pytest.fixture
+def echo(world, catalog):
+    service = services.service_create(tenant=world.tenant, user=world.owner, spec=echo_spec())
+    _, raw = services.service_token_create(service=service, user=world.owner, name="test")
+    service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    return service, {"Authorization": f"Bearer {raw}"}
+
+
+def test_a_token_service_needs_its_token(gateway, echo):
+    _, auth = echo
+    assert gateway.get("/svc/acme/echo/whoami").status_code == 401
+    wrong = {"Authorization": "Bearer ggs_not-a-token"}
+    answer = gateway.get("/svc/acme/echo/whoami", headers=wrong)
+    assert answer.status_code == 401 and answer.json()["code"] == "not_authenticated"
+    answer = gateway.get("/svc/acme/echo/whoami?x=1", headers=auth)
+    assert answer.status_code == 200
+    seen = answer.json()
+    assert seen["path"] == "/whoami?x=1"
+    assert "authorization" not in seen["headers"]  # the token stays at the gateway
+    assert seen["headers"]["x-forwarded-prefix"] == "/svc/acme/echo"
+
+
+def test_a_revoked_token_is_refused(gateway, echo):
+    service, auth = echo
+    for token in service.tokens.all():
+        services.service_token_revoke(token=token, user=None)
+    assert gateway.get("/svc/acme/echo/whoami", headers=auth).status_code == 401
+
+
+def test_unknown_and_foreign_services_are_the_same_404(gateway, echo, other_world):
+    _, auth = echo
+    foreign = services.service_create(
+        tenant=other_world.tenant, user=None, spec=echo_spec(name="hidden", min_replicas=0)
+    )
+    _, foreign_raw = services.service_token_create(service=foreign, user=None, name="t")
+    for path in ("/svc/acme/hidden/", "/svc/nobody/echo/", "/svc/acme/", "/svc/"):
+        answer = gateway.get(path, headers=auth)
+        assert answer.status_code == 404 and answer.json() == {
+            "detail": "Not found.",
+            "code": "not_found",
+        }
+    # A token of one service opens no other, in its tenant or another.
+    assert gateway.get("/svc/globex/hidden/", headers=auth).status_code == 401
+    other = {"Authorization": f"Bearer {foreign_raw}"}
+    assert gateway.get("/svc/acme/echo/whoami", headers=other).status_code == 401
+
+
+def test_no_ready_replica_is_a_503_that_says_so(gateway, world, catalog):
+    services.service_create(
+        tenant=world.tenant, user=None, spec=echo_spec(name="idle", min_replicas=0, auth="public")
+    )
+    answer = gateway.get("/svc/acme/idle/whoami")
+    assert answer.status_code == 503
+    assert answer.json()["code"] == "service_unavailable" and answer.headers["retry-after"]
+
+
+def test_requests_go_round_robin_over_ready_replicas(gateway, echo):
+    _, auth = echo
+    seen = [gateway.get("/svc/acme/echo/whoami", headers=auth).json()["instance"] for _ in range(6)]
+    assert len(set(seen)) == 2
+    assert seen[0::2] == [seen[0]] * 3 and seen[1::2] == [seen[1]] * 3
+
+
+def test_bodies_stream_through_both_ways(gateway, echo):
+    _, auth = echo
+    payload = os.urandom(3 << 20)
+    sent = 0
+
+    def chunks():
+        nonlocal sent
+        for start in range(0, len(payload), 1 << 16):
+            sent += 1
+            yield payload[start : start + (1 << 16)]
+
+    headers = {**auth, "Content-Length": str(len(payload))}
+    with gateway.stream("POST", "/svc/acme/echo/echo", content=chunks(), headers=headers) as answer:
+        assert answer.status_code == 200
+        digest, pieces = hashlib.sha256(), 0
+        for piece in answer.iter_raw():
+            digest.update(piece)
+            pieces += 1
+    assert digest.hexdigest() == hashlib.sha256(payload).hexdigest()
+    assert sent == 48 and pieces > 1  # sent and answered in pieces, not as one body
+
+
+def test_a_replica_that_is_gone_is_retried_on_another(gateway, echo):
+    service, auth = echo
+    victim = service.replicas.first()
+    host_processes.host_stop(victim.handle)  # dead, and the database does not know yet
+    answers = [gateway.get("/svc/acme/echo/whoami", headers=auth) for _ in range(10)]
+    assert [a.status_code for a in answers] == [200] * 10
+
+
+def test_a_slow_replica_is_a_504(gateway, echo):
+    _, auth = echo
+    answer = gateway.get("/svc/acme/echo/sleep?s=3", headers=auth)
+    assert answer.status_code == 504 and answer.json()["code"] == "gateway_timeout"
