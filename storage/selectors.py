@@ -37,7 +37,15 @@ def volume_holders(*, volume: Volume, writers_only: bool = False) -> QuerySet[Jo
 
 
 def volume_attachments_of(*, job: Job) -> QuerySet[VolumeAttachment]:
-    return VolumeAttachment.objects.filter(job=job).select_related("volume").order_by("position")
+    return volume_attachments_of_jobs(jobs=[job])
+
+
+def volume_attachments_of_jobs(*, jobs: list[Job]) -> QuerySet[VolumeAttachment]:
+    return (
+        VolumeAttachment.objects.filter(job__in=[job.pk for job in jobs])
+        .select_related("volume")
+        .order_by("job_id", "position")
+    )
 
 
 def storage_prices_per_gib_month() -> dict[int, tuple[Decimal, str]]:

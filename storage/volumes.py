@@ -13,7 +13,7 @@ from jobs.extensions import VolumeMount
 from jobs.models import Job
 from marketplace.models import Region
 from storage.models import Volume, VolumeAccess, VolumeAttachment
-from storage.selectors import volume_attachments_of, volume_holders, volumes_for_tenant
+from storage.selectors import volume_attachments_of_jobs, volume_holders, volumes_for_tenant
 
 
 def _resolve(*, tenant: Tenant, region: Region, mounts: list[dict], lock: bool) -> list[Volume]:
@@ -68,14 +68,19 @@ class StorageVolumeProvider:
         )
 
     def mounts_for(self, job: Job) -> list[VolumeMount]:
-        return [
-            VolumeMount(
-                volume_id=attachment.volume_id,
-                name=attachment.volume.name,
-                path=attachment.path,
-                read_only=attachment.read_only,
-                size_gib=attachment.volume.size_gib,
-                shared=attachment.volume.shared,
+        return self.mounts_for_jobs([job])[job.pk]
+
+    def mounts_for_jobs(self, jobs: list[Job]) -> dict[int, list[VolumeMount]]:
+        mounts: dict[int, list[VolumeMount]] = {job.pk: [] for job in jobs}
+        for attachment in volume_attachments_of_jobs(jobs=jobs):
+            mounts[attachment.job_id].append(
+                VolumeMount(
+                    volume_id=attachment.volume_id,
+                    name=attachment.volume.name,
+                    path=attachment.path,
+                    read_only=attachment.read_only,
+                    size_gib=attachment.volume.size_gib,
+                    shared=attachment.volume.shared,
+                )
             )
-            for attachment in volume_attachments_of(job=job)
-        ]
+        return mounts

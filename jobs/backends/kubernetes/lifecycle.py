@@ -63,6 +63,7 @@ class LifecycleMixin(ApiCalls):
         resumed: bool,
         namespace: str | None = None,
         pull_secrets: list[str] | None = None,
+        volumes: list | None = None,
     ) -> list[Create]:
         """Set up what the attempt needs first (its namespace, image pull Secret: these
         read the database) and return the creates of its own objects, in order: env
@@ -71,7 +72,8 @@ class LifecycleMixin(ApiCalls):
         that mounts it and kept (409: it exists) until the volume is deleted."""
         namespace = namespace or self.ensure_namespace(job.tenant_id)
         creates: list[Create] = []
-        volumes = volume_provider().mounts_for(job)
+        if volumes is None:
+            volumes = volume_provider().mounts_for(job)
         for mount in volumes:
             claim = manifests.volume_claim_manifest(job.tenant_id, mount)
             creates.append(
@@ -148,6 +150,7 @@ class LifecycleMixin(ApiCalls):
         namespaces: dict[int, str] = {}
         pull_secrets: dict[tuple[int, str], list[str]] = {}  # per tenant and image
         prepared: list[tuple[Job, list[Create]]] = []
+        mounts = volume_provider().mounts_for_jobs([job for job in jobs if job.attempt == 1])
         for job in jobs:
             try:
                 if job.attempt > 1:
@@ -161,7 +164,11 @@ class LifecycleMixin(ApiCalls):
                 if image not in pull_secrets:
                     pull_secrets[image] = self.ensure_pull_secret(job, namespace)
                 creates = self._attempt_creates(
-                    job, resumed=False, namespace=namespace, pull_secrets=pull_secrets[image]
+                    job,
+                    resumed=False,
+                    namespace=namespace,
+                    pull_secrets=pull_secrets[image],
+                    volumes=mounts[job.pk],
                 )
                 prepared.append((job, creates))
             except Exception as error:
