@@ -28,6 +28,7 @@ from console.env import (
     stored_sandbox_token,
     stored_secret_key,
 )
+from console.log_filters import logging_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = data_dir()
@@ -565,33 +566,7 @@ if PRODUCTION:
 # Quiet by default: what an operator acts on, not a line per periodic task run, HTTP call
 # or static file. Setting LOG_LEVEL (INFO, DEBUG) opens the quiet loggers up to it.
 LOG_LEVEL = env_str("LOG_LEVEL")
-_QUIET_LEVEL = LOG_LEVEL or "WARNING"
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {
-        "client_errors_without_traceback": {
-            "()": "console.log_filters.ClientErrorsWithoutTraceback"
-        },
-        "no_static_access_lines": {"()": "console.log_filters.NoStaticAccessLines"},
-    },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": LOG_LEVEL or "INFO"},
-    "loggers": {
-        "axes": {"level": "WARNING"},
-        # One line per Prometheus query / API call.
-        "httpx": {"level": _QUIET_LEVEL},
-        "httpcore": {"level": _QUIET_LEVEL},
-        # Celery's "Task … received" / "… succeeded in" and beat's "Sending due task":
-        # periodic tasks (metrics every few seconds) would fill the log.
-        "celery.worker.strategy": {"level": _QUIET_LEVEL},
-        "celery.app.trace": {"level": _QUIET_LEVEL},
-        "celery.beat": {"level": _QUIET_LEVEL},
-        "django.request": {"filters": ["client_errors_without_traceback"]},
-        "uvicorn.access": {"filters": [] if LOG_LEVEL == "DEBUG" else ["no_static_access_lines"]},
-    },
-}
+LOGGING = logging_settings(LOG_LEVEL)
 
 # --- Checkpoint store ----
 # Where jobs' checkpoints live, each job under its own prefix <tenant>/<job>/ (jobs.checkpoints):

@@ -73,6 +73,16 @@ class StrictBooleanField(serializers.BooleanField):
         return super().to_internal_value(data)
 
 
+class StrictDecimalField(serializers.DecimalField):
+    """A decimal: in a JSON body only a string, as the schema says decimals travel (DRF
+    also takes a JSON number, which may have lost digits on its way as a float)."""
+
+    def to_internal_value(self, data: Any):
+        if _from_json(self) and not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 # The base of every model serializer of ours: the fields it generates from text and
 # boolean model fields are the strict ones above. (A comment, not a docstring: the
 # schema would show an inherited docstring as every such serializer's description.)

@@ -8,6 +8,7 @@ from rest_framework import serializers
 from console.api.fields import (
     StrictBooleanField,
     StrictCharField,
+    StrictDecimalField,
     StrictModelSerializer,
     StrictRegexField,
 )
@@ -267,6 +268,14 @@ class NodePoolSerializer(StrictModelSerializer):
     region = StrictCharField(source="region.slug", read_only=True)
     gpu_type = StrictCharField(source="gpu_type.slug", read_only=True, allow_null=True)
     available_gpus = serializers.IntegerField(read_only=True)
+    preemption_threshold = StrictDecimalField(
+        max_digits=3,
+        decimal_places=2,
+        min_value=Decimal(0),
+        max_value=Decimal(1),
+        required=False,
+        help_text=NodePool._meta.get_field("preemption_threshold").help_text,
+    )
 
     class Meta:
         model = NodePool

@@ -72,11 +72,14 @@ def test_two_concurrent_ticks_pause_each_non_critical_job_once(catalog, monkeypa
         world = make_world(f"budget{number}")
         now = timezone.now()
         since = max(now - timedelta(minutes=10), period_start(now))
+        # Highest priority first: a job launched into a full pool after lower-priority
+        # jobs of its organisation would preempt them (admission); this test is about
+        # budget ticks, not preemption.
+        critical = [_running(world, f"serve-{n}", since, "critical") for n in range(CRITICAL)]
         paused_kind = [
             _running(world, f"train-{n}", since, "low" if n % 2 else "normal")
-            for n in range(NON_CRITICAL)
+            for n in sorted(range(NON_CRITICAL), key=lambda n: n % 2)
         ]
-        critical = [_running(world, f"serve-{n}", since, "critical") for n in range(CRITICAL)]
         budget = budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
         assert all(Job.objects.get(pk=j.pk).status == JobStatus.RUNNING for j in paused_kind)
         # Two ticks at once: the same clock in even rounds, a second apart in odd ones.

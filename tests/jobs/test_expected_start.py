@@ -108,7 +108,11 @@ def test_jobs_ahead_take_the_capacity_first_in_queue_order(world):
 
 
 def test_higher_priority_jobs_ahead_are_named(world):
-    running(world, "holder", since=timedelta(0), cpus=pool_vcpus(), max_runtime_minutes=10)
+    # A critical holder: the critical job behind it can't preempt it, so it waits too.
+    running(
+        world, "holder", since=timedelta(0), cpus=pool_vcpus(), max_runtime_minutes=10,
+        priority=Priority.CRITICAL,
+    )  # fmt: skip
     submit(world, "normal", cpus=1)
     submit(world, "urgent", cpus=1, priority=Priority.CRITICAL)
     last = submit(world, "last", cpus=1)

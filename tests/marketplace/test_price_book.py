@@ -431,6 +431,8 @@ def test_staff_set_a_pools_preemption_knobs_through_the_api(catalog, staff_user,
     pool = NodePool.objects.filter(gpu_type__isnull=False).first()
     url = f"/api/v1/staff/pools/{pool.pk}"
 
+    # Decimals travel as strings (the schema's); a JSON number is refused, not rounded.
+    assert api.patch(url, {"preemption_threshold": 0.5}, format="json").status_code == 400
     refused = api.patch(url, {"preemption_threshold": "1.5"}, format="json")
     assert refused.status_code == 400
     assert "preemption_threshold" in json.dumps(refused.json())
