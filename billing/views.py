@@ -70,7 +70,9 @@ def costs(request: HttpRequest) -> HttpResponse:
         )
         # Groups by their display names: a GPU type's model, a tier's label.
         gpu_names = gpu_type_names()
-        group_names = {"gpu_type": gpu_names, "tier": charts.TIER_LABELS}.get(query.group_by, {})
+        group_names = {"gpu_type": {**gpu_names, "cpu": "CPU"}, "tier": charts.TIER_LABELS}.get(
+            query.group_by, {}
+        )
         rows = [{**row, "label": group_names.get(row["key"], row["key"])} for row in rows]
         for entry in value:
             entry["gpu_type_name"] = gpu_names.get(entry["gpu_type"], entry["gpu_type"])

@@ -417,7 +417,7 @@ def test_the_page_renders_for_each_group_by(usage, world, django_assert_max_num_
 
 def group_names(group_by: str) -> dict[str, str]:
     if group_by == "gpu_type":
-        return dict(GpuType.objects.values_list("slug", "model"))
+        return {**dict(GpuType.objects.values_list("slug", "model")), "cpu": "CPU"}
     return dict(Tier.choices) if group_by == "tier" else {}
 
 

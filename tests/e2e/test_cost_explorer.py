@@ -90,7 +90,7 @@ def test_charts_render_and_group_by_redraws_them(
     # Plotly draws into the chart's own element, which it marks .js-plotly-plot.
     drawn = page.locator("[data-testid=chart-daily].js-plotly-plot .main-svg")
     expect(drawn.first).to_be_visible(timeout=CHART_TIMEOUT_MS)
-    expect_legend(page, ["cpu", "h100-80gb", "l40s"])
+    expect_legend(page, ["CPU", "H100 80GB SXM", "L40S 48GB"])  # display names, not slugs
     bars = chart.locator(".barlayer .trace")
     expect(bars).to_have_count(3)
 

@@ -303,7 +303,7 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
     # The offers: the sandbox's A100 pools are simulated, and say so.
     page.goto("/marketplace/offers/")
     spot_offer = page.locator("tr[data-offer='a100-80gb|us-west|spot']")
-    expect(spot_offer.locator(".badge-simulated")).to_have_text("simulated")
+    expect(spot_offer.locator(".badge-simulated")).to_have_text("Simulated")
     expect(spot_offer).to_contain_text("8 of 8")
     expect(
         page.locator("tr[data-offer='a100-80gb|us-west|on_demand'] .badge-simulated")
@@ -475,7 +475,7 @@ def test_budget_pauses_a_running_job_within_one_tick_and_raising_it_resumes(
     page.locator("[name=action]").select_option("pause_non_critical")
     page.get_by_role("button", name="Create budget").click()
     expect(page.locator("#messages")).to_contain_text("Budget “GPU research” created.")
-    expect(page.locator("tr[data-budget='GPU research']")).to_contain_text("0.0000 / 0.01")
+    expect(page.locator("tr[data-budget='GPU research']")).to_contain_text("0.00 USD / 0.01 USD")
     screenshot(page, journey, "1-budget-set")
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING
