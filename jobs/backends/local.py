@@ -45,6 +45,7 @@ from jobs.backends.base import (
     Observation,
     TenantIsolation,
 )
+from jobs.backends.host_processes import pid_alive, read_int
 from jobs.backends.local_checkpoints import checkpoint_environment, checkpoint_folder
 from jobs.backends.local_logs import LocalLogStream, run_ended
 from jobs.logs.stores import FileLog
@@ -89,24 +90,6 @@ def nvml_devices() -> list[tuple[int, str]]:
 
 def nvml_gpu_names() -> list[str]:
     return [name for _, name in nvml_devices()]
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            # The state follows the parenthesised command name; Z is a zombie.
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _read_text(path: Path) -> str:
@@ -241,7 +224,7 @@ class LocalBackend(ComputeBackend):
             yield run_dir
 
     def _child_pid(self, job) -> int | None:
-        return _read_int(self.run_dir(job) / "child.pid")
+        return read_int(self.run_dir(job) / "child.pid")
 
     def _make_workdir(self, job, owner: tuple[int, int] | None) -> Path:
         """The job's own directory, owned by the uid/gid it runs as; only it may list it."""
@@ -347,8 +330,8 @@ class LocalBackend(ComputeBackend):
         user = None if support.available else (settings.LOCAL_JOB_USER or None)
         with self._locked(job) as run_dir:
             if _read_text(run_dir / "run") == token:
-                if any((run_dir / name).exists() for name in _STARTED) or _alive(
-                    _read_int(run_dir / "supervisor.pid")
+                if any((run_dir / name).exists() for name in _STARTED) or pid_alive(
+                    read_int(run_dir / "supervisor.pid")
                 ):
                     return  # this start happened already (running or even ended): once only
                 # Else its supervisor never came up: start one (supervisors of one run
@@ -356,7 +339,7 @@ class LocalBackend(ComputeBackend):
             else:
                 if _read_text(run_dir / "intent") == "cancel":
                     return  # cancelled: a job the console cancelled never starts again
-                if _alive(self._child_pid(job)) and not (run_dir / "exit_code").exists():
+                if pid_alive(self._child_pid(job)) and not (run_dir / "exit_code").exists():
                     raise BackendUnavailable("the job's previous process is still stopping")
                 for name in self.CONTROL_FILES:
                     (run_dir / name).unlink(missing_ok=True)
@@ -406,11 +389,11 @@ class LocalBackend(ComputeBackend):
                 intent = "cancel"  # a cancel is final: a later pause doesn't undo it
             (run_dir / "intent").write_text(intent)
             child = self._child_pid(job)
-            if not _alive(child) or (run_dir / "exit_code").exists():
+            if not pid_alive(child) or (run_dir / "exit_code").exists():
                 return
             if (run_dir / "sandbox.pid").exists():
                 # The supervisor sends it to every process in the job's sandbox.
-                targets = [(_read_int(run_dir / "supervisor.pid"), os.kill, (signal.SIGTERM,))]
+                targets = [(read_int(run_dir / "supervisor.pid"), os.kill, (signal.SIGTERM,))]
             else:  # a stopped process needs SIGCONT to act on SIGTERM
                 targets = [(child, os.killpg, (signal.SIGTERM, signal.SIGCONT))]
             for pid, send, signums in targets:
@@ -437,11 +420,11 @@ class LocalBackend(ComputeBackend):
         except (OSError, ValueError):
             return False
         child = self._child_pid(job)
-        if time.time() - sent < grace_seconds or not _alive(child):
+        if time.time() - sent < grace_seconds or not pid_alive(child):
             return False
         if (run_dir / "exit_code").exists():
             return False  # ended (and reaped): its pid may belong to another process now
-        sandbox_init = _read_int(run_dir / "sandbox.pid")
+        sandbox_init = read_int(run_dir / "sandbox.pid")
         try:
             if sandbox_init:
                 os.kill(sandbox_init, signal.SIGKILL)
@@ -461,7 +444,7 @@ class LocalBackend(ComputeBackend):
 
     def _observe_once(self, job) -> Observation:
         run_dir = self.run_dir(job)
-        code = _read_int(run_dir / "exit_code")
+        code = read_int(run_dir / "exit_code")
         intent = _read_text(run_dir / "intent")
         if (run_dir / "not_started").exists():
             # Stopped before its command started (the supervisor saw the intent first).
@@ -477,9 +460,9 @@ class LocalBackend(ComputeBackend):
             if code == 0:
                 return Observation(phase="succeeded", exit_code=0)
             return Observation(phase="failed", reason=exit_reason(code), exit_code=code)
-        if _alive(self._child_pid(job)):
+        if pid_alive(self._child_pid(job)):
             return Observation(phase="running")
-        if _alive(_read_int(run_dir / "supervisor.pid")):
+        if pid_alive(read_int(run_dir / "supervisor.pid")):
             return Observation(phase="pending")
         return Observation(
             phase="missing",

@@ -26,7 +26,8 @@ from console.env import embedded_redis_url_file, stored_redis_password, write_pr
 from jobs import services
 from jobs.actors import SYSTEM
 from jobs.backends import local_supervisor
-from jobs.backends.local import LocalBackend, _alive
+from jobs.backends.host_processes import pid_alive
+from jobs.backends.local import LocalBackend
 from jobs.models import JobStatus
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
 from tests.jobs_helpers import launch
@@ -97,7 +98,7 @@ def test_cancel_after_planting_signals_only_the_real_process(world, catalog, set
         services.job_pause(job=job, actor=SYSTEM)
         backend.suspend(job)
         job = wait_for_status(job, {JobStatus.PAUSED})
-        assert not _alive(child)
+        assert not pid_alive(child)
         assert decoy.poll() is None  # the planted pid was never signalled
         # Exit code of the real process (SIGTERM, 128 + 15 from the sandbox), not the
         # planted -40.
@@ -338,13 +339,13 @@ def test_a_job_whose_supervisor_exits_between_reads_is_not_called_lost(world, ca
     ended.wait()  # a pid that no longer runs, for both the child and the supervisor
     (run_dir / "child.pid").write_text(str(ended.pid))
     (run_dir / "supervisor.pid").write_text(str(ended.pid))
-    real_alive = _alive
+    real_alive = pid_alive
 
     def supervisor_exits_now(pid):
         if pid == ended.pid and not (run_dir / "exit_code").exists():
             (run_dir / "exit_code").write_text("0")
         return real_alive(pid)
 
-    monkeypatch.setattr("jobs.backends.local._alive", supervisor_exits_now)
+    monkeypatch.setattr("jobs.backends.local.pid_alive", supervisor_exits_now)
     observed = backend.observe(job)
     assert (observed.phase, observed.exit_code) == ("succeeded", 0)

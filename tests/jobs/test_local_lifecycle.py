@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from jobs import services
 from jobs.actors import SYSTEM
-from jobs.backends.local import LocalBackend, _alive
+from jobs.backends.host_processes import pid_alive
+from jobs.backends.local import LocalBackend
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec
 from tests.conftest import signed_in_client
@@ -110,7 +111,7 @@ def test_pause_resume_cancel_leave_no_process(world, catalog, settings):
     backend.cancel(job)
     assert job.status == JobStatus.CANCELLING
     job = wait_for_status(job, {JobStatus.CANCELLED})
-    assert not _alive(child)
+    assert not pid_alive(child)
     with pytest.raises(services.ActionRefused):
         services.job_resume(job=job, actor=SYSTEM)
 

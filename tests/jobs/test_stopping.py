@@ -24,7 +24,8 @@ from console.models import Notification
 from jobs import services, tasks
 from jobs.actors import Actor
 from jobs.backends import Observation
-from jobs.backends.local import LocalBackend, _alive
+from jobs.backends.host_processes import pid_alive
+from jobs.backends.local import LocalBackend
 from jobs.models import Job, JobStatus
 from marketplace.models import NodePool
 from tests.jobs.test_local_lifecycle import spec, wait_for_status
@@ -100,7 +101,7 @@ def test_a_job_ignoring_sigterm_is_billed_until_its_process_ended(
 
     # The watcher's passes kill it once its grace period is over, then see it gone.
     job = wait_for_status(job, {stopped}, timeout=30)
-    assert not _alive(child)
+    assert not pid_alive(child)
     # It ran until it was killed (a signal's exit code, or 128 + it through the sandbox).
     assert job.exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL)
     meter_tick(now=timezone.now())
