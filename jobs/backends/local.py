@@ -103,6 +103,9 @@ SUPERVISOR = local_supervisor.__file__
 # What the supervisor writes once it has dealt with a start: the command runs (or ran), or
 # could not start, or was not started because the job was stopped first.
 _STARTED = ("child.pid", "exit_code", "not_started")
+# How long a start may take before a run with no supervisor is called lost: well past
+# the dispatcher's own 10 s wait for the supervisor.
+START_GRACE_SECONDS = 30
 
 
 NOTE_NO_NVML = "no GPU readings: NVML is not available on this host"
@@ -464,11 +467,26 @@ class LocalBackend(ComputeBackend):
             return Observation(phase="running")
         if pid_alive(read_int(run_dir / "supervisor.pid")):
             return Observation(phase="pending")
+        if self._starting(run_dir):
+            return Observation(phase="pending")
         return Observation(
             phase="missing",
             reason="the job's process is gone and left no exit "
             "code (host restarted or process killed)",
         )
+
+    @staticmethod
+    def _starting(run_dir: Path) -> bool:
+        """A start is under way: its run token is written but its supervisor hasn't yet
+        written its pid (the dispatcher still holds the lock, or the supervisor's
+        interpreter is starting). Seen as lost, a resume on a busy host failed its job."""
+        try:
+            written = (run_dir / "run").stat().st_mtime
+        except OSError:
+            return False
+        if any((run_dir / name).exists() for name in _STARTED):
+            return False
+        return time.time() - written < START_GRACE_SECONDS
 
     def log_sources(self, job) -> list[LogSource]:
         """One log per job: its output file (every line is rank 0)."""

@@ -349,3 +349,19 @@ def test_a_job_whose_supervisor_exits_between_reads_is_not_called_lost(world, ca
     monkeypatch.setattr("jobs.backends.local.pid_alive", supervisor_exits_now)
     observed = backend.observe(job)
     assert (observed.phase, observed.exit_code) == ("succeeded", 0)
+
+
+@pytest.mark.django_db
+def test_a_job_whose_start_is_under_way_is_not_called_lost(world, catalog, monkeypatch):
+    """Between the dispatcher writing the run token and the supervisor writing its pid
+    (an interpreter starting on a busy host) the job is pending, not lost; a start that
+    never got a supervisor is lost once the grace is over."""
+    job = services.job_submit(
+        tenant=world.tenant, user=world.member, spec=spec(["python", "-c", "print(1)"])
+    )
+    backend = LocalBackend()
+    with backend._locked(job) as run_dir:  # empties what an earlier job of this id left
+        (run_dir / "run").write_text("attempt 1 resume 1")
+    assert backend.observe(job).phase == "pending"
+    monkeypatch.setattr("jobs.backends.local.START_GRACE_SECONDS", 0)
+    assert backend.observe(job).phase == "missing"

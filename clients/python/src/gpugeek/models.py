@@ -148,6 +148,11 @@ class NodePool(Model):
     memory_gib_per_node: int
     last_synced_at: str | None
     is_active: bool
+    # Preemption policy of the pool (issue 31): the priority gap a waiting job
+    # needs before it may preempt, as a decimal string, and whether spot work of
+    # other tenants may be preempted.
+    preemption_threshold: str
+    preempt_other_tenants_spot: bool
 
 
 @dataclass
