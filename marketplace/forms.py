@@ -25,7 +25,18 @@ SORT_CHOICES = [
 
 
 class OfferFilterForm(forms.Form):
+    """The catalog's filters. Its ids are its own ("filter-region"): the page also holds
+    the estimate form, whose fields have the same names; the query string keeps the
+    plain names, so links such as `?region=us-west` keep working."""
+
     vendor = forms.ChoiceField(choices=[("", "Any vendor"), *Vendor.choices], required=False)
+    gpu_type = forms.ModelChoiceField(
+        label="GPU type",
+        queryset=GpuType.objects.filter(is_active=True),
+        to_field_name="slug",
+        required=False,
+        empty_label="Any GPU type",
+    )
     min_memory_gib = forms.IntegerField(label="Memory ≥ (GiB)", min_value=0, required=False)
     region = forms.ModelChoiceField(
         queryset=Region.objects.filter(is_active=True),
@@ -36,6 +47,11 @@ class OfferFilterForm(forms.Form):
     tier = forms.ChoiceField(choices=[("", "Any tier"), *Tier.choices], required=False)
     available = forms.BooleanField(label="Available now", required=False)
     sort = forms.ChoiceField(choices=SORT_CHOICES, required=False, initial="price")
+    compact = forms.BooleanField(label="Compact view", required=False)
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("auto_id", "filter-%s")
+        super().__init__(*args, **kwargs)
 
 
 class EstimateForm(forms.Form):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.conf import settings
@@ -35,7 +35,7 @@ MICRO = Decimal("0.000001")
 POOL_CAPACITY_FIELDS = (
     "region_id", "gpu_type_id", "tier", "on_console_host", "allocatable_gpus", "in_use_gpus",
     "total_gpus", "allocatable_vcpus", "in_use_vcpus", "vcpus_per_node",
-    "memory_gib_per_node", "simulated", "node_count",
+    "memory_gib_per_node", "simulated", "node_count", "gpus_per_node",
 )  # fmt: skip
 SORTS = {
     "price": lambda o: (o.unit_price, o.gpu_label),
@@ -64,6 +64,9 @@ class Offer:
     # (None when the next price version keeps this offer's price or doesn't sell it).
     next_unit_price: Decimal | None = None
     next_price_from: datetime | None = None
+    # GPUs per node of the pool a launch of this offer would use now: the one with the
+    # most free GPUs (0 where no pool serves it, and for CPU offers).
+    gpus_per_node: int = 0
 
     @property
     def is_cpu(self) -> bool:
@@ -110,7 +113,10 @@ def offers(
         return []
     version, upcoming = book.version, book.upcoming
     discount = tenant_discount_percent(tenant)
-    empty = {"available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0}
+    empty = {
+        "available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0,
+        "node_gpus": 0, "node_free": -1,
+    }  # fmt: skip
     capacity: dict[tuple, dict[str, int]] = defaultdict(lambda: dict(empty))
     allowed_on_host = may_run_on_host(tenant)
     # Every active pool in one read: the capacity of those the tenant may use.
@@ -120,8 +126,11 @@ def offers(
             continue
         bucket = capacity[(pool["gpu_type_id"], pool["region_id"], pool["tier"])]
         if pool["gpu_type_id"]:
-            bucket["available"] += free_capacity(pool["allocatable_gpus"], pool["in_use_gpus"])
+            free = free_capacity(pool["allocatable_gpus"], pool["in_use_gpus"])
+            bucket["available"] += free
             bucket["total"] += pool["total_gpus"]
+            if (free, pool["gpus_per_node"]) > (bucket["node_free"], bucket["node_gpus"]):
+                bucket["node_free"], bucket["node_gpus"] = free, pool["gpus_per_node"]
         else:
             bucket["available"] += free_capacity(pool["allocatable_vcpus"], pool["in_use_vcpus"])
             bucket["total"] += pool["allocatable_vcpus"]
@@ -158,6 +167,7 @@ def offers(
                     simulated=bool(bucket["simulated"]),
                     next_unit_price=next_price if changed else None,
                     next_price_from=upcoming.effective_from if changed and upcoming else None,
+                    gpus_per_node=bucket["node_gpus"],
                 )
             )
 
@@ -180,6 +190,163 @@ def offers(
         return not (available_only and offer.available <= 0)
 
     return sorted(filter(keep, rows), key=SORTS.get(sort, SORTS["price"]))
+
+
+# --- the catalog page's view of the offers ----
+
+# "Save 55 %": whole percent, rounded half up (offers' micro-rounded prices would make a
+# 55 % discount 54.9999 %).
+WHOLE_PERCENT = Decimal(1)
+HUNDRED = Decimal(100)
+GROUP_SORTS = {
+    "price": lambda g: (g.from_price, g.sort_label),
+    "price_per_tflop": lambda g: (
+        g.from_price_per_pflop_hour or Decimal("Infinity"), g.from_price, g.sort_label,
+    ),
+    "availability": lambda g: (-g.available, g.from_price, g.sort_label),
+}  # fmt: skip
+
+
+def spot_saving_percent(*, on_demand: Decimal, spot: Decimal) -> Decimal | None:
+    """What spot saves against on-demand, in whole percent; None when it saves nothing."""
+    if on_demand <= 0 or spot >= on_demand:
+        return None
+    saving = (on_demand - spot) * HUNDRED / on_demand
+    return saving.quantize(WHOLE_PERCENT, rounding=ROUND_HALF_UP)
+
+
+@dataclass(frozen=True)
+class OfferGroup:
+    """One GPU type (or CPU) in one region with its tiers side by side: a row of the
+    catalog. `cells` follow the tiers shown (None where the price book has no such offer);
+    the spot saving compares spot with on-demand even when only one of them is shown."""
+
+    gpu_type: GpuType | None
+    region: Region
+    tiers: tuple[Tier, ...]
+    cells: tuple[Offer | None, ...]
+    spot_saving_percent: Decimal | None
+
+    @property
+    def columns(self) -> list[tuple[Tier, Offer | None]]:
+        """(tier, its offer or None) in the order of the table's columns."""
+        return list(zip(self.tiers, self.cells, strict=True))
+
+    @property
+    def offers(self) -> list[Offer]:
+        return [cell for cell in self.cells if cell is not None]
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.gpu_type is None
+
+    @property
+    def label(self) -> str:
+        """ "a100-80gb|us-west": the group's handle in pages and tests."""
+        return f"{self.gpu_type.slug if self.gpu_type else 'cpu'}|{self.region.slug}"
+
+    @property
+    def sort_label(self) -> tuple[str, str]:
+        return (self.gpu_type.model if self.gpu_type else "", self.region.name)
+
+    @property
+    def available(self) -> int:
+        return sum(offer.available for offer in self.offers)
+
+    @property
+    def from_price(self) -> Decimal:
+        return min(offer.unit_price for offer in self.offers)
+
+    @property
+    def from_price_per_pflop_hour(self) -> Decimal | None:
+        prices = [o.price_per_pflop_hour for o in self.offers if o.price_per_pflop_hour]
+        return min(prices) if prices else None
+
+
+@dataclass(frozen=True)
+class OfferTable:
+    """The catalog page's offers: the tier columns shown, then GPU and CPU groups."""
+
+    tiers: list[Tier]
+    gpu_groups: list[OfferGroup]
+    cpu_groups: list[OfferGroup]
+
+
+def offer_groups(
+    offers: list[Offer],
+    *,
+    tier: str | None = None,
+    available_only: bool = False,
+    sort: str = "price",
+) -> tuple[list[Tier], list[OfferGroup]]:
+    """`offers` (of every tier) grouped by GPU type (or CPU) × region. The tiers shown
+    are `tier` alone when given, else all, reserved only where the price book discounts
+    it (else it is on-demand under another name). Groups with free capacity come
+    first, then by `sort` (the cheapest tier shown, by default); `available_only`
+    keeps only groups with free capacity in a tier shown."""
+    by_group: dict[tuple[int | None, int], dict[str, Offer]] = {}
+    for offer in offers:
+        key = (offer.gpu_type.pk if offer.gpu_type else None, offer.region.pk)
+        by_group.setdefault(key, {})[offer.tier] = offer
+    if tier:
+        tiers = [Tier(tier)]
+    else:
+        reserved_discounted = any(
+            Tier.RESERVED in by_tier
+            and Tier.ON_DEMAND in by_tier
+            and by_tier[Tier.RESERVED].unit_price < by_tier[Tier.ON_DEMAND].unit_price
+            for by_tier in by_group.values()
+        )
+        tiers = [t for t in Tier if t != Tier.RESERVED or reserved_discounted]
+    groups = []
+    for by_tier in by_group.values():
+        cells = tuple(by_tier.get(t) for t in tiers)
+        shown = [cell for cell in cells if cell is not None]
+        if not shown or (available_only and not any(cell.available > 0 for cell in shown)):
+            continue
+        on_demand, spot = by_tier.get(Tier.ON_DEMAND), by_tier.get(Tier.SPOT)
+        saving = None
+        if on_demand is not None and spot is not None:
+            saving = spot_saving_percent(on_demand=on_demand.unit_price, spot=spot.unit_price)
+        groups.append(
+            OfferGroup(
+                gpu_type=shown[0].gpu_type,
+                region=shown[0].region,
+                tiers=tuple(tiers),
+                cells=cells,
+                spot_saving_percent=saving,
+            )
+        )
+    order = GROUP_SORTS.get(sort, GROUP_SORTS["price"])
+    groups.sort(key=lambda group: (group.available <= 0, *order(group)))
+    return tiers, groups
+
+
+def offer_table(
+    *,
+    tenant=None,
+    vendor: str | None = None,
+    gpu_type: str | None = None,
+    min_memory_gib: int | None = None,
+    region: str | None = None,
+    tier: str | None = None,
+    available_only: bool = False,
+    sort: str = "price",
+) -> OfferTable:
+    """The catalog page's grouped offers under the page's filters (as `offers`)."""
+    rows = offers(
+        tenant=tenant,
+        vendor=vendor,
+        gpu_type=gpu_type,
+        min_memory_gib=min_memory_gib,
+        region=region,
+    )
+    tiers, groups = offer_groups(rows, tier=tier, available_only=available_only, sort=sort)
+    return OfferTable(
+        tiers=tiers,
+        gpu_groups=[group for group in groups if not group.is_cpu],
+        cpu_groups=[group for group in groups if group.is_cpu],
+    )
 
 
 def regions_active() -> QuerySet[Region]:

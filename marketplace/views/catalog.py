@@ -36,9 +36,10 @@ def offers(request: HttpRequest) -> HttpResponse:
     form = OfferFilterForm(request.GET or None)
     form.fields["region"].queryset = selectors.regions_for_tenant(request.tenant)
     filters = form.cleaned_data if form.is_valid() else {}
-    rows = selectors.offers(
+    table = selectors.offer_table(
         tenant=request.tenant,
         vendor=filters.get("vendor") or None,
+        gpu_type=filters["gpu_type"].slug if filters.get("gpu_type") else None,
         min_memory_gib=filters.get("min_memory_gib"),
         region=filters["region"].slug if filters.get("region") else None,
         tier=filters.get("tier") or None,
@@ -47,8 +48,8 @@ def offers(request: HttpRequest) -> HttpResponse:
     )
     context = {
         "form": form,
-        "gpu_offers": [o for o in rows if not o.is_cpu],
-        "cpu_offers": [o for o in rows if o.is_cpu],
+        "offer_table": table,
+        "compact": bool(filters.get("compact")),
         "estimate_form": _estimate_form(
             request,
             initial={

@@ -302,24 +302,25 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
 
     # The offers: the sandbox's A100 pools are simulated, and say so.
     page.goto("/marketplace/offers/")
-    spot_offer = page.locator("tr[data-offer='a100-80gb|us-west|spot']")
+    spot_offer = page.locator("[data-offer='a100-80gb|us-west|spot']")
     expect(spot_offer.locator(".badge-simulated")).to_have_text("Simulated")
     expect(spot_offer).to_contain_text("8 of 8")
     expect(
-        page.locator("tr[data-offer='a100-80gb|us-west|on_demand'] .badge-simulated")
+        page.locator("[data-offer='a100-80gb|us-west|on_demand'] .badge-simulated")
     ).to_be_visible()
     # An offer with no sandbox node is no "simulated" capacity.
     expect(
-        page.locator("tr[data-offer='h200-141gb|us-west|on_demand'] .badge-simulated")
+        page.locator("[data-offer='h200-141gb|us-west|on_demand'] .badge-simulated")
     ).to_have_count(0)
-    # Narrowed to what can run now in us-west: the two sandbox A100 offers.
+    # Narrowed to what can run now in us-west: the sandbox's A100, on-demand and spot.
     filters = page.locator("form.filters")
     with page.expect_response(lambda r: "region=us-west" in r.url):
         filters.locator("[name=region]").select_option("us-west")
     with page.expect_response(lambda r: "available=on" in r.url):
         filters.locator("[name=available]").check()
     offers = page.get_by_test_id("offers-table").locator("tbody tr")
-    expect(offers).to_have_count(2)
+    expect(offers).to_have_count(1)
+    expect(offers).to_have_attribute("data-group", "a100-80gb|us-west")
     expect(offers.locator(".badge-simulated")).to_have_count(2)
     screenshot(page, journey, "2-offers")
 
@@ -667,15 +668,15 @@ def test_staff_publish_a_price_change_and_offers_show_both_prices(
         sign_in(customer, base, world.member.email, password)
         customer.goto("/marketplace/offers/?region=us-west&min_memory_gib=80")
         when = f"from {effective:%Y-%m-%d %H:%M} UTC"
-        on_demand = customer.locator("tr[data-offer='a100-80gb|us-west|on_demand']")
+        on_demand = customer.locator("[data-offer='a100-80gb|us-west|on_demand']")
         expect(on_demand).to_contain_text("1.7900 USD")
         expect(on_demand.get_by_test_id("next-price")).to_have_text(f"{when}: 2.1900 USD")
         # Spot follows with the version's discount (55 %): 0.8055 now, 0.9855 then.
-        spot = customer.locator("tr[data-offer='a100-80gb|us-west|spot']")
+        spot = customer.locator("[data-offer='a100-80gb|us-west|spot']")
         expect(spot).to_contain_text("0.8055 USD")
         expect(spot.get_by_test_id("next-price")).to_have_text(f"{when}: 0.9855 USD")
         # Offers whose price doesn't change show one price.
-        h100 = customer.locator("tr[data-offer='h100-80gb|us-west|on_demand']")
+        h100 = customer.locator("[data-offer='h100-80gb|us-west|on_demand']")
         expect(h100.get_by_test_id("next-price")).to_have_count(0)
         expect(customer.get_by_test_id("estimate-total")).to_be_visible()
         screenshot(customer, journey, "3-offers-both-prices")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 import pytest
@@ -77,10 +78,83 @@ def test_offers_page_shows_the_tenant_discount(catalog, world, other_world):
     ours = signed_in_client(world.member, world.tenant).get(OFFERS, params)
     theirs = signed_in_client(other_world.member, other_world.tenant).get(OFFERS, params)
 
-    a100 = [o for o in ours.context["gpu_offers"] if o.gpu_label == "a100-80gb"]
-    assert a100[0].unit_price == Decimal("1.611000")
-    a100 = [o for o in theirs.context["gpu_offers"] if o.gpu_label == "a100-80gb"]
-    assert a100[0].unit_price == Decimal("1.790000")
+    a100 = [g for g in ours.context["offer_table"].gpu_groups if g.label == "a100-80gb|us-west"]
+    assert [o.unit_price for o in a100[0].offers] == [Decimal("1.611000")]
+    a100 = [g for g in theirs.context["offer_table"].gpu_groups if g.label == "a100-80gb|us-west"]
+    assert [o.unit_price for o in a100[0].offers] == [Decimal("1.790000")]
+
+
+def test_offers_are_grouped_with_the_tiers_side_by_side_and_a_launch_link(member):
+    html = member.get(OFFERS).content.decode()
+
+    row = html.split('data-group="a100-80gb|us-west"')[1].split("</tr>")[0]
+    for tier in ("on_demand", "spot", "reserved"):
+        assert f'data-offer="a100-80gb|us-west|{tier}"' in row
+    assert "Save 55 %" in row
+    assert "1.7900 USD" in row  # the one money format: unit prices to 4 places
+    assert (
+        'href="/jobs/launch/?gpu_type=a100-80gb&amp;region=us-west&amp;tier=spot'
+        '&amp;gpus_per_node=8"' in row
+    )
+    # Reserved is priced but not launched from here.
+    reserved = row.split('data-offer="a100-80gb|us-west|reserved"')[1]
+    assert "Launch this" not in reserved
+
+
+def test_offers_page_ids_are_unique(member):
+    """The filter's fields and the estimate's share names; their ids don't."""
+    html = member.get(OFFERS).content.decode()
+    ids = re.findall(r'\sid="([^"]+)"', html)
+    assert len(ids) == len(set(ids))
+    assert 'id="filter-region"' in html and 'id="id_region"' in html
+    assert '<label for="filter-tier">Tier</label>' in html
+
+
+def test_offers_compact_toggle_is_kept_in_the_query_string(member):
+    normal = member.get(OFFERS, {"region": "us-west"})
+    compact = member.get(OFFERS, {"region": "us-west", "compact": "on"})
+
+    assert normal.context["compact"] is False and compact.context["compact"] is True
+    assert 'data-compact="off"' in normal.content.decode()
+    html = compact.content.decode()
+    assert 'data-compact="on"' in html
+    assert 'name="compact" id="filter-compact" checked' in html
+    # The same groups, shorter: no per-PFLOP prices or architecture lines.
+    assert "USD per PFLOP-hour" in normal.content.decode()
+    assert "USD per PFLOP-hour" not in html
+    groups = compact.context["offer_table"].gpu_groups
+    assert [g.label for g in groups] == [g.label for g in normal.context["offer_table"].gpu_groups]
+    partial = member.get(
+        OFFERS, {"compact": "on"}, HTTP_HX_TARGET="offers-table", **HTMX
+    ).content.decode()
+    assert 'data-compact="on"' in partial
+
+
+def test_offers_page_filters_by_gpu_type_and_tier(member):
+    response = member.get(OFFERS, {"gpu_type": "h100-80gb", "tier": "on_demand"})
+
+    table = response.context["offer_table"]
+    assert table.tiers == ["on_demand"]
+    assert table.gpu_groups and {g.gpu_type.slug for g in table.gpu_groups} == {"h100-80gb"}
+    html = response.content.decode()
+    assert "|spot" not in html and "a100-80gb|" not in html
+
+
+def test_offers_page_empty_state(member):
+    response = member.get(OFFERS, {"min_memory_gib": 100000, "available": "on"})
+
+    html = response.content.decode()
+    assert 'data-testid="offers-empty"' in html
+    assert 'data-testid="offers-table"' not in html
+
+
+def test_offers_page_says_what_is_wrong_with_a_filter(member):
+    response = member.get(OFFERS, {"gpu_type": "no-such-gpu"})
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'data-testid="filter-errors"' in html
+    assert "GPU type: Select a valid choice." in html
 
 
 def test_offers_page_query_count_is_bounded(member, django_assert_max_num_queries):
