@@ -37,6 +37,22 @@ GROUPS = """() => [...document.querySelectorAll('[data-testid=offers-table] tbod
   prices: [...tr.querySelectorAll('.offer-price')].map((p) => p.textContent.trim()),
 }))"""
 
+# WCAG 2 contrast of each badge's text against its own (opaque) background.
+BADGE_CONTRASTS = """() => {
+  const lum = (css) => {
+    const [r, g, b] = css.match(/[\\d.]+/g).slice(0, 3).map((v) => {
+      const c = Number(v) / 255;
+      return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  return [...document.querySelectorAll('#offers-table .badge')].map((el) => {
+    const style = getComputedStyle(el);
+    const [a, b] = [lum(style.color), lum(style.backgroundColor)].sort((x, y) => y - x);
+    return [el.textContent.trim(), (a + 0.05) / (b + 0.05)];
+  });
+}"""
+
 
 def price(text: str) -> Decimal:
     return Decimal(text.split()[0].replace(",", ""))
@@ -63,6 +79,9 @@ def test_catalog_groups_offers_and_fits_a_phone(browser_page, asgi_server, world
     assert flags == sorted(flags, reverse=True) and flags[0] and not flags[-1]
     cheapest = [min(price(p) for p in g["prices"]) for g in groups if g["available"]]
     assert cheapest == sorted(cheapest)
+    contrasts = page.evaluate(BADGE_CONTRASTS)
+    assert {text for text, _ in contrasts} >= {"Save 55 %"}
+    assert all(ratio >= 4.5 for _, ratio in contrasts), contrasts
     default_height = page.evaluate("document.documentElement.scrollHeight")
     screenshot(page, journey, "1-grouped")
 
