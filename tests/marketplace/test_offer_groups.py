@@ -10,6 +10,7 @@ import pytest
 from marketplace import selectors
 from marketplace.models import GpuType, NodePool, PriceVersion, Region, Tier
 from marketplace.selectors import Offer, offer_groups, spot_saving_percent
+from tests.factories import NodePoolFactory
 
 D = Decimal
 WEST = Region(pk=1, slug="us-west", name="US West")
@@ -178,3 +179,27 @@ def test_offer_table_filters(catalog, world):
     assert table.gpu_groups and all(g.label.startswith("a100-80gb|") for g in table.gpu_groups)
     assert all(g.available > 0 for g in table.gpu_groups)
     assert table.cpu_groups == []  # a GPU type filter leaves CPU out
+
+
+def test_launch_node_size_is_that_of_the_pool_with_the_most_free_gpus(catalog, world):
+    west = Region.objects.get(slug="us-west")
+    a100 = GpuType.objects.get(slug="a100-80gb")
+    NodePool.objects.filter(region=west, gpu_type=a100, tier=Tier.SPOT).update(in_use_gpus=28)
+    NodePoolFactory(
+        slug="us-west-a100-spot-small",
+        region=west,
+        gpu_type=a100,
+        tier=Tier.SPOT,
+        backend="kubernetes",
+        node_count=4,
+        gpus_per_node=2,
+    )
+
+    spot = next(
+        o
+        for o in selectors.offers(tenant=world.tenant, gpu_type="a100-80gb", region="us-west")
+        if o.tier == Tier.SPOT
+    )
+
+    assert spot.gpus_per_node == 2  # 8 free on the small nodes, fewer on the big ones
+    assert spot.available == 8 + 32 - 28
