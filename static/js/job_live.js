@@ -335,6 +335,12 @@
         this.showNote("Charts need plotly.js, which is not installed (run `make setup`).");
         return data;
       }
+      if (empty) {
+        this.perGpuSwitch.hidden = true;
+        this.traces = {}; // the first live reading reloads, then draws
+        this.ready = true;
+        return data;
+      }
       const config = { displayModeBar: false, responsive: true };
       this.aggregate = false;
       for (const [name, div] of Object.entries(this.divs)) {
@@ -350,7 +356,7 @@
             `${meta.gpus} GPUs: the mean, with the range from the lowest to the highest GPU.`;
         }
       }
-      this.perGpuSwitch.hidden = !this.aggregate || empty;
+      this.perGpuSwitch.hidden = !this.aggregate;
       if (this.aggregate && this.perGpu) this.showPerGpu();
       this.ready = true;
       return data;
