@@ -17,6 +17,7 @@ from __future__ import annotations
 from decimal import Decimal
 from html import escape
 
+from console.charts import fit_axes, palette_colour
 from marketplace.models import Tier
 
 TIER_LABELS = dict(Tier.choices)  # "on_demand" → "On-demand"
@@ -40,7 +41,7 @@ def _floats(values) -> list[float]:
 
 
 def _figure(data: list[dict], **layout) -> dict:
-    return {"data": data, "layout": {**LAYOUT, **layout}}
+    return {"data": data, "layout": fit_axes({**LAYOUT, **layout})}
 
 
 def _axis_title(text: str) -> dict:
@@ -52,13 +53,21 @@ def daily_stacked(
     series: dict[str, list[Decimal]],
     currency: str,
     names: dict[str, str] | None = None,
+    colours: dict[str, str] | None = None,
 ) -> dict:
     """Daily cost stacked by group; `names` are the groups' display names (a GPU type's
-    "A100 80GB SXM" for its slug, "On-demand" for on_demand) where they have one."""
-    names = names or {}
+    "A100 80GB SXM" for its slug, "On-demand" for on_demand) where they have one, and
+    `colours` their colours where they have one (a GPU type's, the same on every page)."""
+    names, colours = names or {}, colours or {}
     return _figure(
         [
-            {"type": "bar", "name": _label(names.get(key, key)), "x": days, "y": _floats(values)}
+            {
+                "type": "bar",
+                "name": _label(names.get(key, key)),
+                "x": days,
+                "y": _floats(values),
+                **({"marker": {"color": colours[key]}} if key in colours else {}),
+            }
             for key, values in series.items()
         ],
         barmode="stack",
@@ -121,24 +130,38 @@ def tier_share(by_tier: dict[str, Decimal]) -> dict:
     )
 
 
-def value_bars(rows: list[dict], currency: str, gpu_names: dict[str, str] | None = None) -> dict:
+def value_bars(
+    rows: list[dict],
+    currency: str,
+    gpu_names: dict[str, str] | None = None,
+    colours: dict[str, str] | None = None,
+) -> dict:
+    """Price per GPU-hour and per PFLOP-hour by GPU type: two stacked panels sharing the
+    GPU types, each on its own labelled axis (the units differ by a factor of ten or
+    more, one axis would flatten one of them). Bars in each GPU type's colour."""
     names = [_label((gpu_names or {}).get(r["gpu_type"], r["gpu_type"])) for r in rows]
+    bar_colours = [(colours or {}).get(r["gpu_type"], palette_colour(0)) for r in rows]
+
+    def panel(field: str, unit: str, axis: str) -> dict:
+        return {
+            "type": "bar",
+            "name": f"{currency} per {unit}",
+            "x": names,
+            "y": [None if r[field] is None else float(r[field]) for r in rows],
+            "xaxis": f"x{axis}",
+            "yaxis": f"y{axis}",
+            "marker": {"color": bar_colours},
+            "hovertemplate": f"%{{x}}: %{{y:.4f}} {currency} per {unit}<extra></extra>",
+        }
+
     return _figure(
-        [
-            {
-                "type": "bar",
-                "name": f"{currency} per GPU-hour",
-                "x": names,
-                "y": [float(r["per_gpu_hour"] or 0) for r in rows],
-            },
-            {
-                "type": "bar",
-                "name": f"{currency} per PFLOP-hour",
-                "x": names,
-                "y": [float(r["per_pflop_hour"] or 0) for r in rows],
-            },
-        ],
-        barmode="group",
+        [panel("per_gpu_hour", "GPU-hour", ""), panel("per_pflop_hour", "PFLOP-hour", "2")],
+        showlegend=False,
+        height=400,
+        xaxis={"anchor": "y", "showticklabels": False, "type": "category"},
+        yaxis={"domain": [0.58, 1], "title": {"text": f"{currency} / GPU-hour"}},
+        xaxis2={"anchor": "y2", "matches": "x", "type": "category"},
+        yaxis2={"domain": [0, 0.42], "title": {"text": f"{currency} / PFLOP-hour"}},
     )
 
 
@@ -150,6 +173,7 @@ def top_jobs_bar(rows: list[dict], currency: str) -> dict:
                 "x": [float(r["amount"]) for r in rows][::-1],
                 "y": [_label(f"{r['job_name']} #{r['job_ref']}") for r in rows][::-1],
                 "orientation": "h",
+                "hovertemplate": f"%{{y}}: %{{x:.2f}} {currency}<extra></extra>",
             }
         ],
         xaxis=_axis_title(currency),

@@ -17,7 +17,7 @@ from console.forms import add_service_error
 from console.permissions import Capability, capability_required
 from console.service_errors import ServiceError
 from jobs.models import Job
-from marketplace.selectors import gpu_type_names
+from marketplace.selectors import gpu_type_colours, gpu_type_names
 
 
 def _cost_query(request: HttpRequest) -> tuple[CostFilterForm, selectors.CostQuery | None]:
@@ -73,6 +73,7 @@ def costs(request: HttpRequest) -> HttpResponse:
         group_names = {"gpu_type": {**gpu_names, "cpu": "CPU"}, "tier": charts.TIER_LABELS}.get(
             query.group_by, {}
         )
+        colours = gpu_type_colours()
         rows = [{**row, "label": group_names.get(row["key"], row["key"])} for row in rows]
         for entry in value:
             entry["gpu_type_name"] = gpu_names.get(entry["gpu_type"], entry["gpu_type"])
@@ -90,7 +91,11 @@ def costs(request: HttpRequest) -> HttpResponse:
                 "forecast": forecast,
                 "figures": {
                     "daily": charts.daily_stacked(
-                        explorer.days, explorer.series, currency, names=group_names
+                        explorer.days,
+                        explorer.series,
+                        currency,
+                        names=group_names,
+                        colours=colours if query.group_by == "gpu_type" else None,
                     ),
                     "mtd": charts.month_to_date(
                         mtd_days,
@@ -101,7 +106,9 @@ def costs(request: HttpRequest) -> HttpResponse:
                         currency,
                     ),
                     "tiers": charts.tier_share(split["by_tier"]),
-                    "value": charts.value_bars(value, currency, gpu_names=gpu_names),
+                    "value": charts.value_bars(
+                        value, currency, gpu_names=gpu_names, colours=colours
+                    ),
                     "top": charts.top_jobs_bar(top, currency),
                 },
                 "export_query": request.GET.urlencode(),

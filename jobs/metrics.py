@@ -8,7 +8,6 @@ tick for all its running jobs; this module stores, publishes, downsamples and ch
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
@@ -18,10 +17,18 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from console.charts import (
+    GPU_LINE_PALETTE,
+    GPU_TYPE_PALETTE,
+    NODE_DASHES,
+    PER_GPU_LINES_MAX,
+    fit_axes,
+    translucent,
+)
 from jobs import alerts, realtime
 from jobs.backends import BackendUnavailable, get_backend
 from jobs.backends.base import GpuReading
-from jobs.models import Job, JobMetricSample, JobStatus, MetricResolution
+from jobs.models import Job, JobEvent, JobMetricSample, JobStatus, MetricResolution
 
 log = logging.getLogger(__name__)
 
@@ -186,44 +193,145 @@ CHARTS = (
     ("power_w", "Power", "W"),
     ("temperature_c", "Temperature", "°C"),
 )
+AGGREGATE_KEYS = ("agg/min", "agg/max", "agg/mean")
 
 
 def trace_key(node: str, gpu: int) -> str:
     return f"{node}/gpu{gpu}"
 
 
-def job_figures(samples: list[dict]) -> dict[str, dict]:
-    """One Plotly figure per chart (JSON for plotly.js): a line per GPU of every node,
-    tagged with `meta` = "<node>/gpu<index>" so live samples extend the right trace."""
-    import plotly.graph_objects as go
+def job_markers(*, job: Job, since: datetime | None = None) -> list[dict]:
+    """The job's pauses, resumes and preemptions (realtime.CHART_MARKERS) since `since`,
+    as the chart markers the page draws: `{"at", "label"}`."""
+    events = JobEvent.objects.filter(job=job, to_status__in=list(realtime.CHART_MARKERS))
+    if since is not None:
+        events = events.filter(at__gte=since)
+    return [
+        {"at": at.isoformat(), "label": realtime.CHART_MARKERS[status]}
+        for at, status in events.order_by("at", "id").values_list("at", "to_status")
+    ]
 
+
+def _marker_layout(markers: list[dict]) -> dict:
+    return {
+        "shapes": [
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": m["at"],
+                "x1": m["at"],
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": "#555", "width": 1, "dash": "dot"},
+            }
+            for m in markers
+        ],
+        "annotations": [
+            {
+                "x": m["at"],
+                "xref": "x",
+                "y": 1,
+                "yref": "paper",
+                "yanchor": "bottom",
+                "text": m["label"],
+                "showarrow": False,
+                "font": {"size": 10},
+            }
+            for m in markers
+        ],
+    }
+
+
+def _per_gpu_traces(by_gpu: dict[str, list[dict]], field: str, visible: bool) -> list[dict]:
+    nodes = sorted({key.split("/gpu")[0] for key in by_gpu})
+    traces = []
+    for key, rows in sorted(by_gpu.items()):
+        node, gpu = key.split("/gpu")
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": [r["at"] for r in rows],
+                "y": [r[field] for r in rows],
+                "name": key.replace("/gpu", " GPU "),
+                "meta": key,
+                "visible": visible,
+                "line": {
+                    "color": GPU_LINE_PALETTE[int(gpu) % len(GPU_LINE_PALETTE)],
+                    "dash": NODE_DASHES[nodes.index(node) % len(NODE_DASHES)],
+                },
+            }
+        )
+    return traces
+
+
+def _aggregate_traces(samples: list[dict], field: str, colour: str, gpus: int) -> list[dict]:
+    """Lowest and highest GPU per tick (a band) and their mean (a line): a reading of
+    every GPU at once, where 16 lines would be a tangle. Readings of one tick share `at`."""
+    by_tick: dict[str, list[float]] = defaultdict(list)
+    for sample in samples:
+        if sample[field] is not None:
+            by_tick[sample["at"]].append(sample[field])
+    ticks = sorted(by_tick)
+    low = [min(by_tick[t]) for t in ticks]
+    high = [max(by_tick[t]) for t in ticks]
+    mean = [round(fmean(by_tick[t]), 2) for t in ticks]
+    band = {"type": "scatter", "mode": "lines", "x": ticks, "line": {"width": 0, "color": colour}}
+    return [
+        {**band, "y": low, "name": "Lowest GPU", "meta": "agg/min", "showlegend": False},
+        {
+            **band,
+            "y": high,
+            "name": "Highest GPU",
+            "meta": "agg/max",
+            "fill": "tonexty",
+            "fillcolor": translucent(colour, 0.25),
+            "legendgroup": "band",
+        },
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": ticks,
+            "y": mean,
+            "name": f"Mean of {gpus} GPUs",
+            "meta": "agg/mean",
+            "line": {"color": colour, "width": 2},
+        },
+    ]
+
+
+def job_figures(
+    samples: list[dict], *, colour: str = GPU_TYPE_PALETTE[0], markers: list[dict] | None = None
+) -> dict[str, dict]:
+    """One Plotly figure (plain JSON) per chart. Up to PER_GPU_LINES_MAX GPUs: a line per
+    GPU of every node, tagged with `meta` = "<node>/gpu<index>" so live samples extend the
+    right trace. Above: the mean with a min–max band in the GPU type's colour
+    (`layout.meta.aggregate`), the per-GPU lines present but hidden until asked for.
+    `markers` (job_markers) become dotted vertical lines with their label."""
     by_gpu: dict[str, list[dict]] = defaultdict(list)
     for sample in samples:
         by_gpu[trace_key(sample["node"], sample["gpu"])].append(sample)
+    aggregate = len(by_gpu) > PER_GPU_LINES_MAX
     figures = {}
     for field, title, unit in CHARTS:
-        figure = go.Figure(
-            layout={
-                "title": {"text": title, "font": {"size": 14}},
-                "height": 240,
-                "margin": {"l": 50, "r": 10, "t": 36, "b": 30},
-                "template": "none",  # the page's CSS gives the look; keeps the JSON small
-                "yaxis": {"title": {"text": unit}, "rangemode": "tozero", "gridcolor": "#8884"},
-                "xaxis": {"type": "date", "gridcolor": "#8884"},
-                "legend": {"orientation": "h", "y": -0.25},
-                "paper_bgcolor": "rgba(0,0,0,0)",
-                "plot_bgcolor": "rgba(0,0,0,0)",
-            }
-        )
+        yaxis: dict = {"title": {"text": unit}, "rangemode": "tozero", "gridcolor": "#8884"}
         if field == "utilization":
-            figure.update_yaxes(range=[0, 100])
-        for key, rows in sorted(by_gpu.items()):
-            figure.add_scatter(
-                x=[r["at"] for r in rows],
-                y=[r[field] for r in rows],
-                name=key.replace("/gpu", " GPU "),
-                meta=key,
-                mode="lines",
-            )
-        figures[field] = json.loads(figure.to_json())
+            yaxis["range"] = [0, 100]
+        layout = {
+            "title": {"text": title, "font": {"size": 14}},
+            "height": 240,
+            "margin": {"l": 50, "r": 10, "t": 36, "b": 30},
+            "yaxis": yaxis,
+            "xaxis": {"type": "date", "gridcolor": "#8884"},
+            "legend": {"orientation": "h", "y": -0.25},
+            "paper_bgcolor": "rgba(0,0,0,0)",
+            "plot_bgcolor": "rgba(0,0,0,0)",
+            "meta": {"aggregate": aggregate, "gpus": len(by_gpu), "unit": unit},
+            **_marker_layout(markers or []),
+        }
+        data = _per_gpu_traces(by_gpu, field, visible=not aggregate)
+        if aggregate:
+            data = _aggregate_traces(samples, field, colour, len(by_gpu)) + data
+        figures[field] = {"data": data, "layout": fit_axes(layout)}
     return figures

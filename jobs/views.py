@@ -30,7 +30,7 @@ from console.service_errors import ServiceError
 from console.templatetags.money import format_money
 from console.templatetags.numbers import duration_text
 from console.tenancy import get_for_tenant_or_404
-from jobs import fleet, selectors, services
+from jobs import fleet, metrics, selectors, services
 from jobs.actors import Actor
 from jobs.expectations.selectors import (
     EXPECTATION_COLUMNS,
@@ -287,6 +287,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context["checkpoints"] = selectors.job_checkpoints(job=job)
     if request.htmx and request.htmx.target == "job-checkpoints":
         return render(request, "jobs/detail.html#job-checkpoints", context)
+    context["metric_charts"] = [(field, title) for field, title, _unit in metrics.CHARTS]
     return render(request, "jobs/detail.html", context)
 
 

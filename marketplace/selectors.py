@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest
 
+from console.charts import CPU_COLOUR, palette_colour
 from console.crypto import decrypt_json
 from console.models import Tenant
 from marketplace.images import InvalidReference, parse_reference
@@ -414,6 +415,18 @@ def gpu_type_names() -> dict[str, str]:
     """Each GPU type's display name ("A100 80GB SXM") by slug, withdrawn ones too (old
     usage names them)."""
     return dict(GpuType.objects.values_list("slug", "model"))
+
+
+def gpu_type_colours(*, by_name: bool = False) -> dict[str, str]:
+    """Each GPU type's chart colour, the same on every page: handed out in the order the
+    types were created, so adding a type never recolours the others. By slug (and "cpu"),
+    or by display name (and "CPU") for series already labelled with names."""
+    types = GpuType.objects.order_by("pk").values_list("slug", "model")
+    colours = {
+        (model if by_name else slug): palette_colour(i) for i, (slug, model) in enumerate(types)
+    }
+    colours["CPU" if by_name else "cpu"] = CPU_COLOUR
+    return colours
 
 
 def price_currency() -> str:

@@ -5,7 +5,6 @@ arrive as Decimals and become floats only here, as the figure is written."""
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import cast
 
 from billing import charts
 from billing.finance.revenue import PoolUtilisation, TenantRevenue
@@ -15,19 +14,39 @@ from billing.finance.selectors import Ageing
 _label = charts._label
 
 
-def _figure(data: list[dict], **layout) -> dict:
-    return {"data": data, "layout": {**charts.LAYOUT, **layout}}
+_figure = charts._figure
 
 
-def monthly_stacked(months: list[str], series: dict[str, list[Decimal]], unit: str) -> dict:
-    """Stacked bars per month, one trace per group (GPU type, tier)."""
+def data_months(months: list[str], series: dict[str, list[Decimal]]) -> slice:
+    """The months from the first to the last with any amount: a chart of the period
+    shows its data, not a row of empty months before and after it."""
+    filled = [i for i in range(len(months)) if any(values[i] for values in series.values())]
+    return slice(filled[0], filled[-1] + 1) if filled else slice(0, 0)
+
+
+def monthly_stacked(
+    months: list[str],
+    series: dict[str, list[Decimal]],
+    unit: str,
+    colours: dict[str, str] | None = None,
+) -> dict:
+    """Stacked bars per month, one trace per group (GPU type, tier), over the months that
+    have data; `colours` by group name where a group has one (a GPU type's)."""
+    shown = data_months(months, series)
+    colours = colours or {}
     return _figure(
         [
-            {"type": "bar", "name": _label(name), "x": months, "y": [float(v) for v in values]}
+            {
+                "type": "bar",
+                "name": _label(name),
+                "x": months[shown],
+                "y": [float(v) for v in values[shown]],
+                **({"marker": {"color": colours[name]}} if name in colours else {}),
+            }
             for name, values in series.items()
         ],
         barmode="stack",
-        xaxis={"type": "category"},
+        xaxis={"type": "category", "tickangle": -45 if len(months[shown]) > 6 else 0},
         yaxis={"title": {"text": unit}},
     )
 
@@ -48,7 +67,6 @@ def top_tenants_bar(rows: list[TenantRevenue], currency: str) -> dict:
             }
         ],
         xaxis={"title": {"text": currency}},
-        margin={**cast(dict, charts.LAYOUT["margin"]), "l": 160},  # room for names
     )
 
 

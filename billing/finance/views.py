@@ -32,6 +32,7 @@ from console.forms import add_service_error
 from console.models import Tenant
 from console.permissions import Capability, capability_required, staff_required
 from console.service_errors import ServiceError
+from marketplace.selectors import gpu_type_colours
 
 PAGE_SIZE = 50
 DEFAULT_MONTHS = 12
@@ -176,10 +177,12 @@ def finance_revenue(request: HttpRequest) -> HttpResponse:
             scope=scope, start=start, end=end, now=now, currency=data.get("currency") or ""
         )
         figures = {"ageing": finance_charts.ageing_bar(dashboard.ageing)}
+        # Series here are labelled with GPU types' names: their colours by name.
+        colours = gpu_type_colours(by_name=True)
         if dashboard.total:
             figures.update(
                 by_gpu_type=finance_charts.monthly_stacked(
-                    dashboard.months, dashboard.by_gpu_type, dashboard.currency
+                    dashboard.months, dashboard.by_gpu_type, dashboard.currency, colours
                 ),
                 by_tier=finance_charts.monthly_stacked(
                     dashboard.months, dashboard.by_tier, dashboard.currency
@@ -188,7 +191,7 @@ def finance_revenue(request: HttpRequest) -> HttpResponse:
             )
         if dashboard.gpu_hours:
             figures["gpu_hours"] = finance_charts.monthly_stacked(
-                dashboard.months, dashboard.gpu_hours, "GPU-hours"
+                dashboard.months, dashboard.gpu_hours, "GPU-hours", colours
             )
         if any(row.percent is not None for row in dashboard.utilisation):
             figures["utilisation"] = finance_charts.utilisation_bar(dashboard.utilisation)

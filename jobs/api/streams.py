@@ -15,11 +15,13 @@ from rest_framework.views import APIView
 
 from console.api.fields import StrictBooleanField, StrictCharField
 from console.api.params import query_params
+from console.charts import GPU_TYPE_PALETTE
 from console.permissions import Capability, IsTenantMember, MayActOnJob
 from console.tenancy import get_for_tenant_or_404
 from jobs import alerts, metrics
 from jobs.logs.reading import adownload_chunks
 from jobs.models import Job, JobAlert, JobMonitor
+from marketplace.selectors import gpu_type_colours
 
 
 class JobView(APIView):
@@ -62,10 +64,18 @@ class MetricSampleSerializer(serializers.Serializer):
     temperature_c = serializers.FloatField(allow_null=True)
 
 
+class ChartMarkerSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    label = StrictCharField(help_text='"Paused", "Resumed" or "Preempted".')
+
+
 class JobMetricsSerializer(serializers.Serializer):
     samples = MetricSampleSerializer(many=True)
     figures = serializers.DictField(help_text="Plotly figures (JSON) per chart, built here.")
     note = StrictCharField(help_text='Why there are no readings (e.g. "no GPU"), or "".')
+    markers = ChartMarkerSerializer(
+        many=True, help_text="Pauses, resumes and preemptions in the range, as charted."
+    )
     summary = serializers.DictField()
     alerts = serializers.ListField(child=serializers.DictField())
 
@@ -88,10 +98,14 @@ class JobMetricsView(JobView):
         )
         recent_alerts = JobAlert.objects.filter(job=job).order_by("-at")[:20]
         samples = metrics.job_samples(job=job, since=since)
+        markers = metrics.job_markers(job=job, since=since)
+        slug = job.gpu_type.slug if job.gpu_type_id else ""
+        colour = gpu_type_colours().get(slug, GPU_TYPE_PALETTE[0])
         return Response(
             {
                 "samples": samples,
-                "figures": metrics.job_figures(samples),
+                "figures": metrics.job_figures(samples, colour=colour, markers=markers),
+                "markers": markers,
                 "note": metrics.metrics_note(job),
                 "summary": metrics.job_summary(job=job),
                 "alerts": [

@@ -12,6 +12,7 @@ Only this package talks to the channel layer (checked by tests/test_architecture
 
 from jobs.realtime.hub import RESYNC, GroupHub, close_hub, hub, parallel_db
 from jobs.realtime.messages import (
+    CHART_MARKERS,
     CUT_MARK,
     LOG_MESSAGE_MAX_BYTES,
     MEMBERSHIP_CHANGED,
@@ -45,7 +46,7 @@ from jobs.realtime.publish import (
 )
 
 __all__ = [
-    "CUT_MARK", "LOG_MESSAGE_MAX_BYTES", "MEMBERSHIP_CHANGED", "RESYNC",
+    "CHART_MARKERS", "CUT_MARK", "LOG_MESSAGE_MAX_BYTES", "MEMBERSHIP_CHANGED", "RESYNC",
     "BudgetAlertMessage", "GroupHub", "JobAlertMessage", "JobLogMessage",
     "JobMetricsMessage", "JobMetricsSummaryMessage", "JobStatusMessage", "LogLinePayload",
     "MembershipChangedMessage", "MetricSamplePayload", "RealtimeMessage",

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Literal, NotRequired, TypedDict
 
-from jobs.models import Job
+from jobs.models import Job, JobStatus
 
 
 def job_group(job_id: int) -> str:
@@ -34,6 +34,16 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+# Status changes the job's charts mark (a vertical line with this label), by the status
+# entered: the page draws earlier ones from the job's events and new ones from the status
+# message, both through this one rule.
+CHART_MARKERS: dict[str, str] = {
+    JobStatus.PAUSED: "Paused",
+    JobStatus.RESUMING: "Resumed",
+    JobStatus.PREEMPTED: "Preempted",
+}
+
+
 # --- payloads (what the browser receives, JSON) -------------------------------------------
 
 
@@ -45,6 +55,7 @@ class JobStatusMessage(TypedDict):
     attempt: int
     at: str
     is_finished: bool
+    marker: str  # the label the job's charts mark this change with, "" for none
 
 
 class LogLinePayload(TypedDict):
@@ -149,6 +160,7 @@ def job_status_message(job: Job) -> JobStatusMessage:
         attempt=job.attempt,
         at=job.status_changed_at.isoformat(),
         is_finished=job.is_finished,
+        marker=CHART_MARKERS.get(job.status, ""),
     )
 
 

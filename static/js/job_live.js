@@ -259,6 +259,12 @@
   }
 
   // ---- charts ---------------------------------------------------------------------------------
+  // Figures come built from the server (jobs.metrics.job_figures): a line per GPU up to 8,
+  // above that the mean with a min–max band (each GPU on demand). Live samples extend them;
+  // a GPU the charts don't know yet makes them reload from the server. Status messages that
+  // carry a `marker` (pause, resume, preemption) add a labelled line.
+
+  const AGGREGATE = ["agg/min", "agg/max", "agg/mean"];
 
   class Charts {
     constructor(element, metricsUrl, startedAt) {
@@ -268,11 +274,16 @@
       this.range = "15";
       this.note = element.querySelector("[data-metrics-note]");
       this.grid = element.querySelector("[data-metrics-charts]");
+      this.perGpuSwitch = element.querySelector("[data-per-gpu-switch]");
+      this.perGpuButton = element.querySelector("[data-per-gpu]");
       this.divs = Object.fromEntries(
         [...element.querySelectorAll("[data-chart]")].map((div) => [div.dataset.chart, div]),
       );
       this.traces = {}; // chart -> {meta key -> trace index}
+      this.aggregate = false;
+      this.perGpu = false;
       this.ready = false;
+      this.reloading = null;
       this.liveCount = 0;
       for (const button of element.querySelectorAll("[data-range]")) {
         button.addEventListener("click", () => {
@@ -283,6 +294,10 @@
           this.load();
         });
       }
+      this.perGpuButton.addEventListener("click", () => {
+        this.perGpu = !this.perGpu;
+        this.showPerGpu();
+      });
     }
 
     since() {
@@ -309,26 +324,53 @@
       }
       this.summary(data.summary || {});
       const empty = !data.samples.length;
-      this.showNote(empty ? data.note || "No GPU readings yet." : data.note || "");
+      // No readings: a sentence, not empty axes (plotly.js would draw Jan 2000 on them).
+      this.showNote(empty ? data.note || "No GPU readings in this time range yet." : data.note || "");
+      this.grid.hidden = empty;
       // Nothing to chart and a reason why (e.g. "no GPU"): the reason alone says it.
-      const nothing = empty && Boolean(data.note);
-      this.grid.hidden = nothing;
       for (const part of this.element.querySelectorAll(".range-switch, [data-metrics-summary]")) {
-        part.hidden = nothing && this.range === "15";
+        part.hidden = empty && Boolean(data.note) && this.range === "15";
       }
       if (typeof Plotly === "undefined") {
         this.showNote("Charts need plotly.js, which is not installed (run `make setup`).");
         return data;
       }
+      if (empty) {
+        this.perGpuSwitch.hidden = true;
+        this.traces = {}; // the first live reading reloads, then draws
+        this.ready = true;
+        return data;
+      }
       const config = { displayModeBar: false, responsive: true };
+      this.aggregate = false;
       for (const [name, div] of Object.entries(this.divs)) {
         const figure = data.figures[name];
         if (!figure) continue;
+        const meta = figure.layout.meta || {};
+        this.aggregate = Boolean(meta.aggregate);
         await Plotly.react(div, figure.data, figure.layout, config);
         this.traces[name] = Object.fromEntries(figure.data.map((trace, index) => [trace.meta, index]));
+        if (window.ggCharts) window.ggCharts.wire(div.closest("[data-chart-block]"), div);
+        if (meta.aggregate) {
+          this.perGpuSwitch.querySelector("[data-aggregate-note]").textContent =
+            `${meta.gpus} GPUs: the mean, with the range from the lowest to the highest GPU.`;
+        }
       }
+      this.perGpuSwitch.hidden = !this.aggregate;
+      if (this.aggregate && this.perGpu) this.showPerGpu();
       this.ready = true;
       return data;
+    }
+
+    showPerGpu() {
+      this.perGpuButton.setAttribute("aria-pressed", String(this.perGpu));
+      this.perGpuButton.textContent = this.perGpu ? "Show the mean and range" : "Show each GPU";
+      for (const [name, div] of Object.entries(this.divs)) {
+        if (!div.data) continue;
+        const visible = div.data.map((trace) => AGGREGATE.includes(trace.meta) !== this.perGpu);
+        Plotly.restyle(div, { visible });
+        window.ggCharts?.refresh(div.closest("[data-chart-block]"), div);
+      }
     }
 
     summary(figures) {
@@ -342,35 +384,71 @@
       }
     }
 
+    // A pause, resume or preemption from the status message: a marker on every chart.
+    mark(message) {
+      if (!this.ready || !message.marker || typeof Plotly === "undefined") return;
+      for (const div of Object.values(this.divs)) {
+        const layout = div.layout || {};
+        const annotations = layout.annotations || [];
+        if (annotations.some((a) => a.x === message.at && a.text === message.marker)) continue;
+        Plotly.relayout(div, {
+          shapes: [...(layout.shapes || []), {
+            type: "line", xref: "x", yref: "paper", x0: message.at, x1: message.at, y0: 0, y1: 1,
+            line: { color: "#555", width: 1, dash: "dot" },
+          }],
+          annotations: [...annotations, {
+            x: message.at, xref: "x", y: 1, yref: "paper", yanchor: "bottom",
+            text: message.marker, showarrow: false, font: { size: 10 },
+          }],
+        });
+      }
+    }
+
+    reload() {
+      if (!this.reloading) this.reloading = this.load().finally(() => { this.reloading = null; });
+    }
+
     live(message) {
       if (message.note) this.showNote(message.note);
       if (!this.ready || !message.samples || !message.samples.length) return;
-      this.grid.hidden = false;
-      for (const part of this.element.querySelectorAll(".range-switch, [data-metrics-summary]")) {
-        part.hidden = false;
+      const known = this.traces.utilization || {};
+      if (message.samples.some((s) => !(`${s.node}/gpu${s.gpu}` in known))) {
+        this.reload(); // a first reading or a new GPU: the server decides lines or band
+        return;
       }
-      if (!this.note.textContent.startsWith("no GPU")) this.showNote("");
+      const ticks = new Map(); // at -> samples of that tick
+      for (const sample of message.samples) {
+        if (!ticks.has(sample.at)) ticks.set(sample.at, []);
+        ticks.get(sample.at).push(sample);
+      }
       for (const [name, div] of Object.entries(this.divs)) {
-        const known = this.traces[name] || (this.traces[name] = {});
+        const index = this.traces[name] || {};
         const update = new Map();
-        for (const sample of message.samples) {
-          const key = `${sample.node}/gpu${sample.gpu}`;
-          if (!(key in known)) {
-            Plotly.addTraces(div, { x: [], y: [], name: `${sample.node} GPU ${sample.gpu}`, meta: key, mode: "lines" });
-            known[key] = div.data.length - 1;
+        const push = (trace, x, y) => {
+          const entry = update.get(trace) || { x: [], y: [] };
+          entry.x.push(x);
+          entry.y.push(y);
+          update.set(trace, entry);
+        };
+        for (const sample of message.samples) push(index[`${sample.node}/gpu${sample.gpu}`], sample.at, sample[name]);
+        if (this.aggregate) {
+          for (const [at, samples] of ticks) {
+            const values = samples.map((s) => s[name]).filter((v) => v != null);
+            if (!values.length) continue;
+            const mean = values.reduce((a, b) => a + b, 0) / values.length;
+            push(index["agg/min"], at, Math.min(...values));
+            push(index["agg/max"], at, Math.max(...values));
+            push(index["agg/mean"], at, Math.round(mean * 100) / 100);
           }
-          const entry = update.get(known[key]) || { x: [], y: [] };
-          entry.x.push(sample.at);
-          entry.y.push(sample[name]);
-          update.set(known[key], entry);
         }
-        const indices = [...update.keys()];
+        const indices = [...update.keys()].filter((i) => i !== undefined);
         Plotly.extendTraces(
           div,
           { x: indices.map((i) => update.get(i).x), y: indices.map((i) => update.get(i).y) },
           indices,
           20000,
         );
+        window.ggCharts?.refresh(div.closest("[data-chart-block]"), div);
       }
       this.liveCount += 1;
       if (this.liveCount % 12 === 0) {
@@ -450,7 +528,10 @@
     socket.addEventListener("message", (event) => {
       const message = JSON.parse(event.data);
       if (message.type === "log") logs.live(message.lines);
-      else if (message.type === "status") statusChanged(message);
+      else if (message.type === "status") {
+        statusChanged(message);
+        charts.mark(message);
+      }
       else if (message.type === "metrics") charts.live(message);
       else if (message.type === "alert") {
         showAlert(message);
