@@ -29,7 +29,7 @@ from jobs.services.spec import (
     MAX_JOB_SECRETS,
     MAX_VOLUME_MOUNTS,
 )
-from marketplace.pricing import to_cents
+from marketplace.pricing import MAX_NODES, to_cents
 
 
 class ArgumentField(StrictCharField):
@@ -71,7 +71,7 @@ class JobCreateSerializer(serializers.Serializer):
     cpus = serializers.IntegerField(
         min_value=1, max_value=1024, required=False, allow_null=True, default=None
     )
-    nodes = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, default=1)
     region = StrictCharField(max_length=40, required=False, allow_null=True, default=None)
     spot_ratio = serializers.DecimalField(
         max_digits=4,
