@@ -9,6 +9,7 @@ from django import forms
 from jobs.models import Priority, TenantSecret
 from jobs.services.spec import DEFAULT_MAX_RUNTIME_MINUTES, JobSpec
 from marketplace.models import GpuType, Image, Region
+from marketplace.pricing import MAX_NODES
 from marketplace.selectors import default_region, regions_for_tenant
 
 
@@ -57,7 +58,7 @@ class LaunchForm(forms.Form):
     )
     gpus_per_node = forms.IntegerField(label="GPUs per node", min_value=0, max_value=64, initial=0)
     cpus = forms.IntegerField(label="vCPUs per node", min_value=1, max_value=1024, initial=1)
-    nodes = forms.IntegerField(min_value=1, max_value=1024, initial=1)
+    nodes = forms.IntegerField(min_value=1, max_value=MAX_NODES, initial=1)
     region = forms.ModelChoiceField(
         queryset=Region.objects.filter(is_active=True), to_field_name="slug", empty_label=None
     )

@@ -281,8 +281,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             tail_lines(job, FAILURE_TAIL_LINES)[0] if job.status == JobStatus.FAILED else []
         ),
     }
-    if request.htmx and request.htmx.target == "job-status":
-        return render(request, "jobs/detail.html#job-status", context)
+    if request.htmx and request.htmx.target in ("job-status", "job-cost"):
+        return render(request, f"jobs/detail.html#{request.htmx.target}", context)
     # Read from the store: on the full page and its own (slower) refresh only.
     context["checkpoints"] = selectors.job_checkpoints(job=job)
     if request.htmx and request.htmx.target == "job-checkpoints":

@@ -14,6 +14,7 @@ from marketplace.models import (
     Tier,
     Vendor,
 )
+from marketplace.pricing import MAX_NODES
 from marketplace.recommend import Precision, Workload
 from marketplace.services.catalog import GPU_TYPE_EDITABLE_FIELDS, NODE_POOL_EDITABLE_FIELDS
 
@@ -68,10 +69,10 @@ class EstimateForm(forms.Form):
     cpus = forms.IntegerField(
         label="vCPUs per node", min_value=1, max_value=512, initial=8, required=False
     )
-    # As many nodes as a launch may ask for (jobs.forms.LaunchForm).
+    # As many nodes as a launch may ask for (the one limit).
     nodes = forms.IntegerField(
         min_value=1,
-        max_value=1024,
+        max_value=MAX_NODES,
         initial=1,
         error_messages={"min_value": "Must be at least 1 node."},
     )

@@ -23,6 +23,10 @@ from marketplace.models import GpuType, PriceEntry, PriceVersion, Region, Tenant
 CENT = Decimal("0.01")
 HUNDRED = Decimal(100)
 RESERVED_TERMS = (1, 3, 12)
+# The most nodes one job (and so one estimate) may ask for: the estimate form and API, the
+# launch form and API, the job spec's validation and (as its own copy, checked equal by
+# tests/sdk) the SDK and CLI.
+MAX_NODES = 1024
 
 
 class PricingError(Exception):
@@ -193,6 +197,8 @@ def estimate_cost(
     hours = Decimal(hours)
     if nodes < 1:
         raise PricingError("Ask for at least one node.", field="nodes")
+    if nodes > MAX_NODES:
+        raise PricingError(f"Ask for at most {MAX_NODES:,} nodes.", field="nodes")
     if not Decimal(0) <= spot_ratio <= Decimal(1):
         raise PricingError("The spot ratio is between 0 and 1.", field="spot_ratio")
     if hours <= 0:

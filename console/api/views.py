@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import GenericViewSet
 
-from console import host_access, selectors, tenant_admin
+from console import host_access, registration, selectors, tenant_admin
 from console.api import serializers as s
 from console.api.base import TenantScopedViewSet
 from console.api.errors import error_response
@@ -45,11 +45,22 @@ class TokenLoginView(APIView):
     def post(self, request):
         data = s.TokenLoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user = authenticate(
-            request._request,
-            username=data.validated_data["email"],
-            password=data.validated_data["password"],
+        email, password = data.validated_data["email"], data.validated_data["password"]
+        # As on the sign-in page (console.forms): the right password of an account that
+        # awaits verification is no failed sign-in (not logged, not counted toward
+        # lockout) but a refusal that says what to do; authenticate() would count it.
+        awaiting, user = registration.sign_in_awaiting_verification(
+            request=request._request, email=email, password=password
         )
+        if awaiting is registration.UnverifiedSignIn.RIGHT_PASSWORD:
+            return error_response(
+                status.HTTP_403_FORBIDDEN,
+                "Verify your e-mail address first: follow the link we e-mailed you, then "
+                "sign in again.",
+                "permission_denied",
+            )
+        if awaiting is registration.UnverifiedSignIn.NOT_UNVERIFIED:
+            user = authenticate(request._request, username=email, password=password)
         if getattr(request._request, "axes_locked_out", False):
             return Response(status=429)  # replaced by AxesMiddleware with the lockout body
         if user is None:

@@ -29,7 +29,8 @@ from jobs.services.spec import (
     MAX_JOB_SECRETS,
     MAX_VOLUME_MOUNTS,
 )
-from marketplace.pricing import to_cents
+from marketplace.pricing import MAX_NODES, to_cents
+from marketplace.selectors import price_currency
 
 
 class ArgumentField(StrictCharField):
@@ -71,7 +72,7 @@ class JobCreateSerializer(serializers.Serializer):
     cpus = serializers.IntegerField(
         min_value=1, max_value=1024, required=False, allow_null=True, default=None
     )
-    nodes = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, default=1)
     region = StrictCharField(max_length=40, required=False, allow_null=True, default=None)
     spot_ratio = serializers.DecimalField(
         max_digits=4,
@@ -194,6 +195,9 @@ class JobSerializer(StrictModelSerializer):
     simulated = serializers.SerializerMethodField(
         help_text="Runs on the sandbox cluster's simulated nodes: its command is not executed"
     )
+    currency = serializers.SerializerMethodField(
+        help_text="The currency of `price_per_hour` and `cost_to_date`"
+    )
     queue_position = serializers.SerializerMethodField()
     expected_start = serializers.SerializerMethodField(
         help_text="Queued: when it is expected to start (null: not foreseeable)"
@@ -243,6 +247,7 @@ class JobSerializer(StrictModelSerializer):
             "attempt",
             "exit_code",
             "cost_to_date",
+            "currency",
             "created_at",
             "started_at",
             "finished_at",
@@ -303,6 +308,7 @@ class JobSerializer(StrictModelSerializer):
                 "rates": job_costs().run_rates(jobs),
                 "positions": selectors.queue_positions(jobs),
                 "expectations": job_expectations(jobs),
+                "currency": price_currency(),
             }
         return self.context["_job_batch"]
 
@@ -312,6 +318,9 @@ class JobSerializer(StrictModelSerializer):
     def get_price_per_hour(self, job) -> str | None:
         rate = self._batch()["rates"][job.pk]
         return None if rate is None else str(to_cents(rate))
+
+    def get_currency(self, job) -> str:
+        return self._batch()["currency"]
 
     def get_simulated(self, job) -> bool:
         return job.simulated

@@ -17,7 +17,7 @@ from console.service_errors import ServiceError
 from jobs.extensions import volume_provider
 from jobs.models import Job, Priority
 from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Tier
-from marketplace.pricing import node_split
+from marketplace.pricing import MAX_NODES, node_split
 from marketplace.selectors import (
     HOST_NOT_AVAILABLE,
     default_region,
@@ -362,6 +362,8 @@ def spec_validate(
     _validate_command(spec.command)
     if spec.nodes < 1:
         raise invalid("Ask for at least one node.", "nodes")
+    if spec.nodes > MAX_NODES:
+        raise invalid(f"Ask for at most {MAX_NODES:,} nodes.", "nodes")
     if spec.gpus_per_node < 0:
         raise invalid("GPUs per node can't be negative.", "gpus_per_node")
     if not Decimal(0) <= Decimal(spec.spot_ratio) <= Decimal(1):

@@ -23,6 +23,7 @@ from marketplace.models import (
     RegistryCredential,
     Tier,
 )
+from marketplace.pricing import MAX_NODES
 from marketplace.recommend import DEFAULT_LORA_RANK, Precision, Workload
 from marketplace.selectors import SORTS
 from marketplace.services.catalog import LABEL_VALUE, NODE_POOL_EDITABLE_FIELDS
@@ -152,7 +153,7 @@ class EstimateRequestSerializer(serializers.Serializer):
     )
     gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, default=0)
     cpus = serializers.IntegerField(min_value=1, max_value=1024, required=False)
-    nodes = serializers.IntegerField(min_value=1, max_value=4096)
+    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES)
     region = serializers.SlugRelatedField(
         slug_field="slug", queryset=Region.objects.filter(is_active=True)
     )

@@ -549,8 +549,24 @@
   // Exposed for tests and debugging: the page's live state.
   window.ggJobLive = { logs, charts, reconnect: () => socket && socket.close() };
 
+  // plotly.js (1 MB to run) waits for the first paint: run before it, it kept the page
+  // blank. The page's <link rel=preload> has fetched it meanwhile.
+  function plotlyAfterFirstPaint() {
+    if (typeof Plotly !== "undefined" || !root.dataset.plotlyUrl) return Promise.resolve();
+    return new Promise((resolve) => {
+      requestAnimationFrame(() =>
+        setTimeout(() => {
+          const script = document.createElement("script");
+          script.src = root.dataset.plotlyUrl;
+          script.onload = script.onerror = () => resolve();
+          document.head.append(script);
+        }, 0),
+      );
+    });
+  }
+
   connect();
-  charts.load().then((data) => {
+  plotlyAfterFirstPaint().then(() => charts.load()).then((data) => {
     for (const alert of (data && data.alerts) || []) showAlert(alert, false);
   });
 

@@ -131,3 +131,42 @@ def test_wrong_passwords_of_an_unverified_account_count_toward_lockout(unverifie
     # Locked out: the right password says nothing about the account either.
     assert locked.status_code == 429
     assert "Verify your e-mail" not in locked.content.decode()
+
+
+def token_login(email: str, password: str, ip: str = "192.0.2.7"):
+    """The SDK/CLI login: credentials for an API token (POST /api/v1/auth/token)."""
+    return Client().post(
+        reverse("api-auth-token"),
+        {"email": email, "password": password, "name": "cli"},
+        content_type="application/json",
+        REMOTE_ADDR=ip,
+    )
+
+
+@override_settings(AXES_FAILURE_LIMIT=3)
+def test_token_login_with_the_right_password_of_an_unverified_account_is_no_failure(
+    unverified, password, caplog
+):
+    with caplog.at_level(logging.INFO):
+        answers = [token_login(unverified.email, password) for _ in range(5)]
+
+    assert [a.status_code for a in answers] == [403] * 5  # never 429: not counted
+    assert all("Verify your e-mail address first" in a.json()["detail"] for a in answers)
+    assert not AccessAttempt.objects.exists()
+    assert not AccessFailureLog.objects.exists()
+    assert not [r for r in caplog.records if r.name.startswith("axes")]
+    assert not unverified.api_tokens.exists()
+
+
+@override_settings(AXES_FAILURE_LIMIT=3)
+def test_token_login_wrong_passwords_of_an_unverified_account_count_toward_lockout(
+    unverified, password
+):
+    wrong = [token_login(unverified.email, "not-it") for _ in range(3)]
+    assert AccessAttempt.objects.get().failures_since_start == 3
+    locked = token_login(unverified.email, password)
+
+    assert [a.status_code for a in wrong] == [401, 401, 429]
+    assert "Verify" not in wrong[0].json()["detail"]  # no hint without the password
+    assert locked.status_code == 429  # locked out: the right password reveals nothing
+    assert "Verify" not in locked.content.decode()

@@ -11,7 +11,9 @@ import sys
 from decimal import Decimal
 
 import pytest
-from gpugeek.cli import main
+from gpugeek import output
+from gpugeek.cli import _launch_notes, main
+from gpugeek.models import Job
 
 from tests.sdk.conftest import SRC, dispatch
 
@@ -67,8 +69,31 @@ def test_a_human_launch_says_its_price_and_whether_it_is_simulated(cli):
     code, answer, _ = cli("--json", "status", job_id)
     job = json.loads(answer)
     assert job["simulated"] is False and "Simulated:" not in out
+    assert job["currency"] == "USD"
     nodes = "(0 spot + 1 on-demand node(s))"
-    assert f"Price: {job['price_per_hour']} per hour while running {nodes}" in out
+    price = output.money(job["price_per_hour"], "USD")
+    assert re.fullmatch(r"\d+\.\d\d USD", price)
+    assert f"Price: {price} per hour while running {nodes}" in out
+    # People read money as the console shows it; --json keeps the API's precision.
+    code, out, _ = cli("status", job_id)
+    assert re.search(r"^cost_to_date\s+\d+\.\d\d USD$", out, re.M), out
+    assert re.search(r"^price_per_hour\s+\d+\.\d\d USD$", out, re.M), out
+    code, out, _ = cli("ls")
+    assert re.search(r"\b\d+\.\d\d USD\b", out) and ".000000" not in out, out
+
+
+def test_a_launch_on_the_simulated_cluster_says_so(capsys):
+    # What `gpugeek launch` prints below the job the API answered (here one on the
+    # sandbox cluster, as tests/jobs/test_api.py has the API answer for such a launch).
+    job = Job.from_dict({"id": 7, "simulated": True, "price_per_hour": "6.4400",
+                         "currency": "USD", "spot_nodes": 1, "on_demand_nodes": 0})  # fmt: skip
+    _launch_notes(job)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "Price: 6.44 USD per hour while running (1 spot + 0 on-demand node(s))",
+        "Simulated: this job runs on the sandbox cluster's simulated nodes; "
+        "its command is not executed.",
+    ]
 
 
 def test_exit_codes(cli, asgi_server):

@@ -249,14 +249,25 @@ def _print_job(args, job) -> None:
     if args.json:
         output.dump(job.to_dict())
     else:
-        output.pairs(job.to_dict())
+        output.pairs(_job_money(job.to_dict()))
+
+
+def _job_money(row: dict) -> dict:
+    """A job for people: its money as the console shows it (two decimals, the currency);
+    `--json` keeps the API's full precision."""
+    currency = row.get("currency") or ""
+    for key in ("cost_to_date", "price_per_hour"):
+        if key in row:
+            row[key] = output.money(row[key], currency)
+    return row
 
 
 def _launch_notes(job) -> None:
     """What a launch costs and where it runs, in words, below its fields."""
     nodes = f"{job.spot_nodes} spot + {job.on_demand_nodes} on-demand node(s)"
     if job.price_per_hour is not None:
-        print(f"Price: {output.money(job.price_per_hour)} per hour while running ({nodes})")
+        price = output.money(job.price_per_hour, job.currency or "")
+        print(f"Price: {price} per hour while running ({nodes})")
     if job.simulated:
         print(
             "Simulated: this job runs on the sandbox cluster's simulated nodes; "
@@ -348,7 +359,7 @@ def _dispatch(args, client: Client) -> int:
             _launch_notes(cluster.job)
     elif cmd == "ls":
         rows = [job.to_dict() for job in client.jobs(status=args.status)]
-        output.dump(rows) if args.json else output.table(rows, JOB_COLUMNS)
+        output.dump(rows) if args.json else output.table(list(map(_job_money, rows)), JOB_COLUMNS)
     elif cmd == "status":
         _print_job(args, client.job(args.id))
     elif cmd in ("pause", "resume"):

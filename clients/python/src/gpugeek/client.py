@@ -23,7 +23,7 @@ from gpugeek.models import (
     Offer,
     Recommendation,
 )
-from gpugeek.spec import errors_named_count, resolve_gpu_type, split_count
+from gpugeek.spec import errors_named_count, nodes_check, resolve_gpu_type, split_count
 from gpugeek.ssh_keys import SshKeys
 
 _default: Client | None = None
@@ -88,6 +88,7 @@ class Client:
                 self, body["gpu_type"], int(count), body.get("region")
             )
         body.setdefault("nodes", 1)
+        nodes_check(body["nodes"], used_count=count is not None)
         with errors_named_count(count is not None):
             return Estimate.from_dict(self.http.post("estimates", body))
 

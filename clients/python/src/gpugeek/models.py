@@ -77,6 +77,7 @@ class Job(Model):
     attempt: int
     exit_code: int | None
     cost_to_date: str
+    currency: str | None  # of price_per_hour and cost_to_date
     created_at: str | None
     started_at: str | None
     finished_at: str | None

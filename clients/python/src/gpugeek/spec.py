@@ -28,6 +28,20 @@ JOB_FIELDS = frozenset(
     }
 )  # fmt: skip
 
+# The server's one node limit (marketplace.pricing.MAX_NODES; tests/sdk check they agree),
+# checked here so a script hears of it before a request, under the name it wrote.
+MAX_NODES = 1024
+
+
+def nodes_check(nodes: Any, *, used_count: bool) -> None:
+    """Refuse more nodes than one job (or estimate) may have."""
+    if isinstance(nodes, int) and nodes > MAX_NODES:
+        field = "count" if used_count else "nodes"
+        message = f"At most {MAX_NODES:,} nodes" + (
+            f"; this count needs {nodes:,}." if used_count else f", not {nodes:,}."
+        )
+        raise ValidationError(message, errors={field: [message]})
+
 
 def parse_volume(text: str) -> dict[str, Any]:
     """`data:/data` or `data:/data:ro` (the CLI's --volume) as a spec's volume mount."""
@@ -148,6 +162,7 @@ def job_payload(client: Client, spec: dict[str, Any]) -> dict[str, Any]:
         )
     elif spec.get("gpu_type") and not spec.get("gpus_per_node"):
         spec["gpus_per_node"] = 1
+    nodes_check(spec.get("nodes"), used_count=count is not None)
     if "spot_ratio" in spec and spec["spot_ratio"] is not None:
         spec["spot_ratio"] = str(spec["spot_ratio"])
     if not spec.get("name"):
