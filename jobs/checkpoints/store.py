@@ -28,6 +28,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from jobs.checkpoints.events import checkpoint_event_environment
+
 MANIFEST_NAME = "gpugeek-checkpoint.json"
 # A manifest bigger than this is not one of ours (it is read into memory).
 MANIFEST_MAX_BYTES = 1 << 20
@@ -362,11 +364,12 @@ def job_checkpoint_environment(
     *, tenant_id: int, job_id: int, resume_from: str, mounted_at: str | None = None
 ) -> dict[str, str]:
     """What every backend hands a job about checkpoints: its own prefix's URL (plus what
-    reaches it) and, when this start continues from a checkpoint, that manifest's URL,
-    which lies under the same prefix."""
+    reaches it), where to post its `checkpoint` events and, when this start continues
+    from a checkpoint, that manifest's URL, which lies under the same prefix."""
     env = checkpoint_store().job_environment(
         job_prefix(tenant_id=tenant_id, job_id=job_id), mounted_at=mounted_at
     )
+    env.update(checkpoint_event_environment(tenant_id=tenant_id, job_id=job_id))
     env["GPUGEEK_RESUME_FROM"] = (
         f"{env['GPUGEEK_CHECKPOINT_URL'].rstrip('/')}/{resume_from}" if resume_from else ""
     )
