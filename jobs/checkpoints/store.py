@@ -133,6 +133,12 @@ class CheckpointStore(ABC):
         """A folder store's folder for the prefix (to bind-mount), else None."""
         return None
 
+    def network_endpoint(self) -> tuple[str, int] | None:
+        """(host, port) jobs reach the store at when it is a service of its own address
+        (CHECKPOINT_STORE_ENDPOINT: MinIO, Ceph), for the tenant's egress policy; None
+        for a folder, or AWS S3 itself (public addresses, already allowed)."""
+        return None
+
     def object_url(self, key: str) -> str:
         return f"{self.url.rstrip('/')}/{key}"
 
@@ -268,6 +274,14 @@ class S3CheckpointStore(CheckpointStore):
 
     def object_url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.base}{key}"
+
+    def network_endpoint(self) -> tuple[str, int] | None:
+        if not self.endpoint:
+            return None
+        parts = urlsplit(self.endpoint)
+        if not parts.hostname:
+            return None
+        return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
     def sizes(self, prefix: str) -> dict[str, int]:
         listing: dict[str, int] = {}
