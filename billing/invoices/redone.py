@@ -10,10 +10,12 @@ attempt's usage spans two lines (a price change) or two invoices (a month's end)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 from functools import reduce
 from operator import or_
+from typing import Any
 
 from django.db.models import Min, Q, QuerySet
 
@@ -35,7 +37,7 @@ LINE_KEY = (
 )
 
 
-def line_key(row: dict) -> tuple:
+def line_key(row: Mapping[str, Any]) -> tuple:
     return tuple(row[name] for name in LINE_KEY)
 
 

@@ -39,7 +39,7 @@ def checkpoint_event_environment(*, tenant_id: int, job_id: int) -> dict[str, st
     """GPUGEEK_CHECKPOINT_NOTIFY_URL and GPUGEEK_CHECKPOINT_TOKEN, when the console has a
     URL jobs can reach (CONSOLE_URL_FOR_JOBS); without one the periodic scan still
     records the checkpoints."""
-    base = settings.CONSOLE_URL_FOR_JOBS.rstrip("/")
+    base = (settings.CONSOLE_URL_FOR_JOBS or "").rstrip("/")
     if not base:
         return {}
     path = reverse("api-job-checkpoint-events", kwargs={"pk": int(job_id)})

@@ -5,6 +5,8 @@ checkpoint prunes the job's older ones beyond its keep_last, never the one resum
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -13,6 +15,8 @@ from jobs.checkpoints.events import checkpoint_event_job, checkpoint_event_token
 from jobs.checkpoints.store import MANIFEST_NAME, checkpoint_store
 from jobs.models import Job, JobStatus
 from jobs.services.checkpoints import job_checkpoint_record, job_store_prefix
+from jobs.services.spec import spec_from_job
+from tests.conftest import token_client
 from tests.factories import JobFactory
 from tests.jobs.test_checkpoints import (  # noqa: F401  (fixtures)
     put_raw,
@@ -148,3 +152,33 @@ def test_jobs_get_the_event_url_and_their_token_only_when_reachable(settings):
         f"https://console.example/api/v1/jobs/{job.pk}/checkpoint-events"
     )
     assert checkpoint_event_job(env["GPUGEEK_CHECKPOINT_TOKEN"]) == (job.tenant_id, job.pk)
+
+
+@pytest.mark.django_db
+def test_the_spec_carries_keep_last_and_the_api_shows_what_was_recorded(
+    world, catalog, settings, tmp_path
+):
+    settings.CHECKPOINT_STORE_URL = f"file://{tmp_path / 'store'}"
+    api = token_client(world.member, world.tenant)
+    spec = {"name": "keep", "image": "python-3.11", "command": ["true"], "cpus": 1}
+    for bad in (0, 101, "three", True):
+        answer = api.post("/api/v1/jobs", {**spec, "checkpoint_keep_last": bad}, format="json")
+        assert answer.status_code == 400, (bad, answer.content)
+        assert "checkpoint_keep_last" in json.dumps(answer.json())
+    answer = api.post("/api/v1/jobs", {**spec, "checkpoint_keep_last": 2}, format="json")
+    assert answer.status_code == 201, answer.content
+    job = Job.objects.get(pk=answer.json()["id"])
+    assert job.checkpoint_keep_last == 2
+    assert (answer.json()["last_checkpoint_step"], answer.json()["last_checkpoint_at"]) == (
+        None,
+        None,
+    )
+    for step in (1, 2, 3):
+        save(job, tmp_path, step)
+    assert job_checkpoint_record(job=job).pruned == [1]
+    shown = api.get(f"/api/v1/jobs/{job.pk}").json()
+    assert (shown["checkpoint_keep_last"], shown["last_checkpoint_step"]) == (2, 3)
+    assert spec_from_job(job).checkpoint_keep_last == 2  # a clone keeps it
+    # The list answers it too (its columns include the new ones: no query per row).
+    listed = api.get("/api/v1/jobs").json()["results"]
+    assert {row["id"]: row["last_checkpoint_step"] for row in listed}[job.pk] == 3
