@@ -580,8 +580,15 @@ CHECKPOINT_STORE_ENDPOINT = env_str("CHECKPOINT_STORE_ENDPOINT", "")
 CHECKPOINT_STORE_REGION = env_str("CHECKPOINT_STORE_REGION", "")
 CHECKPOINT_STORE_ACCESS_KEY_ID = env_str("CHECKPOINT_STORE_ACCESS_KEY_ID", "")
 CHECKPOINT_STORE_SECRET_ACCESS_KEY = env_str("CHECKPOINT_STORE_SECRET_ACCESS_KEY", "")
-# Credentials handed to jobs (limit them to the bucket); empty: the console's own.
+# Credentials handed to jobs when STS is off (limit them to the bucket); never the console's.
 CHECKPOINT_STORE_JOB_ACCESS_KEY_ID = env_str("CHECKPOINT_STORE_JOB_ACCESS_KEY_ID", "")
 CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY = env_str("CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY", "")
-# Complete checkpoints kept per job; older ones are pruned.
+# Complete checkpoints kept per job (unless its spec says); older ones are pruned.
 CHECKPOINT_KEEP_LAST = env_int("CHECKPOINT_KEEP_LAST", 3)
+# Jobs get credentials scoped to their own prefix from STS (AssumeRole of this role,
+# or GetFederationToken where empty); off: the job credentials above, unscoped.
+CHECKPOINT_STORE_STS = env_bool("CHECKPOINT_STORE_STS", False)
+CHECKPOINT_STORE_STS_ROLE_ARN = env_str("CHECKPOINT_STORE_STS_ROLE_ARN", "")
+CHECKPOINT_STORE_STS_SECONDS = env_int("CHECKPOINT_STORE_STS_SECONDS", 43200)
+# The console's URL as jobs reach it (their `checkpoint` events); empty: none are sent.
+CONSOLE_URL_FOR_JOBS = env_str("CONSOLE_URL_FOR_JOBS", "")

@@ -136,6 +136,13 @@ class Job(TenantOwnedModel):
     checkpoint_source = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Complete checkpoints kept in the store (older ones are pruned); None: the
+    # installation's CHECKPOINT_KEEP_LAST.
+    checkpoint_keep_last = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The newest complete checkpoint the console has seen (from the job's `checkpoint`
+    # event or the periodic scan), read from the store, never from what the job says.
+    last_checkpoint_step = models.PositiveBigIntegerField(null=True, blank=True)
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
     auto_release = models.BooleanField(default=True)
     ports = models.JSONField(default=list, blank=True)
     # The template it was launched from, if any: its past runs predict this one's runtime.

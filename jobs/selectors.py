@@ -206,7 +206,8 @@ def host_jobs_isolation() -> HostIsolation | None:
 
 def job_isolation_note(job: Job) -> str:
     """What the job may use and reach where it runs, for its page."""
-    return get_backend(job.backend).isolation_note(job)
+    notes = [get_backend(job.backend).isolation_note(job), checkpoint_store().isolation_note()]
+    return " ".join(note for note in notes if note)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ class InvoiceLineSerializer(StrictModelSerializer):
         model = InvoiceLine
         fields = [
             "id", "kind", "description", "gpu_type", "tier", "region", "quantity", "unit",
-            "unit_price", "amount", "price_version", "reason",
+            "unit_price", "amount", "price_version", "reason", "redone_gpu_seconds",
         ]  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 
 from billing import tasks
 from billing.credit_notes.ledger import credit_balance_move
+from billing.invoices.redone import line_key, redone_gpu_seconds
 from billing.metering.storage import STORAGE_TIER
 from billing.models import (
     AMOUNT_QUANTUM,
@@ -128,6 +129,8 @@ class UsageLine:
     price_version_id: int | None
     discount: Decimal  # what the negotiated discount took off `amount` (shown only)
     currency: str
+    # GPU-seconds of it spent redoing work lost to preemption (billing.invoices.redone).
+    redone_gpu_seconds: Decimal | None = None
 
 
 def usage_lines(records: QuerySet[UsageRecord], *, period_start: datetime) -> list[UsageLine]:
@@ -154,6 +157,7 @@ def usage_lines(records: QuerySet[UsageRecord], *, period_start: datetime) -> li
         )
         .order_by("gpu_type__slug", "tier", "region__slug", "price_version_id", "unit_price")
     )
+    redone = redone_gpu_seconds(records, period_start=period_start)
     lines = []
     for row in rows:
         is_gpu = row["gpu_type__slug"] is not None
@@ -164,6 +168,12 @@ def usage_lines(records: QuerySet[UsageRecord], *, period_start: datetime) -> li
         description = " · ".join([what, *([] if is_storage else [tier]), row["region__slug"]])
         if row["late"]:
             description += " · metered late for an earlier period"
+        lost = redone.get(line_key(row))
+        if lost:
+            description += (
+                f" · incl. {lost.quantize(Decimal(1), ROUND_HALF_UP):,} GPU-seconds redone"
+                " after preemption (since the last checkpoint)"
+            )
         percent = row["discount_percent"]
         amount = row["amount"].quantize(AMOUNT_QUANTUM)
         discount = ZERO
@@ -186,6 +196,7 @@ def usage_lines(records: QuerySet[UsageRecord], *, period_start: datetime) -> li
                 price_version_id=row["price_version_id"],
                 discount=discount,
                 currency=row["currency"],
+                redone_gpu_seconds=lost,
             )
         )
     return lines
@@ -212,6 +223,7 @@ def _write_usage_lines(invoice: Invoice, lines: list[UsageLine]) -> None:
             unit_price=line.unit_price,
             amount=line.amount,
             price_version_id=line.price_version_id,
+            redone_gpu_seconds=line.redone_gpu_seconds,
             position=position,
         )
         for position, line in enumerate(lines)

@@ -163,6 +163,8 @@ class InvoiceLine(models.Model):
     )
     reason = models.TextField(blank=True)  # adjustments
     position = models.PositiveIntegerField(default=0)
+    # Of the usage: GPU-seconds redone after preemption since the job's last checkpoint.
+    redone_gpu_seconds = models.DecimalField(max_digits=20, decimal_places=3, null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_field = "invoice__tenant"

@@ -86,6 +86,14 @@ class JobCreateSerializer(serializers.Serializer):
         min_value=1, max_value=60 * 24 * 90, default=DEFAULT_MAX_RUNTIME_MINUTES
     )
     checkpoint_path = StrictCharField(max_length=400, required=False, default="", allow_blank=True)
+    checkpoint_keep_last = serializers.IntegerField(
+        min_value=1,
+        max_value=100,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="complete checkpoints kept in the store (null: the installation's, 3)",
+    )
     auto_release = StrictBooleanField(default=True)
     ports = serializers.ListField(
         child=serializers.DictField(),
@@ -232,6 +240,9 @@ class JobSerializer(StrictModelSerializer):
             "priority",
             "max_runtime_minutes",
             "checkpoint_path",
+            "checkpoint_keep_last",
+            "last_checkpoint_step",
+            "last_checkpoint_at",
             "auto_release",
             "backend",
             "spot_nodes",
@@ -347,7 +358,8 @@ class JobSerializer(StrictModelSerializer):
 ROW_COLUMNS = (
     "id", "tenant_id", "name", "project", "labels", "image_reference", "command", "env",
     "secret_env_names", "gpu_type_id", "gpus_per_node", "cpus", "nodes", "region_id",
-    "spot_ratio", "priority", "max_runtime_minutes", "checkpoint_path", "auto_release",
+    "spot_ratio", "priority", "max_runtime_minutes", "checkpoint_path", "checkpoint_keep_last",
+    "last_checkpoint_step", "last_checkpoint_at", "auto_release",
     "backend", "spot_nodes", "on_demand_nodes", "pool_id", "spot_pool_id", "status",
     "status_reason", "attempt", "exit_code", "created_at", "started_at", "finished_at",
 )  # fmt: skip

@@ -1,7 +1,7 @@
 from django.urls import path
 
 from console.api.routers import OptionalSlashRouter
-from jobs.api import chaos, log_stream, streams, views
+from jobs.api import chaos, checkpoint_events, log_stream, streams, views
 
 router = OptionalSlashRouter()
 router.register("jobs", views.JobViewSet, basename="api-job")
@@ -16,6 +16,11 @@ urlpatterns = [
     path("jobs/<int:pk>/metrics", streams.JobMetricsView.as_view(), name="api-job-metrics"),
     path(
         "jobs/<int:pk>/log.txt", streams.JobLogDownloadView.as_view(), name="api-job-log-download"
+    ),
+    path(
+        "jobs/<int:pk>/checkpoint-events",
+        checkpoint_events.CheckpointEventView.as_view(),
+        name="api-job-checkpoint-events",
     ),
     path("jobs/<int:pk>/monitor", streams.JobMonitorView.as_view(), name="api-job-monitor"),
     path("sandbox/nodes", chaos.SandboxNodesView.as_view(), name="api-sandbox-nodes"),

@@ -24,9 +24,12 @@ from urllib.parse import urlsplit
 import boto3
 from botocore.config import Config
 from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from jobs.checkpoints.events import checkpoint_event_environment
 
 MANIFEST_NAME = "gpugeek-checkpoint.json"
 # A manifest bigger than this is not one of ours (it is read into memory).
@@ -129,6 +132,16 @@ class CheckpointStore(ABC):
 
     def local_folder(self, prefix: str) -> Path | None:
         """A folder store's folder for the prefix (to bind-mount), else None."""
+        return None
+
+    def isolation_note(self) -> str:
+        """What a job's page says about how far its store access reaches ("": nothing)."""
+        return ""
+
+    def network_endpoint(self) -> tuple[str, int] | None:
+        """(host, port) jobs reach the store at when it is a service of its own address
+        (CHECKPOINT_STORE_ENDPOINT: MinIO, Ceph), for the tenant's egress policy; None
+        for a folder, or AWS S3 itself (public addresses, already allowed)."""
         return None
 
     def object_url(self, key: str) -> str:
@@ -267,6 +280,14 @@ class S3CheckpointStore(CheckpointStore):
     def object_url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.base}{key}"
 
+    def network_endpoint(self) -> tuple[str, int] | None:
+        if not self.endpoint:
+            return None
+        parts = urlsplit(self.endpoint)
+        if not parts.hostname:
+            return None
+        return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
     def sizes(self, prefix: str) -> dict[str, int]:
         listing: dict[str, int] = {}
         start = self.base + prefix
@@ -316,14 +337,101 @@ class S3CheckpointStore(CheckpointStore):
             env["AWS_ENDPOINT_URL"] = self.endpoint
         if self.region:
             env["AWS_DEFAULT_REGION"] = self.region
-        # Jobs get the job credentials (CHECKPOINT_STORE_JOB_*), which an operator
-        # limits to the bucket; where none are set, the console's own.
-        access = settings.CHECKPOINT_STORE_JOB_ACCESS_KEY_ID or self.access_key
-        secret = settings.CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY or self.secret_key
-        if access and secret:
-            env["AWS_ACCESS_KEY_ID"] = access
-            env["AWS_SECRET_ACCESS_KEY"] = secret
+        env.update(self.job_credentials(prefix))
         return env
+
+    def job_session_policy(self, prefix: str) -> dict[str, Any]:
+        """The inline session policy of a job's STS credentials: objects under its own
+        prefix only, and listing the bucket only under that prefix."""
+        key_prefix = f"{self.base}{prefix}"
+        return {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": [
+                        "s3:GetObject",
+                        "s3:PutObject",
+                        "s3:DeleteObject",
+                        "s3:AbortMultipartUpload",
+                        "s3:ListMultipartUploadParts",
+                    ],
+                    "Resource": f"arn:aws:s3:::{self.bucket}/{key_prefix}*",
+                },
+                {
+                    "Effect": "Allow",
+                    "Action": "s3:ListBucket",
+                    "Resource": f"arn:aws:s3:::{self.bucket}",
+                    "Condition": {"StringLike": {"s3:prefix": [f"{key_prefix}*"]}},
+                },
+            ],
+        }
+
+    def job_credentials(self, prefix: str) -> dict[str, str]:
+        """A job's AWS_* credentials, never the console's own: with CHECKPOINT_STORE_STS,
+        temporary ones from STS limited by `job_session_policy` to the job's prefix
+        (cached a while: every render of a start asks); else the installation's job
+        credentials (CHECKPOINT_STORE_JOB_*, limited by the operator, not per job)."""
+        if not settings.CHECKPOINT_STORE_STS:
+            access = settings.CHECKPOINT_STORE_JOB_ACCESS_KEY_ID
+            secret = settings.CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY
+            if access and secret:
+                return {"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret}
+            return {}
+        seconds = settings.CHECKPOINT_STORE_STS_SECONDS
+        role = settings.CHECKPOINT_STORE_STS_ROLE_ARN
+        cache_key = f"checkpoint-sts:{self.endpoint}:{self.url}:{role}:{prefix}"
+        cached = cache.get(cache_key)
+        if cached is not None:
+            return cached
+        policy = json.dumps(self.job_session_policy(prefix), separators=(",", ":"))
+        # A session name says whose credentials these are in the store's audit log.
+        name = "gpugeek-" + prefix.strip("/").replace("/", "-")
+        if role:
+            answer = self.sts_client().assume_role(
+                RoleArn=role,
+                RoleSessionName=name,
+                Policy=policy,
+                DurationSeconds=seconds,
+            )
+        else:
+            answer = self.sts_client().get_federation_token(
+                Name=name[:32], Policy=policy, DurationSeconds=seconds
+            )
+        credentials = answer["Credentials"]
+        found = {
+            "AWS_ACCESS_KEY_ID": credentials["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": credentials["SecretAccessKey"],
+            "AWS_SESSION_TOKEN": credentials["SessionToken"],
+        }
+        # Renewed well before they expire, so a start never gets nearly spent ones.
+        cache.set(cache_key, found, timeout=max(60, seconds // 2))
+        return found
+
+    def sts_client(self):
+        """STS at the store's endpoint (MinIO and Ceph serve it there), with the
+        console's own credentials: the only place they are used for a job."""
+        return boto3.client(
+            "sts",
+            endpoint_url=self.endpoint or None,
+            region_name=self.region or None,
+            aws_access_key_id=self.access_key or None,
+            aws_secret_access_key=self.secret_key or None,
+            config=Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5),
+        )
+
+    def isolation_note(self) -> str:
+        if settings.CHECKPOINT_STORE_STS:
+            return (
+                "Its checkpoint store credentials are temporary and limited to its own "
+                "prefix (STS session policy)."
+            )
+        if settings.CHECKPOINT_STORE_JOB_ACCESS_KEY_ID:
+            return (
+                "Its checkpoint store credentials are the installation's job credentials, "
+                "not limited to its own prefix (STS is not enabled for this store)."
+            )
+        return "It is given no checkpoint store credentials (none are configured for jobs)."
 
 
 def store_from_url(url: str) -> CheckpointStore:
@@ -362,11 +470,12 @@ def job_checkpoint_environment(
     *, tenant_id: int, job_id: int, resume_from: str, mounted_at: str | None = None
 ) -> dict[str, str]:
     """What every backend hands a job about checkpoints: its own prefix's URL (plus what
-    reaches it) and, when this start continues from a checkpoint, that manifest's URL,
-    which lies under the same prefix."""
+    reaches it), where to post its `checkpoint` events and, when this start continues
+    from a checkpoint, that manifest's URL, which lies under the same prefix."""
     env = checkpoint_store().job_environment(
         job_prefix(tenant_id=tenant_id, job_id=job_id), mounted_at=mounted_at
     )
+    env.update(checkpoint_event_environment(tenant_id=tenant_id, job_id=job_id))
     env["GPUGEEK_RESUME_FROM"] = (
         f"{env['GPUGEEK_CHECKPOINT_URL'].rstrip('/')}/{resume_from}" if resume_from else ""
     )

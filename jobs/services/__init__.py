@@ -25,6 +25,8 @@ from jobs.services.actions import (
 )
 from jobs.services.admission import jobs_admit
 from jobs.services.checkpoints import (
+    job_checkpoint_event,
+    job_checkpoint_record,
     job_checkpoints_prune,
     job_resume_prepare,
     jobs_checkpoints_prune,
@@ -61,6 +63,8 @@ __all__ = [
     "job_apply_observation",
     "job_backend_resume",
     "job_cancel",
+    "job_checkpoint_event",
+    "job_checkpoint_record",
     "job_checkpoints_prune",
     "job_clone",
     "job_delete",

@@ -1,4 +1,5 @@
-"""Checkpoints of jobs: where a new start continues from, and pruning old ones.
+"""Checkpoints of jobs: recording the newest, where a new start continues from, and
+pruning old ones.
 
 A start that continues a job's work (a requeued attempt after preemption, a resume after
 a pause) is prepared here just before its backend call: the latest complete checkpoint
@@ -10,12 +11,17 @@ is idempotent per (attempt, start), so a redelivered dispatch starts from the sa
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from console.models import Tenant
+from console.service_errors import ErrorCode, ServiceError
 from jobs.actors import SYSTEM
+from jobs.checkpoints.events import checkpoint_event_job
 from jobs.checkpoints.store import (
     MANIFEST_NAME,
     Checkpoint,
@@ -105,14 +111,50 @@ def job_resume_prepare(*, job: Job, start: int) -> JobResume:
     return resume
 
 
-def job_checkpoints_prune(*, job: Job, keep_last: int | None = None) -> list[int]:
-    """Delete the job's complete checkpoints beyond the newest `keep_last` (default
-    CHECKPOINT_KEEP_LAST), never the one its current start resumed from, and unfinished
-    uploads older than the oldest kept. Returns the steps deleted."""
-    keep_last = settings.CHECKPOINT_KEEP_LAST if keep_last is None else keep_last
+def job_keep_last(job: Job) -> int:
+    """How many complete checkpoints the job keeps: its spec's, else the installation's."""
+    if job.checkpoint_keep_last is not None:
+        return job.checkpoint_keep_last
+    return settings.CHECKPOINT_KEEP_LAST
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    latest: Checkpoint | None  # the newest complete checkpoint, now recorded
+    pruned: list[int]  # steps deleted
+
+
+def job_checkpoint_record(*, job: Job, keep_last: int | None = None) -> CheckpointRecord:
+    """Record the job's newest complete checkpoint and prune the older ones beyond its
+    `keep_last`, at once (the job's `checkpoint` event) or at the periodic scan.
+
+    The store is listed here: whatever the event said, only a checkpoint the console
+    finds complete counts. The recorded step only moves forward (two events racing
+    record the newer). Reads the store (may raise its errors)."""
+    complete = checkpoint_store().checkpoints(job_store_prefix(job))
+    latest = complete[-1] if complete else None
+    if latest is not None and latest.step != job.last_checkpoint_step:
+        newer = Q(last_checkpoint_step__isnull=True) | Q(last_checkpoint_step__lt=latest.step)
+        Job.objects.filter(newer, pk=job.pk).update(
+            last_checkpoint_step=latest.step, last_checkpoint_at=latest.time
+        )
+        job.last_checkpoint_step, job.last_checkpoint_at = latest.step, latest.time
+    pruned = job_checkpoints_prune(job=job, keep_last=keep_last, complete=complete)
+    return CheckpointRecord(latest=latest, pruned=pruned)
+
+
+def job_checkpoints_prune(
+    *, job: Job, keep_last: int | None = None, complete: list[Checkpoint] | None = None
+) -> list[int]:
+    """Delete the job's complete checkpoints beyond the newest `keep_last` (default: the
+    job's own, else CHECKPOINT_KEEP_LAST), never the one its current start resumed from,
+    and unfinished uploads older than the oldest kept. `complete`: the listing the caller
+    just made. Returns the steps deleted."""
+    keep_last = job_keep_last(job) if keep_last is None else keep_last
     store = checkpoint_store()
     prefix = job_store_prefix(job)
-    complete = store.checkpoints(prefix)
+    if complete is None:
+        complete = store.checkpoints(prefix)
     if len(complete) <= keep_last:
         return []
     kept = complete[len(complete) - keep_last :] if keep_last > 0 else []
@@ -139,8 +181,9 @@ def job_checkpoints_prune(*, job: Job, keep_last: int | None = None) -> list[int
 
 
 def jobs_checkpoints_prune(*, keep_last: int | None = None) -> int:
-    """The periodic pass: prune every job that may still be writing or may resume
-    (running, paused, queued again). A store error skips that job until the next pass."""
+    """The periodic scan: record the newest checkpoint of, and prune, every job that may
+    still be writing or may resume (running, paused, queued again); the jobs' own events
+    do it sooner. A store error skips that job until the next pass."""
     pruned = 0
     active = [
         JobStatus.RUNNING,
@@ -151,9 +194,27 @@ def jobs_checkpoints_prune(*, keep_last: int | None = None) -> int:
         JobStatus.QUEUED,
         JobStatus.DISPATCHING,
     ]
-    for job in Job.objects.filter(status__in=active).only("pk", "tenant_id", "resume_from"):
+    columns = ("pk", "tenant_id", "resume_from", "checkpoint_keep_last", "last_checkpoint_step")
+    for job in Job.objects.filter(status__in=active).only(*columns):
         try:
-            pruned += len(job_checkpoints_prune(job=job, keep_last=keep_last))
+            pruned += len(job_checkpoint_record(job=job, keep_last=keep_last).pruned)
         except Exception:  # one store error must not stop the pass for other jobs
             log.exception("pruning the checkpoints of job %s failed", job.pk)
     return pruned
+
+
+def job_checkpoint_event(*, token: str, job_id: int) -> CheckpointRecord:
+    """A job's `checkpoint` event: the token must be that job's (see
+    jobs.checkpoints.events); then the console records and prunes as at its scan. A
+    finished job's token no longer counts (its last checkpoint is found by the scan that
+    ran while it was active, or at its next resume)."""
+    owner = checkpoint_event_job(token)
+    if owner is None or owner[1] != job_id:
+        raise ServiceError("This token is not this job's.", code=ErrorCode.FORBIDDEN)
+    tenant = Tenant.objects.filter(pk=owner[0]).first()
+    job = Job.objects.for_tenant(tenant).filter(pk=job_id).first()
+    if job is None:
+        raise ServiceError("No such job.", code=ErrorCode.NOT_FOUND)
+    if job.is_finished:
+        raise ServiceError("The job has finished.", code=ErrorCode.CONFLICT)
+    return job_checkpoint_record(job=job)

@@ -77,6 +77,7 @@ def job_submit(
                 priority=spec.priority,
                 max_runtime_minutes=spec.max_runtime_minutes,
                 checkpoint_path=spec.checkpoint_path,
+                checkpoint_keep_last=spec.checkpoint_keep_last,
                 auto_release=spec.auto_release,
                 ports=spec.ports,
                 backend=placement.backend,

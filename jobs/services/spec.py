@@ -67,6 +67,8 @@ class JobSpec:
     priority: str = Priority.NORMAL
     max_runtime_minutes: int = DEFAULT_MAX_RUNTIME_MINUTES
     checkpoint_path: str = ""
+    # Complete checkpoints kept in the store; None: the installation's CHECKPOINT_KEEP_LAST.
+    checkpoint_keep_last: int | None = None
     project: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -242,6 +244,24 @@ def _validate_checkpoint_path(path) -> None:
         raise invalid("The checkpoint path can't contain “..” segments.", "checkpoint_path")
 
 
+MAX_CHECKPOINT_KEEP_LAST = 100
+
+
+def _validate_keep_last(keep_last) -> None:
+    """At least one: the newest complete checkpoint is what a next attempt resumes from."""
+    if keep_last is None:
+        return
+    if (
+        isinstance(keep_last, bool)
+        or not isinstance(keep_last, int)
+        or not 1 <= keep_last <= MAX_CHECKPOINT_KEEP_LAST
+    ):
+        raise invalid(
+            f"Checkpoints kept is a whole number from 1 to {MAX_CHECKPOINT_KEEP_LAST}.",
+            "checkpoint_keep_last",
+        )
+
+
 PORT_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,13}[a-z0-9])?$")
 
 
@@ -381,6 +401,7 @@ def spec_validate(
     )
     _validate_ports(spec.ports)
     _validate_checkpoint_path(spec.checkpoint_path)
+    _validate_keep_last(spec.checkpoint_keep_last)
     spec.volumes = validate_volume_mounts(spec.volumes)
     overlap = set(spec.env) & set(spec.secret_env)
     if overlap:
@@ -519,6 +540,7 @@ def spec_from_job(job: Job) -> JobSpec:
         priority=job.priority,
         max_runtime_minutes=job.max_runtime_minutes,
         checkpoint_path=job.checkpoint_path,
+        checkpoint_keep_last=job.checkpoint_keep_last,
         project=job.project,
         labels=dict(job.labels),
         env=dict(job.env),

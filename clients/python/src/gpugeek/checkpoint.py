@@ -16,7 +16,10 @@ no manifest, or one listing files that aren't there, and is never offered for re
     torch.save(state, "/tmp/ckpt/model.pt")
     checkpoint.save("/tmp/ckpt", step=step, metrics={"loss": loss})
 
-S3 needs boto3 (`pip install 'gpugeek[checkpoint]'`); large files go up in parts.
+S3 needs boto3 (`pip install 'gpugeek[checkpoint]'`); large files go up in parts. After
+each manifest the helper posts a `checkpoint` event to the console (when it was given
+GPUGEEK_CHECKPOINT_NOTIFY_URL and the job's token), which records it and prunes the job's
+older checkpoints at once.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
+
+import httpx
 
 MANIFEST_NAME = "gpugeek-checkpoint.json"
 _STEP = re.compile(r"\d{1,18}")
@@ -217,7 +222,29 @@ def save(
     }
     key = f"{step}/{MANIFEST_NAME}"
     store.put_last(key, json.dumps(manifest, sort_keys=True).encode())
+    notify(step=step)
     return store.url(key)
+
+
+def notify(*, step: int | None = None, timeout: float = 5.0) -> bool:
+    """Post the `checkpoint` event (GPUGEEK_CHECKPOINT_NOTIFY_URL, with the job's own
+    GPUGEEK_CHECKPOINT_TOKEN) so the console records the new checkpoint and prunes old
+    ones now rather than at its next scan. Only a hint: the console lists the store
+    itself, and a failure here never fails the save. True when the console took it."""
+    url = os.environ.get("GPUGEEK_CHECKPOINT_NOTIFY_URL", "")
+    token = os.environ.get("GPUGEEK_CHECKPOINT_TOKEN", "")
+    if not url or not token:
+        return False
+    try:
+        answer = httpx.post(
+            url,
+            json={"step": step},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        )
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200
 
 
 def checkpoints(url: str | None = None) -> list[Checkpoint]:

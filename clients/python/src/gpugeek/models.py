@@ -59,6 +59,9 @@ class Job(Model):
     priority: str
     max_runtime_minutes: int
     checkpoint_path: str
+    checkpoint_keep_last: int | None
+    last_checkpoint_step: int | None
+    last_checkpoint_at: str | None
     auto_release: bool
     backend: str
     spot_nodes: int

@@ -5,6 +5,8 @@ tenant's quota, a LimitRange and a default-deny NetworkPolicy (egress only as co
 from __future__ import annotations
 
 import ipaddress
+import logging
+import socket
 from typing import TYPE_CHECKING
 
 from jobs.backends.kubernetes.manifests.names import (
@@ -14,9 +16,12 @@ from jobs.backends.kubernetes.manifests.names import (
     namespace_name,
     setting,
 )
+from jobs.checkpoints.store import checkpoint_store
 
 if TYPE_CHECKING:
     from marketplace.models import TenantQuota
+
+log = logging.getLogger(__name__)
 
 # --- the tenant's namespace --------------------------------------------------------------
 
@@ -109,10 +114,44 @@ def _deny_cidrs() -> tuple[list[str], list[str]]:
     return v4, v6
 
 
+def _host_addresses(host: str, port: int) -> list[str]:
+    """The host's addresses (itself when it is one); none when it doesn't resolve now."""
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        log.warning("the checkpoint store's host %s does not resolve: %s", host, error)
+        return []
+    return sorted({str(ipaddress.ip_address(entry[4][0])) for entry in found})
+
+
+def store_egress_rule() -> dict | None:
+    """Egress to exactly the checkpoint store's address: each address of its endpoint
+    host as a single-address ipBlock, on its one TCP port. It may lie in a denied CIDR
+    (a MinIO inside the cluster's network), which this opens for that port alone."""
+    endpoint = checkpoint_store().network_endpoint()
+    if endpoint is None:
+        return None
+    host, port = endpoint
+    addresses = _host_addresses(host, port)
+    if not addresses:
+        return None
+    blocks = [
+        {"ipBlock": {"cidr": f"{address}/{ipaddress.ip_address(address).max_prefixlen}"}}
+        for address in addresses
+    ]
+    return {"to": blocks, "ports": [{"protocol": "TCP", "port": port}]}
+
+
 def network_policy_manifest(tenant_id: int) -> dict:
     """Default deny. Ingress only from pods of the same namespace (rendezvous); egress to
-    those pods, to the cluster DNS, and to the internet except the denied CIDRs."""
+    those pods, to the cluster DNS, to the checkpoint store's address and port, and to
+    the internet except the denied CIDRs."""
     v4, v6 = _deny_cidrs()
+    store = store_egress_rule()
     internet: list[dict] = [
         {"ipBlock": {"cidr": "0.0.0.0/0", "except": v4}},
         {"ipBlock": {"cidr": "::/0", "except": v6}},
@@ -145,6 +184,7 @@ def network_policy_manifest(tenant_id: int) -> dict:
                     ],
                     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
                 },
+                *([store] if store else []),
                 {"to": internet},
             ],
         },

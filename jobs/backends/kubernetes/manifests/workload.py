@@ -172,8 +172,14 @@ def _checkpoint_env(job: Job) -> dict[str, str]:
     )
 
 
-# Store credentials reach the pod from the job's Secret, never as values in the Job object.
-STORE_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# Store credentials (and the job's checkpoint-event token) reach the pod from the job's
+# Secret, never as values in the Job object.
+STORE_CREDENTIALS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "GPUGEEK_CHECKPOINT_TOKEN",
+)
 
 
 def checkpoint_secret_values(job: Job) -> dict[str, str]:

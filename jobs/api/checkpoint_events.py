@@ -1,0 +1,63 @@
+"""POST /api/v1/jobs/<id>/checkpoint-events: the `checkpoint` event the SDK's helper
+posts after writing a manifest. Authenticated by the job's own token (Bearer), not a
+console session or API token: a job holds neither."""
+
+from __future__ import annotations
+
+import logging
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.api.errors import error_response
+from console.api.schema import ErrorSerializer
+from console.service_errors import ServiceError
+from jobs import services
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointEventView(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        request=None,
+        responses={
+            200: inline_serializer(
+                "CheckpointEventResult",
+                {
+                    "step": serializers.IntegerField(
+                        allow_null=True, help_text="the newest complete checkpoint found"
+                    ),
+                    "pruned": serializers.ListField(child=serializers.IntegerField()),
+                },
+            ),
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+            503: ErrorSerializer,
+        },
+        auth=[],
+    )
+    def post(self, request, pk: int):
+        """Look at the job's store prefix now: record its newest complete checkpoint and
+        prune the older ones. The body is ignored (nothing a job says is trusted)."""
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return error_response(403, "The job's checkpoint token is missing.", "forbidden")
+        try:
+            record = services.job_checkpoint_event(token=token.strip(), job_id=int(pk))
+        except ServiceError:
+            raise
+        except Exception:  # the store (S3, a folder): the job's next event or the scan retries
+            log.exception("job %s: the checkpoint event could not read the store", pk)
+            return error_response(
+                503, "The checkpoint store could not be read just now.", "unavailable"
+            )
+        return Response(
+            {"step": record.latest.step if record.latest else None, "pruned": record.pruned}
+        )

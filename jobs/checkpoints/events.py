@@ -1,0 +1,49 @@
+"""The `checkpoint` event a job posts after writing a manifest: its capability.
+
+A job holds no console token. The console hands each job a token of its own (signed
+with the installation's SECRET_KEY, naming only that tenant and job) and the URL to post
+it to; the token proves nothing but "this is job N", and the event only asks the console
+to look at that job's prefix now instead of at its next scan: what gets recorded is what
+the console itself finds complete in the store.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core import signing
+from django.urls import reverse
+
+_SALT = "gpugeek.jobs.checkpoint-event"
+
+
+def _signer() -> signing.Signer:
+    return signing.Signer(salt=_SALT, algorithm="sha256")
+
+
+def checkpoint_event_token(*, tenant_id: int, job_id: int) -> str:
+    """The job's token: deterministic, so every start (and a redelivered one) gets the
+    same, and a Kubernetes Secret rendered twice is the same Secret."""
+    return _signer().sign(f"{int(tenant_id)}.{int(job_id)}")
+
+
+def checkpoint_event_job(token: str) -> tuple[int, int] | None:
+    """(tenant id, job id) the token was made for, or None when it isn't one of ours."""
+    try:
+        tenant_text, _, job_text = _signer().unsign(token).partition(".")
+        return int(tenant_text), int(job_text)
+    except (signing.BadSignature, ValueError):
+        return None
+
+
+def checkpoint_event_environment(*, tenant_id: int, job_id: int) -> dict[str, str]:
+    """GPUGEEK_CHECKPOINT_NOTIFY_URL and GPUGEEK_CHECKPOINT_TOKEN, when the console has a
+    URL jobs can reach (CONSOLE_URL_FOR_JOBS); without one the periodic scan still
+    records the checkpoints."""
+    base = (settings.CONSOLE_URL_FOR_JOBS or "").rstrip("/")
+    if not base:
+        return {}
+    path = reverse("api-job-checkpoint-events", kwargs={"pk": int(job_id)})
+    return {
+        "GPUGEEK_CHECKPOINT_NOTIFY_URL": f"{base}{path}",
+        "GPUGEEK_CHECKPOINT_TOKEN": checkpoint_event_token(tenant_id=tenant_id, job_id=job_id),
+    }
