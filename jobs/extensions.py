@@ -178,6 +178,8 @@ def fleet_panel_register(name: str, provider: PanelProvider) -> None:
 def fleet_panels() -> list[Panel]:
     panels = (provider() for provider in _fleet_panels.values())
     return [panel for panel in panels if panel is not None]
+
+
 def volume_provider_register(provider: VolumeProvider) -> None:
     _volume_provider[0] = provider
 
