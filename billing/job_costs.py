@@ -104,10 +104,15 @@ def total_run_rate(jobs: QuerySet[Job]) -> Decimal:
     return total
 
 
-def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int, Decimal]:
+def jobs_costs_to_date(
+    jobs: list[Job],
+    now: datetime | None = None,
+    rates: dict[int, Decimal | None] | None = None,
+) -> dict[int, Decimal]:
     """Cost to date of many jobs with a constant number of queries: the ledger, plus
     the running time not metered yet priced at each job's current rate (so the figure
-    moves live between metering ticks)."""
+    moves live between metering ticks). `rates`: `jobs_run_rates` of the jobs, when the
+    caller has read them already."""
     if not jobs:
         return {}
     if all(job.started_at is None for job in jobs):  # e.g. a launch's answer: nothing ran
@@ -118,7 +123,8 @@ def jobs_costs_to_date(jobs: list[Job], now: datetime | None = None) -> dict[int
     events: dict[int, list[JobEvent]] = {j.pk: [] for j in live}
     for event in JobEvent.objects.filter(job__in=live).order_by("job_id", "at", "pk"):
         events[event.job_id].append(event)
-    rates = jobs_run_rates(live)
+    if rates is None:
+        rates = jobs_run_rates(live)
     costs = {}
     for job in jobs:
         total = ledger[job.pk]
@@ -196,8 +202,10 @@ class BillingJobCosts:
     def with_cost_inputs(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         return with_cost_inputs(jobs)
 
-    def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
-        return jobs_costs_to_date(jobs)
+    def costs_to_date(
+        self, jobs: list[Job], *, rates: dict[int, Decimal | None] | None = None
+    ) -> dict[int, Decimal]:
+        return jobs_costs_to_date(jobs, rates=rates)
 
     def row_costs(self, rows: list[dict]) -> dict[int, Decimal]:
         return rows_costs_to_date(rows)

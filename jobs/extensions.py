@@ -49,8 +49,11 @@ class JobCostProvider(Protocol):
         page costs no extra query for its costs."""
         ...
 
-    def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
-        """Each job's cost so far (by id), in a constant number of queries."""
+    def costs_to_date(
+        self, jobs: list[Job], *, rates: dict[int, Decimal | None] | None = None
+    ) -> dict[int, Decimal]:
+        """Each job's cost so far (by id), in a constant number of queries. `rates`: the
+        jobs' `run_rates` when the caller has them (the price book isn't read again)."""
         ...
 
     def row_costs(self, rows: list[dict]) -> dict[int, Decimal]:
@@ -75,7 +78,9 @@ class _NoCosts:
     def with_cost_inputs(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         return jobs
 
-    def costs_to_date(self, jobs: list[Job]) -> dict[int, Decimal]:
+    def costs_to_date(
+        self, jobs: list[Job], *, rates: dict[int, Decimal | None] | None = None
+    ) -> dict[int, Decimal]:
         return {job.pk: Decimal(0) for job in jobs}
 
     def row_costs(self, rows: list[dict]) -> dict[int, Decimal]:
@@ -173,6 +178,8 @@ def fleet_panel_register(name: str, provider: PanelProvider) -> None:
 def fleet_panels() -> list[Panel]:
     panels = (provider() for provider in _fleet_panels.values())
     return [panel for panel in panels if panel is not None]
+
+
 def volume_provider_register(provider: VolumeProvider) -> None:
     _volume_provider[0] = provider
 

@@ -104,6 +104,12 @@ def job_transition(
         return _transition(locked, job, to, actor, reason, expected_from, changes)
 
 
+def job_transition_held(*, job: Job, to: str, actor: Actor, reason: str = "") -> Job:
+    """`job_transition` of a row the caller's transaction holds and has current (it
+    inserted it: a launch admitted in its own transaction), without the re-read."""
+    return _transition(job, job, to, actor, reason, None, {})
+
+
 # What a transition writes besides the caller's `changes`.
 TRANSITION_FIELDS = (
     "status",

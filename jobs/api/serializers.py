@@ -314,9 +314,10 @@ class JobSerializer(StrictModelSerializer):
         if "_job_batch" not in self.context:
             instances = self.parent.instance if self.parent is not None else self.instance
             jobs = [instances] if isinstance(instances, Job) else list(instances)
+            rates = job_costs().run_rates(jobs)
             self.context["_job_batch"] = {
-                "costs": job_costs().costs_to_date(jobs),
-                "rates": job_costs().run_rates(jobs),
+                "costs": job_costs().costs_to_date(jobs, rates=rates),
+                "rates": rates,
                 "positions": selectors.queue_positions(jobs),
                 "expectations": job_expectations(jobs),
                 "currency": price_currency(),

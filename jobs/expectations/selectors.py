@@ -50,6 +50,8 @@ EXPECTATION_COLUMNS = (
 
 # The statuses something is expected of (a start, an end, a budget).
 EXPECTED_STATUSES = frozenset({JobStatus.QUEUED, *HOLDING_COMPUTE, JobStatus.PAUSED})
+# The statuses whose running time is predicted (a paused job's end isn't foreseen).
+PREDICTED_STATUSES = frozenset({JobStatus.QUEUED, *HOLDING_COMPUTE})
 
 
 @dataclass(frozen=True)
@@ -176,8 +178,10 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
         for quota in TenantQuota.objects.filter(tenant_id__in=tenants).order_by("pk"):
             quotas[quota.tenant_id].append(quota)
         suspended = suspended_tenant_ids()
-    history = runtime_history([*jobs, *queue, *holders], now=now)
-    predictions = {job.pk: predict_runtime(job, history) for job in [*queue, *holders, *jobs]}
+    # Only queued and holding jobs are predicted: a page of finished jobs reads no history.
+    predicted = [job for job in jobs if job.status in PREDICTED_STATUSES]
+    history = runtime_history([*predicted, *queue, *holders], now=now)
+    predictions = {job.pk: predict_runtime(job, history) for job in [*queue, *holders, *predicted]}
 
     starts: dict[int, float | None] = {}
     ahead: dict[int, tuple[int, int]] = {}
@@ -223,8 +227,8 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
 
     expectations: dict[int, Expectation] = {}
     for job in jobs:
-        prediction = predictions[job.pk]
         if job.status == JobStatus.QUEUED:
+            prediction = predictions[job.pk]
             offset = starts.get(job.pk)
             start = None if offset is None else now + timedelta(seconds=offset)
             count, higher = ahead.get(job.pk, (0, 0))
@@ -241,6 +245,7 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
                 summary=start_summary(start, now),
             )
         elif job.status in HOLDING_COMPUTE:
+            prediction = predictions[job.pk]
             end = expected_end_of_holder(job, prediction, now)
             expectations[job.pk] = Expectation(
                 prediction=prediction,

@@ -9,15 +9,14 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
 
-from console.tenant_admin import suspended_tenant_ids
 from jobs.actors import SYSTEM
 from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
 from jobs.selectors import before_in_queue, queued_in_order, queued_in_pools, wanting_pools
 from jobs.services.dispatch import dispatch_on_commit
 from jobs.services.preemption import jobs_preempt, preemption_plan
-from jobs.state import job_wait_update, jobs_transition_many
+from jobs.state import job_transition_held, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
 ADMITTED = "admitted"
@@ -65,15 +64,20 @@ def held_usage(
     job): of the pools `pool_ids` and the tenants `tenant_ids` (None: all of them)."""
     usage = Usage()
     holding = Job.objects.holding_compute().order_by()
-    for pool_field, nodes_field in (("pool_id", "on_demand_nodes"), ("spot_pool_id", "spot_nodes")):
-        rows = holding.filter(**{f"{pool_field}__isnull": False})
-        if pool_ids is not None:
-            rows = rows.filter(**{f"{pool_field}__in": list(pool_ids)})
-        for pool_id, gpus, vcpus in rows.values_list(pool_field).annotate(
-            gpus=Sum(F(nodes_field) * F("gpus_per_node")), vcpus=Sum(F(nodes_field) * F("cpus"))
-        ):
-            usage.pool_gpus[pool_id] += gpus or 0
-            usage.pool_vcpus[pool_id] += vcpus or 0
+    # One read for both pool fields: a row per (on-demand pool, spot pool) pair held.
+    rows = holding if pool_ids is None else holding.filter(wanting_pools(list(pool_ids)))
+    sums = {
+        f"{kind}_{unit}": Sum(F(nodes) * F(per_node))
+        for kind, nodes in (("on_demand", "on_demand_nodes"), ("spot", "spot_nodes"))
+        for unit, per_node in (("gpus", "gpus_per_node"), ("vcpus", "cpus"))
+    }
+    for pool_id, spot_pool_id, *held in rows.values_list("pool_id", "spot_pool_id").annotate(
+        **sums
+    ):
+        for pid, gpus, vcpus in ((pool_id, *held[:2]), (spot_pool_id, *held[2:])):
+            if pid and (pool_ids is None or pid in pool_ids):
+                usage.pool_gpus[pid] += gpus or 0
+                usage.pool_vcpus[pid] += vcpus or 0
     if tenant_ids is not None and not tenant_ids:
         return usage
     rows = holding if tenant_ids is None else holding.filter(tenant_id__in=list(tenant_ids))
@@ -203,6 +207,8 @@ def _locked_quotas(tenant_ids: Collection[int]) -> dict[int, list[TenantQuota]]:
     """The quotas of `tenant_ids`, locked in pk order after the pools: two admissions of
     one tenant's jobs on different pools serialise on them."""
     quotas: dict[int, list[TenantQuota]] = defaultdict(list)
+    if not tenant_ids:  # nothing to lock (a tenant without quotas): no query
+        return quotas
     rows = TenantQuota.objects.select_for_update().filter(tenant_id__in=list(tenant_ids))
     for quota in rows.order_by("pk"):
         quotas[quota.tenant_id].append(quota)
@@ -227,13 +233,35 @@ def _pools_reached(pool_ids: Collection[int]) -> set[int]:
     return reached
 
 
-def _hold_rest(rest: QuerySet[Job], suspended: set[int]) -> None:
+def _queued_tenants(queue: QuerySet[Job]) -> tuple[set[int], set[int], set[int]]:
+    """The tenants of `queue`, those of them with quotas (whose quotas a pass locks) and
+    the suspended ones, in one read: a pass of tenants without quotas reads no quota row.
+    (A suspension locks only its tenant's row: read after the pool locks, it is seen.)"""
+    has_quotas = Exists(TenantQuota.objects.filter(tenant_id=OuterRef("tenant_id")))
+    rows = (
+        queue.order_by()
+        .values_list("tenant_id", "tenant__suspended_at")
+        .annotate(has_quotas=has_quotas)
+        .distinct()
+    )
+    tenant_ids, quota_tenants, suspended = set(), set(), set()
+    for tenant_id, suspended_at, tenant_has_quotas in rows:
+        tenant_ids.add(tenant_id)
+        if tenant_has_quotas:
+            quota_tenants.add(tenant_id)
+        if suspended_at is not None:
+            suspended.add(tenant_id)
+    return tenant_ids, quota_tenants, suspended
+
+
+def _hold_rest(rest: QuerySet[Job]) -> None:
     """The queue after the point where every pool of the pass is blocked: each job waits
     behind earlier ones (or for its organisation's suspension), as the loop would have
     said. Only those whose wait changes are read (none, when the labels are current)."""
+    suspended = Q(tenant__suspended_at__isnull=False)
     for wait, jobs in (
-        (SUSPENDED, rest.filter(tenant_id__in=suspended)),
-        (BEHIND_IN_POOL, rest.exclude(tenant_id__in=suspended)),
+        (SUSPENDED, rest.filter(suspended)),
+        (BEHIND_IN_POOL, rest.exclude(suspended)),
     ):
         for job in jobs.exclude(wait_kind=wait.kind, status_reason=wait.message):
             _wait(job, wait)
@@ -260,11 +288,9 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
         if reach is not None:
             queue = queue.filter(wanting_pools(list(reach)))
         # Jobs queued into these pools from now on wait for the pool locks to commit.
-        tenant_ids = set(queue.order_by().values_list("tenant_id", flat=True).distinct())
-        quotas = _locked_quotas(tenant_ids)
+        tenant_ids, quota_tenants, suspended = _queued_tenants(queue)
+        quotas = _locked_quotas(quota_tenants)
         usage = held_usage(pool_ids=reach, tenant_ids=list(quotas))
-        # Read after the locks, so a suspension committed meanwhile is seen.
-        suspended = suspended_tenant_ids()
         every_pool = set(locked_pools) if reach is None else reach
         blocked_pools: set[int] = set()
         # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
@@ -311,16 +337,22 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
                 blocked_pools |= wanted
             _wait(job, wait)
             if every_pool <= blocked_pools:
-                _hold_rest(queue.filter(~before_in_queue(job)).exclude(pk=job.pk), suspended)
+                _hold_rest(queue.filter(~before_in_queue(job)).exclude(pk=job.pk))
                 break
         if launched is not None and launched_waits:
             # The pass stopped before it: its pools are all held by earlier jobs.
             _wait(launched, SUSPENDED if launched.tenant_id in suspended else BEHIND_IN_POOL)
+        # The launch's own row is this transaction's and current: moved without a re-read.
+        others = [job for job in admitted if job is not launched]
+        if launched is not None and len(others) < len(admitted):
+            job_transition_held(
+                job=launched, to=JobStatus.DISPATCHING, actor=SYSTEM, reason=ADMITTED
+            )
         # A pass that frees capacity for a backlog admits it in a few statements, not a
         # transition each (10,000 jobs: seconds instead of minutes).
-        for start in range(0, len(admitted), ADMIT_CHUNK):
+        for start in range(0, len(others), ADMIT_CHUNK):
             jobs_transition_many(
-                jobs=admitted[start : start + ADMIT_CHUNK],
+                jobs=others[start : start + ADMIT_CHUNK],
                 to=JobStatus.DISPATCHING,
                 actor=SYSTEM,
                 reason=ADMITTED,
