@@ -59,7 +59,9 @@ def test_choosing_a_gpu_type_updates_region_gpus_image_and_capacity(member):
     html = response.content.decode()
     assert "<html" not in html
     assert html.lstrip().startswith('<div id="launch-capacity"')
-    assert '<select id="id_region" hx-swap-oob="innerHTML">' in html
+    assert (
+        '<select name="region" id="id_region" data-launch-choice hx-swap-oob="outerHTML">' in html
+    )
     assert set(options(html, "id_region")) == {"us-west", "eu-central"}
     assert selected(html, "id_region") == "us-west"
     assert options(html, "id_gpus_per_node") == [str(n) for n in range(1, 9)]
