@@ -71,6 +71,8 @@ class LaunchChoices:
     notes: list[str] = field(default_factory=list)
     capacity: list[PoolCapacity] = field(default_factory=list)
     queued_ahead: int = 0
+    # The spot ratio asked was changed (unreadable, or a tier that isn't offered).
+    spot_ratio_changed: bool = False
 
     @property
     def hardware_label(self) -> str:
@@ -184,7 +186,7 @@ def launch_choices(
     # Nodes, and the spot ratio their split can honour with the tiers offered.
     node_count = _int(nodes, 1) or 1
     node_count = min(max(node_count, 1), MAX_NODES)
-    ratio = _ratio(spot_ratio)
+    ratio = asked_ratio = _ratio(spot_ratio)
     if ratio is None:
         if spot_ratio not in (None, ""):
             notes.append(f"“{spot_ratio}” is not a spot ratio (0 to 1).")
@@ -258,6 +260,7 @@ def launch_choices(
         images=images,
         image=chosen_image,
         notes=notes,
+        spot_ratio_changed=asked_ratio != ratio,
     )
     if with_capacity and landing:
         _add_capacity(choices, landing, cpus=_int(cpus, 1) or 1, priority=priority)

@@ -158,8 +158,9 @@ def launch_options(request: HttpRequest) -> HttpResponse:
         "jobs/launch.html#launch-options",
         {
             "choices": choices,
-            # The field being edited keeps its element (and its focus).
-            "swap_spot_ratio": changed != "spot_ratio",
+            # Replaced only when the choices changed it, and never while being edited:
+            # a value typed while this answer was on its way stays.
+            "swap_spot_ratio": choices.spot_ratio_changed and changed != "spot_ratio",
             "volume_warning": _volume_warning(request, choices, params.get("volumes", "")),
         },
     )

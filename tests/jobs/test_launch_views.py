@@ -68,7 +68,7 @@ def test_choosing_a_gpu_type_updates_region_gpus_image_and_capacity(member):
     assert selected(html, "id_gpus_per_node") == "8"  # a whole node, never 0
     image = selected(html, "id_image")
     assert image not in (None, "python-3.11")
-    assert 'id="id_spot_ratio"' in html and 'hx-swap-oob="outerHTML"' in html
+    assert 'id="id_spot_ratio"' not in html  # the ratio asked stands: nothing to replace
     assert (
         "On-demand: <strong>32 of 32 GPUs free</strong> (4 nodes × 8 GPUs); this job takes 8."
         in html
@@ -89,6 +89,14 @@ def test_the_field_being_edited_is_not_replaced(member):
     )  # fmt: skip
     html = response.content.decode()
     assert 'id="id_spot_ratio"' not in html  # its own value stays as typed
+    # Changing the region to one with spot only sets the ratio (the input is replaced).
+    html = member.get(
+        OPTIONS,
+        {"gpu_type": "a100-80gb", "region": "eu-central", "spot_ratio": "0", "changed": "region"},
+        HTTP_HX_REQUEST="true",
+    ).content.decode()
+    spot = re.search(r'<input type="number" name="spot_ratio"[^>]*>', html)
+    assert spot and 'value="1"' in spot.group(0) and 'hx-swap-oob="outerHTML"' in spot.group(0)
     assert "spot only: spot ratio set to 1" in notes(html)
     assert "1 node: spot" in html
 
