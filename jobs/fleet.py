@@ -5,11 +5,13 @@ which itself reads `jobs.selectors`)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from django.db.models import Count, F, Q, QuerySet, Sum
 
 from jobs.models import HOLDING_COMPUTE, Job, JobStatus, WaitKind
+from jobs.selectors import wanting_pools
 from jobs.services.admission import held_usage
 from marketplace.models import NodePool
 
@@ -34,14 +36,20 @@ class PoolLoad:
         return round(100 * self.held / self.capacity) if self.capacity else 0
 
 
-def fleet_pools() -> list[PoolLoad]:
+def fleet_pools(*, pool_ids: Collection[int] | None = None) -> list[PoolLoad]:
+    """Every active pool's load (or only those of `pool_ids`: the launch form's)."""
+    active = NodePool.objects.filter(is_active=True)
+    if pool_ids is not None:
+        active = active.filter(pk__in=list(pool_ids))
     pools = list(
-        NodePool.objects.filter(is_active=True)
-        .select_related("region", "gpu_type")
-        .order_by("region__slug", "gpu_type__slug", "tier", "name")
+        active.select_related("region", "gpu_type").order_by(
+            "region__slug", "gpu_type__slug", "tier", "name"
+        )
     )
     usage = held_usage(pool_ids=[p.pk for p in pools], tenant_ids=[])
     queued = Job.objects.filter(status=JobStatus.QUEUED).order_by()
+    if pool_ids is not None:
+        queued = queued.filter(wanting_pools([p.pk for p in pools]))
     wanted: dict[int, int] = {}
     for pool_field in ("pool_id", "spot_pool_id"):
         for pool_id, count in (

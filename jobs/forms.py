@@ -1,16 +1,18 @@
 from __future__ import annotations
 
+import math
 import shlex
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django import forms
 
+from jobs.launch_options import launch_choices, launch_images
 from jobs.models import Priority, TenantSecret
 from jobs.services.spec import DEFAULT_MAX_RUNTIME_MINUTES, JobSpec
-from marketplace.models import GpuType, Image, Region
+from marketplace.models import GpuType, Image, Region, Tier
 from marketplace.pricing import MAX_NODES
-from marketplace.selectors import default_region, regions_for_tenant
+from marketplace.selectors import regions_for_tenant
 
 
 def parse_pairs(text: str, field_label: str) -> dict[str, str]:
@@ -44,6 +46,75 @@ def parse_volume_lines(text: str) -> list[dict]:
             )
         mounts.append({"name": name.strip(), "path": path.strip(), "read_only": read_only})
     return mounts
+
+
+LAUNCH_CHOICE_FIELDS = ("gpu_type", "gpus_per_node", "cpus", "nodes", "region", "spot_ratio",
+                        "image", "priority", "volumes", "max_runtime_minutes")  # fmt: skip
+MAX_RUNTIME_MINUTES = 60 * 24 * 90
+
+
+def _link_int(params, names: tuple[str, ...], label: str, low: int, high: int, notes: list[str]):
+    for name in names:
+        value = params.get(name, "").strip()
+        if not value:
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or not low <= number <= high:
+            notes.append(f"Ignored {name}={value[:20]}: {label} is a whole number from {low} "
+                         f"to {high}.")  # fmt: skip
+            return None
+        return number
+    return None
+
+
+def initial_from_link(params) -> tuple[dict[str, Any], list[str]]:
+    """A launch link's choices (an offer's or an estimate's "Launch this"): gpu_type,
+    region, tier (on_demand or spot), gpus_per_node, nodes (or count), spot_ratio, image,
+    hours (the maximum runtime). Values that can't be read are ignored with a note;
+    `launch_choices` then says what doesn't exist here."""
+    initial: dict[str, Any] = {}
+    notes: list[str] = []
+    for name in ("gpu_type", "region", "image"):
+        value = params.get(name, "").strip()
+        if value:
+            initial[name] = value[:100]
+    tier = params.get("tier", "").strip()
+    if tier in (Tier.ON_DEMAND, Tier.SPOT):
+        initial["spot_ratio"] = Decimal(1) if tier == Tier.SPOT else Decimal(0)
+    elif tier:
+        notes.append(f"Ignored tier={tier[:20]}: launches are on_demand or spot.")
+    ratio = params.get("spot_ratio", "").strip()
+    if ratio:
+        try:
+            value = Decimal(ratio)
+        except InvalidOperation:
+            value = Decimal(-1)
+        if value.is_finite() and Decimal(0) <= value <= Decimal(1):
+            initial["spot_ratio"] = value
+        else:
+            notes.append(f"Ignored spot_ratio={ratio[:20]}: a spot ratio is from 0 to 1.")
+    for field_name, names, label, high in (
+        ("nodes", ("nodes", "count"), "the node count", 1024),
+        ("gpus_per_node", ("gpus_per_node",), "GPUs per node", 64),
+        ("cpus", ("cpus",), "vCPUs per node", 1024),
+    ):
+        number = _link_int(params, names, label, 1, high, notes)
+        if number is not None:
+            initial[field_name] = number
+    hours = params.get("hours", "").strip()
+    if hours:
+        try:
+            minutes = math.ceil(Decimal(hours) * 60)
+        except (InvalidOperation, ValueError, OverflowError):
+            minutes = 0
+        if 1 <= minutes <= MAX_RUNTIME_MINUTES:
+            initial["max_runtime_minutes"] = minutes
+        else:
+            notes.append(f"Ignored hours={hours[:20]}: the maximum runtime is up to 90 days.")
+    return initial, notes
 
 
 class LaunchForm(forms.Form):
@@ -116,7 +187,7 @@ class LaunchForm(forms.Form):
     max_runtime_minutes = forms.IntegerField(
         label="Max runtime (minutes)",
         min_value=1,
-        max_value=60 * 24 * 90,
+        max_value=MAX_RUNTIME_MINUTES,
         initial=DEFAULT_MAX_RUNTIME_MINUTES,
     )
     checkpoint_path = forms.CharField(max_length=400, required=False)
@@ -126,17 +197,28 @@ class LaunchForm(forms.Form):
 
     def __init__(self, *args, tenant=None, **kwargs):
         super().__init__(*args, **kwargs)
-        # A private image whose slug a public one has (made before such clashes were
-        # refused) is left out: the slug names the public image, here and in the spec.
-        active = Image.objects.for_tenant(tenant).filter(is_active=True)
-        public_slugs = active.filter(tenant__isnull=True).values("slug")
-        self.fields["image"].queryset = active.exclude(tenant__isnull=False, slug__in=public_slugs)
+        self.fields["image"].queryset = Image.objects.filter(
+            pk__in=[image.pk for image in launch_images(tenant=tenant)]
+        )
         # "This host" is offered only to tenants staff allow to run on it.
-        regions = regions_for_tenant(tenant)
-        self.fields["region"].queryset = regions
-        if not regions.filter(slug=self.initial.get("region") or "").exists():
-            region = default_region(tenant)
-            self.initial["region"] = region.slug if region else None
+        self.fields["region"].queryset = regions_for_tenant(tenant)
+        # What the form offers for the values it has; clean() accepts only these.
+        self.choices = launch_choices(tenant=tenant, **self._asked())
+        if not self.is_bound:
+            self.initial.update(
+                gpu_type=self.choices.gpu_type.slug if self.choices.gpu_type else "",
+                region=self.choices.region.slug if self.choices.region else None,
+                gpus_per_node=self.choices.gpus_per_node,
+                spot_ratio=self.choices.spot_ratio,
+                image=self.choices.image.slug if self.choices.image else None,
+            )
+        self.fields["gpus_per_node"].widget = forms.Select(
+            choices=[(n, str(n)) for n in self.choices.gpus_per_node_choices]
+        )
+        # The fields the dependent choices, the capacity and the estimate follow (htmx
+        # sends only these: never the command or the secrets).
+        for name in LAUNCH_CHOICE_FIELDS:
+            self.fields[name].widget.attrs["data-launch-choice"] = ""
         self.fields["secrets"].choices = [
             (name, name)
             for name in TenantSecret.objects.for_tenant(tenant).values_list("name", flat=True)
@@ -166,6 +248,56 @@ class LaunchForm(forms.Form):
                 for m in spec.volumes
             ),
         }
+
+    def _asked(self) -> dict[str, Any]:
+        """The values the dependent choices follow: posted, else initial."""
+        names = ("gpu_type", "region", "gpus_per_node", "nodes", "spot_ratio", "image", "cpus",
+                 "priority")  # fmt: skip
+        if self.is_bound:
+            return {name: self.data.get(self.add_prefix(name)) for name in names}
+        return {name: self.initial.get(name) for name in names}
+
+    def clean(self):
+        """Only what exists: the choices as asked must be what `launch_choices` resolves
+        them to (it never changes a combination that exists)."""
+        data = super().clean()
+        choices = self.choices
+        hardware = choices.hardware_label
+        gpus_missing = self._asked().get("gpu_type") and not data.get("gpus_per_node")
+        if gpus_missing and "gpus_per_node" not in self.errors:
+            self.add_error("gpus_per_node", "A GPU job needs at least one GPU per node.")
+        if data.get("gpu_type") and data["gpu_type"] != choices.gpu_type:
+            self.add_error("gpu_type", f"{data['gpu_type'].model} is not offered for launch here.")
+            return data
+        if not data.get("gpu_type") and not choices.cpu_offered and "gpu_type" not in self.errors:
+            self.add_error("gpu_type", "CPU-only jobs are not offered here; choose a GPU type.")
+            return data
+        region = data.get("region")
+        if region and region != choices.region:
+            offered = ", ".join(r.name for r in choices.regions) or "none"
+            self.add_error(
+                "region",
+                f"No {hardware} pool in {region.name} on this installation's "
+                f"backends; {hardware} is offered in: {offered}.",
+            )
+            return data
+        ratio = data.get("spot_ratio")
+        if ratio is not None and choices.split is not None and ratio != choices.spot_ratio:
+            only = "spot" if choices.spot_only else "on-demand"
+            self.add_error(
+                "spot_ratio",
+                f"{hardware} in {choices.region.name} is {only} only: the spot ratio must be "
+                f"{choices.spot_ratio}.",
+            )
+        gpus = data.get("gpus_per_node")
+        if data.get("gpu_type") and gpus and gpus not in choices.gpus_per_node_choices:
+            self.add_error(
+                "gpus_per_node",
+                f"Nodes of {hardware} in {choices.region.name} have "
+                f"{max(choices.gpus_per_node_choices, default=0)} GPUs: choose 1 to "
+                f"{max(choices.gpus_per_node_choices, default=0)}.",
+            )
+        return data
 
     def clean_command(self):
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.humanize.templatetags.humanize import naturaltime
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.defaultfilters import pluralize
@@ -11,7 +12,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 
 from console.confirm import confirm_then_act
 from console.forms import add_service_error
@@ -39,11 +40,11 @@ from jobs.expectations.selectors import (
     job_expectations,
 )
 from jobs.extensions import fleet_panels, job_costs
-from jobs.forms import LaunchForm, TenantSecretForm
+from jobs.forms import LaunchForm, TenantSecretForm, initial_from_link, parse_volume_lines
+from jobs.launch_options import LaunchChoices, launch_choices, mount_problem
 from jobs.logs.reading import tail_lines
 from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from jobs.state import job_run_seconds
-from marketplace.models import GpuType, Image
 from marketplace.price_book_cache import price_book
 from marketplace.selectors import (
     default_region,
@@ -70,6 +71,9 @@ def launch(request: HttpRequest) -> HttpResponse:
         template = LaunchTemplate.objects.for_tenant(request.tenant).filter(pk=template_id).first()
         if template is not None:
             initial.update(LaunchForm.initial_from_spec(services.spec_from_template(template)))
+    # A "Launch this" link (an offer, an estimate): its choices, what can't be read noted.
+    link_initial, link_notes = initial_from_link(request.GET)
+    initial.update(link_initial)
     clone_of = request.GET.get("from")
     if clone_of and clone_of.isdigit():
         source = Job.objects.for_tenant(request.tenant).filter(pk=clone_of).first()
@@ -119,12 +123,16 @@ def launch(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"“{job.name}” launched.")
             return redirect("jobs:detail", job_id=job.pk)
+    if not form.is_bound:
+        form.choices.notes[:0] = link_notes
     templates = list(LaunchTemplate.objects.for_tenant(request.tenant))
     return render(
         request,
         "jobs/launch.html",
         {
             "form": form,
+            "choices": form.choices,
+            "volume_warning": _volume_warning(request, form.choices, form["volumes"].value()),
             "templates": templates,
             "deletable_templates": {
                 t.pk for t in templates if may_change_template(request.membership, t)
@@ -133,21 +141,47 @@ def launch(request: HttpRequest) -> HttpResponse:
     )
 
 
-@capability_required(Capability.VIEW_TENANT)
-def image_options(request: HttpRequest) -> HttpResponse:
-    """The launch form's image <option>s for the chosen GPU type (htmx)."""
-    gpu_type = GpuType.objects.filter(slug=request.GET.get("gpu_type") or "").first()
-    hardware = gpu_type.vendor if gpu_type else "cpu"
-    images = [
-        i
-        for i in Image.objects.for_tenant(request.tenant).filter(is_active=True)
-        if hardware in i.compatible_with
-    ]
-    return render(
-        request,
-        "jobs/partials/image_options.html",
-        {"images": images, "selected": request.GET.get("image", "")},
+@capability_required(Capability.LAUNCH_JOBS)
+def launch_options(request: HttpRequest) -> HttpResponse:
+    """The launch form's dependent choices for what it holds now (htmx, on every change
+    of where and how big): region, GPUs per node, spot ratio and image options, the free
+    capacity and queue it would join, and a warning for volumes elsewhere."""
+    params = request.GET
+    changed = params.get("changed", "")
+    choices = launch_choices(
+        tenant=request.tenant,
+        **{name: params.get(name) for name in LAUNCH_CHOICE_NAMES},
+        switch_image=changed == "gpu_type",
     )
+    response = render(
+        request,
+        "jobs/launch.html#launch-options",
+        {
+            "choices": choices,
+            # Replaced only when the choices changed it, and never while being edited:
+            # a value typed while this answer was on its way stays.
+            "swap_spot_ratio": choices.spot_ratio_changed and changed != "spot_ratio",
+            "volume_warning": _volume_warning(request, choices, params.get("volumes", "")),
+        },
+    )
+    # The live estimate follows the resolved choices (GPUs per node may have changed).
+    return trigger_client_event(response, "launch-choices-changed", after="settle")
+
+
+LAUNCH_CHOICE_NAMES = ("gpu_type", "region", "gpus_per_node", "nodes", "spot_ratio", "image",
+                       "cpus", "priority")  # fmt: skip
+
+
+def _volume_warning(request: HttpRequest, choices: LaunchChoices, volumes_text) -> str:
+    """Why the job's volumes can't be mounted where it runs (another region, a name that
+    isn't a volume, one held by another job): the launch would refuse it."""
+    if choices.region is None:
+        return ""
+    try:
+        mounts = parse_volume_lines(volumes_text or "")
+    except ValidationError:
+        return ""  # the field's own error says it on submit
+    return mount_problem(tenant=request.tenant, region=choices.region, mounts=mounts)
 
 
 STATUS_LABELS = dict(JobStatus.choices)

@@ -373,6 +373,43 @@ def pools_for_tenant(tenant: Tenant | None) -> QuerySet[NodePool]:
     return pools
 
 
+def launchable_pools(tenant: Tenant | None) -> QuerySet[NodePool]:
+    """Active pools the tenant may launch on: usable by it, on one of this installation's
+    compute backends."""
+    return pools_for_tenant(tenant).filter(backend__in=settings.COMPUTE_BACKENDS)
+
+
+# An offer's key: GPU type id (None: CPU), region id, tier.
+OfferKey = tuple[int | None, int, str]
+
+
+def launch_pools(
+    *, tenant: Tenant | None, region: Region | None = None
+) -> dict[OfferKey, NodePool]:
+    """The pool the nodes of each GPU type × region × tier launch on, in one read: of the
+    launchable pools of that kind, the largest (most allocatable GPUs, vCPUs for CPU),
+    then the oldest. The one rule for the launch's placement and the launch form's offers."""
+    pools = launchable_pools(tenant).order_by("pk")
+    if region is not None:
+        pools = pools.filter(region=region)
+    chosen: dict[OfferKey, NodePool] = {}
+    for pool in pools:
+        key = (pool.gpu_type_id, pool.region_id, pool.tier)
+        best = chosen.get(key)
+        if best is None or _pool_size(pool) > _pool_size(best):
+            chosen[key] = pool
+    return chosen
+
+
+def _pool_size(pool: NodePool) -> int:
+    return pool.allocatable_gpus if pool.gpu_type_id else pool.allocatable_vcpus
+
+
+def image_hardware(gpu_type: GpuType | None) -> str:
+    """What an image must list in `compatible_with` to run on `gpu_type` (None: CPU)."""
+    return gpu_type.vendor if gpu_type else "cpu"
+
+
 def host_only_region_ids(tenant: Tenant | None) -> QuerySet:
     """Ids of the regions hidden from the tenant: those whose only active pools are on the
     console's host, when the tenant may not run there. Empty for allowed tenants."""
@@ -397,9 +434,7 @@ def default_region(tenant: Tenant | None = None, gpu_type: GpuType | None = None
     compute backends. A region where a real backend (this host, a real cluster) has
     capacity for it comes first, so that the user's command runs rather than the sandbox
     cluster's simulation; then the first by pk. None when no region qualifies."""
-    pools = pools_for_tenant(tenant).filter(
-        gpu_type=gpu_type, backend__in=settings.COMPUTE_BACKENDS
-    )
+    pools = launchable_pools(tenant).filter(gpu_type=gpu_type)
     has_capacity = Q(total_gpus__gt=0) if gpu_type is not None else Q(allocatable_vcpus__gt=0)
     real = pools.filter(has_capacity, region=OuterRef("pk"), simulated=False)
     return (

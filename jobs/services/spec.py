@@ -21,7 +21,8 @@ from marketplace.pricing import MAX_NODES, node_split
 from marketplace.selectors import (
     HOST_NOT_AVAILABLE,
     default_region,
-    pools_for_tenant,
+    image_hardware,
+    launch_pools,
     regions_for_tenant,
 )
 
@@ -347,17 +348,6 @@ def validate_volume_mounts(volumes) -> list[dict]:
     return clean
 
 
-def _pick_pool(
-    *, tenant: Tenant, gpu_type: GpuType | None, region: Region, tier: str
-) -> NodePool | None:
-    pools = pools_for_tenant(tenant).filter(
-        gpu_type=gpu_type, region=region, tier=tier, backend__in=settings.COMPUTE_BACKENDS
-    )
-    if gpu_type is None:
-        return pools.order_by("-allocatable_vcpus", "pk").first()
-    return pools.order_by("-allocatable_gpus", "pk").first()
-
-
 @dataclass
 class ResolvedSpec:
     spec: JobSpec
@@ -438,7 +428,7 @@ def spec_validate(
     )
     if image is None:
         raise invalid(f"Unknown image “{spec.image}”.", "image")
-    hardware = gpu_type.vendor if gpu_type else "cpu"
+    hardware = image_hardware(gpu_type)
     if hardware not in image.compatible_with:
         raise invalid(
             f"{image.name} doesn't run on {hardware.upper()}; pick an image made for it.", "image"
@@ -447,16 +437,10 @@ def spec_validate(
     # The estimate's rule (marketplace.pricing.node_split): a launch is what was priced.
     split = node_split(nodes=spec.nodes, spot_ratio=Decimal(spec.spot_ratio))
     spot_nodes, on_demand_nodes = split.spot_nodes, split.on_demand_nodes
-    pool = (
-        _pick_pool(tenant=tenant, gpu_type=gpu_type, region=region, tier=Tier.ON_DEMAND)
-        if on_demand_nodes
-        else None
-    )
-    spot_pool = (
-        _pick_pool(tenant=tenant, gpu_type=gpu_type, region=region, tier=Tier.SPOT)
-        if spot_nodes
-        else None
-    )
+    pools = launch_pools(tenant=tenant, region=region)
+    gpu_type_id = gpu_type.pk if gpu_type else None
+    pool = pools.get((gpu_type_id, region.pk, Tier.ON_DEMAND)) if on_demand_nodes else None
+    spot_pool = pools.get((gpu_type_id, region.pk, Tier.SPOT)) if spot_nodes else None
     what = gpu_type.slug if gpu_type else "CPU"
     if on_demand_nodes and pool is None:
         raise invalid(

@@ -9,6 +9,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods
 
 from console.confirm import confirm_then_act
@@ -96,7 +97,31 @@ def estimate(request: HttpRequest) -> HttpResponse:
         except PricingError as error:
             add_service_error(form, error)
     template = "marketplace/partials/estimate.html" if request.htmx else "marketplace/estimate.html"
-    return render(request, template, {"estimate_form": form, "estimate": result})
+    context = {"estimate_form": form, "estimate": result}
+    # "Launch this": the launch form with the estimate's choices (not on the launch
+    # form's own estimate, which prices what that form holds).
+    may_launch = has_capability(getattr(request, "membership", None), Capability.LAUNCH_JOBS)
+    if result is not None and may_launch and not request.GET.get("in_launch_form"):
+        context["launch_query"] = estimate_launch_query(form.cleaned_data)
+    return render(request, template, context)
+
+
+def estimate_launch_query(data: dict) -> str:
+    """The launch link's query for an estimate's choices (jobs.forms.initial_from_link
+    reads it): what the estimate priced, its hours as the maximum runtime."""
+    gpu_type = data["gpu_type"]
+    params = {
+        "gpu_type": gpu_type.slug if gpu_type else "",
+        "region": data["region"].slug,
+        "nodes": data["nodes"],
+        "spot_ratio": data["spot_ratio"],
+        "hours": data["hours"],
+    }
+    if gpu_type and data.get("gpus_per_node"):
+        params["gpus_per_node"] = data["gpus_per_node"]
+    if not gpu_type and data.get("cpus"):
+        params["cpus"] = data["cpus"]
+    return urlencode(params)
 
 
 @login_required

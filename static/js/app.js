@@ -38,6 +38,26 @@ function fillFromRecommendation(button) {
     tier: button.dataset.tier,
     spot_ratio: button.dataset.tier === "spot" ? "1" : "0",
   };
+  const dependent = form.querySelector("[data-launch-options]");
+  if (dependent && window.htmx) {
+    // The launch form's region and GPUs-per-node lists follow the GPU type: the server
+    // resolves the recommendation into them (one request), so set only the free fields.
+    for (const name of ["gpu_type", "nodes", "spot_ratio"]) {
+      const field = form.elements.namedItem(name);
+      if (field) field.value = values[name];
+    }
+    const params = {};
+    for (const field of document.querySelectorAll("[data-launch-choice]")) {
+      if (field.name) params[field.name] = field.value;
+    }
+    const { tier, ...asked } = values;
+    window.htmx.ajax("GET", dependent.getAttribute("hx-get"), {
+      target: "#launch-capacity", swap: "outerHTML",
+      values: { ...params, ...asked, changed: "gpu_type" },
+    });
+    button.textContent = "Filled in";
+    return;
+  }
   for (const [name, value] of Object.entries(values)) {
     const field = form.elements.namedItem(name);
     if (!field || field.type === "hidden" || value === undefined) continue;

@@ -8,12 +8,19 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import catalog_seed
+from tests.e2e.test_launch_choices import cluster_pools_launchable  # noqa: F401
 from tests.e2e.test_launch_job import sign_in
 
 pytestmark = pytest.mark.e2e
 
 
-def test_recommend_gpus_fills_the_launch_form(browser_page, asgi_server, world, password):
+def test_recommend_gpus_fills_the_launch_form(
+    cluster_pools_launchable,  # noqa: F811 (the form offers the demo's H100 pools)
+    browser_page,
+    asgi_server,
+    world,
+    password,
+):
     page, base = browser_page, asgi_server.url
     catalog_seed()
 

@@ -360,12 +360,14 @@ def test_new_user_launches_an_a100_spot_cluster_and_watches_it_to_the_end(stack,
     page.goto("/jobs/launch/")
     form = page.locator("#launch-form")
     form.locator("[name=name]").fill("llama-finetune")
-    with page.expect_response(lambda r: "/jobs/launch/images/" in r.url):
+    with page.expect_response(lambda r: "/jobs/launch/options/" in r.url):
         form.locator("[name=gpu_type]").select_option("a100-80gb")
+    # The form's choices follow the GPU type (a whole node) before the image is picked.
+    expect(form.locator("[name=gpus_per_node]")).to_have_value("8")
     form.locator("[name=image]").select_option(IMAGE)
     form.locator("[name=command]").fill("torchrun --nproc-per-node 8 train.py")
     form.locator("[name=env]").fill("SANDBOX_DURATION_SECONDS=24\nSANDBOX_CHECKPOINT_SECONDS=6")
-    form.locator("[name=gpus_per_node]").fill("8")
+    form.locator("[name=gpus_per_node]").select_option("8")
     form.locator("[name=cpus]").fill("16")
     form.locator("[name=nodes]").fill("1")
     form.locator("[name=region]").select_option("us-west")
