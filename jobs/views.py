@@ -38,7 +38,7 @@ from jobs.expectations.selectors import (
     Expectation,
     job_expectations,
 )
-from jobs.extensions import fleet_panels, job_costs
+from jobs.extensions import fleet_panels, job_costs, volume_provider
 from jobs.forms import LaunchForm, TenantSecretForm
 from jobs.logs.reading import tail_lines
 from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
@@ -287,6 +287,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context["checkpoints"] = selectors.job_checkpoints(job=job)
     if request.htmx and request.htmx.target == "job-checkpoints":
         return render(request, "jobs/detail.html#job-checkpoints", context)
+    context["volumes"] = volume_provider().mounts_for(job)
     return render(request, "jobs/detail.html", context)
 
 
