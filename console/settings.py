@@ -412,6 +412,10 @@ LOCAL_VOLUME_DIR = env_str("LOCAL_VOLUME_DIR", "") or str(
 )
 # The storage class of volumes' PersistentVolumeClaims ("" = the cluster's default).
 VOLUME_STORAGE_CLASS = env_str("VOLUME_STORAGE_CLASS", "")
+# Volume fills fetch from public hosts only (SSRF: the worker sits in the console's
+# network); true lets them reach loopback and private addresses too.
+VOLUME_FILL_ALLOW_PRIVATE_HOSTS = env_bool("VOLUME_FILL_ALLOW_PRIVATE_HOSTS", False)
+VOLUME_FILL_S3_REGION = env_str("VOLUME_FILL_S3_REGION", "us-east-1")
 LOCAL_JOB_RETENTION_HOURS = env_int("LOCAL_JOB_RETENTION_HOURS", 72)
 # Networks a sandboxed job's traffic never reaches (besides the host's loopback and its
 # own addresses): private ranges and the cloud metadata endpoint, as on Kubernetes.

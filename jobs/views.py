@@ -39,7 +39,7 @@ from jobs.expectations.selectors import (
     Expectation,
     job_expectations,
 )
-from jobs.extensions import fleet_panels, job_costs
+from jobs.extensions import fleet_panels, job_costs, volume_provider
 from jobs.forms import LaunchForm, TenantSecretForm, initial_from_link, parse_volume_lines
 from jobs.launch_options import LaunchChoices, launch_choices, mount_problem
 from jobs.logs.reading import tail_lines
@@ -322,6 +322,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     if request.htmx and request.htmx.target == "job-checkpoints":
         return render(request, "jobs/detail.html#job-checkpoints", context)
     context["metric_charts"] = [(field, title) for field, title, _unit in metrics.CHARTS]
+    context["volumes"] = volume_provider().mounts_for(job)
     return render(request, "jobs/detail.html", context)
 
 

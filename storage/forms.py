@@ -25,3 +25,24 @@ class VolumeCreateForm(forms.Form):
 
 class VolumeResizeForm(forms.Form):
     size_gib = forms.IntegerField(min_value=1, label="New size (GiB)")
+
+
+class VolumeFillForm(forms.Form):
+    source = forms.CharField(
+        max_length=2000,
+        help_text="An <code>https://</code> URL (one file) or <code>s3://bucket/prefix</code> "
+        "(every object under it).",
+    )
+    endpoint = forms.CharField(
+        max_length=400,
+        required=False,
+        label="S3 endpoint",
+        help_text="For MinIO, Ceph or another S3-compatible service; empty for AWS.",
+    )
+    secret = forms.CharField(
+        max_length=100,
+        required=False,
+        label="Credentials secret",
+        help_text="An organisation secret's name: <code>ACCESS_KEY_ID:SECRET_ACCESS_KEY</code> "
+        "for s3://, a bearer token for a URL.",
+    )

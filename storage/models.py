@@ -78,3 +78,55 @@ class VolumeAttachment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.volume_id} at {self.path}"
+
+
+class FillStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Copying"
+    SUCCEEDED = "succeeded", "Done"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+FILL_ACTIVE = (FillStatus.QUEUED, FillStatus.RUNNING)
+
+
+class VolumeFill(models.Model):
+    """A copy into a volume from an HTTP(S) URL or an object-store prefix, run by the
+    console's worker. At most one is active (queued or copying) per volume; the files
+    land in the volume only once the whole copy succeeded."""
+
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="fills")
+    source = models.CharField(max_length=2000)
+    # s3:// sources: the S3-compatible service's URL ("" = AWS).
+    endpoint = models.CharField(max_length=400, blank=True)
+    # An organisation secret by name (S3: "ACCESS_KEY_ID:SECRET"; HTTP: a bearer token).
+    secret = models.CharField(max_length=100, blank=True)
+    status = models.CharField(max_length=16, choices=FillStatus.choices, default=FillStatus.QUEUED)
+    bytes_done = models.BigIntegerField(default=0)
+    bytes_total = models.BigIntegerField(null=True, blank=True)
+    files_done = models.PositiveIntegerField(default=0)
+    error = models.CharField(max_length=1000, blank=True)
+    created_by = models.ForeignKey(
+        "console.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["volume"],
+                condition=Q(status__in=["queued", "running"]),
+                name="volume_one_active_fill",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"fill of {self.volume_id} from {self.source}"
+
+    @property
+    def active(self) -> bool:
+        return self.status in FILL_ACTIVE

@@ -4,17 +4,45 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from django.db.models import QuerySet, Sum
+from django.conf import settings
+from django.db.models import Prefetch, QuerySet, Sum
 
 from console.models import Tenant
+from jobs.backends import ComputeBackend, get_backend
 from jobs.models import FINISHED, Job
-from marketplace.models import PriceVersion, StoragePrice
-from storage.models import Volume, VolumeAttachment
+from marketplace.models import NodePool, PriceVersion, StoragePrice
+from storage.models import Volume, VolumeAttachment, VolumeFill
 
 
 def volumes_for_tenant(*, tenant: Tenant | None) -> QuerySet[Volume]:
     """The tenant's volumes that exist (not deleted), with their region."""
     return Volume.objects.for_tenant(tenant).filter(deleted_at=None).select_related("region")
+
+
+def with_latest_fill(volumes: QuerySet[Volume]) -> QuerySet[Volume]:
+    """`volumes`, each with `latest_fills` ([its newest fill] or []) in one more query."""
+    return volumes.prefetch_related(
+        Prefetch(
+            "fills",
+            queryset=VolumeFill.objects.order_by("-created_at", "-pk")[:1],
+            to_attr="latest_fills",
+        )
+    )
+
+
+def latest_fill(volume: Volume) -> VolumeFill | None:
+    prefetched = getattr(volume, "latest_fills", None)
+    if prefetched is not None:
+        return prefetched[0] if prefetched else None
+    return volume.fills.order_by("-created_at", "-pk").first()
+
+
+def volume_backend(*, volume: Volume) -> ComputeBackend | None:
+    """The configured backend whose pools serve the volume's region (where its storage
+    lives), or None."""
+    names = set(NodePool.objects.filter(region=volume.region_id).values_list("backend", flat=True))
+    name = next((name for name in settings.COMPUTE_BACKENDS if name in names), None)
+    return get_backend(name) if name is not None else None
 
 
 def volume_storage_gib(*, tenant: Tenant) -> int:

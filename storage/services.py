@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
@@ -14,10 +15,14 @@ from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from jobs.backends import BackendUnavailable, configured_backends
+from jobs.services.secrets import tenant_secrets_resolve
 from marketplace.models import Region, TenantQuota
 from marketplace.selectors import regions_for_tenant
-from storage.models import Volume, VolumeAccess, VolumeStatus
-from storage.selectors import volume_holders, volume_storage_gib
+from storage import tasks
+from storage.fill_copy import FillCancelled, copy_into
+from storage.fill_sources import FillError, check_reachable, open_source, parse_source
+from storage.models import FILL_ACTIVE, FillStatus, Volume, VolumeAccess, VolumeFill, VolumeStatus
+from storage.selectors import volume_backend, volume_holders, volume_storage_gib
 from storage.signals import volume_resizing
 
 # A DNS label: it names the volume's PersistentVolumeClaim and folder.
@@ -156,6 +161,11 @@ def volume_delete(*, volume: Volume, user: User | None, request: HttpRequest | N
         volume.deleted_at = timezone.now()
         volume.status = VolumeStatus.DELETED
         volume.save(update_fields=["deleted_at", "status"])
+        volume.fills.filter(status__in=FILL_ACTIVE).update(
+            status=FillStatus.CANCELLED,
+            error="The volume was deleted.",
+            finished_at=volume.deleted_at,
+        )
         audit_record(
             action="volume.deleted",
             tenant=volume.tenant,
@@ -181,3 +191,174 @@ def _grow_storage(*, tenant_id: int, volume_id: int, size_gib: int) -> None:
 def _forget_storage(*, tenant_id: int, volume_id: int) -> None:
     for backend in configured_backends():
         backend.volume_remove(tenant_id=tenant_id, volume_id=volume_id)
+
+
+def _fill_credential(*, tenant: Tenant, user: User | None, secret: str) -> str:
+    """The named organisation secret's value, if the user's jobs may use it (the same
+    rule as a launch's secrets)."""
+    if not secret:
+        return ""
+    try:
+        values = tenant_secrets_resolve(tenant=tenant, user=user, project="", names=[secret])
+    except ServiceError as error:
+        raise ServiceError(error.message, field="secret") from None
+    return values[secret]
+
+
+def volume_fill_start(
+    *,
+    volume: Volume,
+    user: User | None,
+    source: str,
+    secret: str = "",
+    endpoint: str = "",
+    request: HttpRequest | None = None,
+) -> VolumeFill:
+    """Queue a copy into the volume from an HTTP(S) URL or s3://bucket/prefix. One fill
+    at a time per volume (409), and none while a job that isn't finished mounts it
+    read-write (409 naming the job): both would write the same files."""
+    try:
+        parsed = parse_source(source, endpoint=endpoint)
+        check_reachable(parsed)
+    except FillError as error:
+        raise ServiceError(str(error), field="source") from None
+    _fill_credential(tenant=volume.tenant, user=user, secret=secret)  # refused now, not later
+    with transaction.atomic(durable=True):
+        volume = Volume.objects.select_for_update().get(pk=volume.pk, deleted_at=None)
+        running = volume.fills.filter(status__in=FILL_ACTIVE).first()
+        if running is not None:
+            raise ServiceError(
+                f"Volume {volume.name} is being filled already (from {running.source}); "
+                "wait for that copy to end or cancel it.",
+                code=ErrorCode.CONFLICT,
+            )
+        holder = volume_holders(volume=volume, writers_only=True).first()
+        if holder is not None:
+            raise ServiceError(
+                f"Volume {volume.name} is mounted read-write by job #{holder.pk} "
+                f"“{holder.name}” ({holder.get_status_display().lower()}); fill it once "
+                "that job ends.",
+                code=ErrorCode.CONFLICT,
+            )
+        fill = VolumeFill.objects.create(
+            volume=volume,
+            source=parsed.url,
+            endpoint=parsed.endpoint,
+            secret=secret,
+            created_by=user,
+        )
+        audit_record(
+            action="volume.fill_started",
+            tenant=volume.tenant,
+            actor=user,
+            target=volume,
+            request=request,
+            metadata={"name": volume.name, "source": parsed.url, "secret": secret},
+        )
+        fill_id = fill.pk
+        transaction.on_commit(lambda: tasks.volume_fill_task.delay(fill_id))
+    return fill
+
+
+def volume_fill_cancel(
+    *, volume: Volume, user: User | None, request: HttpRequest | None = None
+) -> VolumeFill:
+    """Cancel the volume's active fill: the copy stops at its next progress report and
+    discards what it copied. 409 when no fill is active."""
+    with transaction.atomic(durable=True):
+        fill = (
+            VolumeFill.objects.select_for_update()
+            .filter(volume=volume, status__in=FILL_ACTIVE)
+            .first()
+        )
+        if fill is None:
+            raise ServiceError(
+                f"Volume {volume.name} is not being filled.", code=ErrorCode.CONFLICT
+            )
+        who = user.get_username() if user is not None else "the console"
+        fill.status = FillStatus.CANCELLED
+        fill.error = f"Cancelled by {who}; nothing was written to the volume."
+        fill.finished_at = timezone.now()
+        fill.save(update_fields=["status", "error", "finished_at"])
+        audit_record(
+            action="volume.fill_cancelled",
+            tenant=volume.tenant,
+            actor=user,
+            target=volume,
+            request=request,
+            metadata={"name": volume.name, "source": fill.source},
+        )
+    return fill
+
+
+def _fill_ended(fill: VolumeFill, status: str, error: str = "") -> None:
+    """Record the end of a running fill (a cancelled one keeps its own reason)."""
+    VolumeFill.objects.filter(pk=fill.pk, status=FillStatus.RUNNING).update(
+        status=status, error=error[:1000], finished_at=timezone.now()
+    )
+
+
+def _fill_backend_folder(volume: Volume) -> Path:
+    backend = volume_backend(volume=volume)
+    if backend is None:
+        raise FillError(f"No compute backend serves region {volume.region.slug}.")
+    folder = backend.volume_fill_folder(tenant_id=volume.tenant_id, volume_id=volume.pk)
+    if folder is None:
+        raise FillError(
+            f"Volumes in {volume.region.slug} live on a cluster; the console fills only "
+            "volumes on its own host so far."
+        )
+    return folder
+
+
+def volume_fill_run(*, fill: VolumeFill) -> None:
+    """Run a queued fill (the worker's task): copy, reporting progress on the row, and
+    end it succeeded, failed (saying why) or cancelled. Safe to run twice: a fill that
+    ended is left alone, and one left running by a worker that died starts again."""
+    now = timezone.now()
+    claimed = VolumeFill.objects.filter(pk=fill.pk, status__in=FILL_ACTIVE).update(
+        status=FillStatus.RUNNING, started_at=now, bytes_done=0, files_done=0
+    )
+    if not claimed:
+        return
+    fill.refresh_from_db()
+    volume = fill.volume
+
+    def progress(done: int, files: int, total: int | None) -> bool:
+        return bool(
+            VolumeFill.objects.filter(pk=fill.pk, status=FillStatus.RUNNING).update(
+                bytes_done=done, files_done=files, bytes_total=total
+            )
+        )
+
+    try:
+        if volume.deleted_at is not None:
+            raise FillError(f"Volume {volume.name} was deleted.")
+        credential = _fill_credential(
+            tenant=volume.tenant, user=fill.created_by, secret=fill.secret
+        )
+        folder = _fill_backend_folder(volume)
+        opened = open_source(
+            parse_source(fill.source, endpoint=fill.endpoint), credential=credential
+        )
+        copy_into(
+            folder=folder,
+            fill_id=fill.pk,
+            size_gib=volume.size_gib,
+            opened=opened,
+            progress=progress,
+        )
+    except FillCancelled:
+        return
+    except (FillError, ServiceError) as error:
+        _fill_ended(fill, FillStatus.FAILED, getattr(error, "message", None) or str(error))
+        return
+    except OSError as error:
+        log.exception("volume fill %s failed", fill.pk)
+        _fill_ended(fill, FillStatus.FAILED, f"Writing to the volume failed: {error.strerror}.")
+        return
+    except Exception:  # the row must never stay "copying" (it blocks the next fill)
+        log.exception("volume fill %s failed", fill.pk)
+        _fill_ended(fill, FillStatus.FAILED, "The copy failed unexpectedly; try again.")
+        raise
+    _fill_ended(fill, FillStatus.SUCCEEDED)

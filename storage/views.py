@@ -15,7 +15,7 @@ from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from marketplace.selectors import regions_for_tenant
 from storage import selectors, services
-from storage.forms import VolumeCreateForm, VolumeResizeForm
+from storage.forms import VolumeCreateForm, VolumeFillForm, VolumeResizeForm
 from storage.models import Volume
 
 
@@ -104,3 +104,46 @@ def volume_delete(request: HttpRequest, volume_id: int) -> HttpResponse:
         success_message=f"Volume {volume.name} deleted.",
         cancel_url=reverse("storage:volumes"),
     )
+
+
+@capability_required(Capability.VIEW_TENANT)
+@require_http_methods(["GET", "POST"])
+def volume_detail(request: HttpRequest, volume_id: int) -> HttpResponse:
+    """A volume: its size, price and the fill (a copy into it) with live progress; the
+    progress section polls itself while a fill is active."""
+    volume = _live_volume(request, volume_id)
+    can_manage = has_capability(request.membership, Capability.LAUNCH_JOBS)
+    form = VolumeFillForm(request.POST or None)
+    if request.method == "POST":
+        if not can_manage:
+            raise Http404("Not found.")
+        if form.is_valid():
+            try:
+                services.volume_fill_start(
+                    volume=volume, user=request.user, request=request, **form.cleaned_data
+                )
+            except ServiceError as error:
+                add_service_error(form, error)
+            else:
+                messages.success(
+                    request, f"Filling {volume.name} from {form.cleaned_data['source']}."
+                )
+                return redirect("storage:volume_detail", volume_id=volume.pk)
+    fill = selectors.latest_fill(volume)
+    context = {"volume": volume, "fill": fill, "form": form, "can_manage": can_manage}
+    if request.htmx:
+        return render(request, "storage/detail.html#fill-progress", context)
+    return render(request, "storage/detail.html", context)
+
+
+@capability_required(Capability.LAUNCH_JOBS)
+@require_http_methods(["POST"])
+def volume_fill_cancel(request: HttpRequest, volume_id: int) -> HttpResponse:
+    volume = _live_volume(request, volume_id)
+    try:
+        services.volume_fill_cancel(volume=volume, user=request.user, request=request)
+    except ServiceError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"The fill of {volume.name} was cancelled.")
+    return redirect("storage:volume_detail", volume_id=volume.pk)

@@ -12,7 +12,7 @@ from console.service_errors import ErrorCode, ServiceError
 from jobs.extensions import VolumeMount
 from jobs.models import Job
 from marketplace.models import Region
-from storage.models import Volume, VolumeAccess, VolumeAttachment
+from storage.models import FILL_ACTIVE, Volume, VolumeAccess, VolumeAttachment
 from storage.selectors import volume_attachments_of_jobs, volume_holders, volumes_for_tenant
 
 
@@ -31,6 +31,13 @@ def _resolve(*, tenant: Tenant, region: Region, mounts: list[dict], lock: bool) 
             raise ServiceError(
                 f"Volume {volume.name} is in {volume.region.slug}; this job runs in "
                 f"{region.slug}. A volume is only usable in its region.",
+                field="volumes",
+            )
+        if not mount["read_only"] and volume.fills.filter(status__in=FILL_ACTIVE).exists():
+            raise ServiceError(
+                f"Volume {volume.name} is being filled; mount it read-write once the copy "
+                "ends (read-only now).",
+                code=ErrorCode.CONFLICT,
                 field="volumes",
             )
         if volume.access == VolumeAccess.SINGLE_WRITER and not mount["read_only"]:

@@ -4,9 +4,11 @@ usage, tier "storage", from its creation until it is deleted (attached or not).
 A record covers one piece of a volume's life at one size: pieces are cut at hour
 boundaries (each rolls up into one hour) and where a price-book version takes effect, and
 a resize meters the volume up to that instant at the old size first. A piece is priced
-by the region's storage price of the version in force at its start:
+by the region's storage price of the version in force at its start, after the tenant's
+negotiated discount (as compute is):
 
-    amount = size_gib × hours × price_per_gib_hour   (rounded once, to AMOUNT_QUANTUM)
+    amount = size_gib × hours × price_per_gib_hour × (100 − discount %) / 100
+             (rounded once, to AMOUNT_QUANTUM)
 
 A volume's cursor is the end of its last record; records go to the rollups and daily
 totals as they are written (there is no pending hour, as jobs' meters have). The tick
@@ -23,12 +25,14 @@ from django.utils import timezone
 
 from billing.metering.rollups import rollup_marks, rollups_add
 from billing.models import AMOUNT_QUANTUM, UsageRecord
-from marketplace.models import PriceVersion, StoragePrice
+from marketplace.models import PriceVersion, StoragePrice, TenantPricing
+from marketplace.pricing import after_tenant_discount
 from storage.models import Volume
 
 STORAGE_TIER = "storage"
 SECOND = Decimal(1)
 HOUR_SECONDS = Decimal(3600)
+UNIT_PRICE_QUANTUM = Decimal("0.000000001")  # UsageRecord.unit_price's decimal places
 
 
 class StorageRow(NamedTuple):
@@ -108,6 +112,9 @@ def storage_meter(
         (price.version_id, price.region_id): price.price_per_gib_hour
         for price in StoragePrice.objects.all()
     }
+    # The negotiated discount applies to storage as to compute, through the one rule
+    # (marketplace.pricing.after_tenant_discount).
+    discounts = dict(TenantPricing.objects.values_list("tenant_id", "discount_percent"))
     cuts = [version.effective_from for version in versions]
     records: list[UsageRecord] = []
     for volume in volumes:
@@ -115,7 +122,9 @@ def storage_meter(
         end = min(now, volume.deleted_at or now)
         for piece_start, piece_end in _pieces(start, end, cuts):
             version = next((v for v in reversed(versions) if v.effective_from <= piece_start), None)
-            price = prices.get((version.pk, volume.region_id)) if version else None
+            list_price = prices.get((version.pk, volume.region_id)) if version else None
+            discount = discounts.get(volume.tenant_id, Decimal(0))
+            price = after_tenant_discount(list_price, discount) if list_price is not None else None
             seconds = _seconds(piece_start, piece_end)
             amount = (
                 storage_amount(size_gib=volume.size_gib, seconds=seconds, price_per_gib_hour=price)
@@ -135,7 +144,11 @@ def storage_meter(
                     interval_end=piece_end,
                     units=volume.size_gib,
                     price_version=version,
-                    unit_price=price if price is not None else Decimal(0),
+                    # Stored to the column's 9 places; the amount used the exact price.
+                    unit_price=price.quantize(UNIT_PRICE_QUANTUM)
+                    if price is not None
+                    else Decimal(0),
+                    discount_percent=discount,
                     amount=amount,
                     on_demand_amount=amount,
                     currency=version.currency if version else "USD",

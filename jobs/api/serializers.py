@@ -19,7 +19,7 @@ from console.api.fields import (
 )
 from jobs import selectors, services
 from jobs.expectations.selectors import EXPECTATION_COLUMNS, job_expectations
-from jobs.extensions import job_costs
+from jobs.extensions import job_costs, volume_provider
 from jobs.models import Job, JobEvent, JobResume, JobStatus, Priority, TenantSecret
 from jobs.selectors import SIMULATED_POOLS
 from jobs.services.spec import (
@@ -43,6 +43,15 @@ class VolumeMountSerializer(serializers.Serializer):
     name = StrictCharField(max_length=63, help_text="The volume's name")
     path = StrictCharField(max_length=400, help_text="Absolute mount path, e.g. /data")
     read_only = StrictBooleanField(default=False)
+
+
+class JobVolumeSerializer(serializers.Serializer):
+    name = StrictCharField(help_text="The volume's name")
+    path = StrictCharField(help_text="Where the job sees it")
+    read_only = StrictBooleanField()
+    region = StrictCharField(
+        help_text="The volume's region (the job's: a volume is usable only there)"
+    )
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -217,6 +226,7 @@ class JobSerializer(StrictModelSerializer):
         help_text="Predicted running time: median_seconds, p90_seconds, samples (similar "
         "past runs) and basis (project, launch_template, image, gpu_type or max_runtime)"
     )
+    volumes = serializers.SerializerMethodField(help_text="The volumes it mounts, in order")
     _model_fields: dict[str, serializers.Field] | None = None
 
     class Meta:
@@ -255,6 +265,7 @@ class JobSerializer(StrictModelSerializer):
             "expected_start",
             "expected_end",
             "runtime_prediction",
+            "volumes",
             "attempt",
             "exit_code",
             "cost_to_date",
@@ -321,6 +332,7 @@ class JobSerializer(StrictModelSerializer):
                 "positions": selectors.queue_positions(jobs),
                 "expectations": job_expectations(jobs),
                 "currency": price_currency(),
+                "volumes": volume_provider().mounts_for_jobs(jobs),
             }
         return self.context["_job_batch"]
 
@@ -347,6 +359,14 @@ class JobSerializer(StrictModelSerializer):
     @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_expected_end(self, job) -> str | None:
         return self._timestamp(self._batch()["expectations"][job.pk].expected_end)
+
+    @extend_schema_field(JobVolumeSerializer(many=True))
+    def get_volumes(self, job) -> list[dict]:
+        region = self.fields["region"].get_attribute(job)
+        return [
+            {"name": m.name, "path": m.path, "read_only": m.read_only, "region": region}
+            for m in self._batch()["volumes"].get(job.pk, [])
+        ]
 
     @extend_schema_field(RuntimePredictionSerializer(allow_null=True))
     def get_runtime_prediction(self, job) -> dict | None:

@@ -250,6 +250,12 @@ class ComputeBackend(abc.ABC):
         """Grow a volume's storage here, where it exists already (a claim's request); a
         documented no-op default (the local backend reads the size at each start)."""
 
+    def volume_fill_folder(self, *, tenant_id: int, volume_id: int) -> Path | None:
+        """The volume's folder on the console's own disk, made if need be, for a fill
+        (storage.services) to copy into; None (the default) where a volume lives
+        elsewhere (a claim in a cluster)."""
+        return None
+
     def tenant_isolation(self) -> TenantIsolation:
         """Whether this backend keeps one tenant's jobs from the console and from other
         tenants (a pod boundary does; the console's host needs a sandbox)."""

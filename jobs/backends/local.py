@@ -555,6 +555,9 @@ class LocalBackend(ComputeBackend):
     def volume_remove(self, *, tenant_id: int, volume_id: int) -> None:
         local_volumes.volume_remove(tenant_id=tenant_id, volume_id=volume_id)
 
+    def volume_fill_folder(self, *, tenant_id: int, volume_id: int) -> Path:
+        return local_volumes.fill_folder(tenant_id=tenant_id, volume_id=volume_id)
+
     def stored_job_ids(self) -> set[int]:
         """Jobs with a run or work directory on this host."""
         ids: set[int] = set()

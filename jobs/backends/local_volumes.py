@@ -97,3 +97,12 @@ def volume_binds(job: Job) -> list[tuple[Path, str, bool]]:
 
 def volume_remove(*, tenant_id: int, volume_id: int) -> None:
     shutil.rmtree(volume_folder(tenant_id=tenant_id, volume_id=volume_id), ignore_errors=True)
+
+
+def fill_folder(*, tenant_id: int, volume_id: int) -> Path:
+    """The volume's folder, made as a job's start makes it (the organisation's group, its
+    default ACL), for the console's worker to copy a fill into."""
+    folder = volume_folder(tenant_id=tenant_id, volume_id=volume_id)
+    support = local_sandbox.sandbox_support()
+    _make_folder(folder, tenant_id, support.available and support.own_uid)
+    return folder

@@ -37,6 +37,8 @@ from marketplace.services.price_book import (
     price_version_preview,
     price_version_publish,
     price_version_withdraw,
+    storage_price_per_gib_hour,
+    storage_price_per_gib_month,
     tenant_pricing_set,
 )
 
@@ -64,6 +66,8 @@ __all__ = [
     "registry_credential_delete",
     "registry_credential_set",
     "registry_normalise",
+    "storage_price_per_gib_hour",
+    "storage_price_per_gib_month",
     "tenant_pricing_set",
     "tenant_quota_set",
 ]

@@ -5,7 +5,7 @@ price it ran at. Every change is audit-logged in the same transaction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -17,6 +17,8 @@ from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from marketplace.models import (
+    HOURS_PER_MONTH,
+    STORAGE_PRICE_PLACES,
     GpuType,
     PriceEntry,
     PriceVersion,
@@ -52,6 +54,35 @@ class PreviewRow:
 
 
 @dataclass(frozen=True)
+class StoragePreviewRow:
+    """A region whose volume storage price changes (per GiB-hour; None: no price)."""
+
+    region: Region
+    old_price: Decimal | None
+    new_price: Decimal | None
+
+    @property
+    def old_per_gib_month(self) -> Decimal | None:
+        return None if self.old_price is None else storage_price_per_gib_month(self.old_price)
+
+    @property
+    def new_per_gib_month(self) -> Decimal | None:
+        return None if self.new_price is None else storage_price_per_gib_month(self.new_price)
+
+
+def storage_price_per_gib_hour(per_gib_month: Decimal) -> Decimal:
+    """A storage price staff give per GiB-month, as kept: per GiB-hour of a 730-hour
+    month, to the column's places."""
+    return (per_gib_month / HOURS_PER_MONTH).quantize(Decimal(1).scaleb(-STORAGE_PRICE_PLACES))
+
+
+def storage_price_per_gib_month(per_gib_hour: Decimal) -> Decimal:
+    """A kept storage price per GiB-month, to 6 places: what staff typed when they set
+    it (0.10 is kept as 0.000136986 an hour, which is 0.09999998 a month)."""
+    return (per_gib_hour * HOURS_PER_MONTH).quantize(Decimal("0.000001")).normalize()
+
+
+@dataclass(frozen=True)
 class DiscountChange:
     label: str
     old_percent: Decimal | None
@@ -66,10 +97,11 @@ class PriceBookPreview:
     rows: list[PreviewRow]
     discounts: list[DiscountChange]
     unchanged: int
+    storage_rows: list[StoragePreviewRow] = field(default_factory=list)
 
     @property
     def changes_anything(self) -> bool:
-        return bool(self.rows or self.discounts)
+        return bool(self.rows or self.discounts or self.storage_rows)
 
 
 DISCOUNT_LABELS = {
@@ -98,8 +130,10 @@ def price_version_preview(
     spot_discount_percent: Decimal,
     reserved_discount_percent: dict[int, Decimal],
     at: datetime | None = None,
+    storage_prices: dict[Region, Decimal] | None = None,
 ) -> PriceBookPreview:
-    """What changes against the version in force at `at` (nothing saved)."""
+    """What changes against the version in force at `at` (nothing saved); storage
+    prices (per GiB-hour) only when `storage_prices` gives them."""
     current = PriceVersion.objects.in_force(at)
     entries = list(current.entries.select_related("gpu_type", "region")) if current else []
     old = {(e.gpu_type_id, e.region_id): e.on_demand_price for e in entries}
@@ -122,10 +156,26 @@ def price_version_preview(
         for name, value in proposed.items()
         if current is None or getattr(current, name) != value
     ]
+    storage_rows = []
+    if storage_prices is not None:
+        old_storage = (
+            {
+                p.region: p.price_per_gib_hour
+                for p in current.storage_prices.select_related("region")
+            }
+            if current
+            else {}
+        )
+        storage_rows = [
+            StoragePreviewRow(region, old_storage.get(region), storage_prices.get(region))
+            for region in sorted({*old_storage, *storage_prices}, key=lambda r: r.slug)
+            if old_storage.get(region) != storage_prices.get(region)
+        ]
     return PriceBookPreview(
         rows=sorted(changed, key=lambda r: (str(r.gpu_type or "CPU"), r.region.slug)),
         discounts=discounts,
         unchanged=len(new) - sum(1 for r in changed if r.new_price is not None),
+        storage_rows=storage_rows,
     )
 
 

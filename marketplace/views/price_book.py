@@ -49,6 +49,36 @@ def _price_rows_from_post(request: HttpRequest) -> tuple[list[services.PriceRow]
     return rows, errors
 
 
+def _storage_prices_from_post(
+    request: HttpRequest,
+) -> tuple[dict[Region, Decimal] | None, list[str]]:
+    """Storage cells are storage|<region slug>, per GiB-month (kept per GiB-hour); an
+    empty cell: no storage price there. None when the form sent no storage cells (the
+    version in force's are kept)."""
+    cells = {k: v for k, v in request.POST.items() if k.startswith("storage|")}
+    if not cells:
+        return None, []
+    regions = {r.slug: r for r in Region.objects.all()}
+    prices, errors = {}, []
+    for key, value in cells.items():
+        region = regions.get(key.split("|", 1)[1])
+        if region is None:
+            errors.append(f"Unknown storage price cell {key}.")
+            continue
+        if not value.strip():
+            continue
+        try:
+            per_month = Decimal(value.strip())
+        except ArithmeticError:
+            errors.append(f"“{value}” is not a number (storage in {region.slug}).")
+            continue
+        if not per_month.is_finite() or per_month < 0:
+            errors.append(f"Storage prices are zero or more (storage in {region.slug}).")
+            continue
+        prices[region] = services.storage_price_per_gib_hour(per_month)
+    return prices, errors
+
+
 def _reserved(data: dict) -> dict[int, Decimal]:
     return {m: data[f"reserved_{m}m_discount_percent"] for m in (1, 3, 12)}
 
@@ -72,7 +102,20 @@ def _price_grid(version: PriceVersion | None, posted: dict | None = None) -> dic
                 {"name": name, "value": value if value is not None else "", "region": region}
             )
         grid.append({"label": label, "cells": cells})
-    return {"regions": regions, "grid": grid}
+    storage = {}
+    if version is not None:
+        storage = {
+            p.region.slug: services.storage_price_per_gib_month(p.price_per_gib_hour)
+            for p in version.storage_prices.select_related("region")
+        }
+    storage_cells = []
+    for region in regions:
+        name = f"storage|{region.slug}"
+        value = posted.get(name) if posted is not None else storage.get(region.slug)
+        storage_cells.append(
+            {"name": name, "value": value if value is not None else "", "region": region}
+        )
+    return {"regions": regions, "grid": grid, "storage_cells": storage_cells}
 
 
 @staff_required
@@ -96,7 +139,8 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
     preview = None
     if request.method == "POST":
         rows, errors = _price_rows_from_post(request)
-        for error in errors:
+        storage_prices, storage_errors = _storage_prices_from_post(request)
+        for error in [*errors, *storage_errors]:
             form.add_error(None, error)
         if form.is_valid():
             data = form.cleaned_data
@@ -111,6 +155,7 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
                         note=data["note"],
                         user=request.user,
                         request=request,
+                        storage_prices=storage_prices,
                     )
                 except ServiceError as error:
                     add_service_error(form, error)
@@ -126,6 +171,7 @@ def staff_prices(request: HttpRequest) -> HttpResponse:
                     rows=rows,
                     spot_discount_percent=data["spot_discount_percent"],
                     reserved_discount_percent=_reserved(data),
+                    storage_prices=storage_prices,
                 )
     context = {
         "form": form,

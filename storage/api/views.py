@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from console.api.base import TenantScopedViewSet
 from console.api.schema import ErrorSerializer
 from console.permissions import Capability
-from storage import services
+from storage import selectors, services
 from storage.api import serializers as s
 from storage.models import Volume
 
@@ -21,11 +22,12 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     queryset = Volume.objects.select_related("region")
     serializer_class = s.VolumeSerializer
     required_capabilities = {
-        a: Capability.LAUNCH_JOBS for a in ("create", "update", "partial_update", "destroy")
+        a: Capability.LAUNCH_JOBS
+        for a in ("create", "update", "partial_update", "destroy", "fill", "fill_cancel")
     }
 
     def scope_queryset(self, queryset):
-        return queryset.filter(deleted_at=None).order_by("name", "pk")
+        return selectors.with_latest_fill(queryset.filter(deleted_at=None).order_by("name", "pk"))
 
     @extend_schema(
         request=s.VolumeCreateSerializer,
@@ -66,3 +68,28 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
             volume=self.get_object(), user=request.user, request=request._request
         )
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=s.VolumeFillStartSerializer,
+        responses={202: s.VolumeSerializer, 400: ErrorSerializer, 409: ErrorSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def fill(self, request, *args, **kwargs):
+        """Fill the volume from an http(s):// URL or s3://bucket/prefix: a copy the
+        console runs; its progress is the volume's `fill`. 409 while another fill runs
+        or a job that isn't finished mounts the volume read-write."""
+        volume = self.get_object()
+        data = s.VolumeFillStartSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.volume_fill_start(
+            volume=volume, user=request.user, request=request._request, **data.validated_data
+        )
+        return Response(s.VolumeSerializer(self.get_object()).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={200: s.VolumeSerializer, 409: ErrorSerializer})
+    @action(detail=True, methods=["post"], url_path="fill/cancel")
+    def fill_cancel(self, request, *args, **kwargs):
+        """Cancel the running fill; what it copied is discarded. 409 when none runs."""
+        volume = self.get_object()
+        services.volume_fill_cancel(volume=volume, user=request.user, request=request._request)
+        return Response(s.VolumeSerializer(self.get_object()).data)

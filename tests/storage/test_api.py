@@ -168,3 +168,27 @@ def test_another_tenants_volume_pages_are_404(world, other_world, catalog):
 def test_the_nav_links_the_storage_page(world, catalog):
     client = signed_in_client(world.viewer, world.tenant)
     assert b'href="/storage/"' in client.get("/jobs/").content
+
+
+def test_a_jobs_volumes_are_in_its_api_answer_and_on_its_page(world, member_api, catalog):
+    VolumeFactory(tenant=world.tenant, name="data")
+    VolumeFactory(tenant=world.tenant, name="models", access="shared")
+    job = submit(
+        world,
+        "trainer",
+        volumes=[
+            {"name": "data", "path": "/data"},
+            {"name": "models", "path": "/models", "read_only": True},
+        ],
+    )
+    other = submit(world, "plain")
+    answer = member_api.get(f"/api/v1/jobs/{job.pk}").json()
+    assert answer["volumes"] == [
+        {"name": "data", "path": "/data", "read_only": False, "region": "local"},
+        {"name": "models", "path": "/models", "read_only": True, "region": "local"},
+    ]
+    listed = {row["id"]: row["volumes"] for row in member_api.get("/api/v1/jobs").json()["results"]}
+    assert listed[other.pk] == [] and len(listed[job.pk]) == 2
+    page = signed_in_client(world.member, world.tenant).get(f"/jobs/{job.pk}/")
+    assert b'data-testid="job-volumes"' in page.content
+    assert b"<code>models</code> at <code>/models</code> (read-only" in page.content

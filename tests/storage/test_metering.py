@@ -20,6 +20,8 @@ from billing.metering import meter_tick
 from billing.metering.storage import STORAGE_TIER, storage_amount, storage_meter
 from billing.models import UsageRecord
 from marketplace.models import Region, StoragePrice
+from marketplace.pricing import after_tenant_discount
+from marketplace.services import tenant_pricing_set
 from storage import services
 from storage.models import Volume
 from tests.conftest import token_client
@@ -181,3 +183,57 @@ def test_the_invoice_has_a_storage_line_in_gib_hours(world):
     assert line.description == f"Volume storage · {region.slug}"
     assert (line.quantity, line.unit, line.tier) == (Decimal(500), "GiB-hour", STORAGE_TIER)
     assert line.amount == Decimal("0.1")
+
+
+def test_the_tenant_discount_applies_to_storage_as_to_compute(world, other_world):
+    """20 % off: 50 GiB × 10 h × 0.0002 = 0.1 at list price, 0.08 charged, the line
+    showing the 0.02 the discount took off; another tenant pays list price."""
+    tenant_pricing_set(
+        tenant=world.tenant, discount_percent=Decimal(20), note="contract", user=UserFactory()
+    )
+    region = priced_region(Decimal("0.0002"))
+    ours = VolumeFactory(tenant=world.tenant, size_gib=50, region=region, created_at=START)
+    theirs = VolumeFactory(tenant=other_world.tenant, size_gib=50, region=region, created_at=START)
+    storage_meter(now=START + 10 * HOUR)
+    assert billed(ours) == Decimal("0.08") and billed(theirs) == Decimal("0.1")
+    record = storage_records(ours).first()
+    assert record.discount_percent == Decimal(20)
+    assert record.unit_price == after_tenant_discount(Decimal("0.0002"), Decimal(20))
+    assert record.on_demand_amount == record.amount
+    invoice = invoice_draft_create(
+        tenant=world.tenant,
+        period_start=datetime(2026, 3, 1, tzinfo=UTC),
+        period_end=datetime(2026, 4, 1, tzinfo=UTC),
+    )
+    (line,) = invoice.lines.all()
+    assert (line.amount, line.unit, line.quantity) == (Decimal("0.08"), "GiB-hour", Decimal(500))
+    assert invoice.discount == Decimal("0.02")
+
+
+@hypothesis_settings(
+    deadline=None,
+    max_examples=15,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    size=st.integers(1, 10_000),
+    price=prices,
+    percent=st.decimals(min_value=0, max_value=Decimal("99.99"), places=2),
+    hours=st.integers(1, 48),
+)
+def test_a_discounted_storage_amount_is_exact(db, size, price, percent, hours):
+    with transaction.atomic():
+        tenant = TenantFactory()
+        tenant_pricing_set(tenant=tenant, discount_percent=percent, note="", user=UserFactory())
+        volume = VolumeFactory(
+            tenant=tenant, size_gib=size, region=priced_region(price), created_at=START
+        )
+        storage_meter(now=START + hours * HOUR)
+        # One record per hour (START is on the hour), each rounded once.
+        expected = hours * storage_amount(
+            size_gib=size,
+            seconds=Decimal(3600),
+            price_per_gib_hour=after_tenant_discount(price, percent),
+        )
+        assert sum(r.amount for r in storage_records(volume)) == expected
+        transaction.set_rollback(True)

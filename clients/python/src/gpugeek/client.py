@@ -25,6 +25,7 @@ from gpugeek.models import (
 )
 from gpugeek.spec import errors_named_count, nodes_check, resolve_gpu_type, split_count
 from gpugeek.ssh_keys import SshKeys
+from gpugeek.volumes import Volumes
 
 _default: Client | None = None
 
@@ -51,6 +52,7 @@ class Client:
             transport=transport,
         )  # fmt: skip
         self.ssh_keys = SshKeys(self.http)
+        self.volumes = Volumes(self.http)
         _default = self
 
     def close(self) -> None:

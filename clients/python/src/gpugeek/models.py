@@ -77,6 +77,8 @@ class Job(Model):
     expected_start: str | None
     expected_end: str | None
     runtime_prediction: dict[str, Any] | None
+    # The volumes it mounts, in order: name, path, read_only, region.
+    volumes: list[dict[str, Any]]
     attempt: int
     exit_code: int | None
     cost_to_date: str
@@ -288,6 +290,26 @@ class SshKey(Model):
     last_used_at: str | None
 
 
+@dataclass
+class Volume(Model):
+    """A named volume of the organisation; `fill` is its latest fill (a copy into it) or
+    None: status (queued, running, succeeded, failed, cancelled), source, bytes_done,
+    bytes_total (None: unknown), files, error, created_at, started_at, finished_at."""
+
+    id: int
+    name: str
+    size_gib: int
+    region: str
+    access: str
+    status: str
+    created_at: str
+    fill: dict[str, Any] | None
+
+    @property
+    def filling(self) -> bool:
+        return bool(self.fill) and self.fill["status"] in ("queued", "running")
+
+
 SCHEMA_COMPONENTS: dict[type[Model], str] = {
     Job: "Job",
     Offer: "Offer",
@@ -300,4 +322,5 @@ SCHEMA_COMPONENTS: dict[type[Model], str] = {
     Recommendation: "Recommendation",
     GpuOption: "GpuOption",
     SshKey: "SshKey",
+    Volume: "Volume",
 }
