@@ -30,7 +30,7 @@ document.addEventListener("DOMContentLoaded", () => {
 // A table or log that scrolls (a wide table on a phone) and holds nothing focusable joins
 // the tab order while it scrolls, so the keyboard can scroll it too (WCAG 2.1.1).
 function keyboardScrollBoxes() {
-  for (const box of document.querySelectorAll(".table, .table-scroll, pre.log")) {
+  for (const box of document.querySelectorAll(".table, .table-scroll, .chart-table, pre.log")) {
     const scrolls = box.scrollWidth > box.clientWidth || box.scrollHeight > box.clientHeight;
     const owned = box.hasAttribute("data-scroll-focus");
     if (scrolls && !box.hasAttribute("tabindex") && !box.querySelector("a[href], button, input, select, textarea, [tabindex]")) {

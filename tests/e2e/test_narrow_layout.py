@@ -101,6 +101,9 @@ def test_main_pages_fit_a_phone_screen(chromium_browser, asgi_server, world, pas
         try:
             sign_in(page, base, email, secret)
             too_wide += [problem for path in paths if (problem := overflow(page, path))]
+            if staff.email == email:  # the price book's cells say what they price
+                cell = page.get_by_label("NVIDIA A100 80GB SXM in US West (Oregon)", exact=True)
+                expect(cell).to_have_attribute("name", "price|a100-80gb|us-west")
             page.problems.assert_clean()
         finally:
             page.context.close()
