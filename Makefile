@@ -19,11 +19,14 @@ $(VENV)/.installed: requirements.lock
 
 # htmx and plotly.js from npm (package-lock.json). Plotly's basic bundle (scatter, bar, pie:
 # every trace type our figures use) at the version the plotly wheel ships: 1.2 MB, not 4.8 MB.
+# axe-core (a devDependency) is for the browser tests only: they read it from node_modules/,
+# which `npm ci` fills, so it gets no copy in static/ and is never served to users.
 $(VENDOR)/.installed: package-lock.json $(VENV)/.installed
 	npm ci --no-audit --no-fund --loglevel=error
 	mkdir -p $(VENDOR)
 	cp node_modules/htmx.org/dist/htmx.min.js $(VENDOR)/htmx.min.js
 	cp node_modules/plotly.js-basic-dist-min/plotly-basic.min.js $(VENDOR)/plotly.min.js
+	test -f node_modules/axe-core/axe.min.js
 	touch $@
 
 # exec: make does not forward SIGTERM, so the launcher must replace it.

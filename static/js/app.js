@@ -22,7 +22,26 @@ document.addEventListener("DOMContentLoaded", () => {
       toggle.setAttribute("aria-expanded", String(open));
     }
   });
+  keyboardScrollBoxes();
+  window.addEventListener("resize", keyboardScrollBoxes);
+  document.body.addEventListener("htmx:afterSettle", keyboardScrollBoxes);
 });
+
+// A table or log that scrolls (a wide table on a phone) and holds nothing focusable joins
+// the tab order while it scrolls, so the keyboard can scroll it too (WCAG 2.1.1).
+function keyboardScrollBoxes() {
+  for (const box of document.querySelectorAll(".table, .table-scroll, .chart-table, pre.log")) {
+    const scrolls = box.scrollWidth > box.clientWidth || box.scrollHeight > box.clientHeight;
+    const owned = box.hasAttribute("data-scroll-focus");
+    if (scrolls && !box.hasAttribute("tabindex") && !box.querySelector("a[href], button, input, select, textarea, [tabindex]")) {
+      box.setAttribute("tabindex", "0");
+      box.setAttribute("data-scroll-focus", "");
+    } else if (!scrolls && owned) {
+      box.removeAttribute("tabindex");
+      box.removeAttribute("data-scroll-focus");
+    }
+  }
+}
 
 // The GPU recommender's "Use": fill the page's launch (or estimate) form with the chosen
 // configuration, then fire "change" so its image list and live estimate follow.
