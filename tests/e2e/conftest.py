@@ -38,12 +38,19 @@ AXE_FIXED_ELSEWHERE: dict[tuple[str, str], str] = {}
 # id still points a label or aria reference at the wrong element: checked here too.
 AXE_RUN = """async (impacts) => {
     if (document.contentType !== "text/html" || typeof axe === "undefined") return null;
-    const run = () => axe.run(document, {resultTypes: ["violations"]});
+    // The settled page is checked: content dimmed while an htmx request is under way
+    // (app.css [aria-busy]) is stale on purpose, not the page's contrast (2 s at most).
+    const settled = async () => {
+        for (let i = 0; i < 40 && document.querySelector('[aria-busy="true"], .htmx-request'); i++)
+            await new Promise(resolve => setTimeout(resolve, 50));
+    };
+    const run = () => settled().then(() => axe.run(document, {resultTypes: ["violations"]}));
     window.ggAxeRun = (window.ggAxeRun || Promise.resolve()).catch(() => null).then(run);
     const results = await window.ggAxeRun;
     const found = results.violations.filter(v => impacts.includes(v.impact)).map(v => ({
         rule: v.id, impact: v.impact, help: v.help,
         targets: v.nodes.slice(0, 5).map(n => n.target.join(" ")),
+        why: (v.nodes[0] && v.nodes[0].failureSummary || "").slice(0, 300),
         count: v.nodes.length,
     }));
     const seen = new Map();
@@ -222,6 +229,7 @@ class AxeAudit:
         return [
             f"{path}: {rule} ({v['impact']}, {v['count']} elements) {v['help']}: "
             + ", ".join(v["targets"])
+            + (f" — {v['why']}" if v.get("why") else "")
             for (path, rule), v in sorted(self.violations.items())
         ]
 

@@ -41,7 +41,7 @@ def options(html: str, select_id: str) -> list[str]:
 
 
 def notes(html: str) -> str:
-    found = re.search(r'data-testid="launch-notes">(.*?)</ul>', html, re.S)
+    found = re.search(r'data-testid="launch-notes"><ul>(.*?)</ul>', html, re.S)
     return re.sub(r"<[^>]+>", " ", found.group(1)) if found else ""
 
 
