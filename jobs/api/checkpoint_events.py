@@ -36,7 +36,7 @@ class CheckpointEventView(APIView):
                     "pruned": serializers.ListField(child=serializers.IntegerField()),
                 },
             ),
-            403: ErrorSerializer,
+            401: ErrorSerializer,
             404: ErrorSerializer,
             409: ErrorSerializer,
             503: ErrorSerializer,
@@ -48,7 +48,9 @@ class CheckpointEventView(APIView):
         prune the older ones. The body is ignored (nothing a job says is trusted)."""
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return error_response(403, "The job's checkpoint token is missing.", "forbidden")
+            return error_response(
+                401, "The job's checkpoint token is missing.", "not_authenticated"
+            )
         try:
             record = services.job_checkpoint_event(token=token.strip(), job_id=int(pk))
         except ServiceError:

@@ -210,7 +210,8 @@ def job_checkpoint_event(*, token: str, job_id: int) -> CheckpointRecord:
     ran while it was active, or at its next resume)."""
     owner = checkpoint_event_job(token)
     if owner is None or owner[1] != job_id:
-        raise ServiceError("This token is not this job's.", code=ErrorCode.FORBIDDEN)
+        # 404 as for every credential that doesn't reach a job: whether it exists stays unsaid.
+        raise ServiceError("No such job for this checkpoint token.", code=ErrorCode.NOT_FOUND)
     tenant = Tenant.objects.filter(pk=owner[0]).first()
     job = Job.objects.for_tenant(tenant).filter(pk=job_id).first()
     if job is None:

@@ -116,10 +116,11 @@ def test_a_token_works_only_for_its_own_job(tmp_path):
     token = checkpoint_event_token(tenant_id=mine.tenant_id, job_id=mine.pk)
     for other in (theirs, same_tenant):
         answer = post_event(other.pk, token)
-        assert answer.status_code == 403
-        assert answer.json()["code"] == "forbidden"
-    assert post_event(mine.pk, None).status_code == 403
-    assert post_event(mine.pk, "not-a-token").status_code == 403
+        # Another job's token reaches nothing: 404, as for any tenant's foreign job.
+        assert answer.status_code == 404
+        assert answer.json()["code"] == "not_found"
+    assert post_event(mine.pk, None).status_code == 401
+    assert post_event(mine.pk, "not-a-token").status_code == 404
     # A token for a job that isn't (any more) there: 404, nothing else said.
     ghost = checkpoint_event_token(tenant_id=mine.tenant_id, job_id=theirs.pk + 1000)
     assert post_event(theirs.pk + 1000, ghost).status_code == 404
