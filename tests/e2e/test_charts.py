@@ -18,6 +18,7 @@ from jobs.models import JobStatus
 from marketplace.demo import seed_catalog
 from marketplace.models import GpuType
 from tests.e2e.test_cost_explorer import CHART_TIMEOUT_MS, seed_usage, sign_in
+from tests.e2e.test_sandbox_journeys import screenshot
 from tests.jobs.test_consumers import make_job
 from tests.jobs_helpers import advance_to
 
@@ -72,6 +73,7 @@ def test_cost_explorer_says_when_empty_then_charts_with_tables(
     label_box = top.locator(".ytick text").first.bounding_box()
     chart_box = top.bounding_box()
     assert label_box and chart_box and label_box["x"] >= chart_box["x"]
+    screenshot(page, "charts", "1-cost-explorer")
     page.problems.assert_clean()
 
 
@@ -109,6 +111,7 @@ def test_sixteen_gpu_job_band_per_gpu_view_markers_and_empty_state(
     chart = page.locator("[data-chart=utilization]")
     expect(chart.locator(".main-svg").first).to_be_visible(timeout=CHART_TIMEOUT_MS)
     assert chart.evaluate(VISIBLE_METAS) == list(metrics.AGGREGATE_KEYS)
+    screenshot(page, "charts", "2-sixteen-gpu-band")
     expect(chart.locator(".scatterlayer .js-fill")).to_have_count(1)  # the min–max band
     expect(chart.locator(".legendtext")).to_contain_text(["Highest GPU", "Mean of 16 GPUs"])
     expect(page.get_by_text("16 GPUs: the mean")).to_be_visible()

@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 
 from tests.conftest import catalog_seed
 from tests.e2e.test_launch_job import sign_in
+from tests.e2e.test_sandbox_journeys import screenshot
 
 pytestmark = pytest.mark.e2e
 
@@ -58,6 +59,7 @@ def test_choices_follow_the_gpu_type_and_links_prefill_the_form(
     expect(page.get_by_test_id("launch-split")).to_have_text("1 node: spot")
     expect(page.get_by_test_id("launch-notes")).to_contain_text("spot only")
     expect(capacity).to_contain_text("Spot:")
+    screenshot(page, "launch-choices", "1-spot-only-region")
 
     # An offer's link (the catalog's "Launch this") opens the form filled in.
     page.goto("/jobs/launch/?gpu_type=l40s&region=us-west&tier=spot&gpus_per_node=2&count=3")

@@ -575,16 +575,25 @@ def test_staff_reclaim_spot_capacity_and_the_job_resumes_as_a_new_attempt(
     staff = watched_page(chromium_browser, base)
     try:
         sign_in(staff, base, staff_user.email, DEFAULT_PASSWORD)
+        # The fleet: the spot pool shows the GPU the job holds (issue 32, item 11).
+        staff.goto("/jobs/staff/fleet/")
+        fleet_pool = staff.get_by_test_id("fleet-pools").locator(f'tr[data-pool="{A100_SPOT}"]')
+        expect(fleet_pool.locator("td").nth(4)).not_to_have_text(re.compile(r"^0\b"))
+        expect(staff.get_by_test_id("fleet-gpus")).not_to_have_text(re.compile(r"^0 /"))
+        screenshot(staff, journey, "2-staff-fleet")
         staff.goto("/jobs/staff/sandbox/")
         pool_row = staff.locator("tr", has_text="A100 80GB SXM · us-west · spot")
         # The node list is the sandbox's own, live: the job's pod is on the spot node.
         node_row = staff.locator("tr", has_text=f"{A100_SPOT}-0")
         expect(node_row.locator("td").nth(4)).to_have_text("1")
         expect(node_row).to_contain_text("Ready")
-        screenshot(staff, journey, "2-staff-sandbox")
+        screenshot(staff, journey, "3-staff-sandbox")
         pool_row.get_by_role("link", name="Reclaim…").click()
         expect(staff.get_by_role("heading", level=1)).to_contain_text("Reclaim spot capacity")
-        screenshot(staff, journey, "3-staff-confirm")
+        # The confirmation names the jobs it hits and their organisation.
+        expect(staff.locator("main")).to_contain_text("llama-spot")
+        expect(staff.locator("main")).to_contain_text(world.tenant.name)
+        screenshot(staff, journey, "4-staff-confirm")
         staff.get_by_role("button", name="Reclaim spot capacity").click()
         expect(staff).to_have_url(f"{base}/jobs/staff/sandbox/")
         expect(staff.locator("#messages")).to_contain_text("reclaimed")
@@ -627,7 +636,7 @@ def test_staff_reclaim_spot_capacity_and_the_job_resumes_as_a_new_attempt(
     expect(log.locator(".log-line").last).to_contain_text("epoch", timeout=10_000)
     wait_until(lambda: chart_points(page) > points, 15, what="the new attempt's GPU readings")
     assert_no_alerts(page, job)  # a preemption is no GPU alert
-    screenshot(page, journey, "4-running-again")
+    screenshot(page, journey, "5-running-again")
     page.problems.assert_clean()
 
 
