@@ -126,6 +126,8 @@ class FakeStripe:
         self._ids = itertools.count(1)
         self._timeouts: list[str] = []  # path prefixes of the requests to time out
         self._timeout_seconds = 3.0
+        self._held: list[str] = []  # path prefixes of the requests answered together
+        self._hold: threading.Barrier | None = None
         self._failures: list[str] = []
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
@@ -162,6 +164,14 @@ class FakeStripe:
         with self._lock:
             self._timeouts += [path] * count
             self._timeout_seconds = seconds
+
+    def answer_together(self, count: int, *, path: str = "/", within: float = 20.0) -> None:
+        """The next `count` requests to paths starting with `path` are executed, then
+        answered only once all `count` have arrived (or `within` seconds have passed):
+        a race every caller is in, however slowly the machine starts them."""
+        with self._lock:
+            self._held += [path] * count
+            self._hold = threading.Barrier(count, timeout=within)
 
     def fail_next(self, count: int = 1, *, path: str = "/") -> None:
         """The next `count` requests to paths starting with `path` get a 500 without
@@ -237,6 +247,7 @@ class FakeStripe:
                 record.outcome = "failed"
                 return 500, StripeFault(500, "api_error", "Stripe is having trouble.").body()
             timeout = self._timeout_seconds if self._take(self._timeouts, path) else 0.0
+            hold = self._hold if self._take(self._held, path) else None
             stored = self._stored.get(key) if key and method == "POST" else None
             if stored is not None:
                 if (stored.method, stored.path, stored.params) != (method, path, params):
@@ -261,6 +272,12 @@ class FakeStripe:
         if timeout:
             record.outcome = "delayed"
             self._stopping.wait(timeout)  # the client has given up by now
+        if hold is not None:
+            record.outcome = "held"
+            try:
+                hold.wait()
+            except threading.BrokenBarrierError:
+                record.outcome = "held alone"  # not all arrived in time: the test sees it
         return status, body
 
     @staticmethod
