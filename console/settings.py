@@ -520,6 +520,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "logs-archive": {"task": "jobs.tasks.logs_archive_task", "schedule": 60.0},
     "jobs-files-prune": {"task": "jobs.tasks.jobs_files_prune_task", "schedule": 3600.0},
     "checkpoints-prune": {"task": "jobs.tasks.jobs_checkpoints_prune_task", "schedule": 300.0},
+    "volume-fills-sweep": {"task": "storage.tasks.volume_fills_sweep_task", "schedule": 60.0},
     "capacity-sync": {
         "task": "jobs.tasks.capacity_sync_task",
         "schedule": float(CAPACITY_SYNC_INTERVAL),

@@ -36,35 +36,45 @@ def used_bytes(folder: Path) -> int:
     return total
 
 
-def staging_folder(folder: Path, fill_id: int) -> Path:
-    return folder / f"{STAGING_PREFIX}{int(fill_id)}"
+def staging_folder(folder: Path, fill_id: int, attempt: int) -> Path:
+    return folder / f"{STAGING_PREFIX}{int(fill_id)}-{int(attempt)}"
 
 
-def discard_staging(folder: Path, fill_id: int) -> None:
-    staging = staging_folder(folder, fill_id)
+def _discard(staging: Path) -> None:
     if staging.is_symlink():  # planted by a job: remove the link, not what it names
         staging.unlink()
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def discard_staging(folder: Path, fill_id: int, attempt: int | None = None) -> None:
+    """Remove the fill's staging folder of `attempt`, or of every attempt."""
+    if attempt is not None:
+        _discard(staging_folder(folder, fill_id, attempt))
+        return
+    for staging in folder.glob(f"{STAGING_PREFIX}{int(fill_id)}-*"):
+        _discard(staging)
 
 
 def copy_into(
     *,
     folder: Path,
     fill_id: int,
+    attempt: int = 1,
     size_gib: int,
     opened: OpenSource,
     progress: Callable[[int, int, int | None], bool],
 ) -> tuple[int, int]:
     """Copy every file of `opened` into `folder`; returns (bytes, files). `progress`
     (bytes, files, total) says False when the fill was cancelled. FillError when the
-    volume would overflow or the source fails; the staging folder is removed then."""
+    volume would overflow or the source fails; the staging folder is removed then.
+    Earlier attempts' staging folders go first: their runs died or were superseded."""
     free = size_gib * GIB - used_bytes(folder)
     if opened.total is not None and opened.total > free:
         raise FillError(
             f"The source holds {opened.total:,} bytes; the volume has {max(free, 0):,} bytes "
             f"free of {size_gib} GiB. Grow the volume first."
         )
-    staging = staging_folder(folder, fill_id)
+    staging = staging_folder(folder, fill_id, attempt)
     discard_staging(folder, fill_id)  # a rerun after a worker died starts again
     staging.mkdir(mode=0o770)
     done = files = 0
@@ -92,7 +102,7 @@ def copy_into(
         _move_into_place(staging, folder)
     finally:
         opened.close()
-        discard_staging(folder, fill_id)
+        discard_staging(folder, fill_id, attempt)  # never a newer attempt's folder
     return done, files
 
 

@@ -113,6 +113,11 @@ class VolumeFill(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Which run of the copy owns the row: a run counts it up when it starts, and only
+    # the newest run's progress and end are recorded (an older one stops at its next
+    # progress report). The sweep starts a new run when the last sign of life is old.
+    attempt = models.PositiveSmallIntegerField(default=0)
+    touched_at = models.DateTimeField(default=timezone.now)  # queued, started or copied
 
     class Meta:
         ordering = ["-created_at", "-pk"]

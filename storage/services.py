@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import timedelta
 from pathlib import Path
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.http import HttpRequest
 from django.utils import timezone
 
 from console.models import Tenant, User
+from console.queueing import enqueue_now, enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from jobs.backends import BackendUnavailable, configured_backends
@@ -255,8 +258,7 @@ def volume_fill_start(
             request=request,
             metadata={"name": volume.name, "source": parsed.url, "secret": secret},
         )
-        fill_id = fill.pk
-        transaction.on_commit(lambda: tasks.volume_fill_task.delay(fill_id))
+        enqueue_on_commit(tasks.volume_fill_task, fill.pk, fill.attempt)
     return fill
 
 
@@ -292,8 +294,9 @@ def volume_fill_cancel(
 
 
 def _fill_ended(fill: VolumeFill, status: str, error: str = "") -> None:
-    """Record the end of a running fill (a cancelled one keeps its own reason)."""
-    VolumeFill.objects.filter(pk=fill.pk, status=FillStatus.RUNNING).update(
+    """Record the end of this run of a fill, if it still owns the row (a cancelled fill
+    keeps its own reason; a newer run records its own end)."""
+    VolumeFill.objects.filter(pk=fill.pk, status=FillStatus.RUNNING, attempt=fill.attempt).update(
         status=status, error=error[:1000], finished_at=timezone.now()
     )
 
@@ -311,23 +314,47 @@ def _fill_backend_folder(volume: Volume) -> Path:
     return folder
 
 
-def volume_fill_run(*, fill: VolumeFill) -> None:
+def _fill_claim(fill_id: int, expected_attempt: int) -> VolumeFill | None:
+    """Start run `expected_attempt + 1` of an active fill; None when the message is stale
+    (the fill ended, or another run started since it was queued: a redelivered or
+    duplicate message must not restart a copy under way)."""
+    with transaction.atomic():
+        fill = (
+            VolumeFill.objects.select_for_update(of=("self",))
+            .select_related("volume__tenant", "volume__region", "created_by")
+            .filter(pk=fill_id, status__in=FILL_ACTIVE, attempt=expected_attempt)
+            .first()
+        )
+        if fill is None:
+            return None
+        fill.attempt += 1
+        fill.status = FillStatus.RUNNING
+        fill.started_at = fill.touched_at = timezone.now()
+        fill.bytes_done = fill.files_done = 0
+        fill.save(
+            update_fields=[
+                "attempt", "status", "started_at", "touched_at", "bytes_done", "files_done"
+            ]
+        )  # fmt: skip
+    return fill
+
+
+def volume_fill_run(*, fill_id: int, attempt: int) -> None:
     """Run a queued fill (the worker's task): copy, reporting progress on the row, and
-    end it succeeded, failed (saying why) or cancelled. Safe to run twice: a fill that
-    ended is left alone, and one left running by a worker that died starts again."""
-    now = timezone.now()
-    claimed = VolumeFill.objects.filter(pk=fill.pk, status__in=FILL_ACTIVE).update(
-        status=FillStatus.RUNNING, started_at=now, bytes_done=0, files_done=0
-    )
-    if not claimed:
+    end it succeeded, failed (saying why) or cancelled. `attempt` is the run count the
+    message was queued at; the sweep queues a new one for a run that stopped showing
+    life (its worker died), and the older run, if it still goes, stops."""
+    fill = _fill_claim(fill_id, attempt)
+    if fill is None:
         return
-    fill.refresh_from_db()
     volume = fill.volume
 
     def progress(done: int, files: int, total: int | None) -> bool:
         return bool(
-            VolumeFill.objects.filter(pk=fill.pk, status=FillStatus.RUNNING).update(
-                bytes_done=done, files_done=files, bytes_total=total
+            VolumeFill.objects.filter(
+                pk=fill.pk, status=FillStatus.RUNNING, attempt=fill.attempt
+            ).update(
+                bytes_done=done, files_done=files, bytes_total=total, touched_at=timezone.now()
             )
         )
 
@@ -344,6 +371,7 @@ def volume_fill_run(*, fill: VolumeFill) -> None:
         copy_into(
             folder=folder,
             fill_id=fill.pk,
+            attempt=fill.attempt,
             size_gib=volume.size_gib,
             opened=opened,
             progress=progress,
@@ -362,3 +390,41 @@ def volume_fill_run(*, fill: VolumeFill) -> None:
         _fill_ended(fill, FillStatus.FAILED, "The copy failed unexpectedly; try again.")
         raise
     _fill_ended(fill, FillStatus.SUCCEEDED)
+
+
+# A fill that showed no life for this long (no bytes copied, not taken from the queue)
+# lost its worker or its message; the source's reads time out well before (30 s).
+FILL_STALE_SECONDS = 600
+# Runs a fill may start before it fails: a source that kills every worker fails once.
+FILL_MAX_ATTEMPTS = 3
+
+
+def volume_fills_sweep() -> dict[str, int]:
+    """Queue a new run of each active fill that stopped showing life (its worker died, or
+    the broker lost its message), or fail it after FILL_MAX_ATTEMPTS runs. Returns
+    counts {"requeued", "failed"}."""
+    now = timezone.now()
+    stale = VolumeFill.objects.filter(
+        status__in=FILL_ACTIVE, touched_at__lt=now - timedelta(seconds=FILL_STALE_SECONDS)
+    )
+    failed = stale.filter(attempt__gte=FILL_MAX_ATTEMPTS, status=FillStatus.RUNNING).update(
+        status=FillStatus.FAILED,
+        error=(
+            f"The copy stopped {FILL_MAX_ATTEMPTS} times without finishing (its worker "
+            "stopped or the source stalled); start the fill again."
+        ),
+        finished_at=now,
+    )
+    requeued = 0
+    for fill_id, attempt in stale.filter(
+        Q(status=FillStatus.QUEUED) | Q(attempt__lt=FILL_MAX_ATTEMPTS)
+    ).values_list("pk", "attempt"):
+        # Touched now, so that a fill waiting behind busy workers is queued once per
+        # FILL_STALE_SECONDS, not on every sweep; the claim takes one of its messages.
+        if VolumeFill.objects.filter(pk=fill_id, attempt=attempt, touched_at__lt=now).update(
+            touched_at=now
+        ):
+            requeued += enqueue_now(tasks.volume_fill_task, fill_id, attempt)
+    if failed or requeued:
+        log.warning("volume fills sweep: %s requeued, %s failed", requeued, failed)
+    return {"requeued": requeued, "failed": failed}

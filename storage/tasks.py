@@ -6,12 +6,13 @@ from celery import shared_task
 
 # The module, not names: services import this module to queue its task.
 from storage import services
-from storage.models import VolumeFill
 
 
 @shared_task(acks_late=True)
-def volume_fill_task(fill_id: int) -> None:
-    fill = VolumeFill.objects.filter(pk=fill_id).select_related("volume__tenant").first()
-    if fill is None:  # the volume was deleted meanwhile: nothing to copy into
-        return
-    services.volume_fill_run(fill=fill)
+def volume_fill_task(fill_id: int, attempt: int = 0) -> None:
+    services.volume_fill_run(fill_id=fill_id, attempt=attempt)
+
+
+@shared_task
+def volume_fills_sweep_task() -> dict[str, int]:
+    return services.volume_fills_sweep()

@@ -22,8 +22,14 @@ class VolumeFillSerializer(StrictModelSerializer):
         model = VolumeFill
         fields = [
             "status", "source", "bytes_done", "bytes_total", "files", "error",
-            "created_at", "started_at", "finished_at",
+            "created_at", "started_at", "finished_at", "attempt",
         ]  # fmt: skip
+        extra_kwargs = {
+            "attempt": {
+                "help_text": "Runs of the copy so far: above 1 when it started again after "
+                "its worker stopped (3 at most, then it fails)"
+            }
+        }
         read_only_fields = fields
 
 

@@ -122,9 +122,14 @@ def folder_of(volume) -> Path:
     return volume_folder(tenant_id=volume.tenant_id, volume_id=volume.pk)
 
 
+def run_queued(fill: VolumeFill) -> None:
+    """What the worker does with the message the start queued."""
+    services.volume_fill_run(fill_id=fill.pk, attempt=0)
+
+
 def fill_and_run(volume, user, **values) -> VolumeFill:
     fill = services.volume_fill_start(volume=volume, user=user, **values)
-    services.volume_fill_run(fill=fill)
+    run_queued(fill)
     fill.refresh_from_db()
     return fill
 
@@ -314,7 +319,7 @@ def test_one_fill_at_a_time_and_not_under_a_writer(world, catalog, fill_settings
     services.volume_fill_cancel(volume=volume, user=world.member)
     first.refresh_from_db()
     assert first.status == FillStatus.CANCELLED and "Cancelled by" in first.error
-    services.volume_fill_run(fill=first)  # a queued task arriving late does nothing
+    run_queued(first)  # a queued task arriving late does nothing
     first.refresh_from_db()
     assert first.status == FillStatus.CANCELLED and not folder_of(volume).exists()
     job = submit(world, "writer", volumes=[{"name": "data", "path": "/data"}])
@@ -369,7 +374,7 @@ def test_the_api_starts_a_fill_and_shows_its_progress(
     assert started.json()["fill"]["status"] == "queued" and len(queued) == 1
     again = api.post(f"{url}/fill", {"source": f"{http_base}/data.bin"}, format="json")
     assert again.status_code == 409 and again.json()["code"] == "conflict"
-    services.volume_fill_run(fill=VolumeFill.objects.get())
+    run_queued(VolumeFill.objects.get())
     fill = api.get(url).json()["fill"]
     assert {k: fill[k] for k in ("status", "bytes_done", "bytes_total", "files", "error")} == {
         "status": "succeeded", "bytes_done": len(PAYLOAD), "bytes_total": len(PAYLOAD),
@@ -428,7 +433,7 @@ def test_the_volume_page_fills_and_polls_progress(world, catalog, fill_settings,
         b'hx-trigger="every 2s"' in queued.content
         and b'data-fill-status="queued"' in queued.content
     )
-    services.volume_fill_run(fill=VolumeFill.objects.get())
+    run_queued(VolumeFill.objects.get())
     partial = client.get(f"/storage/{volume.pk}/", headers={"HX-Request": "true"})
     assert partial.status_code == 200 and b"<h1>" not in partial.content
     assert (

@@ -294,7 +294,8 @@ class SshKey(Model):
 class Volume(Model):
     """A named volume of the organisation; `fill` is its latest fill (a copy into it) or
     None: status (queued, running, succeeded, failed, cancelled), source, bytes_done,
-    bytes_total (None: unknown), files, error, created_at, started_at, finished_at."""
+    bytes_total (None: unknown), files, error, created_at, started_at, finished_at,
+    attempt (runs of the copy: above 1 when it started again after its worker stopped)."""
 
     id: int
     name: str
