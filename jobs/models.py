@@ -143,6 +143,9 @@ class Job(TenantOwnedModel):
     # event or the periodic scan), read from the store, never from what the job says.
     last_checkpoint_step = models.PositiveBigIntegerField(null=True, blank=True)
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    # The job's `checkpoint` events are rate-limited (each lists the store): when its
+    # next event is due if it keeps to the sustained rate (jobs.checkpoints.events).
+    checkpoint_event_due_at = models.DateTimeField(null=True, blank=True)
     auto_release = models.BooleanField(default=True)
     ports = models.JSONField(default=list, blank=True)
     # The template it was launched from, if any: its past runs predict this one's runtime.

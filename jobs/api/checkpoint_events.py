@@ -8,6 +8,7 @@ import logging
 
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.exceptions import Throttled
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -16,6 +17,8 @@ from console.api.errors import error_response
 from console.api.schema import ErrorSerializer
 from console.service_errors import ServiceError
 from jobs import services
+from jobs.checkpoints.events import EVENT_BURST, EVENT_INTERVAL
+from jobs.services.checkpoints import CheckpointEventTooSoon
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +42,16 @@ class CheckpointEventView(APIView):
             401: ErrorSerializer,
             404: ErrorSerializer,
             409: ErrorSerializer,
+            429: ErrorSerializer,
             503: ErrorSerializer,
         },
         auth=[],
     )
     def post(self, request, pk: int):
         """Look at the job's store prefix now: record its newest complete checkpoint and
-        prune the older ones. The body is ignored (nothing a job says is trusted)."""
+        prune the older ones. The body is ignored (nothing a job says is trusted). Each job
+        has a burst of events, then a sustained rate; beyond it 429 with Retry-After (the
+        periodic scan records the checkpoints meanwhile)."""
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return error_response(
@@ -55,6 +61,13 @@ class CheckpointEventView(APIView):
             record = services.job_checkpoint_event(token=token.strip(), job_id=int(pk))
         except ServiceError:
             raise
+        except CheckpointEventTooSoon as too_soon:
+            raise Throttled(
+                wait=too_soon.retry_after,
+                detail=f"A job's checkpoint events are taken {EVENT_BURST} at once, then one "
+                f"per {EVENT_INTERVAL.total_seconds():g} s; the console's periodic scan "
+                "records this checkpoint meanwhile.",
+            ) from None
         except Exception:  # the store (S3, a folder): the job's next event or the scan retries
             log.exception("job %s: the checkpoint event could not read the store", pk)
             return error_response(

@@ -9,11 +9,34 @@ the console itself finds complete in the store.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.core import signing
 from django.urls import reverse
 
 _SALT = "gpugeek.jobs.checkpoint-event"
+
+# Each event lists the job's store prefix (and may delete from it), so a job looping on
+# the endpoint must not turn into load on the console and the store: a burst of
+# EVENT_BURST events, then one per EVENT_INTERVAL (a generic cell rate). Checkpoints
+# saved faster than that are still recorded and pruned, by the periodic scan.
+EVENT_INTERVAL = timedelta(seconds=5)
+EVENT_BURST = 10
+
+
+def checkpoint_event_turn(*, due_at: datetime | None, now: datetime) -> datetime | None:
+    """The job's next `due_at` if an event now is within the rate, else None. `due_at`
+    is when the next event would be due at the sustained rate (None: never posted)."""
+    due = max(due_at or now, now)
+    if due - now > EVENT_INTERVAL * (EVENT_BURST - 1):
+        return None
+    return due + EVENT_INTERVAL
+
+
+def checkpoint_event_retry_after(*, due_at: datetime, now: datetime) -> float:
+    """Seconds until an event would be within the rate again."""
+    return max((due_at - EVENT_INTERVAL * (EVENT_BURST - 1) - now).total_seconds(), 0.0)
 
 
 def _signer() -> signing.Signer:

@@ -21,7 +21,11 @@ from django.utils import timezone
 from console.models import Tenant
 from console.service_errors import ErrorCode, ServiceError
 from jobs.actors import SYSTEM
-from jobs.checkpoints.events import checkpoint_event_job
+from jobs.checkpoints.events import (
+    checkpoint_event_job,
+    checkpoint_event_retry_after,
+    checkpoint_event_turn,
+)
 from jobs.checkpoints.store import (
     MANIFEST_NAME,
     Checkpoint,
@@ -218,4 +222,30 @@ def job_checkpoint_event(*, token: str, job_id: int) -> CheckpointRecord:
         raise ServiceError("No such job.", code=ErrorCode.NOT_FOUND)
     if job.is_finished:
         raise ServiceError("The job has finished.", code=ErrorCode.CONFLICT)
+    _checkpoint_event_take_turn(job)
     return job_checkpoint_record(job=job)
+
+
+class CheckpointEventTooSoon(Exception):
+    """The job posts events faster than their rate; `retry_after` seconds."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"retry in {retry_after:.1f} s")
+        self.retry_after = retry_after
+
+
+def _checkpoint_event_take_turn(job: Job) -> None:
+    """Count the event against the job's rate (under the row's lock: events racing are
+    counted one after another), or CheckpointEventTooSoon."""
+    now = timezone.now()
+    with transaction.atomic():
+        due_at = (
+            Job.objects.select_for_update()
+            .values_list("checkpoint_event_due_at", flat=True)
+            .get(pk=job.pk)
+        )
+        next_due = checkpoint_event_turn(due_at=due_at, now=now)
+        if next_due is None:
+            assert due_at is not None
+            raise CheckpointEventTooSoon(checkpoint_event_retry_after(due_at=due_at, now=now))
+        Job.objects.filter(pk=job.pk).update(checkpoint_event_due_at=next_due)

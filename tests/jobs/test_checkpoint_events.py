@@ -5,13 +5,22 @@ checkpoint prunes the job's older ones beyond its keep_last, never the one resum
 
 from __future__ import annotations
 
+import itertools
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from rest_framework.test import APIClient
 
 from jobs.backends.local_checkpoints import checkpoint_environment
-from jobs.checkpoints.events import checkpoint_event_job, checkpoint_event_token
+from jobs.checkpoints.events import (
+    EVENT_BURST,
+    EVENT_INTERVAL,
+    checkpoint_event_job,
+    checkpoint_event_retry_after,
+    checkpoint_event_token,
+    checkpoint_event_turn,
+)
 from jobs.checkpoints.store import MANIFEST_NAME, checkpoint_store
 from jobs.models import Job, JobStatus
 from jobs.services.checkpoints import job_checkpoint_record, job_store_prefix
@@ -183,3 +192,55 @@ def test_the_spec_carries_keep_last_and_the_api_shows_what_was_recorded(
     # The list answers it too (its columns include the new ones: no query per row).
     listed = api.get("/api/v1/jobs").json()["results"]
     assert {row["id"]: row["last_checkpoint_step"] for row in listed}[job.pk] == 3
+
+
+def test_the_event_rate_is_a_burst_then_one_per_interval():
+    start = datetime(2026, 12, 4, tzinfo=UTC)
+    per_interval = int(EVENT_INTERVAL.total_seconds())
+    # A burst at one instant: EVENT_BURST taken, the next refused.
+    due = None
+    for _ in range(EVENT_BURST):
+        due = checkpoint_event_turn(due_at=due, now=start)
+        assert due is not None
+    assert checkpoint_event_turn(due_at=due, now=start) is None
+    # An event every second for a minute: never more than the burst plus one per
+    # interval, and once the burst is spent, exactly one per interval.
+    due, taken = None, []
+    for second in range(61):
+        turn = checkpoint_event_turn(due_at=due, now=start + timedelta(seconds=second))
+        if turn is not None:
+            due = turn
+            taken.append(second)
+    assert len(taken) <= EVENT_BURST + 60 // per_interval
+    steady = taken[-5:]
+    assert [b - a for a, b in itertools.pairwise(steady)] == [per_interval] * 4
+    # Refused: how long until one would be taken again, and then it is.
+    refused_at = start + timedelta(seconds=60.5)
+    assert checkpoint_event_turn(due_at=due, now=refused_at) is None
+    wait = checkpoint_event_retry_after(due_at=due, now=refused_at)
+    assert 0 < wait <= per_interval
+    assert checkpoint_event_turn(due_at=due, now=refused_at + timedelta(seconds=wait)) is not None
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("store_kind")
+def test_a_job_posting_too_fast_gets_429_and_bad_tokens_cost_it_nothing(tmp_path):
+    job = JobFactory()
+    advance_to(job, JobStatus.RUNNING)
+    token = checkpoint_event_token(tenant_id=job.tenant_id, job_id=job.pk)
+    save(job, tmp_path, 1)
+    for _ in range(EVENT_BURST * 2):  # someone without the token: refused, not counted
+        assert post_event(job.pk, "not-a-token").status_code == 404
+    for _ in range(EVENT_BURST):
+        assert post_event(job.pk, token).status_code == 200
+    refused = post_event(job.pk, token)
+    assert refused.status_code == 429, refused.content
+    assert refused.json()["code"] == "throttled"
+    assert "periodic scan" in refused.json()["detail"]
+    assert 1 <= int(refused.headers["Retry-After"]) <= EVENT_INTERVAL.total_seconds()
+    # Time passes (the due time moves back one interval): one more event is taken.
+    Job.objects.filter(pk=job.pk).update(
+        checkpoint_event_due_at=Job.objects.get(pk=job.pk).checkpoint_event_due_at - EVENT_INTERVAL
+    )
+    assert post_event(job.pk, token).status_code == 200
+    assert post_event(job.pk, token).status_code == 429
