@@ -1,6 +1,7 @@
 """The tenant's NetworkPolicy opens egress to exactly the checkpoint store's address:
 its endpoint host as single-address ipBlocks on its one TCP port, and nothing else new
-(a folder store or AWS S3 itself adds no rule). Golden: GOLDEN_UPDATE=1 regenerates."""
+(a folder store or AWS S3 itself adds no rule); the same for the console's address as
+jobs reach it (CONSOLE_URL_FOR_JOBS). Golden: GOLDEN_UPDATE=1 regenerates."""
 
 from __future__ import annotations
 
@@ -54,3 +55,26 @@ def test_aws_s3_itself_and_an_unresolvable_host_add_no_rule(settings):
     assert manifests.network_policy_manifest(7)["spec"]["egress"] == folder_rules
     s3_store(settings, "http://no-such-store.invalid:9000")
     assert manifests.network_policy_manifest(7)["spec"]["egress"] == folder_rules
+
+
+def test_the_consoles_address_for_jobs_is_opened_on_its_port_only(settings):
+    without = manifests.network_policy_manifest(7)["spec"]["egress"]
+    # A console inside the cluster's network (a denied range), for the checkpoint events.
+    settings.CONSOLE_URL_FOR_JOBS = "http://10.96.0.15:8000/"
+    egress = manifests.network_policy_manifest(7)["spec"]["egress"]
+    assert egress[2] == {
+        "to": [{"ipBlock": {"cidr": "10.96.0.15/32"}}],
+        "ports": [{"protocol": "TCP", "port": 8000}],
+    }
+    assert egress[:2] + egress[3:] == without  # nothing else opened
+    assert "10.0.0.0/8" in egress[-1]["to"][0]["ipBlock"]["except"]  # the range stays shut
+    # Beside the store's rule; the scheme gives the port; no URL or a bad one: no rule.
+    s3_store(settings, "http://10.20.30.40:9000")
+    settings.CONSOLE_URL_FOR_JOBS = "https://localhost"
+    store_rule, console_rule = manifests.network_policy_manifest(7)["spec"]["egress"][2:4]
+    assert store_rule["ports"] == [{"protocol": "TCP", "port": 9000}]
+    assert console_rule["ports"] == [{"protocol": "TCP", "port": 443}]
+    assert "127.0.0.1/32" in {block["ipBlock"]["cidr"] for block in console_rule["to"]}
+    for url in ("", "console.example:8000", "http://host:99999/", "http://no-such.invalid/"):
+        settings.CONSOLE_URL_FOR_JOBS = url
+        assert manifests.network_policy_manifest(7)["spec"]["egress"][3:] == without[2:]

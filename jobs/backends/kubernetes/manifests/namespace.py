@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import socket
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from jobs.backends.kubernetes.manifests.names import (
     DEFAULT_EGRESS_DENY_CIDRS,
@@ -123,19 +124,13 @@ def _host_addresses(host: str, port: int) -> list[str]:
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as error:
-        log.warning("the checkpoint store's host %s does not resolve: %s", host, error)
+        log.warning("%s does not resolve (no egress rule for it): %s", host, error)
         return []
     return sorted({str(ipaddress.ip_address(entry[4][0])) for entry in found})
 
 
-def store_egress_rule() -> dict | None:
-    """Egress to exactly the checkpoint store's address: each address of its endpoint
-    host as a single-address ipBlock, on its one TCP port. It may lie in a denied CIDR
-    (a MinIO inside the cluster's network), which this opens for that port alone."""
-    endpoint = checkpoint_store().network_endpoint()
-    if endpoint is None:
-        return None
-    host, port = endpoint
+def _address_rule(host: str, port: int) -> dict | None:
+    """Egress to each address of `host` as a single-address ipBlock, on `port` alone."""
     addresses = _host_addresses(host, port)
     if not addresses:
         return None
@@ -146,12 +141,37 @@ def store_egress_rule() -> dict | None:
     return {"to": blocks, "ports": [{"protocol": "TCP", "port": port}]}
 
 
+def store_egress_rule() -> dict | None:
+    """Egress to exactly the checkpoint store's address: each address of its endpoint
+    host as a single-address ipBlock, on its one TCP port. It may lie in a denied CIDR
+    (a MinIO inside the cluster's network), which this opens for that port alone."""
+    endpoint = checkpoint_store().network_endpoint()
+    if endpoint is None:
+        return None
+    return _address_rule(*endpoint)
+
+
+def console_egress_rule() -> dict | None:
+    """Egress to exactly the console's address as jobs reach it (CONSOLE_URL_FOR_JOBS),
+    for their `checkpoint` events: a console inside the cluster's network lies in a
+    denied CIDR, opened here for its one port alone. None when jobs get no such URL."""
+    url = urlsplit(setting("CONSOLE_URL_FOR_JOBS", "") or "")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return None
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        log.warning("CONSOLE_URL_FOR_JOBS has no valid port: %s", url.geturl())
+        return None
+    return _address_rule(url.hostname, port)
+
+
 def network_policy_manifest(tenant_id: int) -> dict:
     """Default deny. Ingress only from pods of the same namespace (rendezvous); egress to
-    those pods, to the cluster DNS, to the checkpoint store's address and port, and to
-    the internet except the denied CIDRs."""
+    those pods, to the cluster DNS, to the checkpoint store's and the console's address
+    and port, and to the internet except the denied CIDRs."""
     v4, v6 = _deny_cidrs()
-    store = store_egress_rule()
+    opened = [rule for rule in (store_egress_rule(), console_egress_rule()) if rule]
     internet: list[dict] = [
         {"ipBlock": {"cidr": "0.0.0.0/0", "except": v4}},
         {"ipBlock": {"cidr": "::/0", "except": v6}},
@@ -184,7 +204,7 @@ def network_policy_manifest(tenant_id: int) -> dict:
                     ],
                     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
                 },
-                *([store] if store else []),
+                *opened,
                 {"to": internet},
             ],
         },
