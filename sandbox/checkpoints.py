@@ -7,6 +7,8 @@ time, files with sizes, metrics) last. A resumed pod reads the step to continue 
 the manifest GPUGEEK_RESUME_FROM names. The format is written here rather than through
 the SDK so that the sandbox stays a program of its own; S3 needs boto3 (the console's
 environment has it), with the credentials and endpoint from the pod's environment.
+After each manifest rank 0 posts the job's `checkpoint` event, as the SDK's helper does,
+when the pod was given GPUGEEK_CHECKPOINT_NOTIFY_URL and its token.
 """
 
 from __future__ import annotations
@@ -85,3 +87,26 @@ def resume_step(manifest_url: str, env: dict[str, str]) -> int | None:
         return int(json.loads(_Store(folder, env).get(MANIFEST_NAME))["step"])
     except Exception:  # a missing or damaged manifest: the in-memory step is used instead
         return None
+
+
+def notify(env: dict[str, str], *, step: int, timeout: float = 2.0) -> str:
+    """Post the `checkpoint` event with the pod's own token; what to log ("" when the pod
+    got no event URL). Only a hint, as in the SDK: a failure never stops training."""
+    url = env.get("GPUGEEK_CHECKPOINT_NOTIFY_URL", "")
+    token = env.get("GPUGEEK_CHECKPOINT_TOKEN", "")
+    if not url or not token:
+        return ""
+    import httpx  # only a pod with an event URL needs it
+
+    try:
+        answer = httpx.post(
+            url,
+            json={"step": step},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        )
+    except httpx.HTTPError as error:
+        return f"step {step}: checkpoint event not sent: {type(error).__name__}"
+    if answer.status_code != 200:
+        return f"step {step}: checkpoint event not taken (HTTP {answer.status_code})"
+    return f"checkpoint event: the console recorded step {answer.json().get('step')}"

@@ -47,7 +47,7 @@ def _float_env(env: dict[str, str], name: str, default: float | None) -> float |
 
 def _resolve_env(pod: dict) -> dict[str, str]:
     """The main container's environment as the kubelet would resolve it: plain values
-    and the downward-API fields we use (annotations); secret values are not needed."""
+    (secret values the kubelet put in) and the downward-API fields we use (annotations)."""
     container = (pod.get("spec") or {}).get("containers", [{}])[0]
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     env: dict[str, str] = {}
@@ -160,7 +160,11 @@ class Workloads:
             seed=int(hashlib.sha256(meta["uid"].encode()).hexdigest()[:8], 16),
             last_step=first_step,
             store_url=env.get("GPUGEEK_CHECKPOINT_URL", ""),
-            store_env={k: v for k, v in env.items() if k.startswith("AWS_")},
+            store_env={
+                k: v
+                for k, v in env.items()
+                if k.startswith("AWS_") or k.startswith("GPUGEEK_CHECKPOINT_")
+            },
             resume_from=resume_from if stored is not None else "",
         )
         remaining = max(0.5, (run.total_steps - first_step) / STEPS_PER_SECOND)
@@ -204,7 +208,7 @@ class Workloads:
             lines.append(self._progress_line(run, run.last_step))
         due = int(min(elapsed, ends_in) // run.checkpoint_every)
         while len(run.checkpoints) < due:
-            lines.append(self._checkpoint(run, step))
+            lines.extend(self._checkpoint(run, step))
         if elapsed >= ends_in:
             lines.append(self._ending(run, exit_code))
             with self._lock:
@@ -221,30 +225,32 @@ class Workloads:
             f"throughput {throughput:,.0f} tokens/s (rank {run.rank})"
         )
 
-    def _checkpoint(self, run: Run, step: int) -> str:
-        stored = self._store_checkpoint(run, step) if run.store_url else ""
+    def _checkpoint(self, run: Run, step: int) -> list[str]:
+        stored = self._store_checkpoint(run, step) if run.store_url else []
         target = f"{run.checkpoint_path.rstrip('/')}/step-{step:06d}" if run.checkpoint_path else ""
         run.checkpoints.append(target or f"step-{step:06d}")
         if run.rank == 0:
             with self._lock:
                 self._checkpoints[run.job_key] = max(self._checkpoints.get(run.job_key, 0), step)
         if not target:
-            return stored or f"step {step}: no checkpoint path configured, checkpoint skipped"
-        return f"saved checkpoint {target} (rank {run.rank})"
+            return stored or [f"step {step}: no checkpoint path configured, checkpoint skipped"]
+        # The store's own line names the manifest; a path's line replaces it (the event's stays).
+        return [f"saved checkpoint {target} (rank {run.rank})", *stored[1:]]
 
     @staticmethod
-    def _store_checkpoint(run: Run, step: int) -> str:
-        """Rank 0 writes the checkpoint to the console's store; what to log (empty for
-        the other ranks)."""
+    def _store_checkpoint(run: Run, step: int) -> list[str]:
+        """Rank 0 writes the checkpoint to the console's store and posts the job's
+        `checkpoint` event; what to log (nothing for the other ranks)."""
         if run.rank != 0:
-            return ""
+            return []
         try:
             manifest = store.save(
                 run.store_url, run.store_env, step=step, rank=run.rank, loss=run.loss_at(step)
             )
         except Exception as error:  # the store is unreachable: training goes on
-            return f"step {step}: checkpoint to the store failed: {error}"
-        return f"saved checkpoint {manifest} (rank {run.rank})"
+            return [f"step {step}: checkpoint to the store failed: {error}"]
+        event = store.notify(run.store_env, step=step)
+        return [f"saved checkpoint {manifest} (rank {run.rank})", *([event] if event else [])]
 
     @staticmethod
     def _ending(run: Run, exit_code: int) -> str:

@@ -3,6 +3,7 @@ kubernetes client."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -553,6 +554,49 @@ def solo_pod(name: str) -> client.V1Pod:
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox:1")]),
     )
+
+
+def test_the_kubelet_hands_the_script_secret_values_as_a_container_sees_them(kube_api, apis):
+    core, _ = apis
+    kube_api.add_node("n1")
+    core.create_namespaced_secret(
+        NS,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name="creds"),
+            data={"TOKEN": base64.b64encode(b"t0ken").decode()},
+            string_data={"KEY": "k3y"},
+        ),
+    )
+    seen: list[dict] = []
+    kube_api.pod_script = lambda pod: seen.append(pod) or PodRun(duration=None)
+    pod = solo_pod("reader")
+    ref = client.V1EnvVarSource
+    pod.spec.containers[0].env = [
+        client.V1EnvVar(name="PLAIN", value="p"),
+        *(
+            client.V1EnvVar(
+                name=name,
+                value_from=ref(secret_key_ref=client.V1SecretKeySelector(name=secret, key=key)),
+            )
+            for name, secret, key in [
+                ("TOKEN", "creds", "TOKEN"),
+                ("KEY", "creds", "KEY"),
+                ("ABSENT", "creds", "NOPE"),
+                ("NO_SECRET", "missing", "TOKEN"),
+            ]
+        ),
+    ]
+    core.create_namespaced_pod(NS, pod)
+    kube_api.wait_for(lambda: bool(seen))
+    env = {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in seen[0]["spec"]["containers"][0]["env"]
+    }
+    assert env["PLAIN"] == "p" and env["TOKEN"] == "t0ken" and env["KEY"] == "k3y"
+    assert "secretKeyRef" in env["ABSENT"] and "secretKeyRef" in env["NO_SECRET"]
+    # The stored pod keeps the reference: the value reaches the container only.
+    stored = core.read_namespaced_pod("reader", NS).spec.containers[0].env
+    assert stored[1].value is None and stored[1].value_from.secret_key_ref.name == "creds"
 
 
 def test_a_ticker_writes_the_pods_output_while_it_runs(kube_api, apis):

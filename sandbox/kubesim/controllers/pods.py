@@ -5,6 +5,7 @@ log lines at start and as they run, and end after a while with an exit code."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import threading
 import traceback
@@ -321,7 +322,7 @@ class PodsController(Admission, Logs):
             "kubelet",
         )
         if self.pod_script is not None:
-            run = self.pod_script(copy.deepcopy(started))
+            run = self.pod_script(self._with_secret_values(started))
             if run is not None:
                 m = started["metadata"]
                 for line in run.logs:
@@ -335,6 +336,28 @@ class PodsController(Admission, Logs):
                         run.exit_code,
                         run.ticker,
                     )
+
+    def _with_secret_values(self, pod: dict) -> dict:
+        """A copy of the pod whose containers' `secretKeyRef` variables carry their
+        values, as the kubelet resolves them when it starts a container (a missing
+        Secret or key stays unresolved)."""
+        pod = copy.deepcopy(pod)
+        namespace = pod["metadata"].get("namespace") or ""
+        secrets = self._by_key["secrets"]
+        for container in pod["spec"].get("containers") or []:
+            for entry in container.get("env") or []:
+                ref = (entry.get("valueFrom") or {}).get("secretKeyRef") or {}
+                secret = self._get(secrets, namespace, ref.get("name", "")) if ref else None
+                if secret is None:
+                    continue
+                data = secret.get("data") or {}
+                if ref.get("key") in data:
+                    entry.pop("valueFrom")
+                    entry["value"] = base64.b64decode(data[ref["key"]]).decode()
+                elif ref.get("key") in (secret.get("stringData") or {}):
+                    entry.pop("valueFrom")
+                    entry["value"] = secret["stringData"][ref["key"]]
+        return pod
 
     def _terminate(
         self,
