@@ -136,6 +136,18 @@ class NodePool(models.Model):
             "On-demand jobs of other organisations are never preempted."
         ),
     )
+    # Isolation per pool: the Kubernetes RuntimeClass of its pods (a sandboxed runtime
+    # such as Kata Containers or gVisor; the Pod Security settings stay as they are).
+    runtime_class_name = models.CharField(
+        "isolated runtime",
+        max_length=63,
+        blank=True,
+        help_text=(
+            "Kubernetes RuntimeClass for the pods of jobs in this pool, e.g. kata or "
+            "gvisor (it must exist on the cluster). Offers served only by pools with one "
+            'say "isolated runtime". Empty: the nodes\' default runtime.'
+        ),
+    )
 
     class Meta:
         ordering = ["region__slug", "gpu_type__slug", "tier"]

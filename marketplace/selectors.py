@@ -36,7 +36,7 @@ MICRO = Decimal("0.000001")
 POOL_CAPACITY_FIELDS = (
     "region_id", "gpu_type_id", "tier", "on_console_host", "allocatable_gpus", "in_use_gpus",
     "total_gpus", "allocatable_vcpus", "in_use_vcpus", "vcpus_per_node",
-    "memory_gib_per_node", "simulated", "node_count", "gpus_per_node",
+    "memory_gib_per_node", "simulated", "node_count", "gpus_per_node", "runtime_class_name",
 )  # fmt: skip
 SORTS = {
     "price": lambda o: (o.unit_price, o.gpu_label),
@@ -61,6 +61,8 @@ class Offer:
     price_version: int
     # Its capacity is the sandbox cluster's simulated nodes (nothing runs on real GPUs).
     simulated: bool = False
+    # Every pool that serves it runs pods in an isolated runtime (a RuntimeClass).
+    isolated_runtime: bool = False
     # A price change already published for later: the price from `next_price_from` on
     # (None when the next price version keeps this offer's price or doesn't sell it).
     next_unit_price: Decimal | None = None
@@ -116,7 +118,7 @@ def offers(
     discount = tenant_discount_percent(tenant)
     empty = {
         "available": 0, "total": 0, "vcpus": 0, "memory": 0, "simulated": 0,
-        "node_gpus": 0, "node_free": -1,
+        "node_gpus": 0, "node_free": -1, "pools": 0, "isolated": 0,
     }  # fmt: skip
     capacity: dict[tuple, dict[str, int]] = defaultdict(lambda: dict(empty))
     allowed_on_host = may_run_on_host(tenant)
@@ -138,6 +140,8 @@ def offers(
         bucket["vcpus"] = max(bucket["vcpus"], pool["vcpus_per_node"])
         bucket["memory"] = max(bucket["memory"], pool["memory_gib_per_node"])
         bucket["simulated"] |= pool["simulated"] and pool["node_count"] > 0
+        bucket["pools"] += 1
+        bucket["isolated"] += bool(pool["runtime_class_name"])
     hidden_regions = set(host_only_region_ids(tenant))  # (no query for allowed tenants)
 
     rows = []
@@ -166,6 +170,7 @@ def offers(
                     memory_gib_per_node=bucket["memory"],
                     price_version=version.pk,
                     simulated=bool(bucket["simulated"]),
+                    isolated_runtime=0 < bucket["pools"] == bucket["isolated"],
                     next_unit_price=next_price if changed else None,
                     next_price_from=upcoming.effective_from if changed and upcoming else None,
                     gpus_per_node=bucket["node_gpus"],

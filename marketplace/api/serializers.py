@@ -72,6 +72,9 @@ class OfferSerializer(serializers.Serializer):
     memory_gib_per_node = serializers.IntegerField()
     price_version = serializers.IntegerField()
     simulated = StrictBooleanField()
+    isolated_runtime = StrictBooleanField(
+        help_text="Every pool serving it runs pods in an isolated runtime (e.g. Kata, gVisor)"
+    )
 
     def get_price_per_gpu_hour(self, offer) -> str | None:
         return None if offer.is_cpu else str(offer.unit_price)
@@ -138,6 +141,7 @@ def offer_rows(offers) -> list[dict]:
             "memory_gib_per_node": offer.memory_gib_per_node,
             "price_version": offer.price_version,
             "simulated": offer.simulated,
+            "isolated_runtime": offer.isolated_runtime,
         }
         for offer in offers
     ]
@@ -301,6 +305,7 @@ class NodePoolSerializer(StrictModelSerializer):
             "is_active",
             "preemption_threshold",
             "preempt_other_tenants_spot",
+            "runtime_class_name",
         ]
         read_only_fields = [f for f in fields if f not in NODE_POOL_EDITABLE_FIELDS]
 

@@ -40,6 +40,7 @@ NODE_POOL_EDITABLE_FIELDS = (
     "is_active",
     "preemption_threshold",
     "preempt_other_tenants_spot",
+    "runtime_class_name",
 )
 
 # A pool's node selector goes into its pods' specs, matched against Kubernetes node
@@ -52,6 +53,22 @@ LABEL_KEY = (
     r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 NODE_SELECTOR_MAX_LABELS = 20
+
+
+# A RuntimeClass name is a DNS label here (Kubernetes allows a subdomain; 63 is the
+# field's length): lowercase letters, digits and "-", beginning and ending alphanumeric.
+RUNTIME_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def runtime_class_check(name: object) -> None:
+    """Refuse a RuntimeClass name Kubernetes wouldn't take (ServiceError on the field)."""
+    if not isinstance(name, str) or (name and not RUNTIME_CLASS.fullmatch(name)):
+        raise ServiceError(
+            "A runtime class is a Kubernetes name: up to 63 lowercase letters, digits and "
+            '"-", beginning and ending with a letter or digit (e.g. kata or gvisor), or '
+            "empty for the nodes' default runtime.",
+            field="runtime_class_name",
+        )
 
 
 def node_selector_check(selector: object) -> None:
@@ -128,6 +145,8 @@ def node_pool_update(
     written only by `capacity_sync`."""
     if "node_selector" in changes:
         node_selector_check(changes["node_selector"])
+    if "runtime_class_name" in changes:
+        runtime_class_check(changes["runtime_class_name"])
     _catalog_row_update(
         row=pool,
         changes=changes,

@@ -388,3 +388,15 @@ def test_priority_classes_rank_like_the_console_and_never_preempt_on_their_own()
         c["metadata"]["name"]: c["value"] for c in manifests.workload_priority_class_manifests()
     }
     assert kueue == {name: c["value"] for name, c in classes.items()}
+
+
+def test_a_pools_isolated_runtime_reaches_its_pods_only():
+    job = h100_job()
+    job.spot_pool.runtime_class_name = "kata"
+    on_demand, spot = manifests.job_manifests(job)
+    assert spot["spec"]["template"]["spec"]["runtimeClassName"] == "kata"
+    assert "runtimeClassName" not in on_demand["spec"]["template"]["spec"]
+    # The Pod Security settings stay as they are under another runtime.
+    pod = spot["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}

@@ -13,7 +13,7 @@ from console.models import AuditEvent
 from console.service_errors import ServiceError
 from marketplace import selectors, services
 from marketplace.models import AllowedRegistry, GpuType, NodePool, Region
-from tests.conftest import signed_in_client
+from tests.conftest import signed_in_client, token_client
 
 STAFF_CATALOG = reverse("marketplace:staff_catalog")
 
@@ -188,6 +188,47 @@ def test_staff_set_a_pools_preemption_knobs_with_their_meaning_on_the_page(catal
     assert pool.preemption_threshold == Decimal("0.5") and pool.preempt_other_tenants_spot
     changed = AuditEvent.objects.get(action="node_pool.changed").metadata["changed"]
     assert {"preemption_threshold", "preempt_other_tenants_spot"} <= set(changed)
+
+
+def test_staff_set_a_pools_isolated_runtime_and_offers_say_so(catalog, staff_user, world):
+    client = signed_in_client(staff_user)
+    pool = NodePool.objects.filter(gpu_type__isnull=False, node_count__gt=0).first()
+    url = reverse("marketplace:staff_pool_edit", args=[pool.pk])
+    edit_page = client.get(url).content.decode()
+    assert "isolated runtime" in edit_page.lower() and "e.g. kata or gvisor" in edit_page
+    form = {
+        "name": pool.name,
+        "tier": pool.tier,
+        "node_selector": json.dumps(pool.node_selector),
+        "is_active": "on",
+        "preemption_threshold": "0.8",
+    }
+    for bad in ("Kata", "-kata", "kata_1", "k" * 64):
+        refused = client.post(url, {**form, "runtime_class_name": bad})
+        assert refused.status_code == 200
+        assert refused.context["form"].errors["runtime_class_name"], bad
+    assert NodePool.objects.get(pk=pool.pk).runtime_class_name == ""
+    assert client.post(url, {**form, "runtime_class_name": "kata-qemu"}).status_code == 302
+    assert NodePool.objects.get(pk=pool.pk).runtime_class_name == "kata-qemu"
+    changed = AuditEvent.objects.get(action="node_pool.changed").metadata["changed"]
+    assert "runtime_class_name" in changed
+
+    # Offers served only by such pools say so, on the page and in the API.
+    tenant_api = token_client(world.member, world.tenant)
+    rows = tenant_api.get("/api/v1/offers", {"tier": pool.tier}).json()["results"]
+    serving = [
+        NodePool.objects.filter(
+            is_active=True, gpu_type__slug=r["gpu_type"], region__slug=r["region"], tier=r["tier"]
+        )
+        for r in rows
+    ]
+    for row, pools in zip(rows, serving, strict=True):
+        expected = pools.exists() and not pools.filter(runtime_class_name="").exists()
+        assert row["isolated_runtime"] is expected, row
+    assert any(row["isolated_runtime"] for row in rows)
+    page = signed_in_client(world.member, world.tenant).get(reverse("marketplace:offers"))
+    page = page.content.decode()
+    assert page.count('data-testid="isolated-runtime"') == sum(r["isolated_runtime"] for r in rows)
 
 
 # --- default region ----

@@ -118,6 +118,7 @@ class Offer(Model):
     memory_gib_per_node: int
     price_version: int
     simulated: bool
+    isolated_runtime: bool  # every pool serving it runs pods in a sandboxed runtime
 
 
 @dataclass
@@ -159,6 +160,8 @@ class NodePool(Model):
     # other tenants may be preempted.
     preemption_threshold: str
     preempt_other_tenants_spot: bool
+    # The Kubernetes RuntimeClass of its pods ("" = the nodes' default runtime).
+    runtime_class_name: str
 
 
 @dataclass

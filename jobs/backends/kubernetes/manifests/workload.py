@@ -346,6 +346,8 @@ def job_manifest(
             *claim_volumes,
         ],
     }
+    if pool is not None and pool.runtime_class_name:  # an isolated runtime, set by staff
+        pod_spec["runtimeClassName"] = pool.runtime_class_name
     if needs_service(job):  # the pods' DNS names under the job's Service
         pod_spec["subdomain"] = service_name(job)
     tolerations = _tolerations(job, tier)
