@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpugeek import cli_services, config, output
 from gpugeek import completion as completion_scripts
-from gpugeek import config, output
 from gpugeek.client import Client
 from gpugeek.cluster import Cluster
 from gpugeek.errors import (
@@ -24,10 +24,11 @@ from gpugeek.errors import (
     NotFound,
     QuotaExceeded,
     Timeout,
+    UsageError,
     ValidationError,
 )
 from gpugeek.models import FINISHED_STATUSES
-from gpugeek.spec import parse_volume
+from gpugeek.spec import parse_env, parse_volume
 
 OK, API_ERROR, USAGE, AUTH, NOT_FOUND, TIMEOUT, CONFLICT, LIMIT, UNREACHABLE = range(9)
 EXIT_CODES = {
@@ -58,10 +59,6 @@ SIZE_SUFFIXES = {"t": 1000, "b": 1, "m": 0.001}
 SSH_KEY_COLUMNS = ["id", "title", "type_label", "fingerprint", "created_at", "last_used_at"]
 INVOICE_COLUMNS = ["number", "status", "period_start", "period_end", "total", "amount_due",
                    "currency"]  # fmt: skip
-
-
-class UsageError(Exception):
-    pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,6 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     budget_delete = budget_sub.add_parser("delete", help="delete the budget NAME")
     budget_delete.add_argument("name")
 
+    cli_services.add_parser(sub)
+
     completion = sub.add_parser("completion", help="print a shell completion script")
     completion.add_argument("shell", choices=list(completion_scripts.SHELLS))
     return parser
@@ -231,13 +230,7 @@ def _launch_spec(args) -> dict[str, Any]:
     if args.argv:
         spec["command"] = list(args.argv)
     if args.env:
-        env = dict(spec.get("env") or {})
-        for item in args.env:
-            if "=" not in item:
-                raise UsageError(f"--env {item!r}: expected KEY=VALUE")
-            key, value = item.split("=", 1)
-            env[key] = value
-        spec["env"] = env
+        spec["env"] = {**(spec.get("env") or {}), **parse_env(args.env)}
     if args.volume:
         spec["volumes"] = [*(spec.get("volumes") or []), *map(parse_volume, args.volume)]
     if not spec.get("image") or not spec.get("command"):
@@ -400,6 +393,8 @@ def _dispatch(args, client: Client) -> int:
         output.dump({"deleted": args.name}) if args.json else print(f"Deleted {args.name!r}")
     elif cmd == "ssh-keys":
         _ssh_keys(args, client)
+    elif cmd == "services":
+        cli_services.run(args, client)
     return OK
 
 

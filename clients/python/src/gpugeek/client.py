@@ -23,6 +23,7 @@ from gpugeek.models import (
     Offer,
     Recommendation,
 )
+from gpugeek.services import Services
 from gpugeek.spec import errors_named_count, nodes_check, resolve_gpu_type, split_count
 from gpugeek.ssh_keys import SshKeys
 from gpugeek.volumes import Volumes
@@ -51,6 +52,7 @@ class Client:
             self.url, self.token, timeout=timeout, retries=retries, backoff=backoff,
             transport=transport,
         )  # fmt: skip
+        self.services = Services(self.http)
         self.ssh_keys = SshKeys(self.http)
         self.volumes = Volumes(self.http)
         _default = self

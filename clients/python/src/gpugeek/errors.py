@@ -33,6 +33,10 @@ class GpuGeekError(Exception):
         return text
 
 
+class UsageError(Exception):
+    """The command line (or a spec file it reads) is wrong: the CLI's exit code 2."""
+
+
 class APIError(GpuGeekError):
     """The server refused the request (an HTTP error status)."""
 

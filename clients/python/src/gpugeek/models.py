@@ -314,6 +314,68 @@ class Volume(Model):
         return bool(self.fill) and self.fill["status"] in ("queued", "running")
 
 
+@dataclass
+class Service(Model):
+    """An inference service: `endpoint_url` is where callers send requests (with a
+    service token when `auth` is "token"); `status` deploying, ready, degraded,
+    scaled_to_zero or failed (`status_reason` says why)."""
+
+    id: int
+    name: str
+    image: str
+    command: list[str]
+    env: dict[str, str]
+    port: int
+    cpus: int
+    region: str
+    min_replicas: int
+    max_replicas: int
+    readiness_path: str
+    auth: str
+    status: str
+    status_reason: str
+    revision: int | None
+    ready_replicas: int
+    replicas: int
+    endpoint_url: str
+    created_at: str
+    updated_at: str
+
+
+@dataclass
+class ServiceRevision(Model):
+    number: int
+    image: str
+    command: list[str]
+    env: dict[str, str]
+    port: int
+    cpus: int
+    copied_from: int | None  # the revision a rollback copied
+    created_at: str
+
+
+@dataclass
+class ServiceReplica(Model):
+    id: int
+    revision: int
+    state: str  # starting, ready, draining, stopped
+    reason: str
+    started_at: str | None
+    ready_at: str | None
+
+
+@dataclass
+class ServiceToken(Model):
+    """An endpoint token; `token` (the secret) only in `create_token`'s answer."""
+
+    id: int
+    name: str
+    prefix: str
+    created_at: str
+    revoked_at: str | None
+    token: str | None = None
+
+
 SCHEMA_COMPONENTS: dict[type[Model], str] = {
     Job: "Job",
     Offer: "Offer",
@@ -327,4 +389,8 @@ SCHEMA_COMPONENTS: dict[type[Model], str] = {
     GpuOption: "GpuOption",
     SshKey: "SshKey",
     Volume: "Volume",
+    Service: "Service",
+    ServiceRevision: "ServiceRevision",
+    ServiceReplica: "ServiceReplica",
+    ServiceToken: "ServiceTokenCreated",
 }

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from gpugeek.errors import GpuGeekError, ValidationError
+from gpugeek.errors import GpuGeekError, UsageError, ValidationError
 
 if TYPE_CHECKING:
     from gpugeek.client import Client
@@ -41,6 +41,17 @@ def nodes_check(nodes: Any, *, used_count: bool) -> None:
             f"; this count needs {nodes:,}." if used_count else f", not {nodes:,}."
         )
         raise ValidationError(message, errors={field: [message]})
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """The CLI's repeated `--env KEY=VALUE` as an environment."""
+    env = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
 
 
 def parse_volume(text: str) -> dict[str, Any]:

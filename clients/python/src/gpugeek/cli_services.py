@@ -1,0 +1,104 @@
+"""`gpugeek services …`: inference services from the command line (list, get, create,
+scale, rollback, delete, token), over `client.services`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpugeek import output
+from gpugeek.client import Client
+from gpugeek.errors import UsageError
+from gpugeek.spec import parse_env
+
+SERVICE_COLUMNS = ["id", "name", "status", "revision", "ready_replicas", "replicas",
+                   "min_replicas", "max_replicas", "endpoint_url"]  # fmt: skip
+REPLICA_COLUMNS = ["id", "revision", "state", "reason", "started_at", "ready_at"]
+
+
+def add_parser(sub) -> None:
+    services = sub.add_parser("services", help="inference services (endpoints that scale)")
+    actions = services.add_subparsers(dest="services_command", required=True, metavar="ACTION")
+    actions.add_parser("list", help="list the organisation's services")
+    get = actions.add_parser("get", help="show the service ID and its replicas")
+    get.add_argument("id", type=int)
+    create = actions.add_parser("create", help="create a service: NAME --image … -- COMMAND")
+    create.add_argument("name")
+    create.add_argument("--image", required=True)
+    create.add_argument("--port", type=int, required=True, help="where the server listens")
+    create.add_argument("--region", required=True)
+    create.add_argument("--cpus", type=int, default=1)
+    create.add_argument("--min-replicas", type=int, default=2, help="0 scales to zero when idle")
+    create.add_argument("--max-replicas", type=int, default=10)
+    create.add_argument("--readiness-path", default="/", help="GET here answers 2xx when ready")
+    create.add_argument("--env", action="append", metavar="KEY=VALUE", default=[])
+    create.add_argument("--public", action="store_true", help="no service token needed to call it")
+    create.add_argument("argv", nargs="+", metavar="-- COMMAND", help="the server's command")
+    scale = actions.add_parser("scale", help="set the replica range of the service ID")
+    scale.add_argument("id", type=int)
+    scale.add_argument("--min", type=int, required=True, dest="min_replicas")
+    scale.add_argument("--max", type=int, required=True, dest="max_replicas")
+    rollback = actions.add_parser("rollback", help="run revision REVISION of the service again")
+    rollback.add_argument("id", type=int)
+    rollback.add_argument("revision", type=int)
+    delete = actions.add_parser("delete", help="delete the service ID (its endpoint goes)")
+    delete.add_argument("id", type=int)
+    delete.add_argument("--yes", action="store_true", help="don't ask for confirmation")
+    token = actions.add_parser("token", help="create an endpoint token NAME (shown once)")
+    token.add_argument("id", type=int)
+    token.add_argument("token_name", metavar="NAME")
+
+
+def run(args: argparse.Namespace, client: Client) -> None:
+    action = args.services_command
+    services = client.services
+    if action == "list":
+        rows = [service.to_dict() for service in services.list()]
+        output.dump(rows) if args.json else output.table(rows, SERVICE_COLUMNS)
+    elif action == "get":
+        service = services.get(args.id).to_dict()
+        replicas = [replica.to_dict() for replica in services.replicas(args.id)]
+        if args.json:
+            output.dump({**service, "replica_list": replicas})
+        else:
+            output.pairs(service)
+            print()
+            output.table(replicas, REPLICA_COLUMNS)
+    elif action == "create":
+        service = services.create(
+            args.name, image=args.image, command=list(args.argv), port=args.port,
+            region=args.region, cpus=args.cpus, min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas, readiness_path=args.readiness_path,
+            env=parse_env(args.env), auth="public" if args.public else "token",
+        )  # fmt: skip
+        output.dump(service.to_dict()) if args.json else output.pairs(service.to_dict())
+    elif action == "scale":
+        service = services.scale(
+            args.id, min_replicas=args.min_replicas, max_replicas=args.max_replicas
+        )
+        output.dump(service.to_dict()) if args.json else output.pairs(service.to_dict())
+    elif action == "rollback":
+        service = services.rollback(args.id, args.revision)
+        output.dump(service.to_dict()) if args.json else output.pairs(service.to_dict())
+    elif action == "delete":
+        _confirm_delete(args, services.get(args.id).name)
+        services.delete(args.id)
+        output.dump({"deleted": args.id}) if args.json else print(f"Deleted service {args.id}")
+    else:
+        created = services.create_token(args.id, args.token_name).to_dict()
+        if args.json:
+            output.dump(created)
+        else:
+            output.pairs(created)
+            print("\nThe token is shown only now: send it as 'Authorization: Bearer <token>'.")
+
+
+def _confirm_delete(args: argparse.Namespace, name: str) -> None:
+    """Deleting stops every replica and the endpoint: ask, unless --yes."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"delete service {name!r}: add --yes to confirm (no terminal to ask)")
+    answer = input(f"Delete service {name!r} and its endpoint? Type its name to confirm: ")
+    if answer.strip() != name:
+        raise UsageError("not deleted: the name typed didn't match")

@@ -1,0 +1,102 @@
+"""`client.services`: the organisation's inference services (HTTP endpoints served by
+replicas that the console scales), their revisions, replicas and endpoint tokens."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gpugeek.errors import GpuGeekError
+from gpugeek.http import Transport
+from gpugeek.models import Service, ServiceReplica, ServiceRevision, ServiceToken
+
+# A service in one of these has stopped changing on its own.
+SETTLED = ("ready", "scaled_to_zero", "failed")
+
+
+class Services:
+    def __init__(self, http: Transport):
+        self.http = http
+
+    def list(self) -> list[Service]:
+        return [Service.from_dict(row) for row in self.http.paginate("services")]
+
+    def get(self, service_id: int) -> Service:
+        return Service.from_dict(self.http.get(f"services/{int(service_id)}"))
+
+    def create(
+        self,
+        name: str,
+        *,
+        image: str,
+        command: list[str],
+        port: int,
+        region: str,
+        cpus: int = 1,
+        min_replicas: int = 2,
+        max_replicas: int = 10,
+        readiness_path: str = "/",
+        env: dict[str, str] | None = None,
+        auth: str = "token",
+    ) -> Service:
+        """Create a service (revision 1) and start its replicas. `auth`: "token" (callers
+        send a service token, see `create_token`) or "public". A `Conflict` when the
+        name is taken; a `ValidationError` naming the field for bad input."""
+        body: dict[str, Any] = {
+            "name": name, "image": image, "command": list(command), "port": port,
+            "region": region, "cpus": cpus, "min_replicas": min_replicas,
+            "max_replicas": max_replicas, "readiness_path": readiness_path,
+            "env": dict(env or {}), "auth": auth,
+        }  # fmt: skip
+        return Service.from_dict(self.http.post("services", body))
+
+    def update(self, service_id: int, **changes: Any) -> Service:
+        """Change any of image, command, port, cpus, env, readiness_path, auth (a new
+        revision when what runs changes) or min/max_replicas."""
+        answer = self.http.request("PATCH", f"services/{int(service_id)}", json=changes)
+        return Service.from_dict(answer)
+
+    def scale(self, service_id: int, *, min_replicas: int, max_replicas: int) -> Service:
+        body = {"min_replicas": min_replicas, "max_replicas": max_replicas}
+        return Service.from_dict(self.http.post(f"services/{int(service_id)}/scale", body))
+
+    def rollback(self, service_id: int, revision: int) -> Service:
+        """Run an earlier revision again (copied into a new revision)."""
+        body = {"revision": int(revision)}
+        return Service.from_dict(self.http.post(f"services/{int(service_id)}/rollback", body))
+
+    def delete(self, service_id: int) -> None:
+        """Delete the service: its replicas stop and its endpoint answers 404."""
+        self.http.request("DELETE", f"services/{int(service_id)}")
+
+    def revisions(self, service_id: int) -> list[ServiceRevision]:
+        rows = self.http.get(f"services/{int(service_id)}/revisions")
+        return [ServiceRevision.from_dict(row) for row in rows]
+
+    def replicas(self, service_id: int) -> list[ServiceReplica]:
+        rows = self.http.get(f"services/{int(service_id)}/replicas")
+        return [ServiceReplica.from_dict(row) for row in rows]
+
+    def tokens(self, service_id: int) -> list[ServiceToken]:
+        rows = self.http.get(f"services/{int(service_id)}/tokens")
+        return [ServiceToken.from_dict(row) for row in rows]
+
+    def create_token(self, service_id: int, name: str) -> ServiceToken:
+        """A token for calling the endpoint; its `token` is shown only in this answer."""
+        row = self.http.post(f"services/{int(service_id)}/tokens", {"name": name})
+        return ServiceToken.from_dict(row)
+
+    def revoke_token(self, service_id: int, token_id: int) -> None:
+        self.http.request("DELETE", f"services/{int(service_id)}/tokens/{int(token_id)}")
+
+    def wait(self, service_id: int, *, timeout: float = 600, poll: float = 2) -> Service:
+        """The service once it is ready, scaled to zero or failed (see `status_reason`);
+        GpuGeekError after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            service = self.get(service_id)
+            if service.status in SETTLED:
+                return service
+            if time.monotonic() >= deadline:
+                raise GpuGeekError(f"service {service_id} is still {service.status}")
+            time.sleep(poll)

@@ -1,0 +1,125 @@
+"""`client.services` and `gpugeek services …` against the real server (uvicorn on the
+test database): create, list, get, change, scale, roll back, tokens, delete, and bad
+input as the SDK raises it and the CLI exits. No worker runs here, so replicas stay as
+the console recorded them; the replicas' own lifecycle is tested in tests/services."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gpugeek.errors import Conflict, NotFound, ValidationError
+from gpugeek.models import Service, ServiceToken
+from gpugeek.services import Services
+
+from services.models import Service as ServiceRow
+from tests.sdk.test_cli import cli  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+
+ECHO = ["python", "-m", "http.server", "8080"]
+
+
+def create(gg, name: str = "echo", **options) -> Service:
+    values = {"image": "python:3.11-slim", "command": ECHO, "port": 8080, "region": "local"}
+    return gg.services.create(name, **{**values, **options})
+
+
+def test_a_service_is_created_changed_scaled_rolled_back_and_deleted(gg):
+    service = create(gg, min_replicas=1, max_replicas=3, env={"MODEL": "small"})
+    assert isinstance(service, Service) and service.revision == 1
+    assert (service.name, service.region, service.auth, service.env) == (
+        "echo", "local", "token", {"MODEL": "small"},
+    )  # fmt: skip
+    assert service.endpoint_url.startswith("http") and service.status == "deploying"
+    assert [s.name for s in gg.services.list()] == ["echo"]
+    assert gg.services.get(service.id).command == ECHO
+
+    changed = gg.services.update(service.id, image="python:3.12-slim")
+    assert (changed.image, changed.revision) == ("python:3.12-slim", 2)
+    scaled = gg.services.scale(service.id, min_replicas=0, max_replicas=2)
+    assert (scaled.min_replicas, scaled.max_replicas, scaled.revision) == (0, 2, 2)
+    back = gg.services.rollback(service.id, 1)
+    assert (back.image, back.revision) == ("python:3.11-slim", 3)
+    revisions = gg.services.revisions(service.id)
+    newest = max(revisions, key=lambda r: r.number)
+    assert (newest.number, newest.copied_from, len(revisions)) == (3, 1, 3)
+    assert all(r.revision >= 1 for r in gg.services.replicas(service.id))
+
+    token = gg.services.create_token(service.id, "ci")
+    assert isinstance(token, ServiceToken) and token.token and token.token.startswith(token.prefix)
+    listed = gg.services.tokens(service.id)
+    assert [(t.id, t.token) for t in listed] == [(token.id, None)]  # the secret shown once
+    gg.services.revoke_token(service.id, token.id)
+    assert gg.services.tokens(service.id)[0].revoked_at is not None
+
+    gg.services.delete(service.id)
+    with pytest.raises(NotFound):
+        gg.services.get(service.id)
+    assert not ServiceRow.objects.filter(pk=service.id).exists()
+
+
+def test_bad_input_and_a_reused_name_are_clear_errors(gg):
+    create(gg)
+    with pytest.raises(Conflict):
+        create(gg)
+    with pytest.raises(ValidationError) as bad:
+        create(gg, "other", port=70000)
+    assert "port" in bad.value.errors
+    with pytest.raises(ValidationError) as bad:
+        create(gg, "other", min_replicas=5, max_replicas=2)
+    assert "replicas" in str(bad.value).lower()
+    assert [s.name for s in gg.services.list()] == ["echo"]  # nothing half-created
+    public = create(gg, "open", auth="public")
+    with pytest.raises(ValidationError) as refused:
+        gg.services.create_token(public.id, "ci")
+    assert "public" in str(refused.value)
+
+
+def test_wait_returns_once_the_service_settles(gg):
+    service = create(gg)
+    ServiceRow.objects.filter(pk=service.id).update(status="ready")
+    assert gg.services.wait(service.id, timeout=5, poll=0.1).status == "ready"
+    ServiceRow.objects.filter(pk=service.id).update(status="deploying")
+    with pytest.raises(Exception, match="still deploying"):
+        Services(gg.http).wait(service.id, timeout=0.3, poll=0.1)
+
+
+def test_the_cli_creates_lists_scales_and_deletes_with_confirmation(cli):  # noqa: F811
+    code, out, err = cli("--json", "services", "create", "echo", "--image", "python:3.11-slim",
+                         "--port", "8080", "--region", "local", "--env", "MODEL=small",
+                         "--min-replicas", "1", "--", *ECHO)  # fmt: skip
+    assert code == 0, err
+    created = json.loads(out)
+    assert (created["auth"], created["env"], created["command"]) == (
+        "token",
+        {"MODEL": "small"},
+        ECHO,
+    )
+    code, out, _ = cli("services", "list")
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "NAME", "STATUS"]
+    assert "echo" in out
+    code, out, _ = cli(
+        "--json", "services", "scale", str(created["id"]), "--min", "0", "--max", "4"
+    )
+    assert code == 0 and (json.loads(out)["min_replicas"], json.loads(out)["max_replicas"]) == (
+        0,
+        4,
+    )
+    code, out, _ = cli("services", "token", str(created["id"]), "ci")
+    assert code == 0 and "shown only now" in out
+    code, out, _ = cli("--json", "services", "get", str(created["id"]))
+    assert code == 0 and json.loads(out)["name"] == "echo" and "replica_list" in json.loads(out)
+    # Bad input: usage errors exit 2, the server's refusals with their own codes.
+    assert cli("services", "create", "x", "--image", "i", "--port", "1", "--region", "local",
+               "--env", "NOEQUALS", "--", "run")[0] == 2  # fmt: skip
+    code, _, err = cli("services", "create", "echo", "--image", "python:3.11-slim", "--port",
+                       "8080", "--region", "local", "--", *ECHO)  # fmt: skip
+    assert code == 6 and err  # the name is taken: a conflict
+    # Deleting asks first; without a terminal it wants --yes.
+    code, _, err = cli("services", "delete", str(created["id"]))
+    assert code == 2 and "--yes" in err
+    assert ServiceRow.objects.filter(pk=created["id"]).exists()
+    code, out, _ = cli("services", "delete", str(created["id"]), "--yes")
+    assert code == 0 and f"Deleted service {created['id']}" in out
+    assert cli("services", "get", str(created["id"]))[0] == 4  # not found
