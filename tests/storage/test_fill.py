@@ -110,14 +110,6 @@ def bucket(s3_endpoint):
     return client, name
 
 
-@pytest.fixture
-def fill_settings(settings, tmp_path):
-    settings.LOCAL_VOLUME_DIR = str(tmp_path / "volumes")
-    settings.LOCAL_JOB_SANDBOX = False  # the fill needs no sandbox: the worker writes
-    settings.VOLUME_FILL_ALLOW_PRIVATE_HOSTS = True  # the test servers are on 127.0.0.1
-    return settings
-
-
 def folder_of(volume) -> Path:
     return volume_folder(tenant_id=volume.tenant_id, volume_id=volume.pk)
 

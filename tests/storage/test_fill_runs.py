@@ -69,14 +69,6 @@ def http_base():
     server.server_close()
 
 
-@pytest.fixture
-def fill_settings(settings, tmp_path):
-    settings.LOCAL_VOLUME_DIR = str(tmp_path / "volumes")
-    settings.LOCAL_JOB_SANDBOX = False  # the fill needs no sandbox: the worker writes
-    settings.VOLUME_FILL_ALLOW_PRIVATE_HOSTS = True  # the test server is on 127.0.0.1
-    return settings
-
-
 def stale(fill: VolumeFill, **values) -> None:
     """Make the fill's last sign of life older than the sweep waits."""
     old = timezone.now() - timedelta(seconds=services.FILL_STALE_SECONDS + 1)
