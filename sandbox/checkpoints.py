@@ -6,7 +6,8 @@ the files of `<prefix><step>/` first, the manifest `gpugeek-checkpoint.json` (st
 time, files with sizes, metrics) last. A resumed pod reads the step to continue from in
 the manifest GPUGEEK_RESUME_FROM names. The format is written here rather than through
 the SDK so that the sandbox stays a program of its own; S3 needs boto3 (the console's
-environment has it), with the credentials and endpoint from the pod's environment.
+environment has it), with the credentials and endpoint from the pod's environment (its
+keys, or the console's URL that renews its temporary ones).
 After each manifest rank 0 posts the job's `checkpoint` event, as the SDK's helper does,
 when the pod was given GPUGEEK_CHECKPOINT_NOTIFY_URL and its token.
 """
@@ -23,6 +24,26 @@ from urllib.parse import urlsplit
 MANIFEST_NAME = "gpugeek-checkpoint.json"
 
 
+def _s3_client(env: dict[str, str]) -> Any:
+    """An S3 client with the pod's credentials: its keys, or the console's renewal URL
+    (AWS_CONTAINER_CREDENTIALS_FULL_URI), read from the pod's environment, never from
+    the sandbox's own as a default client would."""
+    import boto3  # only an S3 store needs them
+    import botocore.session
+    from botocore.credentials import ContainerProvider, CredentialResolver, EnvProvider
+
+    session = botocore.session.get_session()
+    session.register_component(
+        "credential_provider",
+        CredentialResolver([EnvProvider(environ=env), ContainerProvider(environ=env)]),
+    )
+    return boto3.Session(botocore_session=session).client(
+        "s3",
+        endpoint_url=env.get("AWS_ENDPOINT_URL") or None,
+        region_name=env.get("AWS_DEFAULT_REGION") or None,
+    )
+
+
 class _Store:
     def __init__(self, url: str, env: dict[str, str]):
         parts = urlsplit(url)
@@ -31,15 +52,7 @@ class _Store:
         self.bucket = parts.netloc
         self.client: Any = None
         if self.scheme == "s3":
-            import boto3  # only an S3 store needs it
-
-            self.client = boto3.client(
-                "s3",
-                endpoint_url=env.get("AWS_ENDPOINT_URL") or None,
-                region_name=env.get("AWS_DEFAULT_REGION") or None,
-                aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
-                aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
-            )
+            self.client = _s3_client(env)
         elif self.scheme != "file":
             raise ValueError(f"not a checkpoint store URL: {url!r}")
 

@@ -1,6 +1,7 @@
-"""POST /api/v1/jobs/<id>/checkpoint-events: the `checkpoint` event the SDK's helper
-posts after writing a manifest. Authenticated by the job's own token (Bearer), not a
-console session or API token: a job holds neither."""
+"""What a job asks the console with its own token (Bearer), not a console session or API
+token (a job holds neither): POST /api/v1/jobs/<id>/checkpoint-events, the `checkpoint`
+event the SDK's helper posts after writing a manifest, and GET
+/api/v1/jobs/<id>/checkpoint-credentials, its renewed temporary store credentials."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.errors import error_response
+from console.api.fields import StrictCharField
 from console.api.schema import ErrorSerializer
 from console.service_errors import ServiceError
 from jobs import services
@@ -21,6 +23,14 @@ from jobs.checkpoints.events import EVENT_BURST, EVENT_INTERVAL
 from jobs.services.checkpoints import CheckpointEventTooSoon
 
 log = logging.getLogger(__name__)
+
+
+def _job_token(request) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+_NO_TOKEN = "The job's checkpoint token is missing."
 
 
 class CheckpointEventView(APIView):
@@ -52,13 +62,11 @@ class CheckpointEventView(APIView):
         prune the older ones. The body is ignored (nothing a job says is trusted). Each job
         has a burst of events, then a sustained rate; beyond it 429 with Retry-After (the
         periodic scan records the checkpoints meanwhile)."""
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return error_response(
-                401, "The job's checkpoint token is missing.", "not_authenticated"
-            )
+        token = _job_token(request)
+        if not token:
+            return error_response(401, _NO_TOKEN, "not_authenticated")
         try:
-            record = services.job_checkpoint_event(token=token.strip(), job_id=int(pk))
+            record = services.job_checkpoint_event(token=token, job_id=int(pk))
         except ServiceError:
             raise
         except CheckpointEventTooSoon as too_soon:
@@ -76,3 +84,48 @@ class CheckpointEventView(APIView):
         return Response(
             {"step": record.latest.step if record.latest else None, "pruned": record.pruned}
         )
+
+
+class CheckpointCredentialsView(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        responses={
+            200: inline_serializer(
+                "CheckpointCredentials",
+                {
+                    "AccessKeyId": StrictCharField(),
+                    "SecretAccessKey": StrictCharField(),
+                    "Token": StrictCharField(),
+                    "Expiration": StrictCharField(help_text="ISO 8601, UTC"),
+                },
+            ),
+            401: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+            503: ErrorSerializer,
+        },
+        auth=[],
+    )
+    def get(self, request, pk: int):
+        """The job's temporary checkpoint store credentials, limited to its own prefix,
+        renewed before they expire: the container-credentials answer AWS SDKs fetch from
+        AWS_CONTAINER_CREDENTIALS_FULL_URI with AWS_CONTAINER_AUTHORIZATION_TOKEN, so a
+        job running longer than one set of credentials lasts keeps reaching its prefix.
+        Only while the job is not finished."""
+        token = _job_token(request)
+        if not token:
+            return error_response(401, _NO_TOKEN, "not_authenticated")
+        try:
+            credentials = services.job_checkpoint_credentials(token=token, job_id=int(pk))
+        except ServiceError:
+            raise
+        except Exception:  # STS unreachable or refusing: the SDK retries before expiry
+            log.exception("job %s: no temporary checkpoint store credentials", pk)
+            return error_response(
+                503,
+                "The checkpoint store's credentials service could not be reached.",
+                "unavailable",
+            )
+        return Response(credentials)

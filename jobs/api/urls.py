@@ -22,6 +22,11 @@ urlpatterns = [
         checkpoint_events.CheckpointEventView.as_view(),
         name="api-job-checkpoint-events",
     ),
+    path(
+        "jobs/<int:pk>/checkpoint-credentials",
+        checkpoint_events.CheckpointCredentialsView.as_view(),
+        name="api-job-checkpoint-credentials",
+    ),
     path("jobs/<int:pk>/monitor", streams.JobMonitorView.as_view(), name="api-job-monitor"),
     path("sandbox/nodes", chaos.SandboxNodesView.as_view(), name="api-sandbox-nodes"),
     path(

@@ -9,7 +9,9 @@ the console itself finds complete in the store.
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core import signing
@@ -69,4 +71,36 @@ def checkpoint_event_environment(*, tenant_id: int, job_id: int) -> dict[str, st
     return {
         "GPUGEEK_CHECKPOINT_NOTIFY_URL": f"{base}{path}",
         "GPUGEEK_CHECKPOINT_TOKEN": checkpoint_event_token(tenant_id=tenant_id, job_id=job_id),
+    }
+
+
+def _sdks_fetch_credentials_from(url: str) -> bool:
+    """AWS SDKs fetch container credentials only over HTTPS or from a loopback address
+    (plain HTTP elsewhere could hand them to anyone on the path)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    if parts.scheme != "http" or not parts.hostname:
+        return False
+    if parts.hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:
+        return False
+
+
+def checkpoint_credentials_environment(*, tenant_id: int, job_id: int) -> dict[str, str]:
+    """Where the job renews its temporary store credentials, in the variables of the AWS
+    SDKs' container-credentials provider (boto3, the AWS CLI, s5cmd and the other SDKs
+    fetch and renew from it on their own), authenticated by the job's token; {} when the
+    console has no URL jobs reach in a way those SDKs accept."""
+    base = (settings.CONSOLE_URL_FOR_JOBS or "").rstrip("/")
+    if not base or not _sdks_fetch_credentials_from(base):
+        return {}
+    path = reverse("api-job-checkpoint-credentials", kwargs={"pk": int(job_id)})
+    token = checkpoint_event_token(tenant_id=tenant_id, job_id=job_id)
+    return {
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI": f"{base}{path}",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN": f"Bearer {token}",
     }

@@ -29,7 +29,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from jobs.checkpoints.events import checkpoint_event_environment
+from jobs.checkpoints.events import (
+    checkpoint_credentials_environment,
+    checkpoint_event_environment,
+)
 
 MANIFEST_NAME = "gpugeek-checkpoint.json"
 # A manifest bigger than this is not one of ours (it is read into memory).
@@ -126,9 +129,18 @@ class CheckpointStore(ABC):
         """Copy everything under `source` to `target` (inside the store)."""
 
     @abstractmethod
-    def job_environment(self, prefix: str, *, mounted_at: str | None) -> dict[str, str]:
+    def job_environment(
+        self, prefix: str, *, mounted_at: str | None, renewal: dict[str, str] | None = None
+    ) -> dict[str, str]:
         """What a job is told to reach its own prefix, and only it: GPUGEEK_CHECKPOINT_URL
-        plus credentials. `mounted_at`: where a folder store's job folder is bind-mounted."""
+        plus credentials. `mounted_at`: where a folder store's job folder is bind-mounted;
+        `renewal`: where the job fetches renewed temporary credentials (instead of being
+        handed ones that expire), when the store issues such credentials."""
+
+    @property
+    def issues_temporary_credentials(self) -> bool:
+        """Whether jobs get credentials that expire (and may renew them at the console)."""
+        return False
 
     def local_folder(self, prefix: str) -> Path | None:
         """A folder store's folder for the prefix (to bind-mount), else None."""
@@ -238,7 +250,9 @@ class FileCheckpointStore(CheckpointStore):
     def local_folder(self, prefix: str) -> Path | None:
         return self._path(prefix)
 
-    def job_environment(self, prefix: str, *, mounted_at: str | None) -> dict[str, str]:
+    def job_environment(
+        self, prefix: str, *, mounted_at: str | None, renewal: dict[str, str] | None = None
+    ) -> dict[str, str]:
         return {"GPUGEEK_CHECKPOINT_URL": f"file://{mounted_at or self._path(prefix)}/"}
 
 
@@ -331,14 +345,23 @@ class S3CheckpointStore(CheckpointStore):
             ExpiresIn=expires_in,
         )
 
-    def job_environment(self, prefix: str, *, mounted_at: str | None) -> dict[str, str]:
+    def job_environment(
+        self, prefix: str, *, mounted_at: str | None, renewal: dict[str, str] | None = None
+    ) -> dict[str, str]:
         env = {"GPUGEEK_CHECKPOINT_URL": f"s3://{self.bucket}/{self.base}{prefix}"}
         if self.endpoint:
             env["AWS_ENDPOINT_URL"] = self.endpoint
         if self.region:
             env["AWS_DEFAULT_REGION"] = self.region
-        env.update(self.job_credentials(prefix))
+        # Keys in the environment would win over the renewal URL in every AWS SDK.
+        env.update(renewal if renewal and self.issues_temporary_credentials else {})
+        if "AWS_CONTAINER_CREDENTIALS_FULL_URI" not in env:
+            env.update(self.job_credentials(prefix))
         return env
+
+    @property
+    def issues_temporary_credentials(self) -> bool:
+        return bool(settings.CHECKPOINT_STORE_STS)
 
     def job_session_policy(self, prefix: str) -> dict[str, Any]:
         """The inline session policy of a job's STS credentials: objects under its own
@@ -369,15 +392,28 @@ class S3CheckpointStore(CheckpointStore):
 
     def job_credentials(self, prefix: str) -> dict[str, str]:
         """A job's AWS_* credentials, never the console's own: with CHECKPOINT_STORE_STS,
-        temporary ones from STS limited by `job_session_policy` to the job's prefix
-        (cached a while: every render of a start asks); else the installation's job
-        credentials (CHECKPOINT_STORE_JOB_*, limited by the operator, not per job)."""
+        temporary ones limited to the job's prefix (`job_temporary_credentials`); else the
+        installation's job credentials (CHECKPOINT_STORE_JOB_*, limited by the operator,
+        not per job)."""
         if not settings.CHECKPOINT_STORE_STS:
             access = settings.CHECKPOINT_STORE_JOB_ACCESS_KEY_ID
             secret = settings.CHECKPOINT_STORE_JOB_SECRET_ACCESS_KEY
             if access and secret:
                 return {"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret}
             return {}
+        found = self.job_temporary_credentials(prefix)
+        return {
+            "AWS_ACCESS_KEY_ID": found["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": found["SecretAccessKey"],
+            "AWS_SESSION_TOKEN": found["Token"],
+        }
+
+    def job_temporary_credentials(self, prefix: str) -> dict[str, str]:
+        """Temporary credentials from STS limited by `job_session_policy` to the job's
+        prefix, in the container-credentials shape every AWS SDK reads (AccessKeyId,
+        SecretAccessKey, Token, Expiration). Cached per prefix (every render of a start
+        asks, and so does each renewal) and replaced while they still have at least 20
+        minutes, or half their life, left: SDKs renew from 15 minutes before expiry."""
         seconds = settings.CHECKPOINT_STORE_STS_SECONDS
         role = settings.CHECKPOINT_STORE_STS_ROLE_ARN
         cache_key = f"checkpoint-sts:{self.endpoint}:{self.url}:{role}:{prefix}"
@@ -399,13 +435,14 @@ class S3CheckpointStore(CheckpointStore):
                 Name=name[:32], Policy=policy, DurationSeconds=seconds
             )
         credentials = answer["Credentials"]
+        expiration = credentials["Expiration"]
         found = {
-            "AWS_ACCESS_KEY_ID": credentials["AccessKeyId"],
-            "AWS_SECRET_ACCESS_KEY": credentials["SecretAccessKey"],
-            "AWS_SESSION_TOKEN": credentials["SessionToken"],
+            "AccessKeyId": credentials["AccessKeyId"],
+            "SecretAccessKey": credentials["SecretAccessKey"],
+            "Token": credentials["SessionToken"],
+            "Expiration": expiration.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
-        # Renewed well before they expire, so a start never gets nearly spent ones.
-        cache.set(cache_key, found, timeout=max(60, seconds // 2))
+        cache.set(cache_key, found, timeout=max(60, min(seconds // 2, seconds - 20 * 60)))
         return found
 
     def sts_client(self):
@@ -473,7 +510,9 @@ def job_checkpoint_environment(
     reaches it), where to post its `checkpoint` events and, when this start continues
     from a checkpoint, that manifest's URL, which lies under the same prefix."""
     env = checkpoint_store().job_environment(
-        job_prefix(tenant_id=tenant_id, job_id=job_id), mounted_at=mounted_at
+        job_prefix(tenant_id=tenant_id, job_id=job_id),
+        mounted_at=mounted_at,
+        renewal=checkpoint_credentials_environment(tenant_id=tenant_id, job_id=job_id),
     )
     env.update(checkpoint_event_environment(tenant_id=tenant_id, job_id=job_id))
     env["GPUGEEK_RESUME_FROM"] = (

@@ -25,6 +25,7 @@ from jobs.services.actions import (
 )
 from jobs.services.admission import jobs_admit
 from jobs.services.checkpoints import (
+    job_checkpoint_credentials,
     job_checkpoint_event,
     job_checkpoint_record,
     job_checkpoints_prune,
@@ -63,6 +64,7 @@ __all__ = [
     "job_apply_observation",
     "job_backend_resume",
     "job_cancel",
+    "job_checkpoint_credentials",
     "job_checkpoint_event",
     "job_checkpoint_record",
     "job_checkpoints_prune",

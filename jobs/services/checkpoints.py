@@ -207,11 +207,9 @@ def jobs_checkpoints_prune(*, keep_last: int | None = None) -> int:
     return pruned
 
 
-def job_checkpoint_event(*, token: str, job_id: int) -> CheckpointRecord:
-    """A job's `checkpoint` event: the token must be that job's (see
-    jobs.checkpoints.events); then the console records and prunes as at its scan. A
-    finished job's token no longer counts (its last checkpoint is found by the scan that
-    ran while it was active, or at its next resume)."""
+def _job_of_token(*, token: str, job_id: int) -> Job:
+    """The active job a job token was made for (see jobs.checkpoints.events): 404 when the
+    token isn't that job's, 409 once the job has finished (its token no longer counts)."""
     owner = checkpoint_event_job(token)
     if owner is None or owner[1] != job_id:
         # 404 as for every credential that doesn't reach a job: whether it exists stays unsaid.
@@ -222,8 +220,32 @@ def job_checkpoint_event(*, token: str, job_id: int) -> CheckpointRecord:
         raise ServiceError("No such job.", code=ErrorCode.NOT_FOUND)
     if job.is_finished:
         raise ServiceError("The job has finished.", code=ErrorCode.CONFLICT)
+    return job
+
+
+def job_checkpoint_event(*, token: str, job_id: int) -> CheckpointRecord:
+    """A job's `checkpoint` event: the console records and prunes as at its scan. A
+    finished job's last checkpoint is found by the scan that ran while it was active, or
+    at its next resume."""
+    job = _job_of_token(token=token, job_id=job_id)
     _checkpoint_event_take_turn(job)
     return job_checkpoint_record(job=job)
+
+
+def job_checkpoint_credentials(*, token: str, job_id: int) -> dict[str, str]:
+    """Renewed temporary store credentials for a job that is not finished, limited to its
+    own prefix (AccessKeyId, SecretAccessKey, Token, Expiration). Served from the store's
+    cache, so a job asking often costs no STS call; 409 when the store hands jobs no
+    temporary credentials (theirs don't expire)."""
+    job = _job_of_token(token=token, job_id=job_id)
+    store = checkpoint_store()
+    if not store.issues_temporary_credentials:
+        raise ServiceError(
+            "This installation's checkpoint store gives jobs no temporary credentials; "
+            "a job's store credentials don't expire.",
+            code=ErrorCode.CONFLICT,
+        )
+    return store.job_temporary_credentials(job_store_prefix(job))
 
 
 class CheckpointEventTooSoon(Exception):

@@ -172,12 +172,13 @@ def _checkpoint_env(job: Job) -> dict[str, str]:
     )
 
 
-# Store credentials (and the job's checkpoint-event token) reach the pod from the job's
+# Store credentials (and the job's token, for events and renewals) reach the pod from the job's
 # Secret, never as values in the Job object.
 STORE_CREDENTIALS = (
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
     "GPUGEEK_CHECKPOINT_TOKEN",
 )
 
