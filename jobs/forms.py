@@ -191,6 +191,14 @@ class LaunchForm(forms.Form):
         initial=DEFAULT_MAX_RUNTIME_MINUTES,
     )
     checkpoint_path = forms.CharField(max_length=400, required=False)
+    gpu_memory_gib = forms.IntegerField(
+        label="GPU memory needed per GPU (GiB)",
+        min_value=1,
+        max_value=4096,
+        required=False,
+        help_text="Optional. The job then runs only where it fits with the pool's memory "
+        "margin kept free (20 % unless staff set another); empty: not checked.",
+    )
     auto_release = forms.BooleanField(
         label="Release compute when it finishes", required=False, initial=True
     )
@@ -243,6 +251,7 @@ class LaunchForm(forms.Form):
             "env": "\n".join(f"{key}={value}" for key, value in spec.env.items()),
             "max_runtime_minutes": spec.max_runtime_minutes,
             "checkpoint_path": spec.checkpoint_path,
+            "gpu_memory_gib": spec.gpu_memory_gib,
             "volumes": "\n".join(
                 f"{m['name']}:{m['path']}{':ro' if m.get('read_only') else ''}"
                 for m in spec.volumes

@@ -139,6 +139,9 @@ class Job(TenantOwnedModel):
     # Complete checkpoints kept in the store (older ones are pruned); None: the
     # installation's CHECKPOINT_KEEP_LAST.
     checkpoint_keep_last = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The GPU memory the job says it needs per GPU (GiB); its pools must fit it with their
+    # memory_margin (NodePool.gpu_memory_refusal). None: not declared, not checked.
+    gpu_memory_gib = models.PositiveIntegerField(null=True, blank=True)
     # The newest complete checkpoint the console has seen (from the job's `checkpoint`
     # event or the periodic scan), read from the store, never from what the job says.
     last_checkpoint_step = models.PositiveBigIntegerField(null=True, blank=True)

@@ -101,6 +101,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             priority=data["priority"],
             max_runtime_minutes=data["max_runtime_minutes"],
             checkpoint_path=data["checkpoint_path"],
+            gpu_memory_gib=data["gpu_memory_gib"],
             auto_release=data["auto_release"],
             secrets=data["secrets"],
             ports=list(data["image"].ports) if data["expose_ports"] else [],

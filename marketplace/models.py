@@ -128,6 +128,17 @@ class NodePool(models.Model):
             "requeued and resume from their latest checkpoint."
         ),
     )
+    memory_margin = models.DecimalField(
+        max_digits=3,
+        decimal_places=2,
+        default=Decimal("0.20"),
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))],
+        help_text=(
+            "Share of each GPU's memory kept in reserve: a job that declares the GPU "
+            "memory it needs (gpu_memory_gib) runs here only if that need plus this margin "
+            "fits one GPU (0.20: need × 1.2; 0: the whole GPU)."
+        ),
+    )
     preempt_other_tenants_spot = models.BooleanField(
         default=False,
         help_text=(
@@ -162,6 +173,22 @@ class NodePool(models.Model):
     @property
     def available_vcpus(self) -> int:
         return free_capacity(self.allocatable_vcpus, self.in_use_vcpus)
+
+    def gpu_memory_refusal(self, need_gib: int | None) -> str:
+        """Why a job needing `need_gib` of memory per GPU can't run in this pool with its
+        `memory_margin` kept in reserve ("" when it can, or declares no need). The one
+        place of the rule: launch refuses with it, admission holds a queued job with it
+        when staff raised the margin since."""
+        if not need_gib or self.gpu_type is None:
+            return ""
+        with_margin = Decimal(need_gib) * (1 + self.memory_margin)
+        if with_margin <= self.gpu_type.memory_gib:
+            return ""
+        return (
+            f"{need_gib} GiB per GPU with {self.name}'s {self.memory_margin:.0%} memory margin "
+            f"is {with_margin.normalize():f} GiB; its {self.gpu_type.model} GPUs have "
+            f"{self.gpu_type.memory_gib} GiB each."
+        )
 
 
 class PriceVersionQuerySet(models.QuerySet):

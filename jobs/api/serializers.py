@@ -103,6 +103,15 @@ class JobCreateSerializer(serializers.Serializer):
         default=None,
         help_text="complete checkpoints kept in the store (null: the installation's, 3)",
     )
+    gpu_memory_gib = serializers.IntegerField(
+        min_value=1,
+        max_value=4096,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="GPU memory the job needs per GPU, in GiB: it runs only in pools whose GPUs "
+        "fit it with their memory_margin kept free (null: not checked)",
+    )
     auto_release = StrictBooleanField(default=True)
     ports = serializers.ListField(
         child=serializers.DictField(),
@@ -251,6 +260,7 @@ class JobSerializer(StrictModelSerializer):
             "max_runtime_minutes",
             "checkpoint_path",
             "checkpoint_keep_last",
+            "gpu_memory_gib",
             "last_checkpoint_step",
             "last_checkpoint_at",
             "auto_release",
@@ -380,7 +390,7 @@ ROW_COLUMNS = (
     "id", "tenant_id", "name", "project", "labels", "image_reference", "command", "env",
     "secret_env_names", "gpu_type_id", "gpus_per_node", "cpus", "nodes", "region_id",
     "spot_ratio", "priority", "max_runtime_minutes", "checkpoint_path", "checkpoint_keep_last",
-    "last_checkpoint_step", "last_checkpoint_at", "auto_release",
+    "gpu_memory_gib", "last_checkpoint_step", "last_checkpoint_at", "auto_release",
     "backend", "spot_nodes", "on_demand_nodes", "pool_id", "spot_pool_id", "status",
     "status_reason", "attempt", "exit_code", "created_at", "started_at", "finished_at",
 )  # fmt: skip

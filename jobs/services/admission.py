@@ -123,6 +123,9 @@ def blocking_wait(
         pool = pools.get(pool_id)
         if pool is None:
             return Wait(WaitKind.CAPACITY, "its pool is no longer active")
+        refusal = pool.gpu_memory_refusal(job.gpu_memory_gib)
+        if refusal:  # staff raised the pool's margin since the launch
+            return Wait(WaitKind.CAPACITY, refusal)
         need = nodes * (job.gpus_per_node if pool.gpu_type_id else job.cpus)
         free = _free(pool, usage.pool_gpus[pool_id], usage.pool_vcpus[pool_id])
         if need > free:

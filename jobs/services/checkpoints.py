@@ -29,6 +29,7 @@ from jobs.checkpoints.events import (
 from jobs.checkpoints.store import (
     MANIFEST_NAME,
     Checkpoint,
+    S3CheckpointStore,
     checkpoint_store,
     job_prefix,
 )
@@ -239,7 +240,7 @@ def job_checkpoint_credentials(*, token: str, job_id: int) -> dict[str, str]:
     temporary credentials (theirs don't expire)."""
     job = _job_of_token(token=token, job_id=job_id)
     store = checkpoint_store()
-    if not store.issues_temporary_credentials:
+    if not isinstance(store, S3CheckpointStore) or not store.issues_temporary_credentials:
         raise ServiceError(
             "This installation's checkpoint store gives jobs no temporary credentials; "
             "a job's store credentials don't expire.",

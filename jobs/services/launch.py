@@ -78,6 +78,7 @@ def job_submit(
                 max_runtime_minutes=spec.max_runtime_minutes,
                 checkpoint_path=spec.checkpoint_path,
                 checkpoint_keep_last=spec.checkpoint_keep_last,
+                gpu_memory_gib=spec.gpu_memory_gib,
                 auto_release=spec.auto_release,
                 ports=spec.ports,
                 backend=placement.backend,

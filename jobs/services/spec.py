@@ -70,6 +70,8 @@ class JobSpec:
     checkpoint_path: str = ""
     # Complete checkpoints kept in the store; None: the installation's CHECKPOINT_KEEP_LAST.
     checkpoint_keep_last: int | None = None
+    # GPU memory needed per GPU (GiB), kept free of the pool's memory_margin; None: not said.
+    gpu_memory_gib: int | None = None
     project: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -261,6 +263,25 @@ def _validate_keep_last(keep_last) -> None:
             f"Checkpoints kept is a whole number from 1 to {MAX_CHECKPOINT_KEEP_LAST}.",
             "checkpoint_keep_last",
         )
+
+
+MAX_GPU_MEMORY_GIB = 4096
+
+
+def _validate_gpu_memory(gpu_memory_gib, gpu_type) -> None:
+    if gpu_memory_gib is None:
+        return
+    if (
+        isinstance(gpu_memory_gib, bool)
+        or not isinstance(gpu_memory_gib, int)
+        or not 1 <= gpu_memory_gib <= MAX_GPU_MEMORY_GIB
+    ):
+        raise invalid(
+            f"GPU memory per GPU is a whole number of GiB from 1 to {MAX_GPU_MEMORY_GIB}.",
+            "gpu_memory_gib",
+        )
+    if gpu_type is None:
+        raise invalid("GPU memory is declared only for a GPU job.", "gpu_memory_gib")
 
 
 PORT_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,13}[a-z0-9])?$")
@@ -458,10 +479,14 @@ def spec_validate(
     if cpus < 1:
         raise invalid("Ask for at least one vCPU per node.", "cpus")
 
+    _validate_gpu_memory(spec.gpu_memory_gib, gpu_type)
     # Larger than the pool could ever hold: refuse now rather than queue forever.
     for tier_pool, tier_nodes in ((pool, on_demand_nodes), (spot_pool, spot_nodes)):
         if not tier_pool:
             continue
+        refusal = tier_pool.gpu_memory_refusal(spec.gpu_memory_gib)
+        if refusal:
+            raise invalid(f"{refusal} Pick a GPU type with more memory.", "gpu_memory_gib")
         if gpu_type and spec.gpus_per_node > max(tier_pool.gpus_per_node, 0):
             raise invalid(
                 f"{tier_pool.name} has {tier_pool.gpus_per_node} GPUs per node; "
@@ -525,6 +550,7 @@ def spec_from_job(job: Job) -> JobSpec:
         max_runtime_minutes=job.max_runtime_minutes,
         checkpoint_path=job.checkpoint_path,
         checkpoint_keep_last=job.checkpoint_keep_last,
+        gpu_memory_gib=job.gpu_memory_gib,
         project=job.project,
         labels=dict(job.labels),
         env=dict(job.env),

@@ -281,6 +281,14 @@ class NodePoolSerializer(StrictModelSerializer):
         required=False,
         help_text=NodePool._meta.get_field("preemption_threshold").help_text,
     )
+    memory_margin = StrictDecimalField(
+        max_digits=3,
+        decimal_places=2,
+        min_value=Decimal(0),
+        max_value=Decimal(1),
+        required=False,
+        help_text=NodePool._meta.get_field("memory_margin").help_text,
+    )
 
     class Meta:
         model = NodePool
@@ -305,6 +313,7 @@ class NodePoolSerializer(StrictModelSerializer):
             "is_active",
             "preemption_threshold",
             "preempt_other_tenants_spot",
+            "memory_margin",
             "runtime_class_name",
         ]
         read_only_fields = [f for f in fields if f not in NODE_POOL_EDITABLE_FIELDS]

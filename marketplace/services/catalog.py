@@ -40,6 +40,7 @@ NODE_POOL_EDITABLE_FIELDS = (
     "is_active",
     "preemption_threshold",
     "preempt_other_tenants_spot",
+    "memory_margin",
     "runtime_class_name",
 )
 

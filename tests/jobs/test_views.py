@@ -192,6 +192,8 @@ BAD_FORMS = {
     "runtime-zero": ({"max_runtime_minutes": "0"}, "max_runtime_minutes", ""),
     "too-many-cpus": ({"cpus": "1024"}, "cpus", "vCPUs in all"),
     "cpus-on-a-cluster-without-it": ({"region": "us-west"}, "region", "No CPU pool in US West"),
+    "gpu-memory-on-a-cpu-job": ({"gpu_memory_gib": "8"}, "gpu_memory_gib", "only for a GPU job"),
+    "gpu-memory-zero": ({"gpu_memory_gib": "0"}, "gpu_memory_gib", ""),
 }
 
 
@@ -215,8 +217,10 @@ def test_viewer_cannot_launch(viewer):
 
 def test_edit_and_relaunch_prefills_the_form(member, world):
     source = make_job(world, "source", command=["python", "-c", "print('a b')"], env={"A": "1"})
+    Job.objects.filter(pk=source.pk).update(gpu_memory_gib=12)
     form = member.get(LAUNCH, {"from": source.pk}).context["form"]
     assert form.initial["name"] == "source (clone)"
+    assert form.initial["gpu_memory_gib"] == 12
     assert form.initial["command"] == "python -c 'print('\"'\"'a b'\"'\"')'"
     assert form.initial["env"] == "A=1"
 

@@ -443,6 +443,12 @@ def test_staff_set_a_pools_preemption_knobs_through_the_api(catalog, staff_user,
     assert saved.json()["preemption_threshold"] == "0.50"
     pool.refresh_from_db()
     assert (pool.preemption_threshold, pool.preempt_other_tenants_spot) == (Decimal("0.5"), True)
+    refused = api.patch(url, {"memory_margin": "1.5"}, format="json")
+    assert refused.status_code == 400 and "memory_margin" in refused.json()
+    saved = api.patch(url, {"memory_margin": "0.1"}, format="json")
+    assert saved.status_code == 200 and saved.json()["memory_margin"] == "0.10"
+    pool.refresh_from_db()
+    assert pool.memory_margin == Decimal("0.1")
     refused = api.patch(url, {"runtime_class_name": "gVisor!"}, format="json")
     assert refused.status_code == 400 and "runtime_class_name" in json.dumps(refused.json())
     saved = api.patch(url, {"runtime_class_name": "gvisor"}, format="json")

@@ -114,6 +114,7 @@ def test_staff_pages_add_and_remove_a_registry_and_edit_a_pool(catalog, staff_us
             "node_selector": "{}",
             "is_active": "on",
             "preemption_threshold": "0.8",
+            "memory_margin": "0.20",
         },
         follow=True,
     )
@@ -153,6 +154,7 @@ def test_the_staff_pool_page_refuses_a_node_selector_kubernetes_would_not_take(
             "node_selector": selector,
             "is_active": "on",
             "preemption_threshold": "0.8",
+            "memory_margin": "0.20",
         },
     )
     assert page.status_code == 200  # the form again, with the error
@@ -168,11 +170,13 @@ def test_staff_set_a_pools_preemption_knobs_with_their_meaning_on_the_page(catal
     page = client.get(url).content.decode()
     assert "Preemption happens in this pool only while" in page
     assert "On-demand jobs of other organisations are never preempted" in page
+    assert "Share of each GPU's memory kept in reserve" in page
     form = {
         "name": pool.name,
         "tier": pool.tier,
         "node_selector": json.dumps(pool.node_selector),
         "is_active": "on",
+        "memory_margin": "0.20",
     }
 
     refused = client.post(url, {**form, "preemption_threshold": "1.5"})
@@ -180,14 +184,24 @@ def test_staff_set_a_pools_preemption_knobs_with_their_meaning_on_the_page(catal
     assert refused.context["form"].errors["preemption_threshold"]
     assert NodePool.objects.get(pk=pool.pk).preemption_threshold == Decimal("0.80")
 
+    refused = client.post(url, {**form, "preemption_threshold": "0.5", "memory_margin": "-0.1"})
+    assert refused.status_code == 200 and refused.context["form"].errors["memory_margin"]
+
     saved = client.post(
-        url, {**form, "preemption_threshold": "0.5", "preempt_other_tenants_spot": "on"}
+        url,
+        {
+            **form,
+            "preemption_threshold": "0.5",
+            "preempt_other_tenants_spot": "on",
+            "memory_margin": "0.3",
+        },
     )
     assert saved.status_code == 302
     pool.refresh_from_db()
     assert pool.preemption_threshold == Decimal("0.5") and pool.preempt_other_tenants_spot
+    assert pool.memory_margin == Decimal("0.3")
     changed = AuditEvent.objects.get(action="node_pool.changed").metadata["changed"]
-    assert {"preemption_threshold", "preempt_other_tenants_spot"} <= set(changed)
+    assert {"preemption_threshold", "preempt_other_tenants_spot", "memory_margin"} <= set(changed)
 
 
 def test_staff_set_a_pools_isolated_runtime_and_offers_say_so(catalog, staff_user, world):
@@ -202,6 +216,7 @@ def test_staff_set_a_pools_isolated_runtime_and_offers_say_so(catalog, staff_use
         "node_selector": json.dumps(pool.node_selector),
         "is_active": "on",
         "preemption_threshold": "0.8",
+        "memory_margin": "0.20",
     }
     for bad in ("Kata", "-kata", "kata_1", "k" * 64):
         refused = client.post(url, {**form, "runtime_class_name": bad})

@@ -106,6 +106,10 @@ def test_exit_codes(cli, asgi_server):
     assert code == 1
     body = json.loads(err)
     assert body["error"] == "ValidationError" and body["status"] == 400 and body["exit_code"] == 1
+    # The flag reaches the server, which says why (a CPU job declares no GPU memory).
+    code, _, err = cli("--json", "launch", "--image", "python-3.11", "--region", "local",
+                       "--cpus", "1", "--gpu-memory-gib", "8", "--", "true")  # fmt: skip
+    assert code == 1 and "GPU memory is declared only for a GPU job" in err
     assert cli("launch", "--image", "python-3.11")[0] == 2  # no command
     assert cli("no-such-command")[0] == 2
     assert cli("status", "not-a-number")[0] == 2

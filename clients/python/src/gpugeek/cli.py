@@ -114,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
         help="mount a volume (repeatable), e.g. data:/data or data:/data:ro",
     )
     launch.add_argument("--priority")
+    launch.add_argument(
+        "--gpu-memory-gib", type=int, help="GPU memory needed per GPU (pools keep a margin free)"
+    )
     launch.add_argument("--idempotency-key")
     launch.add_argument("--wait", action="store_true", help="wait until running")
     launch.add_argument("--timeout", type=float, default=600)
@@ -227,6 +230,8 @@ def _launch_spec(args) -> dict[str, Any]:
     for key in ("name", "project", "image", "priority"):
         if getattr(args, key):
             spec[key] = getattr(args, key)
+    if args.gpu_memory_gib is not None:
+        spec["gpu_memory_gib"] = args.gpu_memory_gib
     if args.argv:
         spec["command"] = list(args.argv)
     if args.env:

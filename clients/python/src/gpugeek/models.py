@@ -60,6 +60,8 @@ class Job(Model):
     max_runtime_minutes: int
     checkpoint_path: str
     checkpoint_keep_last: int | None
+    # GPU memory it declared per GPU (GiB), kept free of its pools' memory margin.
+    gpu_memory_gib: int | None
     last_checkpoint_step: int | None
     last_checkpoint_at: str | None
     auto_release: bool
@@ -160,6 +162,8 @@ class NodePool(Model):
     # other tenants may be preempted.
     preemption_threshold: str
     preempt_other_tenants_spot: bool
+    # Share of each GPU's memory kept in reserve for jobs that declare their need.
+    memory_margin: str
     # The Kubernetes RuntimeClass of its pods ("" = the nodes' default runtime).
     runtime_class_name: str
 

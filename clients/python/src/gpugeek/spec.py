@@ -23,8 +23,8 @@ JOB_FIELDS = frozenset(
     {
         "name", "project", "labels", "image", "command", "env", "secret_env", "gpu_type",
         "gpus_per_node", "cpus", "nodes", "region", "spot_ratio", "priority",
-        "max_runtime_minutes", "checkpoint_path", "checkpoint_keep_last", "auto_release",
-        "ports", "secrets", "volumes",
+        "max_runtime_minutes", "checkpoint_path", "checkpoint_keep_last", "gpu_memory_gib",
+        "auto_release", "ports", "secrets", "volumes",
     }
 )  # fmt: skip
 
