@@ -52,8 +52,10 @@ PUBLIC = {
     # Stripe's deliveries: no session; the body's signature is checked (tests/billing/).
     "billing:stripe_webhook",
     # A job's own checkpoint token, never a session or API token: any other credential,
-    # another tenant's included, gets 404 (tests/jobs/test_checkpoint_events.py).
+    # another tenant's included, gets 404 (tests/jobs/test_checkpoint_events.py and
+    # tests/jobs/test_checkpoint_credentials.py).
     "api-job-checkpoint-events",
+    "api-job-checkpoint-credentials",
 }
 # Shared catalog data (not owned by a tenant): readable by every member, written by staff
 # only. The walk still checks sign-in and that no foreign tenant data shows up.
