@@ -410,8 +410,9 @@ LOCAL_JOB_DISK_GIB = float(env_str("LOCAL_JOB_DISK_GIB", "50") or 50)
 LOCAL_VOLUME_DIR = env_str("LOCAL_VOLUME_DIR", "") or str(
     DATA_DIR.with_name(f"{DATA_DIR.name}-volumes")
 )
-# The storage class of volumes' PersistentVolumeClaims ("" = the cluster's default).
+# Claims' storage class ("" = the cluster's default); the copy pods' image (the console's).
 VOLUME_STORAGE_CLASS = env_str("VOLUME_STORAGE_CLASS", "")
+VOLUME_FILL_IMAGE = env_str("VOLUME_FILL_IMAGE", "gpugeek-console")
 # Volume fills fetch from public hosts only (SSRF: the worker sits in the console's
 # network); true lets them reach loopback and private addresses too.
 VOLUME_FILL_ALLOW_PRIVATE_HOSTS = env_bool("VOLUME_FILL_ALLOW_PRIVATE_HOSTS", False)

@@ -22,12 +22,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=Path, required=True, help="JSON list of nodes")
     parser.add_argument("--token-file", type=Path, required=True)
     parser.add_argument("--tick", type=float, default=0.25, help="controller period (s)")
+    parser.add_argument(
+        "--volume-dir",
+        type=Path,
+        help="where volumes' data lives (default: volumes/ beside the token file)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sandbox: %(message)s")
 
     nodes = json.loads(args.nodes.read_text())
     token = args.token_file.read_text().strip()
-    cluster = SandboxCluster(nodes, token=token, port=args.port, tick_seconds=args.tick)
+    cluster = SandboxCluster(
+        nodes,
+        token=token,
+        port=args.port,
+        tick_seconds=args.tick,
+        volume_root=args.volume_dir or args.token_file.parent / "volumes",
+    )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -17,6 +17,7 @@ import hmac
 import json
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from sandbox.kubesim import ApiError, KubeAPIServer
@@ -46,11 +47,12 @@ class SandboxCluster:
         port: int = 0,
         tick_seconds: float = 0.25,
         pod_start_delay: float = 2.0,
+        volume_root: Path | None = None,
     ) -> None:
         self.token = token
         self.server = KubeAPIServer(auto_tick=tick_seconds, token=token, port=port)
         self.server.pod_start_delay = pod_start_delay
-        self.workloads = Workloads(clock=time.monotonic)
+        self.workloads = Workloads(clock=time.monotonic, volume_root=volume_root)
         self.server.pod_script = self.workloads.play
         self.server.add_route("/prometheus/", self._prometheus)
         self.server.add_route("/sandbox/", self._control)

@@ -19,8 +19,10 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sandbox import checkpoints as store
+from sandbox import volume_fills
 from sandbox.kubesim import PodRun
 
 DEFAULT_DURATION_SECONDS = 120.0
@@ -119,8 +121,11 @@ class Workloads:
     handler (`gpu_readings`): one lock guards both maps.
     """
 
-    def __init__(self, *, clock: Callable[[], float]) -> None:
+    def __init__(self, *, clock: Callable[[], float], volume_root: Path | None = None) -> None:
         self._clock = clock
+        # Where claims' data lives (the copy pods of volume fills write there); None: no
+        # fill pod is run.
+        self.volume_root = volume_root
         self._lock = threading.Lock()
         self._runs: dict[str, tuple[Run, float]] = {}  # pod uid -> (run, started at)
         self._checkpoints: dict[str, int] = {}  # job key -> last checkpointed step
@@ -129,6 +134,8 @@ class Workloads:
     def play(self, pod: dict) -> PodRun:
         meta = pod["metadata"]
         env = _resolve_env(pod)
+        if self.volume_root is not None and volume_fills.is_fill_pod(pod):
+            return volume_fills.play_fill(pod, env, self.volume_root)
         labels = meta.get("labels") or {}
         job_key = f"{meta['namespace']}/{env.get('GPUGEEK_JOB_ID') or labels.get('job-name', '')}"
         rank = int(env.get("JOB_COMPLETION_INDEX") or 0) + int(env.get("GPUGEEK_RANK_OFFSET") or 0)

@@ -46,13 +46,9 @@ def _discard(staging: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def discard_staging(folder: Path, fill_id: int, attempt: int | None = None) -> None:
-    """Remove the fill's staging folder of `attempt`, or of every attempt."""
-    if attempt is not None:
-        _discard(staging_folder(folder, fill_id, attempt))
-        return
-    for staging in folder.glob(f"{STAGING_PREFIX}{int(fill_id)}-*"):
-        _discard(staging)
+def discard_staging(folder: Path, fill_id: int, attempt: int) -> None:
+    """Remove the fill's staging folder of `attempt`."""
+    _discard(staging_folder(folder, fill_id, attempt))
 
 
 def copy_into(
@@ -67,7 +63,7 @@ def copy_into(
     """Copy every file of `opened` into `folder`; returns (bytes, files). `progress`
     (bytes, files, total) says False when the fill was cancelled. FillError when the
     volume would overflow or the source fails; the staging folder is removed then.
-    Earlier attempts' staging folders go first: their runs died or were superseded."""
+    Earlier staging folders go first: their runs died, were superseded or stopped."""
     free = size_gib * GIB - used_bytes(folder)
     if opened.total is not None and opened.total > free:
         raise FillError(
@@ -75,7 +71,10 @@ def copy_into(
             f"free of {size_gib} GiB. Grow the volume first."
         )
     staging = staging_folder(folder, fill_id, attempt)
-    discard_staging(folder, fill_id)  # a rerun after a worker died starts again
+    # A rerun after a worker died starts again, and what a stopped copy left (a fill
+    # cancelled on a cluster is stopped by deleting its pod) goes: one fill at a time.
+    for stale in folder.glob(f"{STAGING_PREFIX}*"):
+        _discard(stale)
     staging.mkdir(mode=0o770)
     done = files = 0
     last_report = time.monotonic()

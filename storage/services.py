@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -17,7 +18,13 @@ from console.models import Tenant, User
 from console.queueing import enqueue_now, enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
-from jobs.backends import BackendUnavailable, configured_backends
+from jobs.backends import (
+    BackendRejected,
+    BackendUnavailable,
+    ComputeBackend,
+    configured_backends,
+)
+from jobs.extensions import VolumeMount
 from jobs.services.secrets import tenant_secrets_resolve
 from marketplace.models import Region, TenantQuota
 from marketplace.selectors import regions_for_tenant
@@ -301,17 +308,93 @@ def _fill_ended(fill: VolumeFill, status: str, error: str = "") -> None:
     )
 
 
-def _fill_backend_folder(volume: Volume) -> Path:
+def _fill_backend(volume: Volume) -> ComputeBackend:
     backend = volume_backend(volume=volume)
     if backend is None:
         raise FillError(f"No compute backend serves region {volume.region.slug}.")
-    folder = backend.volume_fill_folder(tenant_id=volume.tenant_id, volume_id=volume.pk)
-    if folder is None:
-        raise FillError(
-            f"Volumes in {volume.region.slug} live on a cluster; the console fills only "
-            "volumes on its own host so far."
+    return backend
+
+
+# How often a worker looks at a copy running on a cluster (its Job and its pod's log).
+CLUSTER_FILL_POLL_SECONDS = 2.0
+# Looks in a row the cluster may fail to answer before the fill fails (about a minute).
+CLUSTER_FILL_UNANSWERED = 30
+
+
+def _report_number(report: dict, key: str) -> int | None:
+    """A count from the copy's report, if it is one (the pod's own account)."""
+    value = report.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _fill_on_cluster(
+    *,
+    fill: VolumeFill,
+    backend: ComputeBackend,
+    credential: str,
+    progress: Callable[[int, int, int | None], bool],
+) -> None:
+    """Run the fill as a copy pod where the volume's claim lives, report its progress
+    on the row, and remove its objects when it ends (kept only while it runs)."""
+    volume = fill.volume
+    run = {"tenant_id": volume.tenant_id, "fill_id": fill.pk, "attempt": fill.attempt}
+    mount = VolumeMount(
+        volume_id=volume.pk,
+        name=volume.name,
+        path="/volume",
+        read_only=False,
+        size_gib=volume.size_gib,
+        shared=volume.shared,
+    )
+    try:
+        # An earlier run's copy may still go (its worker died, not its pod): stop it
+        # first, so two copies never write into the volume.
+        for earlier in range(1, fill.attempt):
+            backend.volume_fill_stop(tenant_id=volume.tenant_id, fill_id=fill.pk, attempt=earlier)
+        started = backend.volume_fill_start(
+            mount=mount,
+            source=fill.source,
+            endpoint=fill.endpoint,
+            credential=credential,
+            **run,
         )
-    return folder
+    except (BackendUnavailable, BackendRejected) as error:
+        raise FillError(f"The cluster did not take the copy: {error}") from None
+    if not started:
+        raise FillError(f"Volumes in {volume.region.slug} can't be filled by the console.")
+    unanswered = 0
+    try:
+        while True:
+            time.sleep(CLUSTER_FILL_POLL_SECONDS)
+            try:
+                state = backend.volume_fill_status(**run)
+            except BackendUnavailable as error:
+                unanswered += 1
+                if unanswered >= CLUSTER_FILL_UNANSWERED:
+                    raise FillError(f"The cluster stopped answering: {error}") from None
+                if not VolumeFill.objects.filter(
+                    pk=fill.pk, status=FillStatus.RUNNING, attempt=fill.attempt
+                ).update(touched_at=timezone.now()):
+                    raise FillCancelled from None
+                continue
+            unanswered = 0
+            report = state.report
+            done = _report_number(report, "bytes") or 0
+            files = _report_number(report, "files") or 0
+            if not progress(done, files, _report_number(report, "total")):
+                raise FillCancelled
+            if state.phase == "succeeded":
+                return
+            if state.phase in ("failed", "gone"):
+                error = report.get("error")
+                raise FillError(str(error)[:1000] if error else state.reason)
+    finally:
+        try:
+            backend.volume_fill_stop(**run)
+        except BackendUnavailable:
+            log.warning("fill %s run %s: its copy Job was not removed", fill.pk, fill.attempt)
 
 
 def _fill_claim(fill_id: int, expected_attempt: int) -> VolumeFill | None:
@@ -364,18 +447,22 @@ def volume_fill_run(*, fill_id: int, attempt: int) -> None:
         credential = _fill_credential(
             tenant=volume.tenant, user=fill.created_by, secret=fill.secret
         )
-        folder = _fill_backend_folder(volume)
-        opened = open_source(
-            parse_source(fill.source, endpoint=fill.endpoint), credential=credential
-        )
-        copy_into(
-            folder=folder,
-            fill_id=fill.pk,
-            attempt=fill.attempt,
-            size_gib=volume.size_gib,
-            opened=opened,
-            progress=progress,
-        )
+        backend = _fill_backend(volume)
+        folder = backend.volume_fill_folder(tenant_id=volume.tenant_id, volume_id=volume.pk)
+        if folder is None:  # the volume lives on a cluster: the copy runs there
+            _fill_on_cluster(fill=fill, backend=backend, credential=credential, progress=progress)
+        else:
+            opened = open_source(
+                parse_source(fill.source, endpoint=fill.endpoint), credential=credential
+            )
+            copy_into(
+                folder=folder,
+                fill_id=fill.pk,
+                attempt=fill.attempt,
+                size_gib=volume.size_gib,
+                opened=opened,
+                progress=progress,
+            )
     except FillCancelled:
         return
     except (FillError, ServiceError) as error:

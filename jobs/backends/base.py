@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from marketplace.inventory import NodeInventory  # what inventory() reports
 
 if TYPE_CHECKING:
+    from jobs.extensions import VolumeMount
     from jobs.models import Job
     from marketplace.models import NodePool
 
@@ -123,6 +124,17 @@ def node_memory_share(job: Job, pool: NodePool | None) -> float | None:
     if job.cpus and pool.vcpus_per_node:
         return min(job.cpus / pool.vcpus_per_node, 1.0)
     return None
+
+
+@dataclass(frozen=True)
+class FillRun:
+    """Where a volume fill's copy on a cluster stands: `phase` running, succeeded, failed
+    or gone (its objects were deleted), the copy's newest report (bytes, files, total;
+    error) and, for a failure the copy didn't explain, the cluster's reason."""
+
+    phase: str
+    report: dict
+    reason: str = ""
 
 
 class ChaosControls(abc.ABC):
@@ -255,6 +267,30 @@ class ComputeBackend(abc.ABC):
         (storage.services) to copy into; None (the default) where a volume lives
         elsewhere (a claim in a cluster)."""
         return None
+
+    def volume_fill_start(
+        self,
+        *,
+        tenant_id: int,
+        mount: VolumeMount,
+        fill_id: int,
+        attempt: int,
+        source: str,
+        endpoint: str,
+        credential: str,
+    ) -> bool:
+        """Start run `attempt` of a fill where the volume lives (a copy pod on a
+        cluster); False (the default) where this backend can't, as for one whose volumes
+        are folders on the console's host (`volume_fill_folder`)."""
+        return False
+
+    def volume_fill_status(self, *, tenant_id: int, fill_id: int, attempt: int) -> FillRun:
+        """Where a run started by `volume_fill_start` stands."""
+        raise NotImplementedError("this backend starts no fill runs")
+
+    def volume_fill_stop(self, *, tenant_id: int, fill_id: int, attempt: int) -> None:  # noqa: B027
+        """Stop and remove a fill run (cancelled, failed or done); gone is fine. A
+        documented no-op default, for backends that start none."""
 
     def tenant_isolation(self) -> TenantIsolation:
         """Whether this backend keeps one tenant's jobs from the console and from other

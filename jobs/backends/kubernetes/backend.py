@@ -17,6 +17,7 @@ from django.conf import settings
 
 from jobs import gpu_readings
 from jobs.backends.base import BackendUnavailable, ChaosControls, ComputeBackend, GpuReading
+from jobs.backends.kubernetes.fills import VolumeFillsMixin
 from jobs.backends.kubernetes.inventory import InventoryMixin
 from jobs.backends.kubernetes.kueue import KueueMixin
 from jobs.backends.kubernetes.lifecycle import LifecycleMixin
@@ -41,6 +42,7 @@ class KubernetesBackend(
     LifecycleMixin,
     ObserveMixin,
     PodLogsMixin,
+    VolumeFillsMixin,
     ComputeBackend,
 ):
     """Jobs as Kubernetes Jobs through the official client (KUBECONFIG or in-cluster)."""

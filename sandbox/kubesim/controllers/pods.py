@@ -30,13 +30,18 @@ class PodRun:
     ``logs`` are appended to its first container's log when it starts. ``ticker``, if
     set, is called on every controller tick while the pod runs, with the seconds since
     it started (never past ``duration``), and returns the log lines written since the
-    last call; they are appended to the same log.
+    last call; they are appended to the same log. ``exited``, for a pod without a
+    ``duration`` whose end isn't known up front (a process it runs), is asked on every
+    tick: an exit code once it has ended (then the ticker gets its last call), else None;
+    ``stop`` is called when the pod is deleted before (its container is killed).
     """
 
     duration: float | None = None
     exit_code: int = 0
     logs: tuple[str, ...] | list[str] = ()
     ticker: Callable[[float], Iterable[str]] | None = None
+    exited: Callable[[], int | None] | None = None
+    stop: Callable[[], None] | None = None
 
 
 @dataclass
@@ -49,6 +54,8 @@ class _Running:
     duration: float | None
     exit_code: int
     ticker: Callable[[float], Iterable[str]] | None
+    exited: Callable[[], int | None] | None = None
+    stop: Callable[[], None] | None = None
     #: The ticker has been called at ``duration``: the pod may end now.
     flushed: bool = False
 
@@ -75,7 +82,9 @@ class PodsController(Admission, Logs):
         super()._forget(rt, obj)
         if rt.plural == "pods":
             uid = obj["metadata"]["uid"]
-            self._pod_runs.pop(uid, None)
+            run = self._pod_runs.pop(uid, None)
+            if run is not None and run.stop is not None:
+                run.stop()
             self._bound_at.pop(uid, None)
             self._sched_msgs.pop(uid, None)
 
@@ -256,6 +265,10 @@ class PodsController(Admission, Logs):
                 self._emit(prt, p2, "Warning", "FailedScheduling", msg, "default-scheduler")
         for p in self._objects(prt):
             run = self._pod_runs.get(p["metadata"]["uid"])
+            if run and run.exited is not None and run.duration is None:
+                code = run.exited()
+                if code is not None:  # it ends now, after its ticker's last call
+                    run.duration, run.exit_code = max(now - run.started_at, 0.0), code
             if (
                 run
                 and run.ends_at is not None
@@ -327,7 +340,7 @@ class PodsController(Admission, Logs):
                 m = started["metadata"]
                 for line in run.logs:
                     self.append_log(m["namespace"], m["name"], line)
-                if run.duration is not None or run.ticker is not None:
+                if run.duration is not None or run.ticker is not None or run.exited:
                     self._pod_runs[m["uid"]] = _Running(
                         m["namespace"],
                         m["name"],
@@ -335,6 +348,8 @@ class PodsController(Admission, Logs):
                         run.duration,
                         run.exit_code,
                         run.ticker,
+                        run.exited,
+                        run.stop,
                     )
 
     def _with_secret_values(self, pod: dict) -> dict:

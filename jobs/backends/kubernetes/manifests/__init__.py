@@ -93,10 +93,14 @@ from jobs.backends.kubernetes.manifests.namespace import (
     resource_quota_manifest,
 )
 from jobs.backends.kubernetes.manifests.volumes import (
+    FILL_LABEL,
     VOLUME_LABEL,
     pod_volumes,
     volume_claim_manifest,
     volume_claim_name,
+    volume_fill_job_manifest,
+    volume_fill_name,
+    volume_fill_secret_manifest,
 )
 from jobs.backends.kubernetes.manifests.workload import (
     DOCKER_HUB_AUTH_KEY,
@@ -119,6 +123,7 @@ __all__ = [
     "CONTAINER",
     "DEFAULT_EGRESS_DENY_CIDRS",
     "DOCKER_HUB_AUTH_KEY",
+    "FILL_LABEL",
     "HOME",
     "INSTALLATION_LABEL",
     "JOBSET_GROUP",
@@ -184,5 +189,8 @@ __all__ = [
     "tiers",
     "volume_claim_manifest",
     "volume_claim_name",
+    "volume_fill_job_manifest",
+    "volume_fill_name",
+    "volume_fill_secret_manifest",
     "workload_priority_class_manifests",
 ]

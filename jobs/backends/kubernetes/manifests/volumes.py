@@ -7,6 +7,8 @@ it is read-only does not change the claim: a claim's modes are fixed at creation
 from __future__ import annotations
 
 from jobs.backends.kubernetes.manifests.names import (
+    ATTEMPT_LABEL,
+    RUN_AS,
     TENANT_LABEL,
     managed_labels,
     namespace_name,
@@ -61,3 +63,130 @@ def pod_volumes(mounts: list[VolumeMount]) -> tuple[list[dict], list[dict]]:
         )
         volume_mounts.append({"name": name, "mountPath": mount.path, "readOnly": mount.read_only})
     return volumes, volume_mounts
+
+
+# --- Filling a volume: a Job that copies into its claim -----------------------------------
+
+FILL_LABEL = "gpugeek.io/volume-fill"
+# Where the copy pod mounts the claim (storage.fill_pod's default target).
+FILL_MOUNT = "/volume"
+# A copy that runs longer than this is stopped by the cluster (the console says so).
+FILL_DEADLINE_SECONDS = 24 * 3600
+
+
+def volume_fill_name(fill_id: int, attempt: int) -> str:
+    """The fill run's Job and Secret: one per run, so a rerun never meets the old one."""
+    return f"gg-fill-{int(fill_id)}-{int(attempt)}"
+
+
+def _fill_labels(tenant_id: int, volume_id: int, fill_id: int) -> dict[str, str]:
+    return {
+        **managed_labels(),
+        TENANT_LABEL: str(tenant_id),
+        VOLUME_LABEL: str(volume_id),
+        FILL_LABEL: str(fill_id),
+    }
+
+
+def volume_fill_secret_manifest(
+    *, tenant_id: int, volume_id: int, fill_id: int, attempt: int, credential: str
+) -> dict:
+    """The source's credential (an organisation secret's value) for the copy pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": volume_fill_name(fill_id, attempt),
+            "namespace": namespace_name(tenant_id),
+            "labels": _fill_labels(tenant_id, volume_id, fill_id),
+        },
+        "type": "Opaque",
+        "stringData": {"GPUGEEK_FILL_CREDENTIAL": credential},
+    }
+
+
+def volume_fill_job_manifest(
+    *,
+    tenant_id: int,
+    mount: VolumeMount,
+    fill_id: int,
+    attempt: int,
+    source: str,
+    endpoint: str,
+    with_credential: bool,
+) -> dict:
+    """The copy: the console's image running `python -m storage.fill_pod` with the
+    volume's claim mounted read-write, no retries (the console decides on reruns), under
+    the same Pod Security settings as a job's pods."""
+    name = volume_fill_name(fill_id, attempt)
+    env = [
+        {"name": "GPUGEEK_FILL_SOURCE", "value": source},
+        {"name": "GPUGEEK_FILL_ENDPOINT", "value": endpoint},
+        {"name": "GPUGEEK_FILL_ID", "value": str(int(fill_id))},
+        {"name": "GPUGEEK_FILL_ATTEMPT", "value": str(int(attempt))},
+        {"name": "GPUGEEK_FILL_SIZE_GIB", "value": str(int(mount.size_gib))},
+        {"name": "GPUGEEK_FILL_TARGET", "value": FILL_MOUNT},
+        {
+            "name": "GPUGEEK_FILL_ALLOW_PRIVATE_HOSTS",
+            "value": "1" if setting("VOLUME_FILL_ALLOW_PRIVATE_HOSTS", False) else "0",
+        },
+        {"name": "GPUGEEK_FILL_S3_REGION", "value": setting("VOLUME_FILL_S3_REGION", "")},
+    ]
+    if with_credential:
+        env.append(
+            {
+                "name": "GPUGEEK_FILL_CREDENTIAL",
+                "valueFrom": {"secretKeyRef": {"name": name, "key": "GPUGEEK_FILL_CREDENTIAL"}},
+            }
+        )
+    labels = _fill_labels(tenant_id, mount.volume_id, fill_id)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace_name(tenant_id), "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": FILL_DEADLINE_SECONDS,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": {**labels, ATTEMPT_LABEL: str(int(attempt))}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": RUN_AS,
+                        "runAsGroup": RUN_AS,
+                        "fsGroup": RUN_AS,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": "copy",
+                            "image": setting("VOLUME_FILL_IMAGE", "gpugeek-console"),
+                            "command": ["python", "-m", "storage.fill_pod"],
+                            "env": env,
+                            "resources": {
+                                "requests": {"cpu": "250m", "memory": "256Mi"},
+                                "limits": {"cpu": "1", "memory": "1Gi"},
+                            },
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                                "runAsNonRoot": True,
+                            },
+                            "volumeMounts": [{"name": "volume", "mountPath": FILL_MOUNT}],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "volume",
+                            "persistentVolumeClaim": {
+                                "claimName": volume_claim_name(mount.volume_id)
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
