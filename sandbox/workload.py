@@ -101,6 +101,10 @@ class Run:
     store_url: str = ""
     store_env: dict[str, str] = field(default_factory=dict)
     resume_from: str = ""
+    # Its volumes: (mount path, the sandbox's folder of the claim, read-only).
+    volumes: list[tuple[str, Path, bool]] = field(default_factory=list)
+    job_id: str = ""
+    attempt: str = ""
 
     @property
     def total_steps(self) -> int:
@@ -173,6 +177,13 @@ class Workloads:
                 if k.startswith("AWS_") or k.startswith("GPUGEEK_CHECKPOINT_")
             },
             resume_from=resume_from if stored is not None else "",
+            volumes=(
+                volume_fills.claim_mounts(pod, self.volume_root)
+                if self.volume_root is not None
+                else []
+            ),
+            job_id=env.get("GPUGEEK_JOB_ID", ""),
+            attempt=env.get("GPUGEEK_ATTEMPT", ""),
         )
         remaining = max(0.5, (run.total_steps - first_step) / STEPS_PER_SECOND)
         ends_in, exit_code = remaining, 0
@@ -200,6 +211,9 @@ class Workloads:
             lines.append(f"GPUGEEK_RESUMED=1: resuming from {where} at step {run.first_step}")
             if run.resume_from:
                 lines.append(f"GPUGEEK_RESUME_FROM={run.resume_from}")
+        for path, folder, read_only in run.volumes:
+            access = " (read-only)" if read_only else ""
+            lines.append(f"volume {path}{access}: {volume_fills.describe(folder)}")
         return lines
 
     def _tick(self, uid: str, elapsed: float, ends_in: float, exit_code: int) -> Iterable[str]:
@@ -217,6 +231,8 @@ class Workloads:
         while len(run.checkpoints) < due:
             lines.extend(self._checkpoint(run, step))
         if elapsed >= ends_in:
+            if exit_code == 0 and run.rank == 0:
+                lines.extend(self._write_outputs(run))
             lines.append(self._ending(run, exit_code))
             with self._lock:
                 self._runs.pop(uid, None)
@@ -258,6 +274,22 @@ class Workloads:
             return [f"step {step}: checkpoint to the store failed: {error}"]
         event = store.notify(run.store_env, step=step)
         return [f"saved checkpoint {manifest} (rank {run.rank})", *([event] if event else [])]
+
+    @staticmethod
+    def _write_outputs(run: Run) -> list[str]:
+        text = (
+            f"simulated training output of job {run.job_id}, attempt {run.attempt}: "
+            f"{run.total_steps} steps, final loss {run.loss_at(run.total_steps):.4f}\n"
+        )
+        lines = []
+        for path, folder, read_only in run.volumes:
+            if read_only:
+                continue
+            relative = volume_fills.write_output(
+                folder, job_id=run.job_id, attempt=run.attempt, text=text
+            )
+            lines.append(f"wrote {path.rstrip('/')}/{relative}")
+        return lines
 
     @staticmethod
     def _ending(run: Run, exit_code: int) -> str:

@@ -13,14 +13,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from jobs.backends import get_backend
 from jobs.backends.kubernetes import manifests
 from jobs.extensions import VolumeMount
+from jobs.models import Job, JobStatus
 from sandbox.workload import Workloads
 from storage import services
 from storage.models import FillStatus, VolumeFill
 from tests.factories import VolumeFactory
-from tests.jobs.test_kubernetes_lifecycle import cluster  # noqa: F401  (a fixture)
+from tests.jobs.test_kubernetes_lifecycle import (  # noqa: F401  (cluster: a fixture)
+    cluster,
+    gpu_spec,
+    settle,
+)
 from tests.jobs.test_kubernetes_manifests import assert_golden, pinned_settings  # noqa: F401
+from tests.jobs_helpers import launch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -203,3 +210,31 @@ def test_a_rerun_stops_the_copy_its_dead_worker_left_running(
     assert (fill.status, fill.attempt) == (FillStatus.SUCCEEDED, 2), fill.error
     assert fill_jobs(on_cluster) == []
     assert (claim_folder(tmp_path, volume) / "slow.bin").stat().st_size == len(SLOW_PAYLOAD)
+
+
+def test_on_the_sandbox_jobs_see_the_filled_data_and_their_outputs_stay(
+    world, on_cluster, http_base, tmp_path
+):
+    volume = VolumeFactory(tenant=world.tenant, name="data", region__slug="us-west")
+    fill = services.volume_fill_start(
+        volume=volume, user=world.member, source=f"{http_base}/model.bin"
+    )
+    services.volume_fill_run(fill_id=fill.pk, attempt=0)
+
+    def run_job(name: str) -> tuple[list[str], Job]:
+        spec = gpu_spec(
+            name=name,
+            gpus_per_node=1,
+            volumes=[{"name": "data", "path": "/data"}],
+            env={"SANDBOX_DURATION_SECONDS": "1"},
+        )
+        job = settle(on_cluster, launch(world, spec), JobStatus.SUCCEEDED, timeout=20)
+        return [line.text for line in get_backend("kubernetes").logs(job)], job
+
+    lines, first = run_job("first")
+    assert "volume /data: 1 file(s), 131,072 bytes: model.bin" in lines
+    assert f"wrote /data/sandbox-outputs/job-{first.pk}/attempt-1.txt" in lines
+    lines, _ = run_job("second")  # the next job finds what the first one wrote
+    listed = next(line for line in lines if line.startswith("volume /data: "))
+    assert listed.startswith("volume /data: 2 file(s)")
+    assert f"sandbox-outputs/job-{first.pk}/attempt-1.txt" in listed
