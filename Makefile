@@ -33,8 +33,12 @@ $(VENDOR)/.installed: package-lock.json $(VENV)/.installed
 run: setup
 	exec $(PY) manage.py runconsole
 
+# One pytest-xdist worker per core, each with its own database, data dir, queue and cache
+# prefix (tests/plugin.py). `--dist load` hands each worker tests in collection order, so
+# pytest-django's order holds on each: transactional tests (which empty the tables) last.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist load $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

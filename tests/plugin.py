@@ -38,7 +38,9 @@ _state: dict = {}
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        _worker_own_state(worker)
         return
     data_dir = tempfile.mkdtemp(prefix="gpugeek-test-")
     _state["data_dir"] = data_dir
@@ -68,6 +70,20 @@ def pytest_load_initial_conftests(early_config, parser, args):
         wait_for_redis("127.0.0.1", port, password)
         os.environ["REDIS_URL"] = redis_url(port=port, password=password)
         _state["embedded_redis"] = True
+
+
+def _worker_own_state(worker: str) -> None:
+    """An xdist worker inherits the session's environment (set above, in the controller)
+    and shares its Redis and static files; what one test run owns (its data dir with the
+    SQLite file, local jobs and volumes, its Celery queue, its cache and channel prefix)
+    becomes the worker's own, so two workers' tests never meet."""
+    # Beside the session's (mkdtemp's 0700 folder would close the work dirs of sandboxed
+    # host jobs, which run as other users): the session removes it at its end.
+    data_dir = Path(f"{os.environ['GPUGEEK_DATA_DIR']}-{worker}")
+    data_dir.mkdir(exist_ok=True)
+    os.environ["GPUGEEK_DATA_DIR"] = str(data_dir)
+    os.environ["CELERY_QUEUE"] += f"-{worker}"
+    os.environ["CHANNELS_PREFIX"] += f"-{worker}"
 
 
 def _collect_static() -> None:
@@ -108,20 +124,23 @@ def pytest_unconfigure(config):
     if data_dir:
         _stop_local_jobs_left_running(Path(data_dir))
         shutil.rmtree(data_dir, ignore_errors=True)
-        shutil.rmtree(f"{data_dir}-work", ignore_errors=True)  # local jobs' work dirs
-        shutil.rmtree(f"{data_dir}-checkpoints", ignore_errors=True)  # the folder store
+        # Beside it: local jobs' work dirs, the folder store, volumes, and the same for
+        # each xdist worker (`_worker_own_state`).
+        for beside in Path(data_dir).parent.glob(f"{Path(data_dir).name}-*"):
+            shutil.rmtree(beside, ignore_errors=True)
 
 
 def _stop_local_jobs_left_running(data_dir: Path) -> None:
     """Local jobs of this session still running at its end (one that never ends, or a
     test that failed before cancelling it) would outlive it, orphaned: stop each job's
     supervisor (it runs from the session's data dir) and everything it started."""
-    jobs_dir = str(data_dir / "jobs")
+    # Workers' data dirs lie beside the session's (`_worker_own_state`).
+    own = (f"{data_dir}/", f"{data_dir}-gw")
     for process in psutil.process_iter(["cmdline"]):
         argv = process.info["cmdline"] or []
         if not any(arg.endswith("local_supervisor.py") for arg in argv[:3]):
             continue
-        if not any(arg.startswith(jobs_dir) for arg in argv):
+        if not any(arg.startswith(own) and "/jobs/" in arg for arg in argv):
             continue
         try:
             family = [*process.children(recursive=True), process]
