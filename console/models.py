@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from decimal import Decimal
 
 from django.contrib.auth.models import AbstractUser, BaseUserManager
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -74,6 +76,14 @@ class Tenant(models.Model):
     # `is_active`, which hides the organisation from its members entirely.
     suspended_at = models.DateTimeField(null=True, blank=True)
     suspension_reason = models.TextField(blank=True)
+    # Staff weigh organisations sharing a pool: among queued jobs of one priority, the one
+    # with the lowest share of the pool over its weight goes first (jobs.services.fair_share).
+    fair_share_weight = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        default=Decimal("1.00"),
+        validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(Decimal("100"))],
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -1,4 +1,5 @@
-"""Platform staff administering an organisation: suspend and reactivate it.
+"""Platform staff administering an organisation: suspend and reactivate it, weigh its
+fair share of shared pools.
 
 A suspension refuses the organisation's launches and resumes and pauses its running
 jobs. Console doesn't know jobs: it sends `tenant_suspended` / `tenant_reactivated`
@@ -9,6 +10,8 @@ calls themselves are queued after commit by jobs.
 """
 
 from __future__ import annotations
+
+from decimal import Decimal
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -94,4 +97,31 @@ def tenant_reactivate(*, tenant: Tenant, user: User, request: HttpRequest | None
         metadata={"suspension_reason": reason},
     )
     tenant_reactivated.send(sender=Tenant, tenant=tenant)
+    return tenant
+
+
+@transaction.atomic
+def tenant_fair_share_set(
+    *, tenant: Tenant, weight: Decimal, user: User, request: HttpRequest | None = None
+) -> Tenant:
+    """Set the organisation's fair-share weight (0.01–100; 1 is everyone's default): its
+    share of a shared pool counts divided by it when admission orders equal priorities.
+    It applies from the next admission pass on."""
+    _require_staff(user)
+    if not Decimal("0.01") <= weight <= Decimal("100"):
+        raise ServiceError("The weight must be from 0.01 to 100.", field="weight")
+    weight = weight.quantize(Decimal("0.01"))
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    before = tenant.fair_share_weight
+    if before != weight:
+        tenant.fair_share_weight = weight
+        tenant.save(update_fields=["fair_share_weight"])
+        audit_record(
+            action="tenant.fair_share_set",
+            tenant=tenant,
+            actor=user,
+            target=tenant,
+            request=request,
+            metadata={"from": str(before), "to": str(weight)},
+        )
     return tenant

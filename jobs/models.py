@@ -60,6 +60,7 @@ class WaitKind(models.TextChoices):
     POOL_QUEUE = "pool_queue", "Behind earlier jobs for the same pool"
     QUOTA = "quota", "Held by the organisation's quota"
     QUOTA_QUEUE = "quota_queue", "Behind the organisation's earlier jobs (quota)"
+    FAIR_SHARE = "fair_share", "Other organisations' turn first (fair share)"
     BACKEND = "backend", "Waiting on the backend (scheduling, Kueue admission)"
     RETRY = "retry", "Retrying a backend call"
     SUSPENDED = "suspended", "The organisation is suspended"

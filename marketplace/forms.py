@@ -246,6 +246,17 @@ class TenantPricingForm(forms.Form):
     note = forms.CharField(max_length=200, required=False)
 
 
+class FairShareForm(forms.Form):
+    weight = forms.DecimalField(
+        label="Fair-share weight",
+        min_value=Decimal("0.01"),
+        max_value=Decimal("100"),
+        max_digits=5,
+        decimal_places=2,
+        help_text="1 for everyone by default; 2 gets twice the share of a shared pool.",
+    )
+
+
 class TenantQuotaForm(forms.Form):
     gpu_type = forms.ModelChoiceField(
         queryset=GpuType.objects.all(),

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from decimal import Decimal
+
 from rest_framework import serializers
 
 from console.api.fields import (
     StrictBooleanField,
     StrictCharField,
+    StrictDecimalField,
     StrictEmailField,
     StrictModelSerializer,
     StrictSlugField,
@@ -51,6 +54,16 @@ class TenantMembershipSerializer(StrictModelSerializer):
 class StaffTenantSerializer(StrictModelSerializer):
     """An organisation as platform staff see and set it."""
 
+    fair_share_weight = StrictDecimalField(
+        max_digits=5,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        max_value=Decimal("100"),
+        required=False,
+        help_text="Its weight in shared pools (1 for everyone by default): among queued "
+        "jobs of one priority, its share of a pool counts divided by it.",
+    )
+
     class Meta:
         model = Tenant
         fields = [
@@ -58,6 +71,7 @@ class StaffTenantSerializer(StrictModelSerializer):
             "name",
             "is_active",
             "may_run_on_host",
+            "fair_share_weight",
             "suspended_at",
             "suspension_reason",
             "created_at",

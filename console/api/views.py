@@ -311,8 +311,8 @@ class AuditEventViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 class StaffTenantViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, GenericViewSet
 ):
-    """Every organisation, for platform staff: whether it may run jobs on this host;
-    suspending and reactivating it."""
+    """Every organisation, for platform staff: whether it may run jobs on this host, its
+    fair-share weight; suspending and reactivating it."""
 
     queryset = Tenant.objects.order_by("name")
     serializer_class = s.StaffTenantSerializer
@@ -328,6 +328,11 @@ class StaffTenantViewSet(
                 allowed=allowed,
                 user=self.request.user,
                 request=self.request._request,
+            )
+        weight = serializer.validated_data.get("fair_share_weight")
+        if weight is not None:
+            tenant = tenant_admin.tenant_fair_share_set(
+                tenant=tenant, weight=weight, user=self.request.user, request=self.request._request
             )
         serializer.instance = tenant
 

@@ -51,6 +51,8 @@ def waiting_because(job: Job, ahead: int, ahead_higher: int) -> str:
         detail = job.status_reason.removeprefix("quota: ") if kind == WaitKind.QUOTA else ""
         quota = f"your organisation's quota ({detail})" if detail else "your organisation's quota"
         return f"{quota} is taken by its other jobs"
+    if kind == WaitKind.FAIR_SHARE:
+        return "organisations using less of its pool go first among equal priorities (fair share)"
     if kind == WaitKind.CAPACITY:
         return job.status_reason or "its pool has no free capacity"
     if ahead:

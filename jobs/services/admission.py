@@ -15,6 +15,7 @@ from jobs.actors import SYSTEM
 from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
 from jobs.selectors import before_in_queue, queued_in_order, queued_in_pools, wanting_pools
 from jobs.services.dispatch import dispatch_on_commit
+from jobs.services.fair_share import FairQueue, FairShare, job_pool_nodes
 from jobs.services.preemption import jobs_preempt, preemption_plan
 from jobs.state import job_transition_held, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
@@ -32,29 +33,22 @@ class Usage:
     pool_vcpus: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     tenant_gpus: dict[tuple[int, int | None], int] = field(default_factory=lambda: defaultdict(int))
     tenant_jobs: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    # GPUs (vCPUs in a CPU pool) each (tenant, pool) holds: fair share's measure.
+    tenant_pool: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
 
-    def add(self, job: Job) -> None:
-        for pool_id, nodes in (
-            (job.pool_id, job.on_demand_nodes),
-            (job.spot_pool_id, job.spot_nodes),
-        ):
+    def add(self, job: Job, sign: int = 1) -> None:
+        for pool_id, nodes in job_pool_nodes(job):
             if pool_id:
-                self.pool_gpus[pool_id] += nodes * job.gpus_per_node
-                self.pool_vcpus[pool_id] += nodes * job.cpus
-        self.tenant_gpus[(job.tenant_id, job.gpu_type_id)] += job.total_gpus
-        self.tenant_jobs[job.tenant_id] += 1
+                self.pool_gpus[pool_id] += sign * nodes * job.gpus_per_node
+                self.pool_vcpus[pool_id] += sign * nodes * job.cpus
+                per_node = job.gpus_per_node if job.gpu_type_id else job.cpus
+                self.tenant_pool[(job.tenant_id, pool_id)] += sign * nodes * per_node
+        self.tenant_gpus[(job.tenant_id, job.gpu_type_id)] += sign * job.total_gpus
+        self.tenant_jobs[job.tenant_id] += sign
 
     def remove(self, job: Job) -> None:
         """What `add` counted for `job`, no longer held (a preemption victim)."""
-        for pool_id, nodes in (
-            (job.pool_id, job.on_demand_nodes),
-            (job.spot_pool_id, job.spot_nodes),
-        ):
-            if pool_id:
-                self.pool_gpus[pool_id] -= nodes * job.gpus_per_node
-                self.pool_vcpus[pool_id] -= nodes * job.cpus
-        self.tenant_gpus[(job.tenant_id, job.gpu_type_id)] -= job.total_gpus
-        self.tenant_jobs[job.tenant_id] -= 1
+        self.add(job, sign=-1)
 
 
 def held_usage(
@@ -71,13 +65,13 @@ def held_usage(
         for kind, nodes in (("on_demand", "on_demand_nodes"), ("spot", "spot_nodes"))
         for unit, per_node in (("gpus", "gpus_per_node"), ("vcpus", "cpus"))
     }
-    for pool_id, spot_pool_id, *held in rows.values_list("pool_id", "spot_pool_id").annotate(
-        **sums
-    ):
+    rows = rows.values_list("tenant_id", "pool_id", "spot_pool_id", "gpu_type_id")
+    for owner, pool_id, spot_pool_id, gpu_type_id, *held in rows.annotate(**sums):
         for pid, gpus, vcpus in ((pool_id, *held[:2]), (spot_pool_id, *held[2:])):
             if pid and (pool_ids is None or pid in pool_ids):
                 usage.pool_gpus[pid] += gpus or 0
                 usage.pool_vcpus[pid] += vcpus or 0
+                usage.tenant_pool[(owner, pid)] += (gpus if gpu_type_id else vcpus) or 0
     if tenant_ids is not None and not tenant_ids:
         return usage
     rows = holding if tenant_ids is None else holding.filter(tenant_id__in=list(tenant_ids))
@@ -102,6 +96,10 @@ BEHIND_OWN_QUOTA = Wait(
     WaitKind.QUOTA_QUEUE, "waiting behind your organisation's earlier jobs (quota)"
 )
 SUSPENDED = Wait(WaitKind.SUSPENDED, "your organisation is suspended")
+FAIR_SHARE_TURN = Wait(
+    WaitKind.FAIR_SHARE,
+    "fair share: organisations using less of the pool go first among equal priorities",
+)
 # Waits that hold back only the job's own organisation, never another's jobs.
 OWN_TENANT_WAITS = QUOTA_WAITS | {WaitKind.SUSPENDED}
 
@@ -151,6 +149,19 @@ def blocking_wait(
         if held + job.total_gpus > quota.max_gpus:
             return Wait(WaitKind.QUOTA, f"quota: {held} of {quota.max_gpus} GPUs in use")
     return None
+
+
+def _behind(job: Job, blocked: dict[int, Job]) -> Wait:
+    """Why `job` waits for pools held back (`blocked`: by which job): behind earlier
+    jobs, or by fair share's order, when a later job of another organisation went first."""
+    for blocker in (blocked[pool_id] for pool_id in job_pools(job) if pool_id in blocked):
+        if (
+            blocker.tenant_id != job.tenant_id
+            and blocker.priority == job.priority
+            and (blocker.created_at, blocker.pk) > (job.created_at, job.pk)
+        ):
+            return FAIR_SHARE_TURN
+    return BEHIND_IN_POOL
 
 
 def _admit_by_preemption(
@@ -236,44 +247,70 @@ def _pools_reached(pool_ids: Collection[int]) -> set[int]:
     return reached
 
 
-def _queued_tenants(queue: QuerySet[Job]) -> tuple[set[int], set[int], set[int]]:
-    """The tenants of `queue`, those of them with quotas (whose quotas a pass locks) and
-    the suspended ones, in one read: a pass of tenants without quotas reads no quota row.
-    (A suspension locks only its tenant's row: read after the pool locks, it is seen.)"""
+@dataclass
+class QueuedTenants:
+    """The tenants of a queue as a pass reads them once, after its pool locks (a
+    suspension locks only its tenant's row: read then, it is seen)."""
+
+    ids: set[int] = field(default_factory=set)
+    with_quotas: set[int] = field(default_factory=set)  # whose quotas the pass locks
+    suspended: set[int] = field(default_factory=set)
+    weights: dict[int, float] = field(default_factory=dict)  # fair share
+    by_priority: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+
+
+def _queued_tenants(queue: QuerySet[Job]) -> QueuedTenants:
+    """The tenants of `queue` and what a pass needs of them, in one read: a pass of
+    tenants without quotas reads no quota row."""
     has_quotas = Exists(TenantQuota.objects.filter(tenant_id=OuterRef("tenant_id")))
     rows = (
         queue.order_by()
-        .values_list("tenant_id", "tenant__suspended_at")
+        .values_list("tenant_id", "priority", "tenant__suspended_at", "tenant__fair_share_weight")
         .annotate(has_quotas=has_quotas)
         .distinct()
     )
-    tenant_ids, quota_tenants, suspended = set(), set(), set()
-    for tenant_id, suspended_at, tenant_has_quotas in rows:
-        tenant_ids.add(tenant_id)
+    tenants = QueuedTenants()
+    for tenant_id, priority, suspended_at, weight, tenant_has_quotas in rows:
+        tenants.ids.add(tenant_id)
+        tenants.by_priority[priority].add(tenant_id)
+        tenants.weights[tenant_id] = float(weight)
         if tenant_has_quotas:
-            quota_tenants.add(tenant_id)
+            tenants.with_quotas.add(tenant_id)
         if suspended_at is not None:
-            suspended.add(tenant_id)
-    return tenant_ids, quota_tenants, suspended
+            tenants.suspended.add(tenant_id)
+    return tenants
 
 
-def _hold_rest(rest: QuerySet[Job]) -> None:
-    """The queue after the point where every pool of the pass is blocked: each job waits
-    behind earlier ones (or for its organisation's suspension), as the loop would have
-    said. Only those whose wait changes are read (none, when the labels are current)."""
+def _hold_rest(rest: QuerySet[Job], blocked: dict[int, Job]) -> None:
+    """The queue after the point where every pool of the pass is blocked (`blocked`:
+    by which job): each job waits behind earlier ones, by fair share (see `_behind`) or
+    for its organisation's suspension, as the loop would have said. Only those whose
+    wait changes are read (none, when the labels are current)."""
     suspended = Q(tenant__suspended_at__isnull=False)
+    passed_over = Q(pk__in=[])
+    for blocker in set(blocked.values()):
+        pools = [pool_id for pool_id, job in blocked.items() if job is blocker]
+        passed_over |= (
+            wanting_pools(pools)
+            & Q(priority=blocker.priority)
+            & ~Q(tenant_id=blocker.tenant_id)
+            & before_in_queue(blocker)
+        )
     for wait, jobs in (
         (SUSPENDED, rest.filter(suspended)),
-        (BEHIND_IN_POOL, rest.exclude(suspended)),
+        (FAIR_SHARE_TURN, rest.exclude(suspended).filter(passed_over)),
+        (BEHIND_IN_POOL, rest.exclude(suspended).exclude(passed_over)),
     ):
         for job in jobs.exclude(wait_kind=wait.kind, status_reason=wait.message):
             _wait(job, wait)
 
 
 def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = None) -> list[Job]:
-    """Admit queued jobs in priority, then FIFO, order while they fit: of the queues of
-    `pools` (those a launch, a cancel, an ending job or a capacity change touched), or of
-    every pool. The only admission; returns the jobs it admitted.
+    """Admit queued jobs in priority order, and among equal priorities by fair share
+    (jobs.services.fair_share: the organisation with the lowest weighted share first,
+    then FIFO), while they fit: of the queues of `pools` (those a launch, a cancel, an
+    ending job or a capacity change touched), or of every pool. The only admission;
+    returns the jobs it admitted.
 
     A job that doesn't fit its pool blocks later jobs for that pool (no overtaking); a job
     held back by its tenant's quota blocks only that tenant's later jobs there; a
@@ -291,17 +328,20 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
         if reach is not None:
             queue = queue.filter(wanting_pools(list(reach)))
         # Jobs queued into these pools from now on wait for the pool locks to commit.
-        tenant_ids, quota_tenants, suspended = _queued_tenants(queue)
-        quotas = _locked_quotas(quota_tenants)
+        tenants = _queued_tenants(queue)
+        suspended = tenants.suspended
+        quotas = _locked_quotas(tenants.with_quotas)
         usage = held_usage(pool_ids=reach, tenant_ids=list(quotas))
+        fair = FairShare(locked_pools, usage.tenant_pool, tenants.weights)
+        in_order = FairQueue(queue, tenants.by_priority, fair, chunk=ADMIT_CHUNK)
         every_pool = set(locked_pools) if reach is None else reach
-        blocked_pools: set[int] = set()
+        blocked: dict[int, Job] = {}  # pool → the first job that blocked it
         # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
         blocked_by_quota: set[tuple[int, int]] = set()
         admitted: list[Job] = []
         preempted: set[int] = set()
         launched_waits = launched is not None
-        for job in queue.iterator(chunk_size=ADMIT_CHUNK):
+        for job in in_order:
             if launched is not None and job.pk == launched.pk:
                 job, launched_waits = launched, False
             wanted = set(job_pools(job))
@@ -309,18 +349,18 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
             if job.pk in preempted:
                 # Requeued by this pass for a higher-priority job: judged by the next one,
                 # and nothing later for its pools overtakes it meanwhile.
-                blocked_pools |= wanted
+                blocked.update({pool_id: job for pool_id in wanted - blocked.keys()})
                 continue
-            if job.tenant_id not in tenant_ids:
+            if job.tenant_id not in tenants.ids:
                 # Queued without the pool locks (a requeue) after the tenants were read:
                 # its quotas weren't, so it is judged by its own pass; nothing overtakes it.
-                blocked_pools |= wanted
+                blocked.update({pool_id: job for pool_id in wanted - blocked.keys()})
                 continue
             if job.tenant_id in suspended:
                 _wait(job, SUSPENDED)  # holds back no one: its organisation's jobs all wait
                 continue
-            if wanted & blocked_pools:
-                wait = BEHIND_IN_POOL
+            if wanted & blocked.keys():
+                wait = _behind(job, blocked)
             elif {(job.tenant_id, pid) for pid in wanted} & blocked_by_quota:
                 wait = BEHIND_OWN_QUOTA
             else:
@@ -337,14 +377,21 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
             if wait.kind == WaitKind.QUOTA:
                 blocked_by_quota |= {(job.tenant_id, pid) for pid in wanted}
             elif wait.kind != WaitKind.QUOTA_QUEUE:
-                blocked_pools |= wanted
+                blocked.update({pool_id: job for pool_id in wanted - blocked.keys()})
             _wait(job, wait)
-            if every_pool <= blocked_pools:
-                _hold_rest(queue.filter(~before_in_queue(job)).exclude(pk=job.pk))
+            if every_pool <= blocked.keys():
+                pending, rest = in_order.after(job)
+                for later in pending:  # read already: labelled as the loop would
+                    suspended_later = later.tenant_id in suspended
+                    wait = SUSPENDED if suspended_later else _behind(later, blocked)
+                    if (later.wait_kind, later.status_reason) != (wait.kind, wait.message):
+                        _wait(later, wait)
+                _hold_rest(rest, blocked)
                 break
         if launched is not None and launched_waits:
             # The pass stopped before it: its pools are all held by earlier jobs.
-            _wait(launched, SUSPENDED if launched.tenant_id in suspended else BEHIND_IN_POOL)
+            suspended_launch = launched.tenant_id in suspended
+            _wait(launched, SUSPENDED if suspended_launch else _behind(launched, blocked))
         # The launch's own row is this transaction's and current: moved without a re-read.
         others = [job for job in admitted if job is not launched]
         if launched is not None and len(others) < len(admitted):

@@ -20,9 +20,11 @@ from console.forms import add_service_error
 from console.models import Tenant
 from console.permissions import staff_required
 from console.service_errors import ServiceError
+from console.tenant_admin import tenant_fair_share_set
 from marketplace import selectors, services
 from marketplace.forms import (
     AllowedRegistryForm,
+    FairShareForm,
     GpuTypeForm,
     ImageForm,
     NewTenantPolicyForm,
@@ -219,6 +221,12 @@ def staff_tenant_commercials(request: HttpRequest, tenant_slug: str) -> HttpResp
     quota_form = TenantQuotaForm(
         request.POST if request.POST.get("form") == "quota" else None, prefix="quota"
     )
+    share_form = FairShareForm(
+        request.POST if request.POST.get("form") == "share" else None,
+        initial={"weight": tenant.fair_share_weight},
+        prefix="share",
+    )
+    forms_by_name = {"pricing": pricing_form, "quota": quota_form, "share": share_form}
     if request.method == "POST":
         try:
             if request.POST.get("form") == "pricing" and pricing_form.is_valid():
@@ -233,10 +241,17 @@ def staff_tenant_commercials(request: HttpRequest, tenant_slug: str) -> HttpResp
                 )
                 messages.success(request, "Quota saved.")
                 return redirect("marketplace:staff_tenant_commercials", tenant_slug=tenant.slug)
+            if request.POST.get("form") == "share" and share_form.is_valid():
+                tenant_fair_share_set(
+                    tenant=tenant,
+                    weight=share_form.cleaned_data["weight"],
+                    user=request.user,
+                    request=request,
+                )
+                messages.success(request, "Fair-share weight saved; it orders the next admissions.")
+                return redirect("marketplace:staff_tenant_commercials", tenant_slug=tenant.slug)
         except ServiceError as error:
-            add_service_error(
-                quota_form if request.POST.get("form") == "quota" else pricing_form, error
-            )
+            add_service_error(forms_by_name.get(request.POST.get("form", ""), pricing_form), error)
     return render(
         request,
         "marketplace/staff_tenant_commercials.html",
@@ -244,6 +259,7 @@ def staff_tenant_commercials(request: HttpRequest, tenant_slug: str) -> HttpResp
             "tenant": tenant,
             "pricing_form": pricing_form,
             "quota_form": quota_form,
+            "share_form": share_form,
             "quotas": TenantQuota.objects.for_tenant(tenant).select_related("gpu_type"),
         },
     )

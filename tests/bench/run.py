@@ -33,6 +33,7 @@ BENCHES = [
     ("costs", "tests/bench/costs/bench_budget_reaction.py"),
     ("streaming", "tests/bench/streaming/test_streaming.py"),
     ("queue", "tests/bench/queue/bench_runtime_prediction.py"),
+    ("scheduler", "tests/bench/queue/bench_scheduler.py"),
     ("pages", "tests/bench/pages/bench_job_page.py"),
 ]
 SMOKE_ENV = {

@@ -234,7 +234,8 @@ def test_several_jobs_admitted_in_one_pass_in_priority_order(world, pools):
 
 
 def test_blocked_big_job_is_not_overtaken_by_a_later_small_one(world, other_world, pools):
-    small_running = submit(world, "running", cpus=2)
+    # The small job's organisation holds more of the pool (fair share puts it second).
+    small_running = submit(other_world, "running", cpus=2)
     big = submit(world, "big", cpus=CPU_POOL_VCPUS)
     small = submit(other_world, "small", cpus=1)  # would fit in the 2 free vCPUs
     assert statuses(big, small) == [JobStatus.QUEUED, JobStatus.QUEUED]

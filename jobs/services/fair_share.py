@@ -1,0 +1,163 @@
+"""Fair share of a pool among organisations: among queued jobs of one priority, the
+organisation with the lowest weighted dominant share of the pools the job wants goes
+first (dominant resource fairness, as Kueue's fair sharing); staff weigh organisations
+(`Tenant.fair_share_weight`, default 1).
+
+An organisation's use of a pool is what it holds there now plus the average it held
+over the trailing `WINDOW` in work that has ended since, so ending a burst of short jobs
+doesn't win its turn back at once. Shares only order admission: they never preempt, so
+two organisations' jobs can't take a pool from each other in turn."""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from jobs.models import Job
+from jobs.selectors import PRIORITY_ORDER, before_in_queue, wanting_pools
+from marketplace.models import NodePool
+
+WINDOW = timedelta(hours=1)
+
+
+def job_pool_nodes(job: Job) -> tuple[tuple[int | None, int], tuple[int | None, int]]:
+    """The job's (pool, nodes) pairs: on demand, then spot."""
+    return ((job.pool_id, job.on_demand_nodes), (job.spot_pool_id, job.spot_nodes))
+
+
+def pool_units(job: Job, nodes: int) -> int:
+    """What `nodes` of `job` take from their pool: GPUs, or vCPUs for a CPU job."""
+    return nodes * (job.gpus_per_node if job.gpu_type_id else job.cpus)
+
+
+class FairShare:
+    """Each organisation's weighted dominant share. `held` is what each (organisation,
+    pool) holds, in the pool's units, kept current by the admission pass (it admits and
+    preempts); the work ended within the window is read once, when two organisations
+    first compete."""
+
+    def __init__(
+        self,
+        pools: dict[int, NodePool],
+        held: dict[tuple[int, int], int],
+        weights: dict[int, float],
+    ) -> None:
+        self.pools, self.held, self.weights = pools, held, weights
+        self._recent: dict[tuple[int, int], float] | None = None
+
+    def _read_recent(self) -> dict[tuple[int, int], float]:
+        """The average each organisation held of these pools, over the window, in the
+        work that ended within it."""
+        recent: dict[tuple[int, int], float] = defaultdict(float)
+        start = timezone.now() - WINDOW
+        ended = (
+            Job.objects.filter(finished_at__gt=start, started_at__isnull=False)
+            .filter(wanting_pools(list(self.pools)))
+            .only(*RECENT_FIELDS)
+        )
+        for job in ended.iterator(chunk_size=1000):
+            assert job.started_at is not None and job.finished_at is not None
+            seconds = (job.finished_at - max(job.started_at, start)).total_seconds()
+            for pool_id, nodes in job_pool_nodes(job):
+                if seconds > 0 and pool_id in self.pools and nodes:
+                    average = pool_units(job, nodes) * seconds / WINDOW.total_seconds()
+                    recent[(job.tenant_id, pool_id)] += average
+        return recent
+
+    def share(self, job: Job) -> float:
+        """`job`'s organisation's share of the pools `job` wants, over its weight: the
+        largest of them (its dominant one)."""
+        if self._recent is None:
+            self._recent = self._read_recent()
+        dominant = 0.0
+        for pool_id, nodes in job_pool_nodes(job):
+            pool = self.pools.get(pool_id) if pool_id else None
+            if pool is None or not nodes:
+                continue
+            key = (job.tenant_id, pool.pk)
+            capacity = pool.allocatable_gpus if pool.gpu_type_id else pool.allocatable_vcpus
+            dominant = max(dominant, (self.held[key] + self._recent[key]) / max(capacity, 1))
+        return dominant / self.weights.get(job.tenant_id, 1.0)
+
+
+RECENT_FIELDS = (
+    "tenant_id",
+    "gpu_type_id",
+    "pool_id",
+    "spot_pool_id",
+    "on_demand_nodes",
+    "spot_nodes",
+    "gpus_per_node",
+    "cpus",
+    "started_at",
+    "finished_at",
+)
+
+
+class FairQueue:
+    """The queue in admission order: priority, then, among jobs of one priority, the
+    next job of the organisation using the least of that job's pools (ties: first come,
+    first served). A priority with one organisation queued is read first come, first
+    served, in one stream. With several, it is read whole and ordered per pool: each
+    organisation's jobs for one pool (or on-demand and spot pair) form a line, and the
+    line whose head has the lowest share goes next, so every pool is shared fairly.
+
+    `bands`: the organisations with queued jobs of each priority, read by the pass."""
+
+    def __init__(
+        self, queue: QuerySet[Job], bands: dict[str, set[int]], fair: FairShare, chunk: int
+    ) -> None:
+        self.queue, self.bands, self.fair, self.chunk = queue, bands, fair, chunk
+        self._priority = PRIORITY_ORDER[0]
+        # The lines of a priority read whole (None: it is read in one stream).
+        self._lines: dict[tuple[int, int | None, int | None], deque[Job]] | None = None
+
+    def __iter__(self) -> Iterator[Job]:
+        for priority in PRIORITY_ORDER:
+            tenants = self.bands.get(priority)
+            if not tenants:
+                continue
+            self._priority, self._lines = priority, None
+            band = self.queue.filter(priority=priority)
+            if len(tenants) == 1:
+                yield from band.iterator(chunk_size=self.chunk)
+            else:
+                yield from self._in_fair_order(band)
+
+    def _in_fair_order(self, band: QuerySet[Job]) -> Iterator[Job]:
+        lines = self._lines = defaultdict(deque)
+        for job in band.iterator(chunk_size=self.chunk):
+            lines[(job.tenant_id, job.pool_id, job.spot_pool_id)].append(job)
+        heap = [self._entry(key, line[0]) for key, line in lines.items()]
+        heapq.heapify(heap)
+        while heap:
+            share, _, _, key = heapq.heappop(heap)
+            line = lines[key]
+            if self.fair.share(line[0]) > share:
+                # Its organisation took more of the pool since the line was placed.
+                heapq.heappush(heap, self._entry(key, line[0]))
+                continue
+            job = line.popleft()
+            if line:
+                heapq.heappush(heap, self._entry(key, line[0]))
+            else:
+                del lines[key]
+            yield job
+
+    def _entry(self, key: tuple, head: Job) -> tuple:
+        return (self.fair.share(head), head.created_at, head.pk, key)
+
+    def after(self, job: Job) -> tuple[list[Job], QuerySet[Job]]:
+        """What the iteration hasn't reached when it stops at `job`: the jobs it holds in
+        memory, and the query of the others."""
+        lower = PRIORITY_ORDER[PRIORITY_ORDER.index(self._priority) + 1 :]
+        rest = Q(priority__in=lower)
+        if self._lines is None:
+            rest |= Q(priority=self._priority) & ~before_in_queue(job)
+        held = [] if self._lines is None else [j for line in self._lines.values() for j in line]
+        return held, self.queue.filter(rest).exclude(pk=job.pk)
