@@ -12,7 +12,6 @@ import random
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from itertools import combinations
 
 import pytest
 from hypothesis import given, settings
@@ -28,35 +27,12 @@ from marketplace.models import GpuType, NodePool, Region, TenantQuota, Tier
 from tests import jobs_helpers
 from tests.broker import broker_replaced
 from tests.jobs_helpers import advance_to, at_time
+from tests.preemption_oracle import brute_force_victims
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 # --- the victim choice, against brute force ------------------------------------------------
-
-
-def _brute_force(need: int, candidates: list[Candidate]) -> list[Candidate] | None:
-    """Every subset: own-organisation ones when any of them frees enough, else all; the
-    least cost, then the set whose oldest victim is newest (then the next oldest…)."""
-    newest_first = sorted(candidates, key=lambda c: (c.started, c.key), reverse=True)
-    age = {c.key: rank for rank, c in enumerate(newest_first)}
-
-    def covering(pool: list[Candidate]) -> list[tuple[Candidate, ...]]:
-        return [
-            subset
-            for size in range(len(pool) + 1)
-            for subset in combinations(pool, size)
-            if sum(c.units for c in subset) >= need
-        ]
-
-    options = covering([c for c in candidates if c.own]) or covering(candidates)
-    if not options:
-        return None
-    best = min(
-        options,
-        key=lambda s: (sum(c.cost for c in s), sorted((age[c.key] for c in s), reverse=True)),
-    )
-    return sorted(best, key=lambda c: c.key)
 
 
 candidate_lists = st.lists(
@@ -82,7 +58,7 @@ def test_victims_are_the_cheapest_sufficient_set_as_brute_force_finds(need, rows
     if need == 0:
         assert chosen == []
         return
-    assert chosen == _brute_force(need, candidates)
+    assert chosen == brute_force_victims(need, candidates)
     if chosen:
         freed = sum(c.units for c in chosen)
         assert freed >= need

@@ -9,8 +9,11 @@ fairness, as the largest gap between an organisation's share of the GPUs admitte
 its weight's share (target ≤ 5 points); gangs partly admitted (must be 0); and the time
 of one launch's pass into the full cluster with the rest of the backlog queued (four
 organisations competing in each band: fair share's streams), beside the same launch
-where one organisation owns the backlog (one stream), measured in the same run. Only
-correctness is asserted (every admitted job whole, capacity never exceeded).
+where one organisation owns the backlog (one stream), measured in the same run; then
+critical launches into the running cluster: victims per preemption and preemption loops
+(pairs that preempted each other: must be 0); and the victim choice against brute force
+on small random cases. Only correctness is asserted (every admitted job whole, capacity
+never exceeded).
 
     .venv/bin/python -m pytest tests/bench/queue/bench_scheduler.py -s
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+import re
 import statistics
 import time
 from collections import Counter
@@ -34,12 +38,14 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from jobs import services
-from jobs.models import HOLDING_COMPUTE, Job, JobStatus
+from jobs.models import HOLDING_COMPUTE, Job, JobEvent, JobStatus
+from jobs.services.preemption import Candidate, choose_victims
 from marketplace.demo import seed_catalog
 from marketplace.models import GpuType, NodePool, Region, TenantQuota
 from tests import jobs_helpers
 from tests.bench.results import bench_size, record
 from tests.conftest import make_world
+from tests.preemption_oracle import brute_force_victims
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -118,6 +124,64 @@ def _open(pools: list[NodePool]) -> None:
     )
 
 
+CRITICAL_LAUNCHES = 10 if bench_size() == "smoke" else 50
+VICTIM_CASES = 300
+PREEMPTOR = re.compile(r"job #(\d+)")
+
+
+def _preemption_round(worlds: dict, rng: random.Random) -> dict[str, int]:
+    """Everything admitted starts running; critical launches of random shapes arrive,
+    each preempting what it must. Counts the preemptors, their victims, and the pairs
+    where a victim preempted its preemptor (a loop)."""
+    Job.objects.filter(status=JobStatus.DISPATCHING).update(
+        status=JobStatus.RUNNING, started_at=timezone.now() - timedelta(minutes=5)
+    )
+    NodePool.objects.filter(slug__startswith="bench-").update(preemption_threshold=Decimal(0))
+    for number in range(CRITICAL_LAUNCHES):
+        world = worlds[rng.choice(list(worlds))]
+        nodes, gpus = _pick(rng, SHAPES)
+        jobs_helpers.submit(
+            world,
+            f"critical-{number}",
+            gpu_type="h100-80gb",
+            region="local",
+            gpus_per_node=gpus,
+            nodes=nodes,
+            cpus=None,
+            priority="critical",
+        )
+    pairs = set()
+    for victim_id, reason in JobEvent.objects.filter(to_status=JobStatus.PREEMPTED).values_list(
+        "job_id", "reason"
+    ):
+        found = PREEMPTOR.search(reason)
+        if found:
+            pairs.add((int(found.group(1)), victim_id))
+    preemptors = {preemptor for preemptor, _ in pairs}
+    loops = sum(1 for a, b in pairs if (b, a) in pairs)
+    return {"preemptors": len(preemptors), "victims": len(pairs), "loops": loops}
+
+
+def _victims_against_brute_force(rng: random.Random) -> tuple[int, int]:
+    """Small random cases: how often `choose_victims` equals the exhaustive optimum."""
+    start = timezone.now()
+    optimal = 0
+    for _ in range(VICTIM_CASES):
+        candidates = [
+            Candidate(
+                key=key,
+                units=rng.randint(1, 8),
+                weight=rng.choice([1, 2, 4]),
+                started=start + timedelta(minutes=rng.randint(0, 5)),
+                own=rng.random() < 0.5,
+            )
+            for key in range(1, rng.randint(1, 9) + 1)
+        ]
+        need = rng.randint(1, 20)
+        optimal += choose_victims(need, candidates) == brute_force_victims(need, candidates)
+    return optimal, VICTIM_CASES
+
+
 def _launch_pass_ms(world, pool: NodePool) -> float:
     """Median time of a launch into the full cluster (its own pass included)."""
     times = []
@@ -184,9 +248,7 @@ def test_scheduler(cluster):
         for slug in WEIGHTS
     }
     partial = (
-        Job.objects.filter(status__in=HOLDING_COMPUTE)
-        .exclude(on_demand_nodes=F("nodes"))
-        .count()
+        Job.objects.filter(status__in=HOLDING_COMPUTE).exclude(on_demand_nodes=F("nodes")).count()
     )
     for pool in pools:  # correctness: no pool over its capacity
         held = Job.objects.filter(status__in=HOLDING_COMPUTE, pool=pool).aggregate(
@@ -199,11 +261,13 @@ def test_scheduler(cluster):
     # The same launch where one organisation owns the queue: one stream per priority.
     Job.objects.filter(status=JobStatus.QUEUED).update(tenant=tenants["t1"])
     single_ms = _launch_pass_ms(worlds["t1"], pools[0])
+    preemptions = _preemption_round(worlds, rng)
+    optimal, cases = _victims_against_brute_force(rng)
 
     print(
         f"\nscheduler: {len(admitted)} of {BACKLOG} admitted in {seconds:.2f} s "
         f"({rate:.0f}/s); GPUs admitted by organisation {dict(gpus_by_tenant)} "
-        f"(weights {WEIGHTS}); gaps {({k: round(v, 1) for k, v in gaps.items()})} points; "
+        f"(weights {WEIGHTS}); gaps { ({k: round(v, 1) for k, v in gaps.items()}) } points; "
         f"launch into the full cluster: {fair_ms:.1f} ms with four organisations queued, "
         f"{single_ms:.1f} ms with one"
     )
@@ -235,3 +299,25 @@ def test_scheduler(cluster):
         ratio=fair_ms / single_ms,
     )
     record("scheduler", "launch into the full cluster, one organisation queued", single_ms, "ms")
+    record(
+        "scheduler",
+        f"{CRITICAL_LAUNCHES} critical launches into the running cluster: victims per preemption",
+        preemptions["victims"] / max(preemptions["preemptors"], 1),
+        "jobs",
+    )
+    record(
+        "scheduler",
+        "preemption loops (a victim that preempted its preemptor)",
+        preemptions["loops"],
+        "pairs",
+        target="0",
+        met=preemptions["loops"] == 0,
+    )
+    record(
+        "scheduler",
+        f"victim choices equal to brute force's optimum ({cases} small cases)",
+        optimal / cases * 100,
+        "%",
+        target="100 %",
+        met=optimal == cases,
+    )
