@@ -30,6 +30,7 @@ from jobs import realtime
 from jobs.actors import ALERTS
 from jobs.logs.reading import read_lines
 from jobs.models import AlertKind, Job, JobAlert, JobMetricSample, JobMonitor, JobStatus
+from jobs.notifications import job_repair_notify
 from jobs.services import ActionRefused, job_pause
 from jobs.state import job_note
 
@@ -260,11 +261,11 @@ def alerts_scan_logs(*, job: Job, now: datetime) -> JobAlert | None:
     if not page["lines"]:
         return None
     stats = RunningStats(monitor.loss_count, monitor.loss_mean, monitor.loss_m2)
-    exploded: tuple[int, float] | None = None
+    exploded: tuple[int, float, RunningStats] | None = None
     for line in page["lines"]:
         for value in loss_values(line["text"]):
             if exploded is None and loss_explodes(stats, value):
-                exploded = (line["line_no"], value)
+                exploded = (line["line_no"], value, stats)
             if math.isfinite(value):
                 stats = stats.add(value)
     JobMonitor.objects.filter(pk=monitor.pk).update(
@@ -275,21 +276,40 @@ def alerts_scan_logs(*, job: Job, now: datetime) -> JobAlert | None:
     )
     if exploded is None:
         return None
-    line_no, value = exploded
-    return alert_raise(
+    line_no, value, before = exploded
+    measured = (
+        f"loss {value:g} at log line {line_no} is above the run's mean + {LOSS_SIGMAS:g}σ "
+        f"(mean {before.mean:.4g}, σ {before.stddev:.4g} over {before.count} values)"
+    )
+    pause = monitor.loss_explosion_pause and job.status == JobStatus.RUNNING
+    alert = alert_raise(
         job=job,
         kind=AlertKind.LOSS_EXPLOSION,
         severity="critical",
-        message=f"Loss explosion: loss {value:g} at log line {line_no} is above the run's "
-        f"mean + {LOSS_SIGMAS:g}σ",
+        message=f"Loss explosion: {measured}" + ("; pausing the job" if pause else ""),
         now=now,
     )
+    if alert is not None and pause:
+        reason = f"self-repair, loss explosion: {measured}"
+        with contextlib.suppress(ActionRefused):  # paused or ended meanwhile
+            job_pause(job=job, actor=ALERTS, reason=reason)
+            job_repair_notify(job, "was paused: its loss exploded", reason)
+    return alert
 
 
-def job_monitor_set(*, job: Job, idle_auto_stop: bool, idle_minutes: int | None) -> JobMonitor:
-    """The job's GPU-idle auto-stop choice (None minutes: the installation's default)."""
+def job_monitor_set(
+    *,
+    job: Job,
+    idle_auto_stop: bool,
+    idle_minutes: int | None,
+    loss_explosion_pause: bool | None = None,
+) -> JobMonitor:
+    """The job's GPU-idle auto-stop choice (None minutes: the installation's default) and
+    whether a loss explosion pauses it (None: unchanged)."""
     monitor, _ = JobMonitor.objects.get_or_create(job=job)
     monitor.idle_auto_stop = idle_auto_stop
     monitor.idle_minutes = idle_minutes
-    monitor.save(update_fields=["idle_auto_stop", "idle_minutes"])
+    if loss_explosion_pause is not None:
+        monitor.loss_explosion_pause = loss_explosion_pause
+    monitor.save(update_fields=["idle_auto_stop", "idle_minutes", "loss_explosion_pause"])
     return monitor

@@ -1,5 +1,6 @@
 """Staff page of the sandbox cluster: its nodes, and the faults staff can inject (spot
-reclaim, node failure, API errors or slowness). Writes go through jobs.services.chaos."""
+reclaim, node failure, XID errors, hung GPUs, API errors or slowness). Writes go through
+jobs.services.chaos."""
 
 from __future__ import annotations
 
@@ -97,6 +98,40 @@ def staff_sandbox_node_fail(request: HttpRequest, node: str) -> HttpResponse:
         act=lambda: chaos.chaos_node_fail(node=node, request=request),
         success_url=_page_url(),
         success_message=f"Node {node} failed.",
+        cancel_url=_page_url(),
+    )
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_sandbox_node_xid(request: HttpRequest, node: str) -> HttpResponse:
+    return confirm_then_act(
+        request,
+        title=f"Report an XID error on {node}?",
+        message="Its GPUs report XID 79 (fallen off the bus) in their DCGM readings until "
+        "the node recovers. The console's self-repair should checkpoint the jobs there, mark "
+        "the node suspect and resume them on other nodes.",
+        confirm_label="Inject XID 79",
+        act=lambda: chaos.chaos_xid_error(node=node, code=79, request=request),
+        success_url=_page_url(),
+        success_message=f"{node}'s GPUs report XID 79.",
+        cancel_url=_page_url(),
+    )
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_sandbox_node_stuck(request: HttpRequest, node: str) -> HttpResponse:
+    return confirm_then_act(
+        request,
+        title=f"Hang the GPUs of {node}?",
+        message="Its pods keep running but its GPUs read 0 % busy until the node recovers: "
+        "a multi-node job with a rank there has a stuck rank, which the console's "
+        "self-repair should move to another node after a few minutes.",
+        confirm_label="Hang its GPUs",
+        act=lambda: chaos.chaos_stuck_gpus(node=node, request=request),
+        success_url=_page_url(),
+        success_message=f"{node}'s GPUs hang.",
         cancel_url=_page_url(),
     )
 

@@ -29,6 +29,7 @@ DCGM_FIELDS = {
     "DCGM_FI_DEV_FB_FREE": "memory_free_mib",
     "DCGM_FI_DEV_POWER_USAGE": "power_w",
     "DCGM_FI_DEV_GPU_TEMP": "temperature_c",
+    "DCGM_FI_DEV_XID_ERRORS": "xid",
 }
 # Our pods' names (jobs.backends.kubernetes.manifests.job_name + the Indexed Job suffix).
 POD_NAME = re.compile(r"^gg-(?P<job>\d+)-a(?P<attempt>\d+)(?P<spot>-spot)?-(?P<index>\d+)-")
@@ -103,6 +104,7 @@ def prometheus_readings(
     if body.get("status") != "success":
         raise httpx.HTTPError(f"Prometheus query failed: {body.get('error', body)}")
     values: dict[tuple[int, str, int], dict[str, float]] = defaultdict(dict)
+    hosts: dict[tuple[int, str, int], str] = {}
     for series in body["data"]["result"]:
         labels = series["metric"]
         pod = labels.get("exported_pod") or labels.get("pod") or ""
@@ -121,9 +123,12 @@ def prometheus_readings(
         field = DCGM_FIELDS.get(labels.get("__name__", ""))
         if field:
             values[(job.pk, f"rank {rank}", gpu)][field] = value
+            if labels.get("Hostname"):  # dcgm-exporter's name for the node
+                hosts[(job.pk, f"rank {rank}", gpu)] = labels["Hostname"]
     readings: dict[int, list[GpuReading]] = defaultdict(list)
     for (job_id, node, gpu), fields in sorted(values.items()):
         used, free = fields.get("memory_used_mib"), fields.get("memory_free_mib")
+        xid = fields.get("xid")
         readings[job_id].append(
             GpuReading(
                 node=node,
@@ -133,6 +138,8 @@ def prometheus_readings(
                 memory_total_mib=used + free if used is not None and free is not None else None,
                 power_w=fields.get("power_w"),
                 temperature_c=fields.get("temperature_c"),
+                host=hosts.get((job_id, node, gpu), ""),
+                xid=int(xid) if xid else None,
             )
         )
     return readings

@@ -25,7 +25,7 @@ from console.charts import (
     fit_axes,
     translucent,
 )
-from jobs import alerts, realtime
+from jobs import alerts, realtime, repair
 from jobs.backends import BackendUnavailable, get_backend
 from jobs.backends.base import GpuReading
 from jobs.models import Job, JobEvent, JobMetricSample, JobStatus, MetricResolution
@@ -107,11 +107,27 @@ def metrics_collect(*, now: datetime | None = None) -> int:
         readings = by_job.get(job.pk)
         if readings:
             stored += len(metrics_record(job=job, readings=readings, at=now))
+            try:
+                _self_repair(job, readings, now)
+            except Exception:
+                log.exception("self-repair of job %s failed", job.pk)
         try:
             alerts.alerts_evaluate(job=job, now=now)
         except Exception:
             log.exception("evaluating the alert rules of job %s failed", job.pk)
     return stored
+
+
+def _self_repair(job: Job, readings: list[GpuReading], now: datetime) -> None:
+    """Hardware-looking faults in this tick's readings (jobs.repair): XID errors, or a
+    rank of a multi-node job stuck while the others run."""
+    faulty = [reading for reading in readings if reading.xid]
+    if faulty:
+        repair.job_hardware_fault(job=job, faulty=faulty, now=now)
+    elif job.nodes > 1:
+        since = now - 2 * repair.STUCK_WINDOW
+        samples = list(JobMetricSample.objects.filter(job=job, at__gte=since).order_by("at"))
+        repair.job_stuck_rank(job=job, readings=readings, samples=samples, now=now)
 
 
 def metrics_downsample(*, now: datetime | None = None, batch: int = 20000) -> int:

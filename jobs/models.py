@@ -92,8 +92,11 @@ class JobQuerySet(TenantScopedQuerySet):
 
     def with_backend_relations(self):
         """With what a backend reads to start an attempt (pools, region, GPU type,
-        image), in the one query: lazily they would be four more per dispatch."""
-        return self.select_related("pool", "spot_pool", "region", "gpu_type", "image")
+        image) in the one query, and the pools' suspect nodes in two more per batch:
+        lazily they would be six more per dispatch."""
+        return self.select_related(
+            "pool", "spot_pool", "region", "gpu_type", "image"
+        ).prefetch_related("pool__suspect_nodes", "spot_pool__suspect_nodes")
 
 
 class Job(TenantOwnedModel):
@@ -430,6 +433,8 @@ class AlertKind(models.TextChoices):
     MEMORY_LEAK = "memory_leak", "GPU memory leak"
     LOSS_EXPLOSION = "loss_explosion", "Loss explosion"
     GPU_IDLE = "gpu_idle", "GPU idle"
+    HARDWARE_FAULT = "hardware_fault", "Hardware fault (XID error)"
+    STUCK_RANK = "stuck_rank", "Rank stuck while the others run"
 
 
 class JobAlert(models.Model):
@@ -462,6 +467,9 @@ class JobMonitor(models.Model):
     job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="monitor")
     idle_auto_stop = models.BooleanField(default=False)
     idle_minutes = models.PositiveIntegerField(null=True, blank=True)  # None: the default
+    # Self-repair of a loss explosion: pause the job (and tell its owner) rather than let
+    # it spend GPU-hours on a diverged run. On unless the job's owner turns it off.
+    loss_explosion_pause = models.BooleanField(default=True)
     log_scanned_line = models.PositiveBigIntegerField(default=0)
     loss_count = models.PositiveIntegerField(default=0)
     loss_mean = models.FloatField(default=0.0)

@@ -42,3 +42,19 @@ def job_status_notify(job, to: str, actor: Actor, reason: str, *, previous: str 
         level=level,
         email=settings.JOB_NOTIFICATION_EMAILS,
     )
+
+
+def job_repair_notify(job, what: str, reason: str) -> None:
+    """Tell the job's owner that self-repair acted on it (paused it, moved it off a
+    node), with the rule and the readings."""
+    if job.created_by is None:
+        return
+    notify(
+        tenant=job.tenant,
+        user=job.created_by,
+        title=f"{job.name} {what}",
+        body=f"Job #{job.pk} “{job.name}”: {reason}.",
+        url=reverse("jobs:detail", args=[job.pk]),
+        level="warning",
+        email=settings.JOB_NOTIFICATION_EMAILS,
+    )

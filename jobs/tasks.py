@@ -14,6 +14,7 @@ from jobs.backends import BackendUnavailable, configured_backends, get_backend
 from jobs.logs import archive
 from jobs.models import Job, JobStatus
 from marketplace import services as marketplace_services
+from marketplace.models import SuspectNode
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,22 @@ def job_preempted_stop_task(job_id: int, attempt: int) -> None:
     job = Job.objects.filter(pk=job_id).first()
     if job is not None:
         services.job_preempted_stop(job=job, attempt=attempt)
+
+
+@shared_task(**RETRY)
+def node_cordon_task(backend_name: str, node: str) -> None:
+    """Cordon a node marked suspect (jobs.repair) on its cluster, where the console may;
+    the row says whether it is."""
+    if get_backend(backend_name).node_cordon(node):
+        SuspectNode.objects.filter(name=node).update(cordoned=True)
+
+
+@shared_task(**RETRY)
+def node_uncordon_task(backend_name: str, node: str) -> None:
+    """Staff marked a node healthy (jobs.repair.node_healthy): schedulable again, unless
+    it was marked suspect once more meanwhile."""
+    if not SuspectNode.objects.filter(name=node).exists():
+        get_backend(backend_name).node_cordon(node, cordoned=False)
 
 
 @shared_task(**RETRY)

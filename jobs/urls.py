@@ -10,6 +10,11 @@ urlpatterns = [
     path("launch/options/", views.launch_options, name="launch_options"),
     path("secrets/", views.secrets, name="secrets"),
     path("staff/fleet/", views.staff_fleet, name="staff_fleet"),
+    path(
+        "staff/suspect-nodes/<int:node_id>/healthy/",
+        views.staff_node_healthy,
+        name="staff_node_healthy",
+    ),
     path("templates/<int:template_id>/delete/", views.template_delete, name="template_delete"),
     path("<int:job_id>/save-template/", views.template_save, name="template_save"),
     path("secrets/<int:secret_id>/delete/", views.secret_delete, name="secret_delete"),
@@ -23,6 +28,16 @@ urlpatterns = [
         "staff/sandbox/nodes/<str:node>/fail/",
         chaos_views.staff_sandbox_node_fail,
         name="staff_sandbox_node_fail",
+    ),
+    path(
+        "staff/sandbox/nodes/<str:node>/xid-error/",
+        chaos_views.staff_sandbox_node_xid,
+        name="staff_sandbox_node_xid",
+    ),
+    path(
+        "staff/sandbox/nodes/<str:node>/stuck-gpus/",
+        chaos_views.staff_sandbox_node_stuck,
+        name="staff_sandbox_node_stuck",
     ),
     path(
         "staff/sandbox/nodes/<str:node>/recover/",

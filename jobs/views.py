@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -31,7 +31,7 @@ from console.service_errors import ServiceError
 from console.templatetags.money import format_money
 from console.templatetags.numbers import duration_text
 from console.tenancy import get_for_tenant_or_404
-from jobs import fleet, metrics, selectors, services
+from jobs import fleet, metrics, repair, selectors, services
 from jobs.actors import Actor
 from jobs.expectations.selectors import (
     EXPECTATION_COLUMNS,
@@ -45,6 +45,7 @@ from jobs.launch_options import LaunchChoices, launch_choices, mount_problem
 from jobs.logs.reading import tail_lines
 from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from jobs.state import job_run_seconds
+from marketplace.models import SuspectNode
 from marketplace.price_book_cache import price_book
 from marketplace.selectors import (
     default_region,
@@ -526,6 +527,7 @@ def staff_fleet(request: HttpRequest) -> HttpResponse:
     compute, the queue by what it waits for, and the panels other rooms add."""
     pools = fleet.fleet_pools()
     queue = fleet.fleet_queue()
+    suspect = SuspectNode.objects.select_related("pool")
     return render(
         request,
         "jobs/staff_fleet.html",
@@ -536,9 +538,28 @@ def staff_fleet(request: HttpRequest) -> HttpResponse:
             "tenants": fleet.fleet_tenants()[:50],
             "queue": queue,
             "queued_total": sum(n for _, n in queue),
+            "suspect_nodes": suspect,
             "panels": [
                 render_to_string(panel.template_name, panel.context, request=request)
                 for panel in fleet_panels()
             ],
         },
+    )
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def staff_node_healthy(request: HttpRequest, node_id: int) -> HttpResponse:
+    node = get_object_or_404(SuspectNode, pk=node_id)
+    return confirm_then_act(
+        request,
+        title=f"Mark {node.name} healthy?",
+        message=f"It was marked suspect on {node.marked_at:%Y-%m-%d %H:%M}: {node.reason}. "
+        "Its GPUs count toward capacity again from the next sync and jobs may land on it"
+        + (", and it is uncordoned on the cluster." if node.cordoned else "."),
+        confirm_label="Mark healthy",
+        act=lambda: repair.node_healthy(node=node, user=request.user, request=request),
+        success_url=reverse("jobs:staff_fleet"),
+        success_message=f"{node.name} counts as healthy again.",
+        cancel_url=reverse("jobs:staff_fleet"),
     )

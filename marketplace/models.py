@@ -327,6 +327,26 @@ class TenantPricing(models.Model):
         return f"{self.tenant}: {self.discount_percent}% off"
 
 
+class SuspectNode(models.Model):
+    """A node whose GPUs reported a hardware fault (an XID error: jobs.repair). Until staff
+    mark it healthy, capacity leaves it out, jobs' pods avoid it and, where the console
+    may, it is cordoned on the cluster."""
+
+    name = models.CharField(max_length=253, unique=True)  # the Kubernetes node
+    pool = models.ForeignKey(
+        NodePool, null=True, blank=True, on_delete=models.SET_NULL, related_name="suspect_nodes"
+    )
+    reason = models.TextField()
+    marked_at = models.DateTimeField(default=timezone.now)
+    cordoned = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-marked_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class TenantQuota(models.Model):
     """Per-tenant limits: max GPUs of one type (gpu_type set), or tenant-wide limits
     (gpu_type empty: max GPUs of all types together, max concurrent jobs and max GiB of

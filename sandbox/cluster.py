@@ -53,6 +53,10 @@ class SandboxCluster:
         self.server = KubeAPIServer(auto_tick=tick_seconds, token=token, port=port)
         self.server.pod_start_delay = pod_start_delay
         self.workloads = Workloads(clock=time.monotonic, volume_root=volume_root)
+        # XID error codes injected per node (chaos): its GPUs report them until it recovers.
+        self.xid_errors: dict[str, int] = {}
+        # Nodes whose GPUs hang (chaos): their pods run on but their GPUs read 0 % busy.
+        self.stuck_nodes: set[str] = set()
         self.server.pod_script = self.workloads.play
         self.server.add_route("/prometheus/", self._prometheus)
         self.server.add_route("/sandbox/", self._control)
@@ -75,33 +79,44 @@ class SandboxCluster:
     def _prometheus(self, method: str, path: str, query: dict, body: bytes, headers: Any) -> Reply:
         if not path.startswith("/prometheus/api/v1/query"):
             return 404, {"status": "error", "error": f"{path} is not served"}, "application/json"
-        products = self._running_gpu_products()
-        result = [
-            {
-                "metric": {
-                    "__name__": name,
-                    "exported_namespace": namespace,
-                    "exported_pod": pod,
-                    "gpu": str(gpu),
-                    "job": "dcgm-exporter",
-                },
-                "value": [time.time(), str(value)],
-            }
-            for namespace, pod, gpu, fields in self.workloads.gpu_readings(products)
-            for name, value in fields.items()
-        ]
+        products, hosts = self._running_gpu_products()
+        result = []
+        for namespace, pod, gpu, fields in self.workloads.gpu_readings(products):
+            host = hosts.get((namespace, pod), "")
+            xid = self.xid_errors.get(host)
+            # dcgm-exporter names the node as `Hostname`; an XID error's code is a gauge.
+            series = {**fields, "DCGM_FI_DEV_XID_ERRORS": xid} if xid else dict(fields)
+            if host in self.stuck_nodes:
+                series["DCGM_FI_DEV_GPU_UTIL"] = 0
+            result += [
+                {
+                    "metric": {
+                        "__name__": name,
+                        "exported_namespace": namespace,
+                        "exported_pod": pod,
+                        "gpu": str(gpu),
+                        "Hostname": host,
+                        "job": "dcgm-exporter",
+                    },
+                    "value": [time.time(), str(value)],
+                }
+                for name, value in series.items()
+            ]
         data = {"resultType": "vector", "result": result}
         return 200, {"status": "success", "data": data}, "application/json"
 
-    def _running_gpu_products(self) -> dict[str, str]:
-        products = {}
+    def _running_gpu_products(self) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+        """Each running pod's node's GPU product (by pod uid), and its node (by namespace
+        and name)."""
+        products, hosts = {}, {}
         nodes = {node["metadata"]["name"]: node for node in self.server.list("nodes")}
         for pod in self.server.list("pods", field_selector="status.phase=Running"):
-            labels = nodes.get(pod["spec"].get("nodeName", ""), {}).get("metadata", {})
-            labels = labels.get("labels") or {}
+            node_name = pod["spec"].get("nodeName", "")
+            labels = nodes.get(node_name, {}).get("metadata", {}).get("labels") or {}
             product = next((labels[k] for k in GPU_PRODUCT_LABELS if k in labels), "")
             products[pod["metadata"]["uid"]] = product
-        return products
+            hosts[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = node_name
+        return products, hosts
 
     # --- chaos controls -------------------------------------------------------------------
     def _control(self, method: str, path: str, query: dict, body: bytes, headers: Any) -> Reply:
@@ -117,6 +132,8 @@ class SandboxCluster:
                 ("POST", "/sandbox/v1/reclaim-spot"): self.reclaim_spot,
                 ("POST", "/sandbox/v1/fail-node"): self.fail_node,
                 ("POST", "/sandbox/v1/recover-node"): self.recover_node,
+                ("POST", "/sandbox/v1/xid-error"): self.xid_error,
+                ("POST", "/sandbox/v1/stuck-gpus"): self.stuck_gpus,
                 ("POST", "/sandbox/v1/api-faults"): self.api_faults,
                 ("DELETE", "/sandbox/v1/api-faults"): self.clear_api_faults,
             }
@@ -154,6 +171,8 @@ class SandboxCluster:
                     "tier": labels.get(TIER_LABEL, "on_demand"),
                     "ready": ready,
                     "pods": pods_by_node.get(node["metadata"]["name"], 0),
+                    "xid": self.xid_errors.get(node["metadata"]["name"], 0),
+                    "stuck": node["metadata"]["name"] in self.stuck_nodes,
                 }
             )
         return {"nodes": listed}
@@ -215,7 +234,26 @@ class SandboxCluster:
         self._must_have_node(node)
         self.server.mutate("nodes", None, node, _remove_taint)
         self.server.set_node_ready(node, True)
+        self.xid_errors.pop(node, None)
+        self.stuck_nodes.discard(node)
         return {"node": node, "ready": True}
+
+    def stuck_gpus(self, node: str) -> dict:
+        """The node's GPUs hang: its pods keep running but read 0 % busy from now on (a
+        stuck rank while the job's other ranks run), until the node recovers."""
+        self._must_have_node(node)
+        self.stuck_nodes.add(node)
+        return {"node": node, "stuck": True}
+
+    def xid_error(self, node: str, code: int = 79) -> dict:
+        """The node's GPUs report an XID error (79: fallen off the bus; 48: a double-bit
+        ECC error) from now on, through the DCGM readings, until the node recovers. The
+        node keeps running: what the console makes of it is the console's business."""
+        self._must_have_node(node)
+        if isinstance(code, bool) or not isinstance(code, int) or not 0 < code < 1000:
+            raise ChaosError("code: an XID error number from 1 to 999")
+        self.xid_errors[node] = code
+        return {"node": node, "xid": code}
 
     def _must_have_node(self, node: str) -> None:
         if not isinstance(node, str) or self.server.get("nodes", None, node) is None:

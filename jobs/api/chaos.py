@@ -59,6 +59,34 @@ class SandboxNodeRecoverView(ChaosView):
         return Response(chaos.chaos_node_recover(node=node, request=request._request))
 
 
+class XidErrorSerializer(serializers.Serializer):
+    code = serializers.IntegerField(
+        min_value=1,
+        max_value=999,
+        default=79,
+        help_text="The XID error number (79: the GPU has fallen off the bus; 48: a "
+        "double-bit ECC error).",
+    )
+
+
+class SandboxNodeXidView(ChaosView):
+    @extend_schema(request=XidErrorSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request, node: str):
+        data = XidErrorSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(
+            chaos.chaos_xid_error(
+                node=node, code=data.validated_data["code"], request=request._request
+            )
+        )
+
+
+class SandboxNodeStuckView(ChaosView):
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request, node: str):
+        return Response(chaos.chaos_stuck_gpus(node=node, request=request._request))
+
+
 class SandboxApiFaultsView(ChaosView):
     @extend_schema(request=ApiFaultsSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):

@@ -124,29 +124,34 @@ class JobMetricsView(JobView):
 class JobMonitorSerializer(serializers.Serializer):
     idle_auto_stop = StrictBooleanField()
     idle_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, allow_null=True)
+    loss_explosion_pause = StrictBooleanField(
+        required=False,
+        help_text="Pause the job when a logged loss explodes (above the run's mean + 3σ, or "
+        "NaN); on by default.",
+    )
+
+
+def _monitor_answer(monitor: JobMonitor | None) -> dict:
+    return {
+        "idle_auto_stop": bool(monitor and monitor.idle_auto_stop),
+        "idle_minutes": monitor.idle_minutes if monitor else None,
+        "loss_explosion_pause": monitor.loss_explosion_pause if monitor else True,
+    }
 
 
 class JobMonitorView(JobView):
-    """The job's GPU-idle auto-stop: pause the job when its GPUs stay idle."""
+    """The job's self-repair choices: pause it when its GPUs stay idle, or when its
+    logged loss explodes."""
 
     required_capabilities = {"put": Capability.LAUNCH_JOBS}
 
     @extend_schema(responses=JobMonitorSerializer)
     def get(self, request, pk: int):
-        monitor = JobMonitor.objects.filter(job=self.job(pk)).first()
-        return Response(
-            {
-                "idle_auto_stop": bool(monitor and monitor.idle_auto_stop),
-                "idle_minutes": monitor.idle_minutes if monitor else None,
-            }
-        )
+        return Response(_monitor_answer(JobMonitor.objects.filter(job=self.job(pk)).first()))
 
     @extend_schema(request=JobMonitorSerializer, responses=JobMonitorSerializer)
     def put(self, request, pk: int):
         job = self.job(pk)
         data = JobMonitorSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        monitor = alerts.job_monitor_set(job=job, **data.validated_data)
-        return Response(
-            {"idle_auto_stop": monitor.idle_auto_stop, "idle_minutes": monitor.idle_minutes}
-        )
+        return Response(_monitor_answer(alerts.job_monitor_set(job=job, **data.validated_data)))

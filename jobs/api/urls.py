@@ -44,6 +44,16 @@ urlpatterns = [
         chaos.SandboxNodeRecoverView.as_view(),
         name="api-sandbox-node-recover",
     ),
+    path(
+        "sandbox/nodes/<str:node>/xid-error",
+        chaos.SandboxNodeXidView.as_view(),
+        name="api-sandbox-node-xid",
+    ),
+    path(
+        "sandbox/nodes/<str:node>/stuck-gpus",
+        chaos.SandboxNodeStuckView.as_view(),
+        name="api-sandbox-node-stuck",
+    ),
     path("sandbox/api-faults", chaos.SandboxApiFaultsView.as_view(), name="api-sandbox-faults"),
     *router.urls,
 ]

@@ -102,6 +102,10 @@ class GpuReading:
     memory_total_mib: float | None = None
     power_w: float | None = None
     temperature_c: float | None = None
+    # The machine the GPU is in (a Kubernetes node), where the reading says, and the XID
+    # error it reports (None or 0: none): self-repair's evidence (jobs.repair).
+    host: str = ""
+    xid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,15 @@ class ChaosControls(abc.ABC):
 
     @abc.abstractmethod
     def recover_node(self, node: str) -> dict:
-        """A failed node is back."""
+        """A failed node is back (and reports no XID error)."""
+
+    @abc.abstractmethod
+    def xid_error(self, node: str, code: int) -> dict:
+        """The node's GPUs report XID error `code` in their DCGM readings."""
+
+    @abc.abstractmethod
+    def stuck_gpus(self, node: str) -> dict:
+        """The node's GPUs hang: its pods run on, reading 0 % busy."""
 
     @abc.abstractmethod
     def api_faults(self, *, mode: str, fraction: float, seconds: float, delay: float) -> dict:
@@ -332,6 +344,12 @@ class ComputeBackend(abc.ABC):
     def metrics_note(self, job: Job) -> str:
         """Why `job` has no GPU readings on this backend ("" when it should have some)."""
         return ""
+
+    def node_cordon(self, node: str, *, cordoned: bool = True) -> bool:
+        """Mark `node` unschedulable (or schedulable again) on the cluster, so that no new
+        work lands there; False where this backend has no such nodes or isn't allowed to
+        (the console then only keeps the node out of its own capacity)."""
+        return False
 
     # --- logs ---
 

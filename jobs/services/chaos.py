@@ -81,6 +81,18 @@ def chaos_node_recover(*, node: str, request: HttpRequest) -> dict:
     return outcome
 
 
+def chaos_xid_error(*, node: str, code: int, request: HttpRequest) -> dict:
+    outcome = _carry_out(_controls().xid_error, node, code)
+    audit_record(action="sandbox.xid_error", request=request, metadata={"node": node, "xid": code})
+    return outcome
+
+
+def chaos_stuck_gpus(*, node: str, request: HttpRequest) -> dict:
+    outcome = _carry_out(_controls().stuck_gpus, node)
+    audit_record(action="sandbox.stuck_gpus", request=request, metadata={"node": node})
+    return outcome
+
+
 def chaos_api_faults(
     *, mode: str, fraction: float, seconds: float, delay: float, request: HttpRequest
 ) -> dict:

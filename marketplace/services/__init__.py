@@ -1,6 +1,7 @@
 """Writes for the marketplace, one module per concern:
 
-- `capacity`: `capacity_sync`, the backends' node pools refreshed from their inventory;
+- `capacity`: `capacity_sync`, the backends' node pools refreshed from their inventory,
+  leaving out suspect nodes (`node_mark_suspect`, `node_clear_suspect`);
 - `price_book`: the price book (preview, publish, withdraw) and tenant discounts;
 - `catalog`: staff edits of GPU types and node pools, and tenant quotas;
 - `images`: the registry allow-list, public and private images, registry logins.
@@ -8,7 +9,7 @@
 Every staff change is audit-logged in the same transaction. Callers import from here.
 """
 
-from marketplace.services.capacity import capacity_sync
+from marketplace.services.capacity import capacity_sync, node_clear_suspect, node_mark_suspect
 from marketplace.services.catalog import (
     GPU_TYPE_EDITABLE_FIELDS,
     NODE_POOL_EDITABLE_FIELDS,
@@ -59,6 +60,8 @@ __all__ = [
     "image_validate_reference",
     "new_tenant_limits_apply",
     "new_tenant_policy_set",
+    "node_clear_suspect",
+    "node_mark_suspect",
     "node_pool_update",
     "price_version_preview",
     "price_version_publish",

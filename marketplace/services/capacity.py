@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils import timezone
 from django.utils.text import slugify
 
 from marketplace.inventory import InventorySource, NodeInventory
-from marketplace.models import GpuType, NodePool, Region
+from marketplace.models import GpuType, NodePool, Region, SuspectNode
 
 log = logging.getLogger(__name__)
 # A node carrying this label belongs to the backend's pool of that slug (staff-made pools,
@@ -79,6 +81,7 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
     now = now or timezone.now()
     nodes = backend.inventory()
     gpu_types = list(GpuType.objects.filter(is_active=True))
+    suspect = set(SuspectNode.objects.values_list("name", flat=True))
     regions = {region.slug: region for region in Region.objects.all()}
     named_pools = {
         pool.slug: pool
@@ -101,7 +104,7 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
         capacity.nodes += 1
         capacity.gpus_per_node = max(capacity.gpus_per_node, node.gpus_allocatable)
         capacity.total_gpus += node.gpus_allocatable
-        if node.schedulable:
+        if node.schedulable and node.name not in suspect:
             capacity.allocatable_gpus += node.gpus_allocatable
             capacity.allocatable_vcpus += node.vcpus_allocatable
         capacity.in_use_gpus += node.gpus_in_use
@@ -143,3 +146,25 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
         last_synced_at=now,
     )
     return seen
+
+
+@transaction.atomic
+def node_mark_suspect(*, name: str, pool: NodePool | None, reason: str) -> SuspectNode | None:
+    """Mark node `name` suspect; its pool's allocatable capacity loses one node's share at
+    once (capacity sync leaves it out from then on). None when it already was."""
+    node, created = SuspectNode.objects.get_or_create(
+        name=name, defaults={"pool": pool, "reason": reason[:2000]}
+    )
+    if not created:
+        return None
+    if pool is not None:
+        NodePool.objects.filter(pk=pool.pk).update(
+            allocatable_gpus=Greatest(F("allocatable_gpus") - F("gpus_per_node"), 0),
+            allocatable_vcpus=Greatest(F("allocatable_vcpus") - F("vcpus_per_node"), 0),
+        )
+    return node
+
+
+def node_clear_suspect(*, node: SuspectNode) -> None:
+    """Staff found the node healthy: it counts again from the next capacity sync."""
+    SuspectNode.objects.filter(pk=node.pk).delete()

@@ -570,7 +570,7 @@
     for (const alert of (data && data.alerts) || []) showAlert(alert, false);
   });
 
-  // ---- GPU-idle auto-stop setting ------------------------------------------------------------
+  // ---- Self-repair choices: GPU-idle auto-stop, pause on a loss explosion ---------------------
 
   const monitorForm = root.querySelector("[data-monitor-form]");
   if (monitorForm && root.dataset.monitorUrl) {
@@ -579,6 +579,7 @@
       .then((data) => {
         monitorForm.elements.idle_auto_stop.checked = data.idle_auto_stop;
         monitorForm.elements.idle_minutes.value = data.idle_minutes ?? "";
+        monitorForm.elements.loss_explosion_pause.checked = data.loss_explosion_pause;
       })
       .catch(() => {});
     monitorForm.addEventListener("submit", async (event) => {
@@ -591,6 +592,7 @@
         body: JSON.stringify({
           idle_auto_stop: monitorForm.elements.idle_auto_stop.checked,
           idle_minutes: minutes ? Number(minutes) : null,
+          loss_explosion_pause: monitorForm.elements.loss_explosion_pause.checked,
         }),
       });
       state.textContent = response.ok ? "Saved." : "Not saved.";

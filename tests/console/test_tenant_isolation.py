@@ -24,7 +24,12 @@ from jobs.backends.local import LocalBackend
 from jobs.services import JobSpec, job_submit, launch_template_save, tenant_secret_set
 from marketplace.demo import seed_catalog
 from marketplace.models import AllowedRegistry, GpuType, NodePool, PriceVersion
-from marketplace.services import capacity_sync, image_create, registry_credential_set
+from marketplace.services import (
+    capacity_sync,
+    image_create,
+    node_mark_suspect,
+    registry_credential_set,
+)
 from services.services import ServiceSpec, service_create, service_token_create
 from tests.conftest import signed_in_client, token_client
 from tests.factories import VolumeFactory, ed25519_public_key_line
@@ -179,6 +184,7 @@ def foreign(other_world, world):
     )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
+    suspect = node_mark_suspect(name=f"{pool.slug}-9", pool=pool, reason="XID 79")
     by_basename = {
         "api-ssh-key": foreign_ssh_key.pk,
         "api-registry-credential": foreign_registry_login.pk,
@@ -225,6 +231,7 @@ def foreign(other_world, world):
             # the sandbox's chaos controls: staff-only, 404 for a tenant owner
             "pool_slug": pool.slug,
             "node": f"{pool.slug}-0",
+            "node_id": suspect.pk,  # a suspect node: staff-only, 404 for a tenant owner
         },
         "pk_by_basename": by_basename,
         # Strings that would only appear if foreign data leaked into a page or response.

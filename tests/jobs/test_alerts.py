@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 from statistics import fmean, pstdev
 
 import pytest
+from django.db.models import F
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from console.models import Notification
 from jobs import alerts
 from jobs.actors import ActorKind
 from jobs.alerts import (
@@ -206,8 +208,12 @@ def test_alerts_are_recorded_in_the_timeline_once_per_cooldown(world, catalog):
         [AlertKind.UTILIZATION_UNSTABLE, AlertKind.MEMORY_LEAK, AlertKind.LOSS_EXPLOSION]
     )
     notes = JobEvent.objects.filter(job=job, actor_kind=ActorKind.ALERT)
-    assert notes.count() == 3 and all(e.from_status == e.to_status for e in notes)
+    assert notes.filter(from_status=F("to_status")).count() == 3
     assert "log line 31" in JobAlert.objects.get(job=job, kind=AlertKind.LOSS_EXPLOSION).message
+    # The loss explosion's repair (on by default): the job pauses through the state machine.
+    [pause] = notes.exclude(from_status=F("to_status"))
+    assert pause.to_status == JobStatus.PAUSING
+    assert pause.reason.startswith("self-repair, loss explosion: loss 50 at log line 31")
     # The next tick sees the same state: nothing new within the cool-down.
     write_log(job, ["loss=80"])
     assert alerts.alerts_evaluate(job=job, now=NOW + timedelta(seconds=10)) == []
@@ -230,3 +236,23 @@ def test_an_idle_job_is_paused_when_auto_stop_is_on(world, catalog, settings):
     stopped.refresh_from_db()
     assert stopped.status == JobStatus.PAUSING
     assert stopped.events.filter(actor_kind=ActorKind.ALERT, to_status="pausing").exists()
+
+
+@pytest.mark.django_db
+def test_a_loss_explosion_pauses_the_job_and_tells_its_owner_unless_turned_off(world, catalog):
+    paused = make_job(world.tenant, name="diverged", gpus_per_node=1, created_by=world.member)
+    kept = make_job(world.tenant, name="watched", gpus_per_node=1, created_by=world.member)
+    alerts.job_monitor_set(job=kept, idle_auto_stop=False, idle_minutes=None,
+                           loss_explosion_pause=False)  # fmt: skip
+    for job in (paused, kept):
+        write_log(job, [f"step {n} loss={2.0 - n * 0.01:.3f}" for n in range(1, 21)] + ["loss=nan"])
+        [alert] = alerts.alerts_evaluate(job=job, now=NOW)
+        assert alert.kind == AlertKind.LOSS_EXPLOSION and alert.severity == "critical"
+        job.refresh_from_db()
+    assert paused.status == JobStatus.PAUSING
+    assert "pausing the job" in JobAlert.objects.get(job=paused).message
+    note = Notification.objects.get(user=world.member)
+    assert note.title == "diverged was paused: its loss exploded"
+    assert "loss nan at log line 21" in note.body and "mean 1.895" in note.body
+    assert kept.status == JobStatus.RUNNING  # alerted only
+    assert "pausing" not in JobAlert.objects.get(job=kept).message

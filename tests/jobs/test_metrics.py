@@ -91,13 +91,21 @@ def test_auto_stop_setting_needs_the_launch_capability(world, catalog):
     job = make_job(world.tenant, gpus_per_node=1, created_by=world.member)
     url = f"/api/v1/jobs/{job.pk}/monitor"
     viewer = signed_in_client(world.viewer, world.tenant)
-    assert viewer.get(url).json() == {"idle_auto_stop": False, "idle_minutes": None}
-    change = {"idle_auto_stop": True, "idle_minutes": 20}
+    assert viewer.get(url).json() == {
+        "idle_auto_stop": False,
+        "idle_minutes": None,
+        "loss_explosion_pause": True,
+    }
+    change = {"idle_auto_stop": True, "idle_minutes": 20, "loss_explosion_pause": False}
     assert viewer.put(url, change, content_type="application/json").status_code == 403
     member = signed_in_client(world.member, world.tenant)
     response = member.put(url, change, content_type="application/json")
     assert response.status_code == 200 and response.json() == change
     assert member.get(url).json() == change
+    # Left out, the loss choice stays as it was.
+    again = {"idle_auto_stop": False, "idle_minutes": None}
+    answer = member.put(url, again, content_type="application/json").json()
+    assert answer == {**again, "loss_explosion_pause": False}
 
 
 @pytest.mark.django_db

@@ -34,6 +34,15 @@ SPOT = "demo-us-west-h100-80gb-spot"
 @pytest.fixture
 def sandbox(db, settings, tmp_path):
     """One node of the demo's us-west H100 on-demand and spot pools, and a CPU node."""
+    cluster = start_sandbox(settings, tmp_path, {})
+    yield cluster
+    cluster.stop()
+    assert cluster.server.errors == []
+
+
+def start_sandbox(settings, tmp_path, node_counts: dict[str, int]) -> SandboxCluster:
+    """The sandbox cluster made from the demo's us-west H100 on-demand and spot pools
+    and its CPU pool, `node_counts` nodes each (by slug; 1 unless said), synced."""
     seed_catalog()
     pools = list(
         NodePool.objects.filter(slug__in=[ON_DEMAND, SPOT, "demo-us-west-cpu-on-demand"])
@@ -41,7 +50,7 @@ def sandbox(db, settings, tmp_path):
         .order_by("slug")
     )
     for pool in pools:
-        pool.node_count = 1
+        pool.node_count = node_counts.get(pool.slug, 1)
     nodes = sandbox_nodes(pools)
     cluster = SandboxCluster(nodes, token=TOKEN, tick_seconds=0.05, pod_start_delay=0).start()
     nodes_file = tmp_path / "nodes.json"
@@ -59,9 +68,7 @@ def sandbox(db, settings, tmp_path):
     settings.COMPUTE_BACKENDS = ["kubernetes"]
     settings.KUBERNETES_REQUEST_TIMEOUT = 2
     capacity_sync(backend=get_backend("kubernetes"))
-    yield cluster
-    cluster.stop()
-    assert cluster.server.errors == []
+    return cluster
 
 
 @pytest.fixture

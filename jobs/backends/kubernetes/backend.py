@@ -16,7 +16,13 @@ import httpx
 from django.conf import settings
 
 from jobs import gpu_readings
-from jobs.backends.base import BackendUnavailable, ChaosControls, ComputeBackend, GpuReading
+from jobs.backends.base import (
+    BackendRejected,
+    BackendUnavailable,
+    ChaosControls,
+    ComputeBackend,
+    GpuReading,
+)
 from jobs.backends.kubernetes.fills import VolumeFillsMixin
 from jobs.backends.kubernetes.inventory import InventoryMixin
 from jobs.backends.kubernetes.kueue import KueueMixin
@@ -85,3 +91,17 @@ class KubernetesBackend(
 
     def metrics_note(self, job: Job) -> str:
         return "" if settings.PROMETHEUS_URL else NOTE_NO_PROMETHEUS
+
+    def node_cordon(self, node: str, *, cordoned: bool = True) -> bool:
+        """`kubectl cordon`: where the console's role may patch nodes (its RBAC names
+        `nodes: patch` only where staff grant it); refused, it is left to staff."""
+        try:
+            self._call(
+                f"{'cordoning' if cordoned else 'uncordoning'} node {node}",
+                self.core.patch_node,
+                node,
+                {"spec": {"unschedulable": cordoned}},
+            )
+        except BackendRejected:
+            return False
+        return True

@@ -105,10 +105,16 @@ class LifecycleMixin(ApiCalls):
             )
         if pull_secrets is None:
             pull_secrets = self.ensure_pull_secret(job, namespace)
+        avoid = suspect_nodes(job)
         queue = self.kueue_queue()
         if self._gang(job, queue):
             jobset = manifests.jobset_manifest(
-                job, kueue_queue=queue, resumed=resumed, pull_secrets=pull_secrets, volumes=volumes
+                job,
+                kueue_queue=queue,
+                resumed=resumed,
+                pull_secrets=pull_secrets,
+                volumes=volumes,
+                avoid_nodes=avoid,
             )
             creates.append(
                 (
@@ -125,7 +131,12 @@ class LifecycleMixin(ApiCalls):
             )
             return creates
         for manifest in manifests.job_manifests(
-            job, resumed=resumed, pull_secrets=pull_secrets, kueue_queue=queue, volumes=volumes
+            job,
+            resumed=resumed,
+            pull_secrets=pull_secrets,
+            kueue_queue=queue,
+            volumes=volumes,
+            avoid_nodes=avoid,
         ):
             creates.append(
                 (
@@ -433,3 +444,12 @@ class LifecycleMixin(ApiCalls):
             manifests.secret_name(job),
             namespace,
         )
+
+
+def suspect_nodes(job: Job) -> list[str]:
+    """The nodes of the job's pools marked suspect (their GPUs reported a hardware fault:
+    jobs.repair), which its pods avoid even where the console may not cordon them.
+    Prefetched for a dispatch batch (`Job.objects.with_backend_relations`)."""
+    return sorted(
+        node.name for pool in (job.pool, job.spot_pool) if pool for node in pool.suspect_nodes.all()
+    )

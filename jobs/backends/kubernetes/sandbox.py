@@ -115,6 +115,12 @@ class SandboxControls(ChaosControls):
     def recover_node(self, node: str) -> dict:
         return self._call("POST", "recover-node", {"node": node})
 
+    def xid_error(self, node: str, code: int) -> dict:
+        return self._call("POST", "xid-error", {"node": node, "code": code})
+
+    def stuck_gpus(self, node: str) -> dict:
+        return self._call("POST", "stuck-gpus", {"node": node})
+
     def api_faults(self, *, mode: str, fraction: float, seconds: float, delay: float) -> dict:
         return self._call(
             "POST",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -138,8 +139,9 @@ def _memory_limit(job: Job, pool: NodePool | None) -> str | None:
     return f"{max(gib, 1)}Gi"
 
 
-def _node_affinity(tier: str) -> dict:
-    """Spot ranks only on spot nodes; on-demand ranks never on spot or reserved nodes."""
+def _node_affinity(tier: str, avoid: list[str]) -> dict:
+    """Spot ranks only on spot nodes; on-demand ranks never on spot or reserved nodes;
+    neither on the nodes in `avoid` (suspect: jobs.repair)."""
     if tier == SPOT:
         terms = [
             {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
@@ -155,6 +157,9 @@ def _node_affinity(tier: str) -> dict:
             if key != "gpugeek.io/tier"
         ]
         terms = [{"matchExpressions": expressions}]
+    if avoid:
+        away = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": avoid}
+        terms = [{"matchExpressions": [*term["matchExpressions"], away]} for term in terms]
     return {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
@@ -269,10 +274,12 @@ def job_manifest(
     kueue_queue: str | None = None,
     gang: bool = False,
     volumes: list[VolumeMount] | None = None,
+    avoid_nodes: Collection[str] = (),
 ) -> dict:
     """One tier's Indexed Job of the job's current attempt. `pull_secrets`: names of the
     image pull Secrets for its image's registry (see `registry_secret_manifest`).
     `volumes`: the job's volumes, mounted from their claims (`volume_claim_manifest`).
+    `avoid_nodes`: nodes its pods must not land on (suspect: jobs.repair).
     `kueue_queue`: the tenant's LocalQueue when Kueue admits jobs; `gang`: the Job is a
     template inside the attempt's JobSet (which carries the queue label instead)."""
     pool = job.spot_pool if tier == SPOT else job.pool
@@ -332,7 +339,7 @@ def job_manifest(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.JOB_TERMINATION_GRACE_SECONDS,
         "nodeSelector": node_selector,
-        "affinity": _node_affinity(tier),
+        "affinity": _node_affinity(tier, sorted(avoid_nodes)),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS,
@@ -417,6 +424,7 @@ def job_manifests(
     pull_secrets: list[str] | None = None,
     kueue_queue: str | None = None,
     volumes: list[VolumeMount] | None = None,
+    avoid_nodes: Collection[str] = (),
 ) -> list[dict]:
     """The attempt's Kubernetes Jobs, on-demand tier first (it holds rank 0)."""
     return [
@@ -429,6 +437,7 @@ def job_manifests(
             pull_secrets=pull_secrets,
             kueue_queue=kueue_queue,
             volumes=volumes,
+            avoid_nodes=avoid_nodes,
         )
         for tier, nodes, offset in tiers(job)
     ]
@@ -441,6 +450,7 @@ def jobset_manifest(
     resumed: bool = False,
     pull_secrets: list[str] | None = None,
     volumes: list[VolumeMount] | None = None,
+    avoid_nodes: Collection[str] = (),
 ) -> dict:
     """The attempt of a job split over spot and on-demand nodes, as one JobSet.
 
@@ -471,6 +481,7 @@ def jobset_manifest(
             kueue_queue=kueue_queue,
             gang=True,
             volumes=volumes,
+            avoid_nodes=avoid_nodes,
         )
         template_spec = dict(manifest["spec"])
         template_spec.pop("suspend")  # the JobSet's suspend governs its Jobs
