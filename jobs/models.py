@@ -92,11 +92,8 @@ class JobQuerySet(TenantScopedQuerySet):
 
     def with_backend_relations(self):
         """With what a backend reads to start an attempt (pools, region, GPU type,
-        image) in the one query, and the pools' suspect nodes in two more per batch:
-        lazily they would be six more per dispatch."""
-        return self.select_related(
-            "pool", "spot_pool", "region", "gpu_type", "image"
-        ).prefetch_related("pool__suspect_nodes", "spot_pool__suspect_nodes")
+        image), in the one query: lazily they would be four more per dispatch."""
+        return self.select_related("pool", "spot_pool", "region", "gpu_type", "image")
 
 
 class Job(TenantOwnedModel):

@@ -30,6 +30,7 @@ from jobs.expectations.wording import (
 )
 from jobs.models import HOLDING_COMPUTE, Job, JobStatus
 from jobs.selectors import PRIORITY_ORDER, queued_in_order, wanting_pools
+from jobs.services.fair_share import FairShare, job_pool_nodes, pool_units, predicted_order
 from marketplace.models import NodePool, TenantQuota
 
 # Runs older than this don't predict today's (code and data change).
@@ -151,6 +152,21 @@ def runtime_history(jobs: Iterable[Job], *, now: datetime) -> dict:
     return history_from_rows(list(rows))
 
 
+def _in_admission_order(queue: list[Job], holders: list[Job], pools: dict) -> list[Job]:
+    """`queue` (priority, then first come) in the order admission takes it: fair share
+    among the organisations of each priority, from what they hold now."""
+    if len({(job.priority, job.tenant_id) for job in queue}) == len({j.priority for j in queue}):
+        return queue  # one organisation per priority: first come, first served
+    held: dict[tuple[int, int], int] = defaultdict(int)
+    for job in holders:
+        for pool_id, nodes in job_pool_nodes(job):
+            if pool_id in pools and nodes:
+                held[(job.tenant_id, pool_id)] += pool_units(job, nodes)
+    weights = {job.tenant_id: float(job.tenant.fair_share_weight) for job in queue}
+    fair = FairShare(pools, held, weights)
+    return predicted_order(queue, fair)
+
+
 def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dict[int, Expectation]:
     """Expected start (queued jobs), expected end (queued and running jobs) and the
     runtime prediction of each of `jobs`; other jobs get an empty expectation."""
@@ -167,7 +183,8 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
         queue = list(
             queued_in_order()
             .filter(wanting_pools(pool_ids))
-            .only(*EXPECTATION_COLUMNS)[:SIMULATED_QUEUE]
+            .select_related("tenant")
+            .only(*EXPECTATION_COLUMNS, "tenant__fair_share_weight")[:SIMULATED_QUEUE]
         )
         tenants = {job.tenant_id for job in queue} | {job.tenant_id for job in targets}
         holders = list(
@@ -178,6 +195,7 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
         for quota in TenantQuota.objects.filter(tenant_id__in=tenants).order_by("pk"):
             quotas[quota.tenant_id].append(quota)
         suspended = suspended_tenant_ids()
+        queue = _in_admission_order(queue, holders, pools)
     # Only queued and holding jobs are predicted: a page of finished jobs reads no history.
     predicted = [job for job in jobs if job.status in PREDICTED_STATUSES]
     history = runtime_history([*predicted, *queue, *holders], now=now)

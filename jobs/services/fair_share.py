@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
 from django.db.models import Q, QuerySet
@@ -99,6 +99,58 @@ RECENT_FIELDS = (
 )
 
 
+Lines = dict[tuple[int, int | None, int | None], deque[Job]]
+
+
+def in_fair_order(
+    jobs: Iterable[Job], fair: FairShare, lines: Lines | None = None
+) -> Iterator[Job]:
+    """`jobs` (of one priority, first come first) in fair order: each organisation's jobs
+    for one pool (or on-demand and spot pair) form a line, and the line whose head has
+    the lowest share goes next; the caller keeps `fair` current between jobs (what it
+    admits). `lines`: filled with what is left, for a caller that stops early."""
+    lines = defaultdict(deque) if lines is None else lines
+    for job in jobs:
+        lines[(job.tenant_id, job.pool_id, job.spot_pool_id)].append(job)
+
+    def entry(key: tuple, head: Job) -> tuple:
+        return (fair.share(head), head.created_at, head.pk, key)
+
+    heap = [entry(key, line[0]) for key, line in lines.items()]
+    heapq.heapify(heap)
+    while heap:
+        share, _, _, key = heapq.heappop(heap)
+        line = lines[key]
+        if fair.share(line[0]) > share:
+            # Its organisation took more of the pool since the line was placed.
+            heapq.heappush(heap, entry(key, line[0]))
+            continue
+        job = line.popleft()
+        if line:
+            heapq.heappush(heap, entry(key, line[0]))
+        else:
+            del lines[key]
+        yield job
+
+
+def predicted_order(queue: list[Job], fair: FairShare) -> list[Job]:
+    """The order admission would take `queue` (priority, then first come, first) in if
+    there were room for each job in turn: each one placed adds to its organisation's
+    share. What the expected-start estimate (jobs.expectations) simulates."""
+    ordered: list[Job] = []
+    for priority in PRIORITY_ORDER:
+        band = [job for job in queue if job.priority == priority]
+        if len({job.tenant_id for job in band}) < 2:
+            ordered += band
+            continue
+        for job in in_fair_order(band, fair):
+            ordered.append(job)
+            for pool_id, nodes in job_pool_nodes(job):
+                if pool_id in fair.pools and nodes:
+                    fair.held[(job.tenant_id, pool_id)] += pool_units(job, nodes)
+    return ordered
+
+
 class FairQueue:
     """The queue in admission order: priority, then, among jobs of one priority, the
     next job of the organisation using the least of that job's pools (ties: first come,
@@ -115,7 +167,7 @@ class FairQueue:
         self.queue, self.bands, self.fair, self.chunk = queue, bands, fair, chunk
         self._priority = PRIORITY_ORDER[0]
         # The lines of a priority read whole (None: it is read in one stream).
-        self._lines: dict[tuple[int, int | None, int | None], deque[Job]] | None = None
+        self._lines: Lines | None = None
 
     def __iter__(self) -> Iterator[Job]:
         for priority in PRIORITY_ORDER:
@@ -130,27 +182,8 @@ class FairQueue:
                 yield from self._in_fair_order(band)
 
     def _in_fair_order(self, band: QuerySet[Job]) -> Iterator[Job]:
-        lines = self._lines = defaultdict(deque)
-        for job in band.iterator(chunk_size=self.chunk):
-            lines[(job.tenant_id, job.pool_id, job.spot_pool_id)].append(job)
-        heap = [self._entry(key, line[0]) for key, line in lines.items()]
-        heapq.heapify(heap)
-        while heap:
-            share, _, _, key = heapq.heappop(heap)
-            line = lines[key]
-            if self.fair.share(line[0]) > share:
-                # Its organisation took more of the pool since the line was placed.
-                heapq.heappush(heap, self._entry(key, line[0]))
-                continue
-            job = line.popleft()
-            if line:
-                heapq.heappush(heap, self._entry(key, line[0]))
-            else:
-                del lines[key]
-            yield job
-
-    def _entry(self, key: tuple, head: Job) -> tuple:
-        return (self.fair.share(head), head.created_at, head.pk, key)
+        self._lines = defaultdict(deque)
+        yield from in_fair_order(band.iterator(chunk_size=self.chunk), self.fair, self._lines)
 
     def after(self, job: Job) -> tuple[list[Job], QuerySet[Job]]:
         """What the iteration hasn't reached when it stops at `job`: the jobs it holds in

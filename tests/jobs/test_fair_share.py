@@ -227,3 +227,27 @@ def test_staff_set_the_weight_through_the_api_and_others_get_404(world, staff):
     assert owner.patch(url, {"fair_share_weight": "9"}, format="json").status_code == 404
     world.tenant.refresh_from_db()
     assert world.tenant.fair_share_weight == Decimal("3.00")
+
+
+def test_the_expected_start_follows_the_fair_order(tenants, h100):
+    acme, globex = tenants
+    NodePool.objects.filter(pk=h100.pk).update(allocatable_gpus=8)
+
+    def launch(world, name, gpus, minutes):
+        return jobs_helpers.submit(
+            world,
+            name,
+            gpu_type="h100-80gb",
+            region="local",
+            gpus_per_node=gpus,
+            cpus=None,
+            max_runtime_minutes=minutes,
+        )
+
+    advance_to(launch(acme, "a-big", 6, 60), JobStatus.RUNNING)
+    # Ends first: 2 GPUs free in about 30 min, room for one of the two queued below.
+    advance_to(launch(globex, "g-small", 2, 30), JobStatus.RUNNING)
+    acme_next = launch(acme, "a-next", 2, 60)  # queued first…
+    globex_next = launch(globex, "g-next", 2, 60)  # …but Globex holds less of the pool
+    expected = job_expectations([acme_next, globex_next])
+    assert expected[globex_next.pk].expected_start < expected[acme_next.pk].expected_start

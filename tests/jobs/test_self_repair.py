@@ -17,7 +17,7 @@ from jobs import metrics, repair
 from jobs.actors import ActorKind
 from jobs.backends import get_backend
 from jobs.backends.base import GpuReading
-from jobs.backends.kubernetes.lifecycle import suspect_nodes
+from jobs.backends.kubernetes.lifecycle import suspect_nodes_by_pool
 from jobs.backends.kubernetes.manifests.names import namespace_name
 from jobs.backends.kubernetes.manifests.workload import job_manifests
 from jobs.models import AlertKind, Job, JobAlert, JobMetricSample, JobStatus
@@ -129,7 +129,9 @@ def test_pods_avoid_the_pools_suspect_nodes_even_uncordoned(world, catalog, sett
     job = submit(world, "train", gpu_type="h100-80gb", region="us-west", gpus_per_node=8, cpus=8)
     node_mark_suspect(name="h100-node-7", pool=job.pool, reason="XID 48")
     job = Job.objects.with_backend_relations().get(pk=job.pk)
-    [workload] = job_manifests(job, avoid_nodes=suspect_nodes(job))
+    avoid = [name for pool_id, names in suspect_nodes_by_pool().items() for name in names]
+    assert avoid == ["h100-node-7"]
+    [workload] = job_manifests(job, avoid_nodes=avoid)
     terms = workload["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from jobs.backends.kubernetes.client import (
     kueue_owner_uid,
 )
 from jobs.extensions import volume_provider
+from marketplace.models import SuspectNode
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -64,6 +66,7 @@ class LifecycleMixin(ApiCalls):
         namespace: str | None = None,
         pull_secrets: list[str] | None = None,
         volumes: list | None = None,
+        suspect: dict[int, list[str]] | None = None,
     ) -> list[Create]:
         """Set up what the attempt needs first (its namespace, image pull Secret: these
         read the database) and return the creates of its own objects, in order: env
@@ -105,7 +108,7 @@ class LifecycleMixin(ApiCalls):
             )
         if pull_secrets is None:
             pull_secrets = self.ensure_pull_secret(job, namespace)
-        avoid = suspect_nodes(job)
+        avoid = _avoided(job, suspect_nodes_by_pool() if suspect is None else suspect)
         queue = self.kueue_queue()
         if self._gang(job, queue):
             jobset = manifests.jobset_manifest(
@@ -162,6 +165,7 @@ class LifecycleMixin(ApiCalls):
         pull_secrets: dict[tuple[int, str], list[str]] = {}  # per tenant and image
         prepared: list[tuple[Job, list[Create]]] = []
         mounts = volume_provider().mounts_for_jobs([job for job in jobs if job.attempt == 1])
+        suspect = suspect_nodes_by_pool()
         for job in jobs:
             try:
                 if job.attempt > 1:
@@ -180,6 +184,7 @@ class LifecycleMixin(ApiCalls):
                     namespace=namespace,
                     pull_secrets=pull_secrets[image],
                     volumes=mounts[job.pk],
+                    suspect=suspect,
                 )
                 prepared.append((job, creates))
             except Exception as error:
@@ -446,10 +451,22 @@ class LifecycleMixin(ApiCalls):
         )
 
 
-def suspect_nodes(job: Job) -> list[str]:
-    """The nodes of the job's pools marked suspect (their GPUs reported a hardware fault:
-    jobs.repair), which its pods avoid even where the console may not cordon them.
-    Prefetched for a dispatch batch (`Job.objects.with_backend_relations`)."""
+def suspect_nodes_by_pool() -> dict[int, list[str]]:
+    """The nodes marked suspect (their GPUs reported a hardware fault: jobs.repair), by
+    pool, which pods there avoid even where the console may not cordon them. One read
+    of a table that is nearly always empty, per dispatch batch."""
+    by_pool: dict[int, list[str]] = defaultdict(list)
+    for pool_id, name in SuspectNode.objects.filter(pool__isnull=False).values_list(
+        "pool_id", "name"
+    ):
+        by_pool[pool_id].append(name)
+    return by_pool
+
+
+def _avoided(job: Job, suspect: dict[int, list[str]]) -> list[str]:
     return sorted(
-        node.name for pool in (job.pool, job.spot_pool) if pool for node in pool.suspect_nodes.all()
+        name
+        for pool_id in (job.pool_id, job.spot_pool_id)
+        if pool_id
+        for name in suspect.get(pool_id, [])
     )
