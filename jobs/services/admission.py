@@ -15,7 +15,7 @@ from jobs.actors import SYSTEM
 from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
 from jobs.selectors import before_in_queue, queued_in_order, queued_in_pools, wanting_pools
 from jobs.services.dispatch import dispatch_on_commit
-from jobs.services.fair_share import FairQueue, FairShare, job_pool_nodes
+from jobs.services.fair_share import FairQueue, FairShare, job_pool_nodes, pool_units
 from jobs.services.preemption import jobs_preempt, preemption_plan
 from jobs.state import job_transition_held, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
@@ -41,8 +41,7 @@ class Usage:
             if pool_id:
                 self.pool_gpus[pool_id] += sign * nodes * job.gpus_per_node
                 self.pool_vcpus[pool_id] += sign * nodes * job.cpus
-                per_node = job.gpus_per_node if job.gpu_type_id else job.cpus
-                self.tenant_pool[(job.tenant_id, pool_id)] += sign * nodes * per_node
+                self.tenant_pool[(job.tenant_id, pool_id)] += sign * pool_units(job, nodes)
         self.tenant_gpus[(job.tenant_id, job.gpu_type_id)] += sign * job.total_gpus
         self.tenant_jobs[job.tenant_id] += sign
 
@@ -149,6 +148,12 @@ def blocking_wait(
         if held + job.total_gpus > quota.max_gpus:
             return Wait(WaitKind.QUOTA, f"quota: {held} of {quota.max_gpus} GPUs in use")
     return None
+
+
+def _block(blocked: dict[int, Job], job: Job) -> None:
+    """`job` holds back its pools (those no earlier job held back already)."""
+    for pool_id in job_pools(job):
+        blocked.setdefault(pool_id, job)
 
 
 def _behind(job: Job, blocked: dict[int, Job]) -> Wait:
@@ -349,12 +354,12 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
             if job.pk in preempted:
                 # Requeued by this pass for a higher-priority job: judged by the next one,
                 # and nothing later for its pools overtakes it meanwhile.
-                blocked.update({pool_id: job for pool_id in wanted - blocked.keys()})
+                _block(blocked, job)
                 continue
             if job.tenant_id not in tenants.ids:
                 # Queued without the pool locks (a requeue) after the tenants were read:
                 # its quotas weren't, so it is judged by its own pass; nothing overtakes it.
-                blocked.update({pool_id: job for pool_id in wanted - blocked.keys()})
+                _block(blocked, job)
                 continue
             if job.tenant_id in suspended:
                 _wait(job, SUSPENDED)  # holds back no one: its organisation's jobs all wait
@@ -377,7 +382,7 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
             if wait.kind == WaitKind.QUOTA:
                 blocked_by_quota |= {(job.tenant_id, pid) for pid in wanted}
             elif wait.kind != WaitKind.QUOTA_QUEUE:
-                blocked.update({pool_id: job for pool_id in wanted - blocked.keys()})
+                _block(blocked, job)
             _wait(job, wait)
             if every_pool <= blocked.keys():
                 pending, rest = in_order.after(job)
