@@ -14,6 +14,7 @@ NAVIGATION = [
     ("Jobs", "jobs:list", Capability.VIEW_TENANT),
     ("Storage", "storage:volumes", Capability.VIEW_TENANT),
     ("Services", "services:list", Capability.VIEW_TENANT),
+    ("Environments", "environments:list", Capability.VIEW_TENANT),
     ("Catalog", "marketplace:offers", None),  # shared catalog: any signed-in user
     ("Costs", "billing:costs", Capability.VIEW_TENANT),
     ("Budgets", "billing:budgets", Capability.VIEW_TENANT),

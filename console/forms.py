@@ -191,3 +191,19 @@ class TenantSuspendForm(forms.Form):
         max_length=500,
         widget=forms.Textarea(attrs={"rows": 3}),
     )
+
+
+class OrganisationSettingsForm(forms.Form):
+    hardware_repair_default = forms.BooleanField(
+        label="Requeue a job on another node when its GPU reports a hardware fault or a rank "
+        "is stuck",
+        required=False,
+        help_text="The job checkpoints, the node is marked suspect, and the job resumes "
+        "elsewhere from its latest checkpoint. Off: the job is alerted and keeps running.",
+    )
+    loss_explosion_pause_default = forms.BooleanField(
+        label="Pause a job whose loss explodes",
+        required=False,
+        help_text="A logged loss above the run's mean + 3σ (or NaN) pauses the job and "
+        "tells its owner. Off: the job is alerted and keeps running.",
+    )

@@ -305,6 +305,8 @@ class ConsoleLauncher:
                 "beat", [py, "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="]
             ),
             Child("watcher", [py, str(self.base_dir / "manage.py"), "run_watcher"]),
+            # The SSH jump host to dev environments (environments.gateway).
+            Child("ssh-gateway", [py, str(self.base_dir / "manage.py"), "ssh_gateway"]),
         ]
 
     def run(self, env: dict[str, str]) -> int:

@@ -84,6 +84,12 @@ class Tenant(models.Model):
         default=Decimal("1.00"),
         validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(Decimal("100"))],
     )
+    # Self-repair defaults its owners and admins choose for the organisation's jobs (the
+    # organisation settings page); a job's own choice overrides them. On by default.
+    # Requeue a job on another node when its GPU reports a hardware fault or a rank hangs:
+    hardware_repair_default = models.BooleanField(default=True)
+    # Pause a job whose logged loss explodes:
+    loss_explosion_pause_default = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -45,6 +45,8 @@ class Capability(enum.StrEnum):
     MANAGE_BUDGETS = "manage_budgets"
     MANAGE_PRIVATE_IMAGES = "manage_private_images"
     MANAGE_SECRETS = "manage_secrets"
+    # The organisation's settings (its jobs' self-repair defaults): owners and admins.
+    MANAGE_ORGANISATION = "manage_organisation"
     # Pause, resume, cancel, delete and clone anyone's jobs and delete anyone's launch
     # templates; without it, only one's own (with LAUNCH_JOBS).
     ACT_ON_OTHERS_JOBS = "act_on_others_jobs"

@@ -3,6 +3,7 @@
 from channels.generic.websocket import WebsocketConsumer
 from django.urls import path, re_path
 
+from environments.proxy import JupyterSocket
 from jobs.consumers import JobConsumer, TenantConsumer
 
 
@@ -16,6 +17,8 @@ class UnknownRouteConsumer(WebsocketConsumer):
 websocket_urlpatterns: list = [
     path("ws/jobs/<int:job_id>/", JobConsumer.as_asgi()),
     path("ws/tenant/", TenantConsumer.as_asgi()),
+    # The kernels of an environment's Jupyter (environments.proxy).
+    re_path(r"^env/(?P<tenant_slug>[-\w]+)/(?P<name>[-a-z0-9]+)/", JupyterSocket.as_asgi()),
     # Keep last: anything else is refused.
     re_path(r"", UnknownRouteConsumer.as_asgi()),
 ]

@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "jobs",
     "storage",
     "services",
+    "environments",
     "billing",
 ]
 
@@ -293,6 +294,7 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "jobs.models.JobStatus",
         "InvoiceStatusEnum": "billing.models.invoices.InvoiceStatus",
         "ImageKindEnum": "marketplace.models.ImageKind",
+        "AutoscaleMetricEnum": "services.api.serializers.METRICS",
     },
 }
 
@@ -347,18 +349,10 @@ KUBERNETES_DISPATCH_CONCURRENCY = env_int("KUBERNETES_DISPATCH_CONCURRENCY", 8)
 KUBERNETES_TTL_SECONDS_AFTER_FINISHED = env_int("KUBERNETES_TTL_SECONDS_AFTER_FINISHED", 3600)
 # Egress no job may reach: the metadata endpoint and private ranges (our DB, Redis, the
 # control plane); adjust to the cluster's network.
-KUBERNETES_EGRESS_DENY_CIDRS = env_list(
-    "KUBERNETES_EGRESS_DENY_CIDRS",
-    [
-        "169.254.0.0/16",
-        "10.0.0.0/8",
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "100.64.0.0/10",
-        "fc00::/7",
-        "fe80::/10",
-    ],
-)
+KUBERNETES_EGRESS_DENY_CIDRS = env_list("KUBERNETES_EGRESS_DENY_CIDRS", [
+    "169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+    "fc00::/7", "fe80::/10",
+])  # fmt: skip
 KUBERNETES_IMAGE_PULL_SECRETS = env_list("KUBERNETES_IMAGE_PULL_SECRETS", [])
 # Scratch disk each job container requests and may use (requests = limits).
 KUBERNETES_EPHEMERAL_STORAGE = env_str("KUBERNETES_EPHEMERAL_STORAGE", "20Gi")
@@ -380,6 +374,8 @@ if KUEUE not in ("off", "on", "auto"):
 KUEUE_QUEUE_NAME = KUEUE_QUEUE_NAME or "gpugeek"
 KUEUE_CLUSTER_QUEUE = env_str("KUEUE_CLUSTER_QUEUE", "gpugeek")
 CAPACITY_SYNC_INTERVAL = env_int("CAPACITY_SYNC_INTERVAL", 60)
+# A multi-node job of more nodes than this runs inside one topology block of its pool.
+TOPOLOGY_BLOCK_NODES = env_int("TOPOLOGY_BLOCK_NODES", 4)
 # Local backend: vCPUs offered per host core (light scripts share cores), and where jobs'
 # work dirs live (default: <data dir>-work beside the data dir, which is private to the
 # console; job users must pass through its parents to reach their own dir).
@@ -398,8 +394,7 @@ LOCAL_JOB_SANDBOX = env_bool("LOCAL_JOB_SANDBOX", True)
 LOCAL_JOB_UID_BASE = env_int("LOCAL_JOB_UID_BASE", 1_200_000)
 LOCAL_JOB_GID_BASE = env_int("LOCAL_JOB_GID_BASE", 1_200_000)
 LOCAL_JOB_ID_COUNT = env_int("LOCAL_JOB_ID_COUNT", 100_000)
-# Without a sandbox: the OS user jobs run as (empty: the console's own user; another user
-# needs the console to run as root).
+# Without a sandbox, jobs run as this OS user ("": the console's; another needs root).
 LOCAL_JOB_USER = env_str("LOCAL_JOB_USER", "")
 # A sandboxed job's limits: processes and threads, its work dir's size (GiB), and how long
 # a finished job's work dir is kept (its log stays in the archive).
@@ -500,42 +495,47 @@ SERVICE_MAX_REPLICAS = env_int("SERVICE_MAX_REPLICAS", 10)
 # Seconds between reconcile passes (replicas started, health-checked, restarted).
 SERVICE_RECONCILE_INTERVAL = env_int("SERVICE_RECONCILE_INTERVAL", 5)
 SERVICE_READINESS_TIMEOUT = float(env_str("SERVICE_READINESS_TIMEOUT", "2") or 2)
-# Replica ends without a ready one before the service is "failed" (a crash loop).
-SERVICE_MAX_RESTARTS = env_int("SERVICE_MAX_RESTARTS", 5)
+SERVICE_MAX_RESTARTS = env_int("SERVICE_MAX_RESTARTS", 5)  # replica ends, none ready: failed
 # The gateway's upstream timeouts (seconds): connecting to a replica, and between bytes.
 SERVICE_GATEWAY_CONNECT_TIMEOUT = float(env_str("SERVICE_GATEWAY_CONNECT_TIMEOUT", "2") or 2)
 SERVICE_GATEWAY_READ_TIMEOUT = float(env_str("SERVICE_GATEWAY_READ_TIMEOUT", "60") or 60)
+SERVICE_AUTOSCALE_STABLE_WINDOW = env_int("SERVICE_AUTOSCALE_STABLE_WINDOW", 60)  # s, Knative's
+SERVICE_AUTOSCALE_PANIC_WINDOW = env_int("SERVICE_AUTOSCALE_PANIC_WINDOW", 6)  # seconds
+SERVICE_SCALE_TO_ZERO_GRACE = env_int("SERVICE_SCALE_TO_ZERO_GRACE", 300)  # idle s before zero
+SERVICE_COLD_START_QUEUE = env_int("SERVICE_COLD_START_QUEUE", 100)  # requests held at zero
+SERVICE_COLD_START_TIMEOUT = env_int("SERVICE_COLD_START_TIMEOUT", 300)  # s a held one waits
+# The SSH gateway (manage.py ssh_gateway): where it listens; what laptops dial ("": that).
+SSH_GATEWAY_HOST = env_str("SSH_GATEWAY_HOST", "127.0.0.1")
+SSH_GATEWAY_PORT = env_int("SSH_GATEWAY_PORT", 2222)
+SSH_GATEWAY_PUBLIC_ADDRESS = env_str("SSH_GATEWAY_PUBLIC_ADDRESS", "")  # host[:port]
+
+
+def _every(task: str, seconds: float) -> dict:
+    return {"task": task, "schedule": float(seconds)}
+
 
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
-    "meter-tick": {"task": "billing.tasks.meter_tick_task", "schedule": float(METERING_INTERVAL)},
-    "jobs-reconcile": {"task": "jobs.tasks.jobs_reconcile_task", "schedule": 30.0},
-    "services-reconcile": {
-        "task": "services.tasks.services_reconcile_task",
-        "schedule": float(SERVICE_RECONCILE_INTERVAL),
-    },
-    "metrics-collect": {
-        "task": "jobs.tasks.metrics_collect_task",
-        "schedule": float(env_int("METRICS_INTERVAL", 5)),
-    },
-    "metrics-downsample": {"task": "jobs.tasks.metrics_downsample_task", "schedule": 600.0},
-    "logs-archive": {"task": "jobs.tasks.logs_archive_task", "schedule": 60.0},
-    "jobs-files-prune": {"task": "jobs.tasks.jobs_files_prune_task", "schedule": 3600.0},
-    "checkpoints-prune": {"task": "jobs.tasks.jobs_checkpoints_prune_task", "schedule": 300.0},
-    "volume-fills-sweep": {"task": "storage.tasks.volume_fills_sweep_task", "schedule": 60.0},
-    "capacity-sync": {
-        "task": "jobs.tasks.capacity_sync_task",
-        "schedule": float(CAPACITY_SYNC_INTERVAL),
-    },
+    "meter-tick": _every("billing.tasks.meter_tick_task", METERING_INTERVAL),
+    "jobs-reconcile": _every("jobs.tasks.jobs_reconcile_task", 30),
+    "services-reconcile": _every(
+        "services.tasks.services_reconcile_task", SERVICE_RECONCILE_INTERVAL
+    ),
+    "metrics-collect": _every("jobs.tasks.metrics_collect_task", env_int("METRICS_INTERVAL", 5)),
+    "metrics-downsample": _every("jobs.tasks.metrics_downsample_task", 600),
+    "logs-archive": _every("jobs.tasks.logs_archive_task", 60),
+    "jobs-files-prune": _every("jobs.tasks.jobs_files_prune_task", 3600),
+    "checkpoints-prune": _every("jobs.tasks.jobs_checkpoints_prune_task", 300),
+    "volume-fills-sweep": _every("storage.tasks.volume_fills_sweep_task", 60),
+    "environments-sync": _every("environments.tasks.environments_sync_task", 10),
+    "environments-delete-stopped": _every("environments.tasks.environments_delete_task", 3600),
+    "capacity-sync": _every("jobs.tasks.capacity_sync_task", CAPACITY_SYNC_INTERVAL),
     # Last month's draft invoices, early on the 1st (idempotent: safe to run again).
     "invoices-draft-monthly": {
         "task": "billing.tasks.invoices_draft_monthly_task",
         "schedule": crontab(minute=15, hour=0, day_of_month=1),
     },
     # Open invoices that never reached Stripe are pushed again (no-op without a key).
-    "invoices-stripe-push-pending": {
-        "task": "billing.tasks.invoices_stripe_push_pending_task",
-        "schedule": 900.0,
-    },
+    "invoices-stripe-push-pending": _every("billing.tasks.invoices_stripe_push_pending_task", 900),
 }
 
 # --- E-mail ----

@@ -1,8 +1,9 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 
-from console import account_views, health, metrics, ssh_key_views, views
+from console import account_views, health, metrics, organisation_views, ssh_key_views, views
+from environments import proxy as environment_proxy
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -52,6 +53,11 @@ urlpatterns = [
     path("tenants/new/", views.tenant_create, name="tenant_create"),
     path("tenants/switch/", views.tenant_switch, name="tenant_switch"),
     path("members/", views.members, name="members"),
+    path(
+        "organisation/settings/",
+        organisation_views.organisation_settings,
+        name="organisation_settings",
+    ),
     path("members/<int:membership_id>/role/", views.member_role, name="member_role"),
     path("members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
     path(
@@ -84,6 +90,14 @@ urlpatterns = [
     path("api/v1/", include("services.api.urls")),
     path("jobs/", include("jobs.urls")),
     path("services/", include("services.urls")),
+    path("api/v1/", include("environments.api.urls")),
+    path("environments/", include("environments.urls")),
+    # Jupyter of an environment, through the console (environments.proxy).
+    re_path(
+        r"^env/(?P<tenant_slug>[-\w]+)/(?P<name>[-a-z0-9]+)/(?P<path>.*)$",
+        environment_proxy.jupyter_proxy,
+        name="environment_jupyter",
+    ),
     path("billing/", include("billing.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("console.api.urls")),

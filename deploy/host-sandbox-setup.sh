@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # `make setup`: what host jobs' sandbox needs (jobs/backends/local_sandbox.py). Installs
-# Debian's bubblewrap, slirp4netns and iproute2 where missing (as root, with apt-get), and
+# Debian's bubblewrap, slirp4netns and iproute2, and for dev environments openssh-server,
+# jupyter-server, nbclassic and ipykernel, where missing (as root, with apt-get), and
 # checks that the uid/gid range reserved for jobs holds no login account or group.
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v slirp4netns >/dev/null || missing+=(slirp4netns)
 command -v ip >/dev/null || missing+=(iproute2)
+# What dev environments run inside the sandbox (environments.sshd, environments.jupyter).
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+[ -x /usr/bin/jupyter-nbclassic ] || missing+=(python3-jupyter-server python3-nbclassic python3-ipykernel)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "host sandbox: installing ${missing[*]}"

@@ -1,6 +1,7 @@
 """Self-healing alert rules: pure functions over samples and log values, and the service
 that applies them to a running job (records a JobAlert, notes it in the timeline,
-publishes it, and for an idle job with auto-stop on, pauses it).
+publishes it, and for an idle job with auto-stop on, pauses it), and the job's
+self-repair choices resolved against its organisation's defaults.
 
 Rules (thresholds from the issue, overridable in settings):
 - utilisation unstable: a GPU's utilisation std-dev over the last 5 min > 15 points;
@@ -13,6 +14,7 @@ Rules (thresholds from the issue, overridable in settings):
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import re
@@ -159,6 +161,33 @@ def gpu_idle(
 # --- applying them to a job --------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SelfRepairChoices:
+    """What self-repair does for one job now: its own choice where it made one, else its
+    organisation's current default."""
+
+    hardware_repair: bool
+    loss_explosion_pause: bool
+
+
+def self_repair_choices(*, job: Job, monitor: JobMonitor | None) -> SelfRepairChoices:
+    """The one place a job's self-repair choice meets its organisation's default (a None
+    choice follows the default, so changing the default changes every such job)."""
+    tenant = job.tenant
+
+    def chosen(own: bool | None, default: bool) -> bool:
+        return default if own is None else own
+
+    return SelfRepairChoices(
+        hardware_repair=chosen(
+            monitor.hardware_repair if monitor else None, tenant.hardware_repair_default
+        ),
+        loss_explosion_pause=chosen(
+            monitor.loss_explosion_pause if monitor else None, tenant.loss_explosion_pause_default
+        ),
+    )
+
+
 def _idle_minutes(monitor: JobMonitor | None) -> int:
     if monitor is not None and monitor.idle_minutes:
         return monitor.idle_minutes
@@ -281,7 +310,8 @@ def alerts_scan_logs(*, job: Job, now: datetime) -> JobAlert | None:
         f"loss {value:g} at log line {line_no} is above the run's mean + {LOSS_SIGMAS:g}σ "
         f"(mean {before.mean:.4g}, σ {before.stddev:.4g} over {before.count} values)"
     )
-    pause = monitor.loss_explosion_pause and job.status == JobStatus.RUNNING
+    choices = self_repair_choices(job=job, monitor=monitor)
+    pause = choices.loss_explosion_pause and job.status == JobStatus.RUNNING
     alert = alert_raise(
         job=job,
         kind=AlertKind.LOSS_EXPLOSION,
@@ -297,19 +327,35 @@ def alerts_scan_logs(*, job: Job, now: datetime) -> JobAlert | None:
     return alert
 
 
+class Unchanged(enum.Enum):
+    """A choice the caller left out of `job_monitor_set` (None means "the default")."""
+
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = Unchanged.UNCHANGED
+
+
 def job_monitor_set(
     *,
     job: Job,
     idle_auto_stop: bool,
     idle_minutes: int | None,
-    loss_explosion_pause: bool | None = None,
+    loss_explosion_pause: bool | Unchanged | None = UNCHANGED,
+    hardware_repair: bool | Unchanged | None = UNCHANGED,
 ) -> JobMonitor:
     """The job's GPU-idle auto-stop choice (None minutes: the installation's default) and
-    whether a loss explosion pauses it (None: unchanged)."""
+    its self-repair choices: whether a loss explosion pauses it and whether a hardware
+    fault moves it to another node (None: its organisation's default; left out:
+    unchanged)."""
     monitor, _ = JobMonitor.objects.get_or_create(job=job)
     monitor.idle_auto_stop = idle_auto_stop
     monitor.idle_minutes = idle_minutes
-    if loss_explosion_pause is not None:
+    if loss_explosion_pause is not UNCHANGED:
         monitor.loss_explosion_pause = loss_explosion_pause
-    monitor.save(update_fields=["idle_auto_stop", "idle_minutes", "loss_explosion_pause"])
+    if hardware_repair is not UNCHANGED:
+        monitor.hardware_repair = hardware_repair
+    monitor.save(
+        update_fields=["idle_auto_stop", "idle_minutes", "loss_explosion_pause", "hardware_repair"]
+    )
     return monitor

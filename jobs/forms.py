@@ -9,6 +9,7 @@ from django import forms
 
 from jobs.launch_options import launch_choices, launch_images
 from jobs.models import Priority, TenantSecret
+from jobs.services.placement import REQUIREMENT_VALUES
 from jobs.services.spec import DEFAULT_MAX_RUNTIME_MINUTES, JobSpec
 from marketplace.models import GpuType, Image, Region, Tier
 from marketplace.pricing import MAX_NODES
@@ -133,6 +134,45 @@ class LaunchForm(forms.Form):
     region = forms.ModelChoiceField(
         queryset=Region.objects.filter(is_active=True), to_field_name="slug", empty_label=None
     )
+    # Other places the job may run (spec `regions` / `gpu_types` with the choice above):
+    # the launch takes the cheapest, weighted by data locality, and says so on the timeline.
+    regions = forms.ModelMultipleChoiceField(
+        label="Also acceptable regions",
+        queryset=Region.objects.none(),
+        to_field_name="slug",
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="The launch runs where its price is lowest, a pool in the data region "
+        "counting its price divided by the pool's locality weight (1.5 unless staff set "
+        "another).",
+    )
+    gpu_types = forms.ModelMultipleChoiceField(
+        label="Also acceptable GPU types",
+        queryset=GpuType.objects.none(),
+        to_field_name="slug",
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Chosen the same way, with the GPUs per node above.",
+    )
+    data_region = forms.ModelChoiceField(
+        label="Data region",
+        queryset=Region.objects.none(),
+        to_field_name="slug",
+        required=False,
+        empty_label="Not said",
+        help_text="Where the data it reads lives (a bucket's region). With volumes, theirs.",
+    )
+    interconnect = forms.ChoiceField(
+        label="Requires interconnect",
+        choices=[("", "Any"), *((v, v) for v in REQUIREMENT_VALUES["interconnect"])],
+        required=False,
+        help_text="Only pools whose nodes have it.",
+    )
+    cpu_arch = forms.ChoiceField(
+        label="Requires CPU architecture",
+        choices=[("", "Any"), *((v, v) for v in REQUIREMENT_VALUES["cpu_arch"])],
+        required=False,
+    )
     spot_ratio = forms.DecimalField(
         min_value=Decimal(0),
         max_value=Decimal(1),
@@ -209,9 +249,13 @@ class LaunchForm(forms.Form):
             pk__in=[image.pk for image in launch_images(tenant=tenant)]
         )
         # "This host" is offered only to tenants staff allow to run on it.
-        self.fields["region"].queryset = regions_for_tenant(tenant)
+        for name in ("region", "regions", "data_region"):
+            self.fields[name].queryset = regions_for_tenant(tenant)
         # What the form offers for the values it has; clean() accepts only these.
         self.choices = launch_choices(tenant=tenant, **self._asked())
+        self.fields["gpu_types"].queryset = GpuType.objects.filter(
+            pk__in=[gpu.pk for gpu in self.choices.gpu_types]
+        )
         if not self.is_bound:
             self.initial.update(
                 gpu_type=self.choices.gpu_type.slug if self.choices.gpu_type else "",
@@ -252,6 +296,8 @@ class LaunchForm(forms.Form):
             "max_runtime_minutes": spec.max_runtime_minutes,
             "checkpoint_path": spec.checkpoint_path,
             "gpu_memory_gib": spec.gpu_memory_gib,
+            "interconnect": spec.requirements.get("interconnect", ""),
+            "cpu_arch": spec.requirements.get("cpu_arch", ""),
             "volumes": "\n".join(
                 f"{m['name']}:{m['path']}{':ro' if m.get('read_only') else ''}"
                 for m in spec.volumes
@@ -307,6 +353,26 @@ class LaunchForm(forms.Form):
                 f"{max(choices.gpus_per_node_choices, default=0)}.",
             )
         return data
+
+    def placement(self) -> dict[str, Any]:
+        """The spec's where and what on (cleaned data): one region and GPU type, or, with
+        others also acceptable, the lists of all of them; the data region; requirements."""
+        data = self.cleaned_data
+        region, gpu_type = data["region"].slug, data["gpu_type"].slug if data["gpu_type"] else None
+        regions = list(dict.fromkeys([region, *(r.slug for r in data["regions"])]))
+        gpu_types = list(dict.fromkeys([gpu_type, *(g.slug for g in data["gpu_types"])]))
+        requirements = {name: data[name] for name in REQUIREMENT_VALUES if data.get(name)}
+        return {
+            **({"regions": regions} if len(regions) > 1 else {"region": region}),
+            **({"gpu_types": gpu_types} if len(gpu_types) > 1 else {"gpu_type": gpu_type}),
+            "data_region": data["data_region"].slug if data["data_region"] else None,
+            "requirements": requirements,
+        }
+
+    def clean_gpu_types(self):
+        if self.cleaned_data["gpu_types"] and not self._asked().get("gpu_type"):
+            raise forms.ValidationError("A CPU-only job runs on CPUs: choose a GPU type first.")
+        return self.cleaned_data["gpu_types"]
 
     def clean_command(self):
         try:

@@ -30,6 +30,7 @@ DCGM_FIELDS = {
     "DCGM_FI_DEV_POWER_USAGE": "power_w",
     "DCGM_FI_DEV_GPU_TEMP": "temperature_c",
     "DCGM_FI_DEV_XID_ERRORS": "xid",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe",
 }
 # Our pods' names (jobs.backends.kubernetes.manifests.job_name + the Indexed Job suffix).
 POD_NAME = re.compile(r"^gg-(?P<job>\d+)-a(?P<attempt>\d+)(?P<spot>-spot)?-(?P<index>\d+)-")
@@ -140,6 +141,7 @@ def prometheus_readings(
                 temperature_c=fields.get("temperature_c"),
                 host=hosts.get((job_id, node, gpu), ""),
                 xid=int(xid) if xid else None,
+                ecc_dbe=int(fields["ecc_dbe"]) if fields.get("ecc_dbe") else None,
             )
         )
     return readings

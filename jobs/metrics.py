@@ -119,9 +119,9 @@ def metrics_collect(*, now: datetime | None = None) -> int:
 
 
 def _self_repair(job: Job, readings: list[GpuReading], now: datetime) -> None:
-    """Hardware-looking faults in this tick's readings (jobs.repair): XID errors, or a
-    rank of a multi-node job stuck while the others run."""
-    faulty = [reading for reading in readings if reading.xid]
+    """Hardware-looking faults in this tick's readings (jobs.repair): XID errors or
+    double-bit ECC errors, or a rank of a multi-node job stuck while the others run."""
+    faulty = [reading for reading in readings if reading.faulty]
     if faulty:
         repair.job_hardware_fault(job=job, faulty=faulty, now=now)
     elif job.nodes > 1:

@@ -61,6 +61,7 @@ class WaitKind(models.TextChoices):
     QUOTA = "quota", "Held by the organisation's quota"
     QUOTA_QUEUE = "quota_queue", "Behind the organisation's earlier jobs (quota)"
     FAIR_SHARE = "fair_share", "Other organisations' turn first (fair share)"
+    TOPOLOGY = "topology", "Waiting for enough free nodes in one topology block"
     BACKEND = "backend", "Waiting on the backend (scheduling, Kueue admission)"
     RETRY = "retry", "Retrying a backend call"
     SUSPENDED = "suspended", "The organisation is suspended"
@@ -167,6 +168,12 @@ class Job(TenantOwnedModel):
     spot_pool = models.ForeignKey(
         "marketplace.NodePool", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # What its nodes must have (interconnect, cpu_arch): only pools that have it were
+    # candidates at launch (jobs.services.placement).
+    requirements = models.JSONField(default=dict, blank=True)
+    # A gang over TOPOLOGY_BLOCK_NODES nodes runs inside one topology block of its pool:
+    # the block admission chose (the value of the pool's topology label), "" otherwise.
+    topology_block = models.CharField(max_length=63, blank=True, default="")
     # Local backend: GPU indices handed to this job through CUDA_VISIBLE_DEVICES.
     assigned_devices = models.JSONField(default=list, blank=True)
 
@@ -458,15 +465,18 @@ class JobAlert(models.Model):
 
 class JobMonitor(models.Model):
     """Per-job monitoring settings and the rules' running state: the GPU-idle auto-stop
-    choice, and the loss statistics of the run (Welford's mean/M2) with how far the log
-    has been scanned for `loss=` values."""
+    and self-repair choices, and the loss statistics of the run (Welford's mean/M2) with
+    how far the log has been scanned for `loss=` values."""
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="monitor")
     idle_auto_stop = models.BooleanField(default=False)
     idle_minutes = models.PositiveIntegerField(null=True, blank=True)  # None: the default
-    # Self-repair of a loss explosion: pause the job (and tell its owner) rather than let
-    # it spend GPU-hours on a diverged run. On unless the job's owner turns it off.
-    loss_explosion_pause = models.BooleanField(default=True)
+    # The job's own self-repair choices; None follows its organisation's current default
+    # (Tenant.*_default), resolved in one place: jobs.alerts.self_repair_choices.
+    # Pause on a loss explosion rather than spend GPU-hours on a diverged run:
+    loss_explosion_pause = models.BooleanField(null=True, blank=True, default=None)
+    # Move the job off a node whose GPU reports a hardware fault or whose rank is stuck:
+    hardware_repair = models.BooleanField(null=True, blank=True, default=None)
     log_scanned_line = models.PositiveBigIntegerField(default=0)
     loss_count = models.PositiveIntegerField(default=0)
     loss_mean = models.FloatField(default=0.0)

@@ -1,10 +1,13 @@
-"""Self-repair of hardware faults: a job whose GPUs report an XID error (DCGM's
-`DCGM_FI_DEV_XID_ERRORS`, read with the GPU metrics), or one of whose ranks is stuck
+"""Self-repair of hardware faults: a job whose GPUs report an XID error or uncorrectable
+ECC errors (DCGM's `DCGM_FI_DEV_XID_ERRORS`, `DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`, read with
+the GPU metrics), or one of whose ranks is stuck
 while the others run (its GPUs idle for STUCK_WINDOW), is asked to checkpoint and stop
 (SIGTERM and the grace period, as a preemption), the node is marked suspect (capacity
 leaves it out, pods avoid it, it is cordoned where the console may), and the job queues
 again as its next attempt, which resumes from its latest checkpoint elsewhere. Each step
-goes through the state machine and the timeline names the rule and the readings.
+goes through the state machine and the timeline names the rule and the readings. A job
+whose hardware repair is off (its own choice or its organisation's default) is alerted
+and its node marked suspect, but it keeps running.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from jobs import tasks
 from jobs.actors import ALERTS
-from jobs.alerts import alert_raise
+from jobs.alerts import alert_raise, self_repair_choices
 from jobs.backends.base import GpuReading
-from jobs.models import AlertKind, Job, JobAlert, JobMetricSample, JobStatus
+from jobs.models import AlertKind, Job, JobAlert, JobMetricSample, JobMonitor, JobStatus
 from jobs.notifications import job_repair_notify
 from jobs.services.admission import job_pools, jobs_admit
 from jobs.services.preemption import PREEMPTIBLE, job_requeue_preempted
@@ -33,6 +36,7 @@ from marketplace.models import NodePool, SuspectNode
 from marketplace.services import node_clear_suspect, node_mark_suspect
 
 RULE = "hardware fault (XID error)"
+ECC_RULE = "hardware fault (double-bit ECC errors)"
 # A rank is stuck when its GPUs stay under STUCK_UTILIZATION % for STUCK_WINDOW while
 # the job's other ranks average over BUSY_UTILIZATION %: a hung GPU or interconnect.
 STUCK_WINDOW = timedelta(minutes=5)
@@ -49,13 +53,14 @@ def _rank_pool(job: Job, node: str) -> NodePool | None:
 
 
 def job_hardware_fault(*, job: Job, faulty: list[GpuReading], now: datetime) -> JobAlert | None:
-    """Repair `job` (running) whose `faulty` readings carry XID errors; None when the
-    same fault was already acted on within the alert cool-down."""
+    """Repair `job` (running) whose `faulty` readings carry XID or double-bit ECC errors;
+    None when the same fault was already acted on within the alert cool-down."""
     evidence = "; ".join(
-        f"{reading.host or reading.node} GPU {reading.gpu}: XID {reading.xid}" for reading in faulty
+        f"{reading.host or reading.node} GPU {reading.gpu}: {reading.fault}" for reading in faulty
     )
     hosts = {reading.host: _rank_pool(job, reading.node) for reading in faulty if reading.host}
-    return _repair(job, AlertKind.HARDWARE_FAULT, RULE, evidence, hosts, now)
+    rule = RULE if any(reading.xid for reading in faulty) else ECC_RULE
+    return _repair(job, AlertKind.HARDWARE_FAULT, rule, evidence, hosts, now)
 
 
 def stuck_ranks(
@@ -110,14 +115,23 @@ def _repair(
     hosts: dict[str, NodePool | None],
     now: datetime,
 ) -> JobAlert | None:
-    """Alert; mark `hosts` suspect; checkpoint and requeue the job away from them."""
+    """Alert; mark `hosts` suspect; checkpoint and requeue the job away from them unless
+    its self-repair choice (or its organisation's default) says to leave it running."""
     away = ", ".join(sorted(hosts)) or "the node"
+    monitor = JobMonitor.objects.filter(job=job).first()
+    move = self_repair_choices(job=job, monitor=monitor).hardware_repair
+    action = (
+        f"Checkpointing the job and resuming it away from {away}."
+        if move
+        else f"Hardware repair is off for this job: it keeps running on {away}, which is "
+        "marked suspect."
+    )
     alert = alert_raise(
         job=job,
         kind=kind,
         severity="critical",
-        message=f"{AlertKind(kind).label}: {evidence}. Checkpointing the job and resuming it "
-        f"away from {away}.",
+        # What is done first: a long list of readings is what the alert's length cuts.
+        message=f"{AlertKind(kind).label}. {action} Readings: {evidence}.",
         now=now,
     )
     if alert is None:
@@ -129,27 +143,35 @@ def _repair(
             for host, pool in sorted(hosts.items())
             if (node := node_mark_suspect(name=host, pool=pool, reason=reason)) is not None
         ]
-        try:
-            stopped = job_transition(
-                job=job,
-                to=JobStatus.PREEMPTED,
-                actor=ALERTS,
-                reason=f"self-repair, {rule}: {evidence}; {away} marked suspect; the job "
-                "checkpoints and resumes on another node from its latest checkpoint",
-                expected_from=PREEMPTIBLE,
-            )
-        except IllegalTransition:  # paused, cancelled or ended meanwhile: nothing to move
-            stopped = None
-        if stopped is not None:
-            enqueue_on_commit(tasks.job_preempted_stop_task, stopped.pk, stopped.attempt)
-            job_requeue_preempted(job=stopped)
-            jobs_admit(pools=job_pools(stopped))
+        if move:
+            _move_off(job, rule, evidence, away)
+        else:
             job_repair_notify(
-                stopped, "was moved off a faulty node", f"{evidence}; it resumes elsewhere"
+                job, "runs on a faulty node", f"{evidence}; hardware repair is off for it"
             )
+        # A cordon keeps new pods off the node and evicts none: a job left there runs on.
         for node in marked:
             enqueue_on_commit(tasks.node_cordon_task, job.backend, node.name)
     return alert
+
+
+def _move_off(job: Job, rule: str, evidence: str, away: str) -> None:
+    """Preempt the job (checkpoint, SIGTERM grace) and requeue its next attempt."""
+    try:
+        stopped = job_transition(
+            job=job,
+            to=JobStatus.PREEMPTED,
+            actor=ALERTS,
+            reason=f"self-repair, {rule}: {evidence}; {away} marked suspect; the job "
+            "checkpoints and resumes on another node from its latest checkpoint",
+            expected_from=PREEMPTIBLE,
+        )
+    except IllegalTransition:  # paused, cancelled or ended meanwhile: nothing to move
+        return
+    enqueue_on_commit(tasks.job_preempted_stop_task, stopped.pk, stopped.attempt)
+    job_requeue_preempted(job=stopped)
+    jobs_admit(pools=job_pools(stopped))
+    job_repair_notify(stopped, "was moved off a faulty node", f"{evidence}; it resumes elsewhere")
 
 
 def node_healthy(*, node: SuspectNode, user: User, request: HttpRequest | None = None) -> None:

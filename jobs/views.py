@@ -93,11 +93,9 @@ def launch(request: HttpRequest) -> HttpResponse:
             command=data["command"],
             env=data["env"],
             secret_env=data["secret_env"],
-            gpu_type=data["gpu_type"].slug if data["gpu_type"] else None,
             gpus_per_node=data["gpus_per_node"],
             cpus=data["cpus"],
             nodes=data["nodes"],
-            region=data["region"].slug,
             spot_ratio=data["spot_ratio"],
             priority=data["priority"],
             max_runtime_minutes=data["max_runtime_minutes"],
@@ -107,6 +105,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             secrets=data["secrets"],
             ports=list(data["image"].ports) if data["expose_ports"] else [],
             volumes=data["volumes"],
+            **form.placement(),
         )
         try:
             # The form posts to its own address: a launch from a template names it.

@@ -367,6 +367,15 @@ ALLOWED_REGISTRIES = [
 
 
 @transaction.atomic
+def _demo_interconnects(gpu_type: GpuType, nodes: int) -> list[str]:
+    """NVLink where the GPU type has it; an RDMA network (InfiniBand for H100/H200) in
+    pools built for multi-node training (four nodes or more)."""
+    links = ["nvlink"] if "NVLink" in gpu_type.interconnect else []
+    if links and nodes >= 4:
+        links += ["infiniband", "rdma"] if gpu_type.slug.startswith("h") else ["rdma"]
+    return sorted(links)
+
+
 def seed_catalog() -> dict[str, int]:
     regions = {}
     for slug, name, _ in REGIONS:
@@ -442,6 +451,9 @@ def seed_catalog() -> dict[str, int]:
                 "backend": Backend.KUBERNETES,
                 "tier": tier,
                 "gpu_type": gpu_types[gpu_slug],
+                # What the sandbox's nodes are labelled with (capacity sync reads it back).
+                "interconnects": _demo_interconnects(gpu_types[gpu_slug], nodes),
+                "cpu_arch": "arm64" if gpu_slug == "ascend-910b" else "amd64",
                 "node_count": nodes,
                 "gpus_per_node": per_node,
                 "total_gpus": nodes * per_node,
@@ -460,6 +472,7 @@ def seed_catalog() -> dict[str, int]:
                 "backend": Backend.KUBERNETES,
                 "tier": Tier.ON_DEMAND,
                 "gpu_type": None,
+                "cpu_arch": "amd64",
                 "node_count": nodes,
                 "vcpus_per_node": vcpus,
                 "memory_gib_per_node": memory,

@@ -46,6 +46,16 @@ class OfferFilterForm(forms.Form):
         empty_label="Any region",
     )
     tier = forms.ChoiceField(choices=[("", "Any tier"), *Tier.choices], required=False)
+    interconnect = forms.ChoiceField(
+        choices=[("", "Any interconnect"), ("nvlink", "NVLink"), ("rdma", "RDMA network"),
+                 ("infiniband", "InfiniBand")],
+        required=False,
+    )  # fmt: skip
+    cpu_arch = forms.ChoiceField(
+        label="CPU",
+        choices=[("", "Any CPU"), ("amd64", "x86-64"), ("arm64", "ARM64")],
+        required=False,
+    )
     available = forms.BooleanField(label="Available now", required=False)
     sort = forms.ChoiceField(choices=SORT_CHOICES, required=False, initial="price")
     compact = forms.BooleanField(label="Compact view", required=False)

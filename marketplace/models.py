@@ -160,6 +160,37 @@ class NodePool(models.Model):
         ),
     )
 
+    locality_weight = models.DecimalField(
+        max_digits=4,
+        decimal_places=2,
+        default=Decimal("1.50"),
+        validators=[MinValueValidator(Decimal(1)), MaxValueValidator(Decimal(10))],
+        help_text=(
+            "Weight of data locality against price when a job may run in several pools: "
+            "in the region of its data this pool's price counts divided by this weight "
+            "(1.50: a pool here wins unless another costs less than two thirds of it; "
+            "1: price alone)."
+        ),
+    )
+    # Read from its nodes' labels by capacity sync (what the nodes have in common).
+    interconnects = models.JSONField(default=list, blank=True)  # nvlink, rdma, infiniband
+    cpu_arch = models.CharField(max_length=16, blank=True)  # kubernetes.io/arch: amd64, arm64
+    gpu_memory_gib = models.PositiveIntegerField(default=0)  # per GPU; 0: the GPU type's
+    # Topology: a gang over TOPOLOGY_BLOCK_NODES nodes runs inside one block, the nodes
+    # sharing this label's value (a zone, rack or block label staff name).
+    topology_label = models.CharField(
+        max_length=100,
+        default="topology.kubernetes.io/zone",
+        help_text=(
+            "Node label whose value names a topology block (a zone, rack or NVLink/"
+            "InfiniBand domain). A multi-node job larger than TOPOLOGY_BLOCK_NODES nodes "
+            "runs inside one block or waits for one with enough free nodes."
+        ),
+    )
+    # Per block at the last sync: {"block": {"nodes": usable nodes, "idle": of them with
+    # no GPU in use}} (capacity sync).
+    topology_blocks = models.JSONField(default=dict, blank=True)
+
     class Meta:
         ordering = ["region__slug", "gpu_type__slug", "tier"]
 
@@ -182,13 +213,34 @@ class NodePool(models.Model):
         if not need_gib or self.gpu_type is None:
             return ""
         with_margin = Decimal(need_gib) * (1 + self.memory_margin)
-        if with_margin <= self.gpu_type.memory_gib:
+        if with_margin <= self.memory_per_gpu_gib:
             return ""
         return (
             f"{need_gib} GiB per GPU with {self.name}'s {self.memory_margin:.0%} memory margin "
             f"is {with_margin.normalize():f} GiB; its {self.gpu_type.model} GPUs have "
-            f"{self.gpu_type.memory_gib} GiB each."
+            f"{self.memory_per_gpu_gib} GiB each."
         )
+
+    def requirement_refusal(self, requirements: dict[str, str]) -> str:
+        """Why this pool's nodes lack what a job requires ("" when they have it): the one
+        place of the rule. `requirements`: {"interconnect": "nvlink"|"rdma"|"infiniband",
+        "cpu_arch": "amd64"|"arm64"}, either optional."""
+        interconnect = requirements.get("interconnect")
+        if interconnect and interconnect not in self.interconnects:
+            have = ", ".join(self.interconnects) or "none"
+            return f"{self.name} has no {interconnect} interconnect (it has {have})."
+        arch = requirements.get("cpu_arch")
+        if arch and arch != self.cpu_arch:
+            have = self.cpu_arch or "of unknown architecture"
+            return f"{self.name}'s nodes are {have}, not {arch}."
+        return ""
+
+    @property
+    def memory_per_gpu_gib(self) -> int:
+        """What its nodes report (GPU feature discovery's label), else the GPU type's."""
+        if self.gpu_memory_gib:
+            return self.gpu_memory_gib
+        return self.gpu_type.memory_gib if self.gpu_type else 0
 
 
 class PriceVersionQuerySet(models.QuerySet):

@@ -37,6 +37,7 @@ POOL_CAPACITY_FIELDS = (
     "region_id", "gpu_type_id", "tier", "on_console_host", "allocatable_gpus", "in_use_gpus",
     "total_gpus", "allocatable_vcpus", "in_use_vcpus", "vcpus_per_node",
     "memory_gib_per_node", "simulated", "node_count", "gpus_per_node", "runtime_class_name",
+    "interconnects", "cpu_arch",
 )  # fmt: skip
 SORTS = {
     "price": lambda o: (o.unit_price, o.gpu_label),
@@ -63,6 +64,10 @@ class Offer:
     simulated: bool = False
     # Every pool that serves it runs pods in an isolated runtime (a RuntimeClass).
     isolated_runtime: bool = False
+    # What every pool serving it has (from node labels): interconnects, one CPU
+    # architecture ("" when mixed or unknown).
+    interconnects: tuple[str, ...] = ()
+    cpu_arch: str = ""
     # A price change already published for later: the price from `next_price_from` on
     # (None when the next price version keeps this offer's price or doesn't sell it).
     next_unit_price: Decimal | None = None
@@ -110,6 +115,8 @@ def offers(
     include_cpu: bool = True,
     sort: str = "price",
     at: datetime | None = None,
+    interconnect: str | None = None,
+    cpu_arch: str | None = None,
 ) -> list[Offer]:
     book = price_book(at)
     if book is None:
@@ -121,13 +128,19 @@ def offers(
         "node_gpus": 0, "node_free": -1, "pools": 0, "isolated": 0,
     }  # fmt: skip
     capacity: dict[tuple, dict[str, int]] = defaultdict(lambda: dict(empty))
+    # Per offer: the interconnects all its pools have, and their CPU architectures.
+    links: dict[tuple, set[str]] = {}
+    arches: dict[tuple, set[str]] = defaultdict(set)
     allowed_on_host = may_run_on_host(tenant)
     # Every active pool in one read: the capacity of those the tenant may use.
     pools = NodePool.objects.filter(is_active=True).order_by().values(*POOL_CAPACITY_FIELDS)
     for pool in pools:
         if pool["on_console_host"] and not allowed_on_host:
             continue
-        bucket = capacity[(pool["gpu_type_id"], pool["region_id"], pool["tier"])]
+        key = (pool["gpu_type_id"], pool["region_id"], pool["tier"])
+        bucket = capacity[key]
+        links[key] = links.get(key, set(pool["interconnects"])) & set(pool["interconnects"])
+        arches[key].add(pool["cpu_arch"])
         if pool["gpu_type_id"]:
             free = free_capacity(pool["allocatable_gpus"], pool["in_use_gpus"])
             bucket["available"] += free
@@ -150,7 +163,9 @@ def offers(
         if entry.region_id in hidden_regions:
             continue
         for tier_value in Tier.values:
-            bucket = capacity.get((entry.gpu_type_id, entry.region_id, tier_value), empty)
+            key = (entry.gpu_type_id, entry.region_id, tier_value)
+            bucket = capacity.get(key, empty)
+            arch = arches.get(key, set())
             price = after_tenant_discount(priced.prices.for_tier(tier_value), discount)
             unit_price, next_price = price.quantize(MICRO), None
             if priced.next_prices:
@@ -171,6 +186,8 @@ def offers(
                     price_version=version.pk,
                     simulated=bool(bucket["simulated"]),
                     isolated_runtime=0 < bucket["pools"] == bucket["isolated"],
+                    interconnects=tuple(sorted(links.get(key, ()))),
+                    cpu_arch=next(iter(arch)) if len(arch) == 1 else "",
                     next_unit_price=next_price if changed else None,
                     next_price_from=upcoming.effective_from if changed and upcoming else None,
                     gpus_per_node=bucket["node_gpus"],
@@ -192,6 +209,10 @@ def offers(
         if region and offer.region.slug != region:
             return False
         if tier and offer.tier != tier:
+            return False
+        if interconnect and interconnect not in offer.interconnects:
+            return False
+        if cpu_arch and offer.cpu_arch != cpu_arch:
             return False
         return not (available_only and offer.available <= 0)
 
@@ -338,6 +359,8 @@ def offer_table(
     tier: str | None = None,
     available_only: bool = False,
     sort: str = "price",
+    interconnect: str | None = None,
+    cpu_arch: str | None = None,
 ) -> OfferTable:
     """The catalog page's grouped offers under the page's filters (as `offers`)."""
     rows = offers(
@@ -346,6 +369,8 @@ def offer_table(
         gpu_type=gpu_type,
         min_memory_gib=min_memory_gib,
         region=region,
+        interconnect=interconnect,
+        cpu_arch=cpu_arch,
     )
     tiers, groups = offer_groups(rows, tier=tier, available_only=available_only, sort=sort)
     return OfferTable(
@@ -389,16 +414,22 @@ OfferKey = tuple[int | None, int, str]
 
 
 def launch_pools(
-    *, tenant: Tenant | None, region: Region | None = None
+    *,
+    tenant: Tenant | None,
+    region: Region | None = None,
+    requirements: dict[str, str] | None = None,
 ) -> dict[OfferKey, NodePool]:
     """The pool the nodes of each GPU type × region × tier launch on, in one read: of the
-    launchable pools of that kind, the largest (most allocatable GPUs, vCPUs for CPU),
-    then the oldest. The one rule for the launch's placement and the launch form's offers."""
+    launchable pools of that kind (that have what `requirements` ask, NodePool.
+    requirement_refusal), the largest (most allocatable GPUs, vCPUs for CPU), then the
+    oldest. The one rule for the launch's placement and the launch form's offers."""
     pools = launchable_pools(tenant).order_by("pk")
     if region is not None:
         pools = pools.filter(region=region)
     chosen: dict[OfferKey, NodePool] = {}
     for pool in pools:
+        if requirements and pool.requirement_refusal(requirements):
+            continue
         key = (pool.gpu_type_id, pool.region_id, pool.tier)
         best = chosen.get(key)
         if best is None or _pool_size(pool) > _pool_size(best):

@@ -86,6 +86,8 @@ class SandboxCluster:
             xid = self.xid_errors.get(host)
             # dcgm-exporter names the node as `Hostname`; an XID error's code is a gauge.
             series = {**fields, "DCGM_FI_DEV_XID_ERRORS": xid} if xid else dict(fields)
+            if xid == 48:  # XID 48 is a double-bit ECC error: the DBE counter rises too
+                series["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] = 1
             if host in self.stuck_nodes:
                 series["DCGM_FI_DEV_GPU_UTIL"] = 0
             result += [

@@ -7,7 +7,7 @@ import shlex
 from django import forms
 
 from marketplace.selectors import regions_active
-from services.models import ServiceAuth
+from services.models import AutoscaleMetric, ServiceAuth
 from services.services import ServiceSpec
 
 
@@ -23,6 +23,20 @@ class ServiceForm(forms.Form):
     cpus = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="CPUs per replica")
     min_replicas = forms.IntegerField(min_value=0, initial=2, label="Minimum replicas")
     max_replicas = forms.IntegerField(min_value=1, initial=10, label="Maximum replicas")
+    autoscale_metric = forms.ChoiceField(
+        choices=AutoscaleMetric.choices, initial=AutoscaleMetric.CONCURRENCY, label="Scale on"
+    )
+    autoscale_target = forms.FloatField(
+        min_value=0.01, max_value=100_000, initial=10, label="Target per replica"
+    )
+    scale_down_delay = forms.IntegerField(
+        min_value=0,
+        max_value=3600,
+        initial=300,
+        required=False,
+        label="Scale-down delay (s)",
+        help_text="How long the traffic must want fewer replicas before one is stopped.",
+    )
     readiness_path = forms.CharField(max_length=200, initial="/", label="Readiness path")
     auth = forms.ChoiceField(choices=ServiceAuth.choices, initial=ServiceAuth.TOKEN)
     env = forms.CharField(
@@ -44,6 +58,10 @@ class ServiceForm(forms.Form):
         if not words:
             raise forms.ValidationError("Give the command that starts your server.")
         return words
+
+    def clean_scale_down_delay(self) -> int:
+        delay = self.cleaned_data["scale_down_delay"]
+        return ServiceSpec.scale_down_delay if delay is None else delay
 
     def clean_env(self) -> dict[str, str]:
         env = {}

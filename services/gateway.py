@@ -8,23 +8,35 @@ ones; an idempotent request whose replica refuses the connection (or drops it be
 answer, having read none of its body) is tried once more on another replica. Services
 with `auth: token` need `Authorization: Bearer <service token>` (the header is not passed
 on). An unknown tenant or service, and another tenant's service, are the same 404.
+
+The gateway feeds the autoscaler (services.traffic): each process tallies its requests
+and requests in flight per service and adds them to Redis once a second, and counts each
+replica's requests in flight as they start and end (a draining replica stops once idle).
+When no replica is ready (a service at zero, or still starting), a request is held, up to
+SERVICE_COLD_START_QUEUE per service, while the first held one wakes the service (its
+reconcile runs at once and starts a replica); the held requests go on as soon as one is
+ready, and get a 504 only after SERVICE_COLD_START_TIMEOUT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
+from redis.exceptions import RedisError
 
-from services import selectors
+from services import selectors, services, traffic
+from services.models import ServiceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +54,9 @@ HOP_BY_HOP = {
     b"upgrade",
     b"host",
 }
+
+# How often a held request's process looks for a ready replica (one look per service).
+READY_POLL_SECONDS = 0.2
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -78,6 +93,32 @@ def _lookup(tenant_slug: str, name: str, token: str) -> tuple[selectors.Route | 
     )
 
 
+def _ready_replicas(service_id: int) -> list[tuple[int, int]]:
+    close_old_connections()
+    return selectors.ready_replicas(service_id=service_id)
+
+
+async def _counted(function: Callable[..., Any], default: Any, **kwargs: Any) -> Any:
+    """Call a traffic counter in a worker thread. Redis failing costs the count (the
+    autoscaler and drains have fallbacks), never the request."""
+    try:
+        return await sync_to_async(function, thread_sensitive=False)(**kwargs)
+    except RedisError as error:
+        logger.warning("traffic counter %s failed: %s", function.__name__, error)
+        return default
+
+
+@dataclasses.dataclass
+class LoopState:
+    """What the gateway keeps per event loop (its connections and tasks belong to it)."""
+
+    client: httpx.AsyncClient
+    tally: traffic.TrafficTally
+    recorder: asyncio.Task | None = None
+    # Per service with held requests: the one look-out for a ready replica.
+    lookouts: dict[int, asyncio.Task] = dataclasses.field(default_factory=dict)
+
+
 async def _json(send: Send, status: int, detail: str, code: str, headers=()) -> None:
     body = json.dumps({"detail": detail, "code": code}).encode()
     await send(
@@ -99,7 +140,7 @@ class ServiceGateway:
 
     def __init__(self, app):
         self.app = app
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._loops: dict[int, LoopState] = {}
         self._turns: dict[int, itertools.count] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,11 +149,10 @@ class ServiceGateway:
             return
         await self.handle(scope, receive, send)
 
-    def client(self) -> httpx.AsyncClient:
-        """One pooled client per event loop (a client's connections belong to its loop)."""
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop)
-        if client is None:
+    def state(self) -> LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(id(loop))
+        if state is None:
             client = httpx.AsyncClient(
                 timeout=httpx.Timeout(
                     connect=settings.SERVICE_GATEWAY_CONNECT_TIMEOUT,
@@ -123,13 +163,32 @@ class ServiceGateway:
                 follow_redirects=False,
                 trust_env=False,  # never through a proxy from the environment
             )
-            self._clients[loop] = client
-        return client
+            state = self._loops[id(loop)] = LoopState(client=client, tally=traffic.TrafficTally())
+        if state.recorder is None or state.recorder.done():
+            state.recorder = loop.create_task(self._record_every_second(state))
+        return state
 
-    def _order(self, route: selectors.Route) -> list[int]:
+    def client(self) -> httpx.AsyncClient:
+        """One pooled client per event loop (a client's connections belong to its loop)."""
+        return self.state().client
+
+    async def _record_every_second(self, state: LoopState) -> None:
+        """Add this process's tally to the traffic samples, just after each second ends."""
+        while True:
+            await asyncio.sleep(1.01 - time.time() % 1)
+            taken = state.tally.take()
+            if not taken:
+                continue
+            try:
+                second = int(time.time()) - 1
+                await _counted(traffic.traffic_record, None, second=second, taken=taken)
+            except Exception:  # the loop must outlive one bad write
+                logger.exception("could not record the gateway's traffic")
+
+    def _order(self, route: selectors.Route) -> list[tuple[int, int]]:
         turn = next(self._turns.setdefault(route.service_id, itertools.count()))
-        start = turn % len(route.ports)
-        return route.ports[start:] + route.ports[:start]
+        start = turn % len(route.replicas)
+        return route.replicas[start:] + route.replicas[:start]
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = split_path(scope["path"])
@@ -151,18 +210,89 @@ class ServiceGateway:
                 [(b"www-authenticate", b'Bearer realm="service"')],
             )
             return
-        if not route.ports:
+        tally = self.state().tally
+        tally.started(route.service_id)  # a held request is demand too
+        try:
+            if not route.replicas:
+                held = await self.hold(route, send)
+                if held is None:
+                    return
+                route = held
+            await self.forward(
+                scope, receive, send, route, rest, headers, f"{PREFIX}{tenant_slug}/{name}"
+            )
+        finally:
+            tally.finished(route.service_id)
+
+    async def hold(self, route: selectors.Route, send: Send) -> selectors.Route | None:
+        """No replica is ready: hold the request until one is (the first one held wakes
+        the service), or answer why not and return None."""
+        if route.status == ServiceStatus.FAILED:
             await _json(
                 send,
                 503,
-                "No replica of this service is ready yet; try again shortly.",
+                "The service is failing: its replicas keep ending (its page says why).",
+                "service_unavailable",
+            )
+            return None
+        service_id = route.service_id
+        position = await _counted(traffic.held_enter, 1, service_id=service_id)
+        if position is None:
+            await _json(
+                send,
+                503,
+                f"{settings.SERVICE_COLD_START_QUEUE} requests are already waiting for this "
+                "service to start; try again shortly.",
                 "service_unavailable",
                 [(b"retry-after", b"5")],
             )
-            return
-        await self.forward(
-            scope, receive, send, route, rest, headers, f"{PREFIX}{tenant_slug}/{name}"
-        )
+            return None
+        try:
+            if position == 1:
+                await sync_to_async(services.service_wake, thread_sensitive=False)(
+                    service_id=service_id
+                )
+            timeout = settings.SERVICE_COLD_START_TIMEOUT
+            try:
+                lookout = asyncio.shield(self._lookout(service_id))
+                replicas = await asyncio.wait_for(lookout, timeout)
+            except TimeoutError:
+                replicas = []
+            if not replicas:
+                await _json(
+                    send,
+                    504,
+                    f"No replica of this service became ready within {timeout} s; its page "
+                    "says what it is doing.",
+                    "gateway_timeout",
+                )
+                return None
+            return dataclasses.replace(route, replicas=replicas)
+        finally:
+            await _counted(traffic.held_leave, None, service_id=service_id)
+
+    def _lookout(self, service_id: int) -> asyncio.Task:
+        """The task that waits for a ready replica of the service, shared by the requests
+        this process holds for it."""
+        lookouts = self.state().lookouts
+        task = lookouts.get(service_id)
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._look_for_ready(service_id))
+            lookouts[service_id] = task
+        return task
+
+    async def _look_for_ready(self, service_id: int) -> list[tuple[int, int]]:
+        deadline = time.monotonic() + settings.SERVICE_COLD_START_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                replicas = await sync_to_async(_ready_replicas)(service_id)
+            except DatabaseError as error:  # try again: the held requests still wait
+                logger.warning("looking for a ready replica of %s: %s", service_id, error)
+                replicas = []
+            if replicas:
+                return replicas
+            await asyncio.sleep(READY_POLL_SECONDS)
+        return []
 
     async def forward(
         self,
@@ -200,43 +330,54 @@ class ServiceGateway:
                     return
 
         has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in headers)
-        ports = self._order(route)
-        attempts = ports[:2] if method in IDEMPOTENT else ports[:1]
+        ordered = self._order(route)
+        attempts = ordered[:2] if method in IDEMPOTENT else ordered[:1]
         response = None
-        for index, port in enumerate(attempts):
-            url = f"http://127.0.0.1:{port}{rest}" + (
-                f"?{query.decode('latin-1')}" if query else ""
-            )
-            request = self.client().build_request(
-                method, url, headers=upstream_headers, content=body() if has_body else None
-            )
-            try:
-                response = await self.client().send(request, stream=True)
-                break
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as error:
-                retry = index + 1 < len(attempts) and not body_started
-                logger.info("replica on port %s failed (%s); retry: %s", port, error, retry)
-                if not retry:
-                    await _json(send, 502, "The service's replica did not answer.", "bad_gateway")
-                    return
-            except httpx.TimeoutException:
-                await _json(send, 504, "The service did not answer in time.", "gateway_timeout")
-                return
-        assert response is not None
+        counted: int | None = None  # the replica this request is counted on
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": [
-                        (k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP
-                    ],
-                }
-            )
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        except httpx.HTTPError as error:  # the answer broke off: nothing more to say
-            logger.info("stream from port %s broke off: %s", route.ports, error)
+            for index, (replica_id, port) in enumerate(attempts):
+                await _counted(traffic.replica_request_started, None, replica_id=replica_id)
+                counted = replica_id
+                url = f"http://127.0.0.1:{port}{rest}" + (
+                    f"?{query.decode('latin-1')}" if query else ""
+                )
+                request = self.client().build_request(
+                    method, url, headers=upstream_headers, content=body() if has_body else None
+                )
+                try:
+                    response = await self.client().send(request, stream=True)
+                    break
+                except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as error:
+                    await _counted(traffic.replica_request_finished, None, replica_id=replica_id)
+                    counted = None
+                    retry = index + 1 < len(attempts) and not body_started
+                    logger.info("replica on port %s failed (%s); retry: %s", port, error, retry)
+                    if not retry:
+                        await _json(
+                            send, 502, "The service's replica did not answer.", "bad_gateway"
+                        )
+                        return
+                except httpx.TimeoutException:
+                    await _json(send, 504, "The service did not answer in time.", "gateway_timeout")
+                    return
+            assert response is not None
+            try:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status_code,
+                        "headers": [
+                            (k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP
+                        ],
+                    }
+                )
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+            except httpx.HTTPError as error:  # the answer broke off: nothing more to say
+                logger.info("stream from %s broke off: %s", response.url, error)
+            finally:
+                await response.aclose()
         finally:
-            await response.aclose()
+            if counted is not None:
+                await _counted(traffic.replica_request_finished, None, replica_id=counted)

@@ -5,7 +5,8 @@ immutable snapshot of what its replicas run (image, command, env, resources, por
 change of those makes a new revision; a rollback makes a new revision that copies an
 earlier one (`copied_from`), so revision numbers only grow and "what runs now" is always
 the service's `current_revision`. `ServiceReplica` rows are what the reconcile service
-started; the gateway routes only to READY ones.
+started; the gateway routes only to READY ones. `ServiceScaleEvent` rows say why the
+wanted replica count changed (services.autoscale decides it from the gateway's counters).
 """
 
 from __future__ import annotations
@@ -43,6 +44,23 @@ class ReplicaState(models.TextChoices):
     STOPPED = "stopped", "Stopped"
 
 
+class AutoscaleMetric(models.TextChoices):
+    # What the console measures at its gateway. CPU/GPU utilisation is a Kubernetes HPA's
+    # job, and services don't run on Kubernetes yet: those metrics are refused for now.
+    RPS = "rps", "Requests per second per replica"
+    CONCURRENCY = "concurrency", "Requests in flight per replica"
+
+
+class ScaleWindow(models.TextChoices):
+    """Which rule decided a change of the wanted replica count."""
+
+    STABLE = "stable", "Stable window"
+    PANIC = "panic", "Panic window"
+    COLD_START = "cold_start", "Request at zero"
+    IDLE = "idle", "Idle: scaled to zero"
+    BOUNDS = "bounds", "Minimum/maximum"
+
+
 class Service(TenantOwnedModel):
     """One HTTP endpoint of a tenant, served by `min_replicas`…`max_replicas` replicas."""
 
@@ -58,6 +76,20 @@ class Service(TenantOwnedModel):
     min_replicas = models.PositiveSmallIntegerField(default=2)
     max_replicas = models.PositiveSmallIntegerField(default=10)
     readiness_path = models.CharField(max_length=200, default="/")
+    autoscale_metric = models.CharField(
+        max_length=12, choices=AutoscaleMetric.choices, default=AutoscaleMetric.CONCURRENCY
+    )
+    # Per replica: requests in flight, or requests per second.
+    autoscale_target = models.FloatField(default=10)
+    # The autoscaler's last decision (min_replicas until traffic says otherwise).
+    desired_replicas = models.PositiveSmallIntegerField(default=0)
+    # Panic mode (a burst at 2x capacity) lasts a stable window after the last burst;
+    # meanwhile the wanted count never goes down.
+    panic_until = models.DateTimeField(null=True, blank=True)
+    # Seconds the traffic must have wanted fewer replicas before the count goes down.
+    scale_down_delay = models.PositiveIntegerField(default=300)
+    # Since when the traffic has wanted fewer replicas than desired_replicas (None: not).
+    scale_down_wanted_since = models.DateTimeField(null=True, blank=True)
     auth = models.CharField(max_length=8, choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
     status = models.CharField(
         max_length=16, choices=ServiceStatus.choices, default=ServiceStatus.DEPLOYING
@@ -87,6 +119,11 @@ class Service(TenantOwnedModel):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def panicking(self) -> bool:
+        """A burst made the autoscaler panic (scale up at once, not down) recently."""
+        return self.panic_until is not None and self.panic_until > timezone.now()
 
 
 class ServiceRevision(models.Model):
@@ -166,6 +203,8 @@ class ServiceReplica(models.Model):
     reason = models.CharField(max_length=300, blank=True, default="")
     started_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
+    # When the gateway stopped sending it new requests (it stops once idle).
+    draining_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
 
@@ -174,3 +213,33 @@ class ServiceReplica(models.Model):
 
     def __str__(self) -> str:
         return f"{self.service.name} replica {self.pk}"
+
+
+class ServiceScaleEvent(models.Model):
+    """One change of a service's wanted replica count, with what the autoscaler saw: the
+    metric's average over the stable and panic windows, requests held at zero, and, for a
+    start from zero, how long the first replica took to be ready."""
+
+    tenant_field = "service__tenant"
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="scale_events")
+    at = models.DateTimeField(default=timezone.now)
+    from_replicas = models.PositiveSmallIntegerField()
+    to_replicas = models.PositiveSmallIntegerField()
+    window = models.CharField(max_length=12, choices=ScaleWindow.choices)
+    metric = models.CharField(max_length=12, choices=AutoscaleMetric.choices)
+    target = models.FloatField()
+    stable_value = models.FloatField()
+    panic_value = models.FloatField()
+    held_requests = models.PositiveIntegerField(default=0)
+    # From the first request held at zero to the first replica ready (seconds).
+    cold_start_seconds = models.FloatField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+        indexes = [models.Index(fields=["service", "-at"], name="service_scale_event_at")]
+
+    def __str__(self) -> str:
+        return f"{self.service.name}: {self.from_replicas} → {self.to_replicas} ({self.window})"

@@ -14,6 +14,7 @@ from services.models import (
     ServiceAuth,
     ServiceReplica,
     ServiceRevision,
+    ServiceScaleEvent,
     ServiceToken,
 )
 
@@ -46,18 +47,24 @@ def service_replicas(*, service: Service) -> QuerySet[ServiceReplica]:
     return service.replicas.select_related("revision").order_by("started_at", "pk")
 
 
+def service_scale_events(*, service: Service, limit: int = 50) -> QuerySet[ServiceScaleEvent]:
+    """The latest changes of the wanted replica count, newest first."""
+    return service.scale_events.order_by("-at", "-pk")[:limit]
+
+
 def endpoint_path(service: Service) -> str:
     return f"/svc/{service.tenant.slug}/{service.name}/"
 
 
 @dataclass(frozen=True)
 class Route:
-    """What the gateway needs of one service: its id, whether a token is needed, and the
-    loopback ports of its ready replicas."""
+    """What the gateway needs of one service: its id, whether a token is needed, its
+    status, and (id, loopback port) of each ready replica."""
 
     service_id: int
     auth: str
-    ports: list[int]
+    status: str
+    replicas: list[tuple[int, int]]
 
 
 def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
@@ -65,21 +72,30 @@ def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
     gateway never tells another tenant's service from a missing one)."""
     service = (
         Service.objects.filter(tenant__slug=tenant_slug, tenant__is_active=True, name=name)
-        .values("pk", "auth")
+        .values("pk", "auth", "status")
         .first()
     )
     if service is None:
         return None
-    ports = [
-        port
-        for port in ServiceReplica.objects.filter(
-            service_id=service["pk"], state=ReplicaState.READY, host_port__isnull=False
+    return Route(
+        service_id=service["pk"],
+        auth=service["auth"],
+        status=service["status"],
+        replicas=ready_replicas(service_id=service["pk"]),
+    )
+
+
+def ready_replicas(*, service_id: int) -> list[tuple[int, int]]:
+    """(id, loopback port) of the service's ready replicas."""
+    return [
+        (replica_id, port)
+        for replica_id, port in ServiceReplica.objects.filter(
+            service_id=service_id, state=ReplicaState.READY, host_port__isnull=False
         )
         .order_by("pk")
-        .values_list("host_port", flat=True)
+        .values_list("pk", "host_port")
         if port is not None
     ]
-    return Route(service_id=service["pk"], auth=service["auth"], ports=ports)
 
 
 def service_token_valid(*, service_id: int, raw: str) -> bool:

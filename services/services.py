@@ -19,7 +19,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from console.models import Tenant, User, sha256_hex
-from console.queueing import enqueue_on_commit
+from console.queueing import enqueue_now, enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from marketplace.models import NodePool, Region
@@ -27,6 +27,7 @@ from marketplace.selectors import HOST_NOT_AVAILABLE, may_run_on_host, pools_for
 from services import tasks
 from services.models import (
     DNS_LABEL,
+    AutoscaleMetric,
     ReplicaState,
     Service,
     ServiceAuth,
@@ -55,6 +56,9 @@ class ServiceSpec:
     readiness_path: str = "/"
     env: dict[str, str] = field(default_factory=dict)
     auth: str = ServiceAuth.TOKEN
+    autoscale_metric: str = AutoscaleMetric.CONCURRENCY
+    autoscale_target: float = 10
+    scale_down_delay: int = 300
 
 
 def _check_name(name: str) -> None:
@@ -117,6 +121,46 @@ def _check_scale(min_replicas: Any, max_replicas: Any) -> None:
         raise ServiceError(
             f"max_replicas is over your organisation's quota of {quota} replicas per service.",
             field="max_replicas",
+        )
+
+
+MAX_SCALE_DOWN_DELAY = 3600
+
+
+def _check_scale_down_delay(delay: Any) -> None:
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, int)
+        or not 0 <= delay <= MAX_SCALE_DOWN_DELAY
+    ):
+        raise ServiceError(
+            f"scale_down_delay is a whole number of seconds from 0 to {MAX_SCALE_DOWN_DELAY}.",
+            field="scale_down_delay",
+        )
+
+
+def _check_autoscale(metric: Any, target: Any) -> None:
+    if metric in ("cpu", "gpu"):
+        raise ServiceError(
+            f"Scaling on {metric.upper()} utilisation needs a Kubernetes autoscaler, and "
+            "services run on this host for now: scale on rps or concurrency (measured by "
+            "the console's gateway).",
+            field="autoscale_metric",
+        )
+    if metric not in AutoscaleMetric.values:
+        raise ServiceError(
+            "The autoscale metric is rps (requests per second per replica) or concurrency "
+            "(requests in flight per replica).",
+            field="autoscale_metric",
+        )
+    if (
+        isinstance(target, bool)
+        or not isinstance(target, int | float)
+        or not 0.01 <= target <= 100_000
+    ):
+        raise ServiceError(
+            "The autoscale target is a number of requests per replica, from 0.01 to 100000.",
+            field="autoscale_target",
         )
 
 
@@ -194,6 +238,8 @@ def service_create(
     _check_scale(spec.min_replicas, spec.max_replicas)
     _check_readiness(spec.readiness_path)
     _check_auth(spec.auth)
+    _check_autoscale(spec.autoscale_metric, spec.autoscale_target)
+    _check_scale_down_delay(spec.scale_down_delay)
     if Service.objects.for_tenant(tenant).filter(name=spec.name).exists():
         raise ServiceError(
             f"A service named “{spec.name}” exists already.",
@@ -209,6 +255,10 @@ def service_create(
                 pool=pool,
                 min_replicas=spec.min_replicas,
                 max_replicas=spec.max_replicas,
+                desired_replicas=spec.min_replicas,  # until traffic says otherwise
+                autoscale_metric=spec.autoscale_metric,
+                autoscale_target=float(spec.autoscale_target),
+                scale_down_delay=spec.scale_down_delay,
                 readiness_path=spec.readiness_path,
                 auth=spec.auth,
                 created_by=user,
@@ -242,8 +292,8 @@ def service_update(
     *, service: Service, user: User | None, changes: dict[str, Any], request=None
 ) -> Service:
     """Change a service. A change of image, command, env, port or CPUs makes a new
-    revision (its replicas replace the old ones once ready); scale, readiness path and
-    auth change in place."""
+    revision (its replicas replace the old ones once ready); scale, autoscaling,
+    readiness path and auth change in place."""
     service = _locked(service)
     runtime = {name: changes.get(name, getattr(service, name)) for name in REVISION_FIELDS}
     _check_runtime(runtime, service.pool)
@@ -254,11 +304,18 @@ def service_update(
     _check_readiness(readiness_path)
     auth = changes.get("auth", service.auth)
     _check_auth(auth)
+    metric = changes.get("autoscale_metric", service.autoscale_metric)
+    target = changes.get("autoscale_target", service.autoscale_target)
+    _check_autoscale(metric, target)
+    scale_down_delay = changes.get("scale_down_delay", service.scale_down_delay)
+    _check_scale_down_delay(scale_down_delay)
     new_revision = any(runtime[name] != getattr(service, name) for name in REVISION_FIELDS)
     for name, value in runtime.items():
         setattr(service, name, value)
     service.min_replicas, service.max_replicas = min_replicas, max_replicas
     service.readiness_path, service.auth = readiness_path, auth
+    service.autoscale_metric, service.autoscale_target = metric, float(target)
+    service.scale_down_delay = scale_down_delay
     service.save()
     if new_revision:
         _revision(service)
@@ -292,6 +349,12 @@ def service_scale(
     )
     _reconcile_after_commit(service)
     return service
+
+
+def service_wake(*, service_id: int) -> None:
+    """A request waits at the gateway for a replica of the service: reconcile it now
+    (the pass sees the waiting request and starts one) rather than on beat's schedule."""
+    enqueue_now(tasks.service_reconcile_task, service_id)
 
 
 def rollout_running(service: Service) -> bool:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from console.queueing import enqueue_now
 from services import reconcile
 
 
 @shared_task(acks_late=True)
 def service_reconcile_task(service_id: int) -> None:
-    reconcile.service_reconcile(service_id=service_id)
+    service = reconcile.service_reconcile(service_id=service_id)
+    if service is not None and reconcile.quick_pass_wanted(service):
+        enqueue_now(service_reconcile_task, service_id, countdown=reconcile.QUICK_PASS_SECONDS)
 
 
 @shared_task(acks_late=True)

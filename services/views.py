@@ -1,5 +1,6 @@
 """Service pages: the list with its create form, and a service's page (status, endpoint
-with a curl example, replicas, revisions with rollback, tokens). Thin over services."""
+with a curl example, autoscaling with its latest decisions, replicas, revisions with
+rollback, tokens). Thin over services."""
 
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ def service_detail(request: HttpRequest, service_id: int) -> HttpResponse:
         "needs_token": service.auth == ServiceAuth.TOKEN,
         "replicas": selectors.service_replicas(service=service),
         "revisions": selectors.service_revisions(service=service),
+        "scale_events": selectors.service_scale_events(service=service, limit=20),
         "tokens": selectors.service_tokens(service=service),
         "token_form": form,
         "new_token": new_token,

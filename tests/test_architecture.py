@@ -20,7 +20,7 @@ from console.service_errors import ErrorCode, ServiceError
 ROOT = Path(__file__).resolve().parent.parent
 # storage and services sit beside jobs, below billing: they may use jobs, jobs never
 # uses them (services may mount storage's volumes; storage never uses services).
-ORDER = ["console", "marketplace", "jobs", "storage", "services", "billing"]
+ORDER = ["console", "marketplace", "jobs", "storage", "services", "environments", "billing"]
 # The project shell in console/ wires every room together and may name them all.
 SHELL = {"console/urls.py", "console/routing.py", "console/asgi.py", "console/settings.py",
          "console/celery.py", "console/beat.py", "console/launcher.py",

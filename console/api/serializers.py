@@ -231,3 +231,25 @@ class AuditEventSerializer(StrictModelSerializer):
             "ip_address",
             "metadata",
         ]
+
+
+class OrganisationSettingsSerializer(StrictModelSerializer):
+    """The organisation's settings its owners and admins choose: what self-repair does
+    for its jobs that made no choice of their own (PUT /api/v1/jobs/{id}/monitor)."""
+
+    hardware_repair_default = StrictBooleanField(
+        required=False,
+        help_text="Checkpoint a job and requeue it on another node when one of its GPUs "
+        "reports a hardware fault (XID error) or one of its ranks is stuck (on by default). "
+        "Off, the job is alerted and the node marked suspect, but the job keeps running.",
+    )
+    loss_explosion_pause_default = StrictBooleanField(
+        required=False,
+        help_text="Pause a job whose logged loss explodes (above the run's mean + 3σ, or "
+        "NaN), and tell its owner (on by default).",
+    )
+
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "hardware_repair_default", "loss_explosion_pause_default"]
+        read_only_fields = ["slug", "name"]

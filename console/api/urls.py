@@ -16,6 +16,11 @@ router.register("staff/tenants", views.StaffTenantViewSet, basename="api-staff-t
 urlpatterns = [
     path("auth/token", views.TokenLoginView.as_view(), name="api-auth-token"),
     path("me", views.MeView.as_view(), name="api-me"),
+    path(
+        "organisation/settings",
+        views.OrganisationSettingsView.as_view(),
+        name="api-organisation-settings",
+    ),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path(
         "schema/swagger/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-swagger"

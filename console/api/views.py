@@ -23,6 +23,7 @@ from console.permissions import Capability, IsPlatformStaff, IsPlatformStaffElse
 from console.services.invitations import invitation_create, invitation_revoke
 from console.services.memberships import membership_change_role, membership_remove
 from console.services.ssh_keys import ssh_key_add, ssh_key_delete
+from console.services.tenants import tenant_self_repair_defaults_set
 from console.services.tokens import api_token_create, api_token_revoke
 
 
@@ -118,6 +119,48 @@ class MeView(APIView):
                 }
             ).data
         )
+
+
+class OrganisationSettingsView(APIView):
+    """The settings of the caller's organisation (the token's, or the page's current
+    one): every member reads them, owners and admins change them (PUT and PATCH both
+    change only the fields given)."""
+
+    required_capabilities = {
+        "put": Capability.MANAGE_ORGANISATION,
+        "patch": Capability.MANAGE_ORGANISATION,
+    }
+
+    def initial(self, request, *args, **kwargs):
+        # console.permissions.IsTenantMember reads per-action capabilities from `action`.
+        self.action = request.method.lower()
+        super().initial(request, *args, **kwargs)
+
+    @extend_schema(responses=s.OrganisationSettingsSerializer)
+    def get(self, request):
+        return Response(s.OrganisationSettingsSerializer(request.tenant).data)
+
+    @extend_schema(
+        request=s.OrganisationSettingsSerializer,
+        responses={200: s.OrganisationSettingsSerializer, 403: ErrorSerializer},
+    )
+    def put(self, request):
+        data = s.OrganisationSettingsSerializer(request.tenant, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        tenant = tenant_self_repair_defaults_set(
+            tenant=request.tenant,
+            by_membership=request.membership,
+            request=request._request,
+            **data.validated_data,
+        )
+        return Response(s.OrganisationSettingsSerializer(tenant).data)
+
+    @extend_schema(
+        request=s.OrganisationSettingsSerializer,
+        responses={200: s.OrganisationSettingsSerializer, 403: ErrorSerializer},
+    )
+    def patch(self, request):
+        return self.put(request)
 
 
 class TenantListView(mixins.ListModelMixin, TenantScopedViewSet):

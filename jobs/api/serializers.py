@@ -22,8 +22,10 @@ from jobs.expectations.selectors import EXPECTATION_COLUMNS, job_expectations
 from jobs.extensions import job_costs, volume_provider
 from jobs.models import Job, JobEvent, JobResume, JobStatus, Priority, TenantSecret
 from jobs.selectors import SIMULATED_POOLS
+from jobs.services.placement import REQUIREMENT_VALUES
 from jobs.services.spec import (
     DEFAULT_MAX_RUNTIME_MINUTES,
+    MAX_ACCEPTABLE,
     MAX_COMMAND_ARGS,
     MAX_ENV_TOTAL_BYTES,
     MAX_JOB_SECRETS,
@@ -51,6 +53,17 @@ class JobVolumeSerializer(serializers.Serializer):
     read_only = StrictBooleanField()
     region = StrictCharField(
         help_text="The volume's region (the job's: a volume is usable only there)"
+    )
+
+
+class RequirementsSerializer(serializers.Serializer):
+    """What a job's nodes must have (each optional): only pools that have it take it."""
+
+    interconnect = serializers.ChoiceField(
+        choices=REQUIREMENT_VALUES["interconnect"], required=False
+    )
+    cpu_arch = serializers.ChoiceField(
+        choices=REQUIREMENT_VALUES["cpu_arch"], required=False, help_text="kubernetes.io/arch"
     )
 
 
@@ -83,6 +96,36 @@ class JobCreateSerializer(serializers.Serializer):
     )
     nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, default=1)
     region = StrictCharField(max_length=40, required=False, allow_null=True, default=None)
+    regions = serializers.ListField(
+        child=StrictCharField(max_length=40),
+        required=False,
+        default=list,
+        max_length=MAX_ACCEPTABLE,
+        help_text="Several acceptable regions instead of `region` (not both): the launch "
+        "takes the lowest hourly price, divided by the pool's locality_weight in the job's "
+        "data region",
+    )
+    gpu_types = serializers.ListField(
+        child=StrictCharField(max_length=40),
+        required=False,
+        default=list,
+        max_length=MAX_ACCEPTABLE,
+        help_text="Several acceptable GPU types instead of `gpu_type` (not both), chosen "
+        "as `regions` are",
+    )
+    data_region = StrictCharField(
+        max_length=40,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Where the data it reads lives (e.g. its bucket's region), for a job "
+        "without volumes (with volumes, their region is its data region)",
+    )
+    requirements = RequirementsSerializer(
+        required=False,
+        default=dict,
+        help_text="What its nodes must have; refused (400) when no pool has it",
+    )
     spot_ratio = serializers.DecimalField(
         max_digits=4,
         decimal_places=3,
@@ -143,6 +186,7 @@ class JobCreateSerializer(serializers.Serializer):
     def to_spec(self) -> services.JobSpec:
         values = dict(self.validated_data)
         values["volumes"] = [dict(mount) for mount in values.get("volumes", [])]
+        values["requirements"] = dict(values.get("requirements") or {})
         return services.JobSpec(**values)
 
 
@@ -261,6 +305,7 @@ class JobSerializer(StrictModelSerializer):
             "checkpoint_path",
             "checkpoint_keep_last",
             "gpu_memory_gib",
+            "requirements",
             "last_checkpoint_step",
             "last_checkpoint_at",
             "auto_release",
@@ -390,8 +435,8 @@ ROW_COLUMNS = (
     "id", "tenant_id", "name", "project", "labels", "image_reference", "command", "env",
     "secret_env_names", "gpu_type_id", "gpus_per_node", "cpus", "nodes", "region_id",
     "spot_ratio", "priority", "max_runtime_minutes", "checkpoint_path", "checkpoint_keep_last",
-    "gpu_memory_gib", "last_checkpoint_step", "last_checkpoint_at", "auto_release",
-    "backend", "spot_nodes", "on_demand_nodes", "pool_id", "spot_pool_id", "status",
+    "gpu_memory_gib", "requirements", "last_checkpoint_step", "last_checkpoint_at",
+    "auto_release", "backend", "spot_nodes", "on_demand_nodes", "pool_id", "spot_pool_id", "status",
     "status_reason", "attempt", "exit_code", "created_at", "started_at", "finished_at",
 )  # fmt: skip
 

@@ -1,5 +1,5 @@
-"""Job log download, GPU metrics and monitoring settings over the API (and for the job
-page's scripts). Thin over jobs.logs / jobs.metrics / jobs.alerts; every job is
+"""Job log download, GPU metrics, monitoring and self-repair choices over the API (and
+for the job page's scripts). Thin over jobs.logs / jobs.metrics / jobs.alerts; every job is
 reached through the tenant scope, so another tenant's job is a 404."""
 
 from __future__ import annotations
@@ -121,37 +121,76 @@ class JobMetricsView(JobView):
         )
 
 
-class JobMonitorSerializer(serializers.Serializer):
-    idle_auto_stop = StrictBooleanField()
-    idle_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, allow_null=True)
-    loss_explosion_pause = StrictBooleanField(
+def _own_choice(what: str) -> StrictBooleanField:
+    return StrictBooleanField(
         required=False,
-        help_text="Pause the job when a logged loss explodes (above the run's mean + 3σ, or "
-        "NaN); on by default.",
+        allow_null=True,
+        help_text=f"{what}: true or false is this job's own choice; null follows the "
+        "organisation's default (GET /api/v1/organisation/settings); left out of a PUT, "
+        "unchanged.",
     )
 
 
-def _monitor_answer(monitor: JobMonitor | None) -> dict:
+class JobMonitorSerializer(serializers.Serializer):
+    """What PUT sets. A null self-repair choice follows the organisation's current
+    default, so a change of the default reaches the job."""
+
+    idle_auto_stop = StrictBooleanField()
+    idle_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, allow_null=True)
+    loss_explosion_pause = _own_choice(
+        "Pause the job when a logged loss explodes (above the run's mean + 3σ, or NaN)"
+    )
+    hardware_repair = _own_choice(
+        "Checkpoint the job and requeue it on another node when one of its GPUs reports a "
+        "hardware fault (XID error) or one of its ranks is stuck; off, the job is alerted "
+        "and its node marked suspect but it keeps running"
+    )
+
+
+class SelfRepairInEffectSerializer(serializers.Serializer):
+    loss_explosion_pause = StrictBooleanField()
+    hardware_repair = StrictBooleanField()
+
+
+class JobMonitorAnswerSerializer(JobMonitorSerializer):
+    """The job's choices as set, and what self-repair does for it now."""
+
+    in_effect = SelfRepairInEffectSerializer(
+        help_text="What self-repair does for the job now: its own choice, else its "
+        "organisation's default."
+    )
+
+
+def _monitor_answer(job: Job, monitor: JobMonitor | None) -> dict:
+    choices = alerts.self_repair_choices(job=job, monitor=monitor)
     return {
         "idle_auto_stop": bool(monitor and monitor.idle_auto_stop),
         "idle_minutes": monitor.idle_minutes if monitor else None,
-        "loss_explosion_pause": monitor.loss_explosion_pause if monitor else True,
+        "loss_explosion_pause": monitor.loss_explosion_pause if monitor else None,
+        "hardware_repair": monitor.hardware_repair if monitor else None,
+        "in_effect": {
+            "loss_explosion_pause": choices.loss_explosion_pause,
+            "hardware_repair": choices.hardware_repair,
+        },
     }
 
 
 class JobMonitorView(JobView):
-    """The job's self-repair choices: pause it when its GPUs stay idle, or when its
-    logged loss explodes."""
+    """The job's self-repair choices: pause it when its GPUs stay idle or its logged loss
+    explodes; move it off a node with a hardware fault."""
 
     required_capabilities = {"put": Capability.LAUNCH_JOBS}
 
-    @extend_schema(responses=JobMonitorSerializer)
+    @extend_schema(responses=JobMonitorAnswerSerializer)
     def get(self, request, pk: int):
-        return Response(_monitor_answer(JobMonitor.objects.filter(job=self.job(pk)).first()))
+        job = self.job(pk)
+        return Response(_monitor_answer(job, JobMonitor.objects.filter(job=job).first()))
 
-    @extend_schema(request=JobMonitorSerializer, responses=JobMonitorSerializer)
+    @extend_schema(request=JobMonitorSerializer, responses=JobMonitorAnswerSerializer)
     def put(self, request, pk: int):
         job = self.job(pk)
         data = JobMonitorSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(_monitor_answer(alerts.job_monitor_set(job=job, **data.validated_data)))
+        return Response(
+            _monitor_answer(job, alerts.job_monitor_set(job=job, **data.validated_data))
+        )

@@ -29,6 +29,10 @@ class BackendRejected(Exception):
     """The backend refused the job for good (e.g. a Kubernetes 422): don't retry."""
 
 
+# Where a job reads the files the console publishes to it while it runs (publish_file).
+PUBLISHED_MOUNT = "/run/gpugeek"
+
+
 @dataclass(frozen=True)
 class Observation:
     """What the backend sees of one job's current attempt.
@@ -106,6 +110,20 @@ class GpuReading:
     # error it reports (None or 0: none): self-repair's evidence (jobs.repair).
     host: str = ""
     xid: int | None = None
+    # Uncorrectable (double-bit) ECC errors since the driver loaded: any is a fault.
+    ecc_dbe: int | None = None
+
+    @property
+    def faulty(self) -> bool:
+        return bool(self.xid or self.ecc_dbe)
+
+    @property
+    def fault(self) -> str:
+        """The fault in words ("XID 79", "2 double-bit ECC errors")."""
+        parts = [f"XID {self.xid}"] if self.xid else []
+        if self.ecc_dbe:
+            parts.append(f"{self.ecc_dbe} double-bit ECC error{'s' if self.ecc_dbe > 1 else ''}")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -335,6 +353,19 @@ class ComputeBackend(abc.ABC):
         have changed, until `stop` is set. Returns False when this backend has no watch
         (the watcher then polls it)."""
         return False
+
+    def publish_file(self, job: Job, name: str, text: str) -> bool:
+        """Put a small file the console writes where the job's current attempt reads it,
+        read-only, at PUBLISHED_MOUNT/`name` (replaced whole: a reader sees the old file
+        or the new one); False where this backend can't (the job then has only what it
+        was started with). Readable by anyone on the host: nothing secret goes there."""
+        return False
+
+    def port_address(self, job: Job, port: int) -> tuple[str, int] | None:
+        """Where the console's own processes reach `port`, one the job declared in its
+        `ports`, while its attempt runs (an SSH gateway dials it); None where this backend
+        doesn't publish the job's ports to the console."""
+        return None
 
     def gpu_readings(self, jobs: list[Job]) -> dict[int, list[GpuReading]]:
         """Current per-GPU readings of running `jobs` (by job id); jobs without readings

@@ -12,10 +12,10 @@ as control data: the run directory is the supervisor's, out of the job's reach.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
+import platform
 import pwd
 import shutil
 import signal
@@ -47,8 +47,11 @@ from jobs.backends.base import (
 )
 from jobs.backends.host_processes import pid_alive, read_int
 from jobs.backends.local_checkpoints import checkpoint_environment, checkpoint_folder
+from jobs.backends.local_files import LocalFiles
 from jobs.backends.local_logs import LocalLogStream, run_ended
+from jobs.backends.local_ports import LocalPorts, publish_job_ports
 from jobs.logs.stores import FileLog
+from marketplace.inventory import ARCH_LABEL
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -130,7 +133,13 @@ def exit_reason(code: int) -> str:
     return f"exit code {code}"
 
 
-class LocalBackend(ComputeBackend):
+def _host_arch() -> str:
+    """This host's CPU architecture in Kubernetes' terms (kubernetes.io/arch)."""
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+class LocalBackend(LocalPorts, LocalFiles, ComputeBackend):
     """Jobs as supervised processes on this host, on the GPU devices the console assigns."""
 
     name = "local"
@@ -148,11 +157,13 @@ class LocalBackend(ComputeBackend):
         # Local CPU jobs are often light (scripts, tests): allow some overcommit.
         vcpus = (os.cpu_count() or 1) * settings.LOCAL_CPU_OVERCOMMIT
         memory = _memory_gib()
+        labels = {ARCH_LABEL: _host_arch()}
         nodes = [
             NodeInventory(
                 name=f"{host}/cpu",
                 region=LOCAL_REGION,
                 tier="on_demand",
+                labels=labels,
                 vcpus_allocatable=vcpus,
                 memory_gib=memory,
             )
@@ -164,6 +175,7 @@ class LocalBackend(ComputeBackend):
                     name=f"{host}/{product}",
                     region=LOCAL_REGION,
                     tier="on_demand",
+                    labels=labels,
                     gpu_resource="nvidia.com/gpu",
                     gpu_product=product,
                     gpus_allocatable=count,
@@ -367,7 +379,9 @@ class LocalBackend(ComputeBackend):
                     limits=self.limits(job),
                     checkpoints=checkpoints,
                     volumes=volumes,
+                    published=self.published_dir(job),
                 )
+                publish_job_ports(spec["sandbox"], job=job, run_dir=run_dir)
             host_processes.supervisor_launch(run_dir=run_dir, workdir=workdir, spec=spec, user=user)
         # The supervisor takes the lock, then writes child.pid (or exit_code 127, or
         # not_started when the job was stopped first).
@@ -557,22 +571,6 @@ class LocalBackend(ComputeBackend):
 
     def volume_fill_folder(self, *, tenant_id: int, volume_id: int) -> Path:
         return local_volumes.fill_folder(tenant_id=tenant_id, volume_id=volume_id)
-
-    def stored_job_ids(self) -> set[int]:
-        """Jobs with a run or work directory on this host."""
-        ids: set[int] = set()
-        for root in (self.data_dir / "jobs", self.work_root()):
-            with contextlib.suppress(OSError):
-                ids.update(int(entry.name) for entry in os.scandir(root) if entry.name.isdigit())
-        return ids
-
-    def discard(self, job_ids: list[int], *, logs: bool = True) -> None:
-        """Remove the jobs' work dirs, and with `logs` their run dirs (output and control
-        files: the console has archived the log, or the job is gone)."""
-        for job_id in job_ids:
-            shutil.rmtree(self.work_root() / str(int(job_id)), ignore_errors=True)
-            if logs:
-                shutil.rmtree(self.data_dir / "jobs" / str(int(job_id)), ignore_errors=True)
 
     def logs(self, job, since_line: int = 0, limit: int = 1000) -> list[LogLine]:
         """Numbered as the console's log store numbers this file (64 KiB pieces, the cap)."""

@@ -36,7 +36,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from jobs.backends.base import node_memory_share
+from jobs.backends.base import PUBLISHED_MOUNT, node_memory_share
 from jobs.backends.local_checkpoints import CHECKPOINT_MOUNT
 
 if TYPE_CHECKING:
@@ -283,12 +283,14 @@ def sandbox_plan(
     limits: JobLimits,
     checkpoints: Path | None = None,
     volumes: list[tuple[Path, str, bool]] | None = None,
+    published: Path | None = None,
 ) -> dict:
     """What the supervisor runs: the bubblewrap options (handed to it in a file
     descriptor, never in argv where `ps` shows them), the files the job sees in /etc, the
     host uid/gid to drop to, the network and the limits. JSON-ready. `checkpoints`: the
     job's own checkpoint folder, bind-mounted at CHECKPOINT_MOUNT (nothing else of the
-    store is visible)."""
+    store is visible). `published`: the console's folder of files for the job
+    (ComputeBackend.publish_file), read-only at PUBLISHED_MOUNT."""
     support = sandbox_support()
     return process_plan(
         hostname=f"gpugeek-job-{job.pk}",
@@ -300,6 +302,7 @@ def sandbox_plan(
         limits=limits,
         binds=[
             *(["--bind", str(checkpoints), CHECKPOINT_MOUNT] if checkpoints else []),
+            *(["--ro-bind", str(published), PUBLISHED_MOUNT] if published else []),
             *_volume_binds(volumes or []),
         ],
     )

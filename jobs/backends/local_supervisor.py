@@ -272,7 +272,13 @@ class SandboxError(Exception):
 
 def _publish_port(publish: dict) -> None:
     """Forward `host_port` on the host's loopback to `guest_port` in the sandbox (slirp4netns'
-    API): the one way in to a service replica, whose network namespace is its own."""
+    API): the one way in to a service replica or a job's declared ports (`ports`: several),
+    whose network namespace is its own."""
+    for each in publish.get("ports") or [publish]:
+        _forward(publish["api_socket"], each)
+
+
+def _forward(api_socket: str, publish: dict) -> None:
     request = {
         "execute": "add_hostfwd",
         "arguments": {
@@ -284,7 +290,7 @@ def _publish_port(publish: dict) -> None:
     }
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as api:
         api.settimeout(10)
-        api.connect(publish["api_socket"])
+        api.connect(api_socket)
         api.sendall(json.dumps(request).encode())
         api.shutdown(socket.SHUT_WR)
         answer = json.loads(api.recv(4096) or b"{}")

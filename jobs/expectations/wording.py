@@ -53,7 +53,7 @@ def waiting_because(job: Job, ahead: int, ahead_higher: int) -> str:
         return f"{quota} is taken by its other jobs"
     if kind == WaitKind.FAIR_SHARE:
         return "organisations using less of its pool go first among equal priorities (fair share)"
-    if kind == WaitKind.CAPACITY:
+    if kind in (WaitKind.CAPACITY, WaitKind.TOPOLOGY):
         return job.status_reason or "its pool has no free capacity"
     if ahead:
         jobs = "job is" if ahead == 1 else "jobs are"

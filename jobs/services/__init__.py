@@ -1,9 +1,11 @@
 """Writes for jobs, one module per concern:
 
 - `spec`: what a launch asks for and its validation against the catalog;
+- `placement`: which acceptable region and GPU type a launch runs in (price, locality);
 - `launch`: recording a launch (policies, secrets, admission) and clones;
 - `admission`: which queued jobs take compute, and what the others wait for;
 - `preemption`: which lower-priority jobs a job that can't fit stops, and stopping them;
+- `fair_share`, `topology`: the order among organisations, and gangs kept in one block;
 - `dispatch`: starting admitted attempts on their backend (the sweep task);
 - `files`: what finished jobs left on the host;
 - `checkpoints`: where a later start resumes from, and pruning old checkpoints;

@@ -21,6 +21,7 @@ from jobs.services.admission import (
     locked_admission_state,
 )
 from jobs.services.spec import spec_from_job
+from jobs.services.topology import Blocks
 from jobs.state import job_transition
 
 
@@ -76,10 +77,10 @@ def job_resume(*, job: Job, actor: Actor, reason: str = "resumed by user") -> Jo
         pools, quotas = locked_admission_state(job)
         usage = held_usage(pool_ids=list(pools), tenant_ids=[job.tenant_id])
         wait = blocking_wait(job, pools, usage, quotas)
-        if wait:
+        why = wait.message if wait else Blocks(pools).place(job)
+        if why:
             raise ActionRefused(
-                f"Not enough free capacity to resume now ({wait.message}); try "
-                "again when other jobs finish."
+                f"Not enough free capacity to resume now ({why}); try again when other jobs finish."
             )
         job = job_transition(
             job=job, to=JobStatus.RESUMING, actor=actor, reason=reason, paused_by_budget=False

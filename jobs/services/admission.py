@@ -17,6 +17,7 @@ from jobs.selectors import before_in_queue, queued_in_order, queued_in_pools, wa
 from jobs.services.dispatch import dispatch_on_commit
 from jobs.services.fair_share import FairQueue, FairShare, job_pool_nodes, pool_units
 from jobs.services.preemption import jobs_preempt, preemption_plan
+from jobs.services.topology import Blocks, needs_block
 from jobs.state import job_transition_held, job_wait_update, jobs_transition_many
 from marketplace.models import NodePool, TenantQuota
 
@@ -340,6 +341,7 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
         fair = FairShare(locked_pools, usage.tenant_pool, tenants.weights)
         in_order = FairQueue(queue, tenants.by_priority, fair, chunk=ADMIT_CHUNK)
         every_pool = set(locked_pools) if reach is None else reach
+        blocks = Blocks(locked_pools)
         blocked: dict[int, Job] = {}  # pool → the first job that blocked it
         # (tenant, pool) pairs held back by the tenant's quota: its later jobs there wait too.
         blocked_by_quota: set[tuple[int, int]] = set()
@@ -370,11 +372,15 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
                 wait = BEHIND_OWN_QUOTA
             else:
                 wait = blocking_wait(job, locked_pools, usage, quotas)
-                if wait is not None and wait.kind == WaitKind.CAPACITY:
+                # A gang placed in one block doesn't preempt: victims elsewhere in the
+                # pool wouldn't free its block.
+                if wait is not None and wait.kind == WaitKind.CAPACITY and not needs_block(job):
                     victims = _admit_by_preemption(job, locked_pools, usage, quotas)
                     if victims is not None:
                         wait = None
                         preempted |= victims
+                if wait is None and (why := blocks.place(job)):
+                    wait = Wait(WaitKind.TOPOLOGY, why)
             if wait is None:
                 usage.add(job)
                 admitted.append(job)

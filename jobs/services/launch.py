@@ -81,6 +81,7 @@ def job_submit(
                 gpu_memory_gib=spec.gpu_memory_gib,
                 auto_release=spec.auto_release,
                 ports=spec.ports,
+                requirements=resolved.requirements,
                 backend=placement.backend,
                 pool=placement.pool,
                 spot_pool=placement.spot_pool,
@@ -95,6 +96,8 @@ def job_submit(
             )
             volume_provider().attach(job=job, mounts=spec.volumes)
             job_note(job=job, actor=Actor.of_user(user) if user else SYSTEM, reason="submitted")
+            if resolved.choice.was_a_choice:  # the platform picked where: say how
+                job_note(job=job, actor=SYSTEM, reason=resolved.choice.timeline_note())
             audit_record(
                 action="job.launched",
                 tenant=tenant,

@@ -8,7 +8,6 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from django.conf import settings
 from django.db.models import F
 
 from console.crypto import decrypt_json
@@ -16,15 +15,15 @@ from console.models import Tenant
 from console.service_errors import ServiceError
 from jobs.extensions import volume_provider
 from jobs.models import Job, Priority
-from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota, Tier
-from marketplace.pricing import MAX_NODES, node_split
-from marketplace.selectors import (
-    HOST_NOT_AVAILABLE,
-    default_region,
-    image_hardware,
-    launch_pools,
-    regions_for_tenant,
+from jobs.services.placement import (
+    JobShape,
+    PlacementChoice,
+    placement_choose,
+    validate_requirements,
 )
+from marketplace.models import GpuType, Image, NodePool, Region, TenantQuota
+from marketplace.pricing import MAX_NODES, node_split
+from marketplace.selectors import HOST_NOT_AVAILABLE, regions_for_tenant
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV_PREFIXES = ("GPUGEEK_",)
@@ -46,6 +45,7 @@ MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_ENV_TOTAL_BYTES = 128 * 1024
 MAX_JOB_SECRETS = 32  # organisation secrets one job may name
 MAX_LABELS = 32
+MAX_ACCEPTABLE = 8  # regions, GPU types one spec may accept (each place is priced)
 
 
 # The one default: the launch form, the API, the SDK and the CLI (which send none) use it.
@@ -82,6 +82,14 @@ class JobSpec:
     secrets: list[str] = field(default_factory=list)
     # Volumes to mount: [{"name": "data", "path": "/data", "read_only": False}].
     volumes: list[dict] = field(default_factory=list)
+    # Several acceptable places instead of one `region` / `gpu_type` (never both forms):
+    # launch takes the cheapest weighted by data locality (jobs.services.placement).
+    regions: list[str] = field(default_factory=list)
+    gpu_types: list[str] = field(default_factory=list)
+    # Where the data it reads lives (e.g. its bucket's region) when it mounts no volumes.
+    data_region: str | None = None
+    # What its nodes must have: {"interconnect": "nvlink", "cpu_arch": "arm64"}.
+    requirements: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -376,17 +384,20 @@ class ResolvedSpec:
     gpu_type: GpuType | None
     region: Region
     cpus: int
+    requirements: dict[str, str]
     placement: Placement
+    choice: PlacementChoice  # how region and GPU type were chosen, for the timeline
     quotas: list[TenantQuota]  # the tenant's, as validation read them
 
 
 def spec_validate(
     *, tenant: Tenant, spec: JobSpec, organisation_secrets: dict[str, str] | None = None
 ) -> ResolvedSpec:
-    """Check a spec against the catalog, pools and quota maxima. Raises ServiceError with
-    the field at fault; a request that fits the limits but not the free capacity is valid
-    (it queues). `organisation_secrets` are the values of the secrets the spec names
-    (`tenant_secrets_resolve`): they count toward the environment's bounds."""
+    """Check a spec against the catalog, pools and quota maxima, and place it: of the
+    regions and GPU types it accepts, where it runs (jobs.services.placement). Raises
+    ServiceError with the field at fault; a request that fits the limits but not the free
+    capacity is valid (it queues). `organisation_secrets` are the values of the secrets
+    the spec names (`tenant_secrets_resolve`): they count toward the environment's bounds."""
     name = (spec.name or "").strip()
     if not name or len(name) > 100:
         raise invalid("Give the job a name (up to 100 characters).", "name")
@@ -418,28 +429,14 @@ def spec_validate(
     if overlap:
         raise invalid(f"{', '.join(sorted(overlap))} is both plain and secret.", "secret_env")
 
-    gpu_type = None
-    if spec.gpu_type:
-        gpu_type = GpuType.objects.filter(slug=spec.gpu_type, is_active=True).first()
-        if gpu_type is None:
-            raise invalid(f"Unknown GPU type “{spec.gpu_type}”.", "gpu_type")
-        if spec.gpus_per_node < 1:
-            raise invalid("A GPU job needs at least one GPU per node.", "gpus_per_node")
-    elif spec.gpus_per_node:
-        raise invalid("Choose a GPU type for a GPU job.", "gpu_type")
-
-    if spec.region:
-        # One query when the region is usable; telling why not costs a second.
-        region = regions_for_tenant(tenant).filter(slug=spec.region).first()
-        if region is None:
-            if Region.objects.filter(slug=spec.region, is_active=True).exists():
-                raise invalid(HOST_NOT_AVAILABLE, "region")
-            raise invalid(f"Unknown region “{spec.region}”.", "region")
-    else:
-        region = default_region(tenant, gpu_type)
-        if region is None:
-            what = f"an {gpu_type.model} pool" if gpu_type else "a CPU pool"
-            raise invalid(f"Choose a region: none has {what} for you.", "region")
+    requirements = validate_requirements(spec.requirements)
+    gpu_types = _acceptable_gpu_types(spec)
+    regions = _acceptable_regions(tenant, spec)
+    data_region = None
+    if spec.data_region:
+        data_region = regions_for_tenant(tenant).filter(slug=spec.data_region).first()
+        if data_region is None:
+            raise invalid(f"Unknown region “{spec.data_region}”.", "data_region")
 
     image = (
         Image.objects.for_tenant(tenant)
@@ -449,90 +446,100 @@ def spec_validate(
     )
     if image is None:
         raise invalid(f"Unknown image “{spec.image}”.", "image")
-    hardware = image_hardware(gpu_type)
-    if hardware not in image.compatible_with:
-        raise invalid(
-            f"{image.name} doesn't run on {hardware.upper()}; pick an image made for it.", "image"
-        )
+    _validate_gpu_memory(spec.gpu_memory_gib, gpu_types[0])
 
     # The estimate's rule (marketplace.pricing.node_split): a launch is what was priced.
     split = node_split(nodes=spec.nodes, spot_ratio=Decimal(spec.spot_ratio))
-    spot_nodes, on_demand_nodes = split.spot_nodes, split.on_demand_nodes
-    pools = launch_pools(tenant=tenant, region=region)
-    gpu_type_id = gpu_type.pk if gpu_type else None
-    pool = pools.get((gpu_type_id, region.pk, Tier.ON_DEMAND)) if on_demand_nodes else None
-    spot_pool = pools.get((gpu_type_id, region.pk, Tier.SPOT)) if spot_nodes else None
-    what = gpu_type.slug if gpu_type else "CPU"
-    if on_demand_nodes and pool is None:
-        raise invalid(
-            f"No on-demand {what} pool in {region.slug} on this installation's "
-            f"backends ({', '.join(settings.COMPUTE_BACKENDS)}).",
-            "region",
-        )
-    if spot_nodes and spot_pool is None:
-        raise invalid(f"No spot {what} pool in {region.slug}; lower the spot ratio.", "spot_ratio")
-    if pool and spot_pool and pool.backend != spot_pool.backend:
-        raise invalid("Spot and on-demand nodes of one job must be on one backend.", "spot_ratio")
-    chosen = pool or spot_pool
-    assert chosen is not None  # a job has on-demand or spot nodes, and each found a pool
-    cpus = spec.cpus or (chosen.vcpus_per_node if gpu_type and chosen.vcpus_per_node else 1)
-    if cpus < 1:
-        raise invalid("Ask for at least one vCPU per node.", "cpus")
-
-    _validate_gpu_memory(spec.gpu_memory_gib, gpu_type)
-    # Larger than the pool could ever hold: refuse now rather than queue forever.
-    for tier_pool, tier_nodes in ((pool, on_demand_nodes), (spot_pool, spot_nodes)):
-        if not tier_pool:
-            continue
-        refusal = tier_pool.gpu_memory_refusal(spec.gpu_memory_gib)
-        if refusal:
-            raise invalid(f"{refusal} Pick a GPU type with more memory.", "gpu_memory_gib")
-        if gpu_type and spec.gpus_per_node > max(tier_pool.gpus_per_node, 0):
-            raise invalid(
-                f"{tier_pool.name} has {tier_pool.gpus_per_node} GPUs per node; "
-                f"{spec.gpus_per_node} asked.",
-                "gpus_per_node",
-            )
-        if gpu_type and tier_nodes * spec.gpus_per_node > tier_pool.total_gpus:
-            raise invalid(
-                f"{tier_pool.name} has {tier_pool.total_gpus} GPUs in all; "
-                f"{tier_nodes * spec.gpus_per_node} asked.",
-                "nodes",
-            )
-        if not gpu_type and tier_nodes * cpus > tier_pool.allocatable_vcpus:
-            raise invalid(
-                f"{tier_pool.name} has {tier_pool.allocatable_vcpus} vCPUs in all; "
-                f"{tier_nodes * cpus} asked.",
-                "cpus",
-            )
-    volume_provider().check_mounts(tenant=tenant, region=region, mounts=spec.volumes)
-    total_gpus = spec.nodes * spec.gpus_per_node
     quotas = list(TenantQuota.objects.for_tenant(tenant).order_by("pk"))
-    for quota in quotas:
-        if quota.max_gpus is None or not gpu_type:
-            continue
-        if (quota.gpu_type_id in (None, gpu_type.pk)) and total_gpus > quota.max_gpus:
-            scope = gpu_type.slug if quota.gpu_type_id else "all GPU types"  # its own type
-            raise invalid(
-                f"Your organisation's quota allows at most {quota.max_gpus} GPUs "
-                f"({scope}); this job asks for {total_gpus}.",
-                "nodes",
-            )
+    choice = placement_choose(
+        tenant=tenant,
+        shape=JobShape(
+            nodes=spec.nodes,
+            gpus_per_node=spec.gpus_per_node,
+            cpus=spec.cpus,
+            split=split,
+            gpu_memory_gib=spec.gpu_memory_gib,
+            mounts=spec.volumes,
+            requirements=requirements,
+            region_field="regions" if spec.regions else "region",
+            gpu_type_field="gpu_types" if spec.gpu_types else "gpu_type",
+        ),
+        gpu_types=gpu_types,
+        regions=regions,
+        image=image,
+        data_region=data_region,
+        quotas=quotas,
+    )
+    chosen = choice.chosen
     return ResolvedSpec(
         spec=spec,
         image=image,
-        gpu_type=gpu_type,
-        region=region,
-        cpus=cpus,
+        gpu_type=chosen.gpu_type,
+        region=chosen.region,
+        cpus=chosen.cpus,
+        requirements=requirements,
         placement=Placement(
-            backend=chosen.backend,
-            pool=pool,
-            spot_pool=spot_pool,
-            spot_nodes=spot_nodes,
-            on_demand_nodes=on_demand_nodes,
+            backend=chosen.main_pool.backend,
+            pool=chosen.pool,
+            spot_pool=chosen.spot_pool,
+            spot_nodes=split.spot_nodes,
+            on_demand_nodes=split.on_demand_nodes,
         ),
+        choice=choice,
         quotas=quotas,
     )
+
+
+def _acceptable_gpu_types(spec: JobSpec) -> list[GpuType | None]:
+    """The GPU types the job may run on (`gpu_type`, or several in `gpu_types`); [None]
+    for a CPU job."""
+    if spec.gpu_type and spec.gpu_types:
+        raise invalid("Give gpu_type or gpu_types, not both.", "gpu_types")
+    field_name = "gpu_types" if spec.gpu_types else "gpu_type"
+    slugs = _slug_list(spec.gpu_types or [], field_name)
+    slugs = slugs or ([spec.gpu_type] if spec.gpu_type else [])
+    if not slugs:
+        if spec.gpus_per_node:
+            raise invalid("Choose a GPU type for a GPU job.", "gpu_type")
+        return [None]
+    found = {g.slug: g for g in GpuType.objects.filter(slug__in=slugs, is_active=True)}
+    for slug in slugs:
+        if slug not in found:
+            raise invalid(f"Unknown GPU type “{slug}”.", field_name)
+    if spec.gpus_per_node < 1:
+        raise invalid("A GPU job needs at least one GPU per node.", "gpus_per_node")
+    return [found[slug] for slug in slugs]
+
+
+def _acceptable_regions(tenant: Tenant, spec: JobSpec) -> list[Region]:
+    """The regions the job may run in (`region`, or several in `regions`); [] when it
+    names none: each GPU type's default region then (jobs.services.placement)."""
+    if spec.region and spec.regions:
+        raise invalid("Give region or regions, not both.", "regions")
+    field_name = "regions" if spec.regions else "region"
+    slugs = _slug_list(spec.regions or [], field_name)
+    slugs = slugs or ([spec.region] if spec.region else [])
+    if not slugs:
+        return []
+    # One query when the regions are usable; telling why not costs a second.
+    found = {r.slug: r for r in regions_for_tenant(tenant).filter(slug__in=slugs)}
+    for slug in slugs:
+        if slug not in found:
+            if Region.objects.filter(slug=slug, is_active=True).exists():
+                raise invalid(HOST_NOT_AVAILABLE, field_name)
+            raise invalid(f"Unknown region “{slug}”.", field_name)
+    return [found[slug] for slug in slugs]
+
+
+def _slug_list(slugs, field_name: str) -> list[str]:
+    """A spec's list of acceptable regions or GPU types: slugs, each once, at most
+    MAX_ACCEPTABLE (each place is priced at launch)."""
+    if not isinstance(slugs, list | tuple) or not all(isinstance(s, str) and s for s in slugs):
+        raise invalid("A list of slugs.", field_name)
+    unique = list(dict.fromkeys(slugs))
+    if len(unique) > MAX_ACCEPTABLE:
+        raise invalid(f"At most {MAX_ACCEPTABLE} ({len(unique)} given).", field_name)
+    return unique
 
 
 def spec_from_job(job: Job) -> JobSpec:
@@ -561,4 +568,5 @@ def spec_from_job(job: Job) -> JobSpec:
             {"name": mount.name, "path": mount.path, "read_only": mount.read_only}
             for mount in volume_provider().mounts_for(job)
         ],
+        requirements=dict(job.requirements),
     )

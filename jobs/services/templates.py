@@ -30,6 +30,7 @@ TEMPLATE_FIELDS = (
     "auto_release",
     "ports",
     "secrets",
+    "requirements",
 )
 
 

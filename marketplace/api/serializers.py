@@ -13,6 +13,7 @@ from console.api.fields import (
     StrictRegexField,
 )
 from console.crypto import mask
+from marketplace.inventory import CPU_ARCHES, INTERCONNECTS
 from marketplace.models import (
     GpuType,
     Image,
@@ -75,6 +76,13 @@ class OfferSerializer(serializers.Serializer):
     isolated_runtime = StrictBooleanField(
         help_text="Every pool serving it runs pods in an isolated runtime (e.g. Kata, gVisor)"
     )
+    interconnects = serializers.ListField(
+        child=StrictCharField(),
+        help_text="What every node serving it has: nvlink, rdma, infiniband (from node labels)",
+    )
+    cpu_arch = StrictCharField(
+        help_text='The nodes\' CPU architecture (kubernetes.io/arch): amd64, arm64; "" if mixed'
+    )
 
     def get_price_per_gpu_hour(self, offer) -> str | None:
         return None if offer.is_cpu else str(offer.unit_price)
@@ -101,6 +109,10 @@ class OfferQuerySerializer(serializers.Serializer):
     tier = StrictCharField(required=False, default="", allow_blank=True, max_length=40)
     min_memory_gib = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000)
     available = StrictBooleanField(default=False, help_text="Only offers with free GPUs")
+    interconnect = serializers.ChoiceField(
+        choices=list(INTERCONNECTS), required=False, help_text="Only offers whose nodes have it"
+    )
+    cpu_arch = serializers.ChoiceField(choices=list(CPU_ARCHES), required=False)
     sort = serializers.ChoiceField(choices=list(SORTS), default="price")
     include_cpu = StrictBooleanField(default=True)
 
@@ -142,6 +154,8 @@ def offer_rows(offers) -> list[dict]:
             "price_version": offer.price_version,
             "simulated": offer.simulated,
             "isolated_runtime": offer.isolated_runtime,
+            "interconnects": list(offer.interconnects),
+            "cpu_arch": offer.cpu_arch,
         }
         for offer in offers
     ]
@@ -289,6 +303,25 @@ class NodePoolSerializer(StrictModelSerializer):
         required=False,
         help_text=NodePool._meta.get_field("memory_margin").help_text,
     )
+    locality_weight = StrictDecimalField(
+        max_digits=4,
+        decimal_places=2,
+        min_value=Decimal(1),
+        max_value=Decimal(10),
+        required=False,
+        help_text=NodePool._meta.get_field("locality_weight").help_text,
+    )
+    topology_label = StrictCharField(
+        max_length=100,
+        required=False,
+        help_text=NodePool._meta.get_field("topology_label").help_text,
+    )
+    interconnects = serializers.ListField(child=StrictCharField(), read_only=True)
+    topology_blocks = serializers.DictField(
+        child=serializers.DictField(child=serializers.IntegerField()),
+        read_only=True,
+        help_text="Per block at the last sync: its usable nodes and how many are idle.",
+    )
 
     class Meta:
         model = NodePool
@@ -315,6 +348,12 @@ class NodePoolSerializer(StrictModelSerializer):
             "preempt_other_tenants_spot",
             "memory_margin",
             "runtime_class_name",
+            "locality_weight",
+            "interconnects",
+            "cpu_arch",
+            "gpu_memory_gib",
+            "topology_label",
+            "topology_blocks",
         ]
         read_only_fields = [f for f in fields if f not in NODE_POOL_EDITABLE_FIELDS]
 

@@ -71,6 +71,8 @@ class OfferViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             available_only=params["available"],
             include_cpu=params["include_cpu"],
             sort=params["sort"],
+            interconnect=params.get("interconnect"),
+            cpu_arch=params.get("cpu_arch"),
         )
 
 

@@ -18,7 +18,13 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 from django.utils.text import slugify
 
-from marketplace.inventory import InventorySource, NodeInventory
+from marketplace.inventory import (
+    ARCH_LABEL,
+    InventorySource,
+    NodeInventory,
+    node_gpu_memory_gib,
+    node_interconnects,
+)
 from marketplace.models import GpuType, NodePool, Region, SuspectNode
 
 log = logging.getLogger(__name__)
@@ -70,6 +76,33 @@ class _PoolCapacity:
     in_use_vcpus: int = 0
 
 
+def _hardware(nodes: list[NodeInventory]) -> dict:
+    """What all of a pool's nodes have: interconnects in common, one CPU architecture
+    ("" when mixed or unknown), the least GPU memory any reports (0: none says)."""
+    interconnects = set.intersection(*(node_interconnects(n.labels) for n in nodes))
+    arches = {n.labels.get(ARCH_LABEL, "") for n in nodes}
+    memories = [m for n in nodes if (m := node_gpu_memory_gib(n.labels))]
+    return {
+        "interconnects": sorted(interconnects),
+        "cpu_arch": arches.pop() if len(arches) == 1 else "",
+        "gpu_memory_gib": min(memories, default=0),
+    }
+
+
+def _blocks(nodes: list[NodeInventory], label: str, usable) -> dict[str, dict[str, int]]:
+    """Per topology block (the nodes sharing `label`'s value): its usable nodes and how
+    many of them have no GPU in use. Nodes without the label belong to no block."""
+    blocks: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        block = node.labels.get(label)
+        if not block or not usable(node):
+            continue
+        counts = blocks.setdefault(block, {"nodes": 0, "idle": 0})
+        counts["nodes"] += 1
+        counts["idle"] += node.gpus_in_use == 0
+    return blocks
+
+
 @transaction.atomic
 def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> list[NodePool]:
     """Refresh the backend's pools from its inventory.
@@ -87,7 +120,14 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
         pool.slug: pool
         for pool in NodePool.objects.filter(backend=backend.name).select_related("gpu_type")
     }
+    not_ready = {node.name for node in nodes if not node.ready and node.name not in suspect}
+    suspect |= not_ready
+
+    def usable(node: NodeInventory) -> bool:
+        return node.schedulable and node.name not in suspect
+
     grouped: dict[tuple[str, str | None, str, str], _PoolCapacity] = defaultdict(_PoolCapacity)
+    members: dict[tuple[str, str | None, str, str], list[NodeInventory]] = defaultdict(list)
     for node in nodes:
         region = regions.get(node.region)
         if region is None:
@@ -98,13 +138,13 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
             log.warning("node %s has unknown GPU %r; skipped", node.name, node.gpu_product)
             continue
         gpu_slug = gpu_type.slug if gpu_type else None
-        capacity = grouped[
-            (region.slug, gpu_slug, node.tier, _named_pool(node, named_pools, region, gpu_slug))
-        ]
+        key = (region.slug, gpu_slug, node.tier, _named_pool(node, named_pools, region, gpu_slug))
+        members[key].append(node)
+        capacity = grouped[key]
         capacity.nodes += 1
         capacity.gpus_per_node = max(capacity.gpus_per_node, node.gpus_allocatable)
         capacity.total_gpus += node.gpus_allocatable
-        if node.schedulable and node.name not in suspect:
+        if usable(node):
             capacity.allocatable_gpus += node.gpus_allocatable
             capacity.allocatable_vcpus += node.vcpus_allocatable
         capacity.in_use_gpus += node.gpus_in_use
@@ -114,7 +154,8 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
 
     gpu_by_slug = {gpu_type.slug: gpu_type for gpu_type in gpu_types}
     seen: list[NodePool] = []
-    for (region_slug, gpu_slug, tier, named), capacity in grouped.items():
+    for key, capacity in grouped.items():
+        region_slug, gpu_slug, tier, named = key
         slug = named or slugify(f"{backend.name}-{region_slug}-{gpu_slug or 'cpu'}-{tier}")
         slug = slug.replace("_", "-")
         pool, _ = NodePool.objects.select_for_update().get_or_create(
@@ -130,11 +171,23 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
         )
         for name, value in vars(capacity).items():
             setattr(pool, "node_count" if name == "nodes" else name, value)
+        for name, value in _hardware(members[key]).items():
+            setattr(pool, name, value)
+        pool.topology_blocks = _blocks(members[key], pool.topology_label, usable)
         pool.on_console_host = backend.runs_on_console_host
         pool.simulated = backend.simulated
         pool.last_synced_at = now
         pool.save()
         seen.append(pool)
+        # A node that stopped answering is suspect like one with a hardware fault: staff
+        # see it, capacity leaves it out until they mark it healthy (its pods are
+        # disrupted and requeued by the backend's own path, away from it).
+        for node in members[key]:
+            if node.name in not_ready:
+                reason = f"NotReady at the capacity sync of {now:%Y-%m-%d %H:%M} UTC"
+                SuspectNode.objects.get_or_create(
+                    name=node.name, defaults={"pool": pool, "reason": reason}
+                )
     # Pools whose nodes disappeared keep their row (jobs refer to them) but no capacity.
     NodePool.objects.filter(backend=backend.name).exclude(pk__in=[p.pk for p in seen]).update(
         node_count=0,
@@ -143,6 +196,7 @@ def capacity_sync(*, backend: InventorySource, now: datetime | None = None) -> l
         in_use_gpus=0,
         allocatable_vcpus=0,
         in_use_vcpus=0,
+        topology_blocks={},
         last_synced_at=now,
     )
     return seen

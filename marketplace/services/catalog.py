@@ -42,6 +42,8 @@ NODE_POOL_EDITABLE_FIELDS = (
     "preempt_other_tenants_spot",
     "memory_margin",
     "runtime_class_name",
+    "locality_weight",
+    "topology_label",
 )
 
 # A pool's node selector goes into its pods' specs, matched against Kubernetes node
@@ -148,6 +150,12 @@ def node_pool_update(
         node_selector_check(changes["node_selector"])
     if "runtime_class_name" in changes:
         runtime_class_check(changes["runtime_class_name"])
+    if "topology_label" in changes and not re.fullmatch(LABEL_KEY, changes["topology_label"]):
+        raise ServiceError(
+            "The topology label is a Kubernetes label key, e.g. topology.kubernetes.io/zone "
+            "or a rack label such as example.com/rack.",
+            field="topology_label",
+        )
     _catalog_row_update(
         row=pool,
         changes=changes,

@@ -46,6 +46,8 @@ def offers(request: HttpRequest) -> HttpResponse:
         tier=filters.get("tier") or None,
         available_only=bool(filters.get("available")),
         sort=filters.get("sort") or "price",
+        interconnect=filters.get("interconnect") or None,
+        cpu_arch=filters.get("cpu_arch") or None,
     )
     context = {
         "form": form,

@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.api.fields import StrictCharField, StrictModelSerializer
 from services import selectors
-from services.models import Service, ServiceAuth, ServiceReplica, ServiceRevision, ServiceToken
+from services.models import (
+    AutoscaleMetric,
+    Service,
+    ServiceAuth,
+    ServiceReplica,
+    ServiceRevision,
+    ServiceScaleEvent,
+    ServiceToken,
+)
 from services.services import ServiceSpec
+
+# The spec's vocabulary; cpu and gpu are refused by the service with the reason.
+METRICS = ["rps", "concurrency", "cpu", "gpu"]
+
+
+class AutoscaleSerializer(serializers.Serializer):
+    metric = serializers.ChoiceField(
+        choices=METRICS,
+        default=AutoscaleMetric.CONCURRENCY,
+        help_text="rps (requests per second) or concurrency (requests in flight), per replica",
+    )
+    target = serializers.FloatField(
+        min_value=0.01, max_value=100_000, default=10, help_text="Per replica"
+    )
+    scale_down_delay = serializers.IntegerField(
+        min_value=0,
+        max_value=3600,
+        default=300,
+        help_text="Seconds the traffic must want fewer replicas before one goes",
+    )
+
+
+class AutoscaleChangeSerializer(serializers.Serializer):
+    metric = serializers.ChoiceField(choices=METRICS, required=False)
+    target = serializers.FloatField(min_value=0.01, max_value=100_000, required=False)
+    scale_down_delay = serializers.IntegerField(min_value=0, max_value=3600, required=False)
 
 
 class ArgumentField(StrictCharField):
@@ -39,10 +74,15 @@ class ServiceCreateSerializer(serializers.Serializer):
     readiness_path = StrictCharField(max_length=200, default="/")
     env = _env_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
+    autoscale = AutoscaleSerializer(required=False)
 
     def to_spec(self) -> ServiceSpec:
         data = dict(self.validated_data)
         data["env"] = dict(data.get("env") or {})
+        autoscale = data.pop("autoscale", None) or {}
+        data["autoscale_metric"] = autoscale.get("metric", AutoscaleMetric.CONCURRENCY)
+        data["autoscale_target"] = autoscale.get("target", 10)
+        data["scale_down_delay"] = autoscale.get("scale_down_delay", 300)
         return ServiceSpec(**data)
 
 
@@ -61,6 +101,21 @@ class ServiceUpdateSerializer(serializers.Serializer):
     readiness_path = StrictCharField(max_length=200, required=False)
     env = _env_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, required=False)
+    autoscale = AutoscaleChangeSerializer(required=False)
+
+    def changes(self) -> dict:
+        """The changes as services.service_update takes them."""
+        changes = dict(self.validated_data)
+        if "env" in changes:
+            changes["env"] = dict(changes["env"])
+        autoscale = changes.pop("autoscale", None) or {}
+        if "metric" in autoscale:
+            changes["autoscale_metric"] = autoscale["metric"]
+        if "target" in autoscale:
+            changes["autoscale_target"] = autoscale["target"]
+        if "scale_down_delay" in autoscale:
+            changes["scale_down_delay"] = autoscale["scale_down_delay"]
+        return changes
 
 
 class ServiceScaleSerializer(serializers.Serializer):
@@ -85,6 +140,7 @@ class ServiceSerializer(StrictModelSerializer):
     revision = serializers.SerializerMethodField()
     ready_replicas = serializers.SerializerMethodField()
     replicas = serializers.SerializerMethodField()
+    autoscale = serializers.SerializerMethodField()
     endpoint_url = serializers.SerializerMethodField()
 
     class Meta:
@@ -107,6 +163,8 @@ class ServiceSerializer(StrictModelSerializer):
             "revision",
             "ready_replicas",
             "replicas",
+            "desired_replicas",
+            "autoscale",
             "endpoint_url",
             "created_at",
             "updated_at",
@@ -121,6 +179,14 @@ class ServiceSerializer(StrictModelSerializer):
 
     def get_replicas(self, service: Service) -> int:
         return getattr(service, "replica_count", 0)
+
+    @extend_schema_field(AutoscaleSerializer)
+    def get_autoscale(self, service: Service) -> dict:
+        return {
+            "metric": service.autoscale_metric,
+            "target": service.autoscale_target,
+            "scale_down_delay": service.scale_down_delay,
+        }
 
     def get_endpoint_url(self, service: Service) -> str:
         path = selectors.endpoint_path(service)
@@ -146,6 +212,24 @@ class ServiceReplicaSerializer(StrictModelSerializer):
     class Meta:
         model = ServiceReplica
         fields = ["id", "revision", "state", "reason", "started_at", "ready_at"]
+        read_only_fields = fields
+
+
+class ServiceScaleEventSerializer(StrictModelSerializer):
+    class Meta:
+        model = ServiceScaleEvent
+        fields = [
+            "at",
+            "from_replicas",
+            "to_replicas",
+            "window",
+            "metric",
+            "target",
+            "stable_value",
+            "panic_value",
+            "held_requests",
+            "cold_start_seconds",
+        ]
         read_only_fields = fields
 
 

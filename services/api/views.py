@@ -57,11 +57,8 @@ class ServiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
         service = self.get_object()
         data = s.ServiceUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        changes = dict(data.validated_data)
-        if "env" in changes:
-            changes["env"] = dict(changes["env"])
         service = services.service_update(
-            service=service, user=request.user, changes=changes, request=request._request
+            service=service, user=request.user, changes=data.changes(), request=request._request
         )
         return self._answer(service)
 
@@ -113,6 +110,13 @@ class ServiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
     def replica_list(self, request, pk=None):
         replicas = selectors.service_replicas(service=self.get_object())
         return Response(s.ServiceReplicaSerializer(replicas, many=True).data)
+
+    @extend_schema(request=None, responses=s.ServiceScaleEventSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None, url_path="scale-events")
+    def scale_events(self, request, pk=None):
+        """The latest changes of the wanted replica count and what decided them."""
+        events = selectors.service_scale_events(service=self.get_object())
+        return Response(s.ServiceScaleEventSerializer(events, many=True).data)
 
     @extend_schema(methods=["GET"], request=None, responses=s.ServiceTokenSerializer(many=True))
     @extend_schema(

@@ -496,7 +496,24 @@
     html.dataset.jobSocket = state;
   }
 
+  // htmx drops a trigger that comes while the partial's previous fetch is in flight, so a
+  // status pushed then (provisioning, then running a moment later) was never shown: after each
+  // swap the partial is fetched again while it shows an older status than the socket last said.
+  let latestStatus = null;
+  let refetches = 0;
+  document.body.addEventListener("htmx:afterSettle", (event) => {
+    const shown = document.getElementById("job-status");
+    if (!shown || event.target !== shown || latestStatus === null) return;
+    if (shown.dataset.status === latestStatus || refetches >= 5) {
+      refetches = 0;
+      return;
+    }
+    refetches += 1;
+    setTimeout(() => document.body.dispatchEvent(new CustomEvent("gg:job-changed")), 250);
+  });
+
   function statusChanged(message) {
+    if (message.type === "status") latestStatus = message.status;
     if (message.type === "status" && FINISHED.has(message.status) && !finished) {
       finished = true;
       if (liveState.dataset.state === "open") setState("open", "live");
@@ -570,7 +587,7 @@
     for (const alert of (data && data.alerts) || []) showAlert(alert, false);
   });
 
-  // ---- Self-repair choices: GPU-idle auto-stop, pause on a loss explosion ---------------------
+  // ---- Self-repair choices: GPU-idle auto-stop, loss explosion, hardware fault ----------------
 
   const monitorForm = root.querySelector("[data-monitor-form]");
   if (monitorForm && root.dataset.monitorUrl) {
@@ -579,9 +596,13 @@
       .then((data) => {
         monitorForm.elements.idle_auto_stop.checked = data.idle_auto_stop;
         monitorForm.elements.idle_minutes.value = data.idle_minutes ?? "";
-        monitorForm.elements.loss_explosion_pause.checked = data.loss_explosion_pause;
+        // Self-repair choices: "" follows the organisation's default (null in the API).
+        for (const name of ["loss_explosion_pause", "hardware_repair"]) {
+          monitorForm.elements[name].value = data[name] === null ? "" : String(data[name]);
+        }
       })
       .catch(() => {});
+    const choice = (value) => (value === "" ? null : value === "true");
     monitorForm.addEventListener("submit", async (event) => {
       event.preventDefault();
       const minutes = monitorForm.elements.idle_minutes.value;
@@ -592,7 +613,8 @@
         body: JSON.stringify({
           idle_auto_stop: monitorForm.elements.idle_auto_stop.checked,
           idle_minutes: minutes ? Number(minutes) : null,
-          loss_explosion_pause: monitorForm.elements.loss_explosion_pause.checked,
+          loss_explosion_pause: choice(monitorForm.elements.loss_explosion_pause.value),
+          hardware_repair: choice(monitorForm.elements.hardware_repair.value),
         }),
       });
       state.textContent = response.ok ? "Saved." : "Not saved.";

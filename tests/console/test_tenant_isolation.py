@@ -20,6 +20,7 @@ from console.services.audit import audit_record
 from console.services.invitations import invitation_create
 from console.services.ssh_keys import ssh_key_add
 from console.services.tokens import api_token_create
+from environments.services import environment_create
 from jobs.backends.local import LocalBackend
 from jobs.services import JobSpec, job_submit, launch_template_save, tenant_secret_set
 from marketplace.demo import seed_catalog
@@ -130,6 +131,16 @@ def foreign(other_world, world):
     )
 
     foreign_volume = VolumeFactory(tenant=other_world.tenant, name="globex-data")
+    foreign_environment = environment_create(
+        tenant=other_world.tenant,
+        user=other_world.owner,
+        name="globex-box",
+        region=foreign_volume.region.slug,
+        image="python-3.11",
+        cpus=1,
+        home_volume=foreign_volume.name,
+        interactive="both",  # its Jupyter route too is walked
+    )
 
     foreign_secret = tenant_secret_set(
         tenant=other_world.tenant,
@@ -214,6 +225,8 @@ def foreign(other_world, world):
             "volume_id": foreign_volume.pk,
             "service_id": foreign_service.pk,
             "service_token_id": foreign_service_token.pk,
+            "name": foreign_environment.name,  # environments are addressed by name
+            "path": "tree",  # a page of an environment's Jupyter (environments.proxy)
             "revision_number": 1,
             "template_id": foreign_template.pk,
             "budget_id": foreign_budget.pk,

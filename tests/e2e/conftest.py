@@ -174,6 +174,8 @@ class AxeAudit:
         parsed = urlparse(url)
         if f"{parsed.scheme}://{parsed.netloc}" != self.origin:
             return None
+        if parsed.path.startswith("/env/"):  # a user's Jupyter, not a page of the console
+            return None
         return parsed.path
 
     def on_load(self, page) -> None:

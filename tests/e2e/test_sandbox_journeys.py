@@ -123,14 +123,25 @@ def sandbox(transactional_db, settings, tmp_path, monkeypatch) -> SandboxCluster
     A100-80GB on-demand and spot pools. The console's processes started after it reach it
     through the environment runconsole would give them (SANDBOX_URL, KUBECONFIG; the token
     is the data dir's `sandbox/token`, shared with them)."""
+    yield from serve_sandbox(
+        {A100_ON_DEMAND: 1, A100_SPOT: 1},
+        settings=settings,
+        tmp_path=tmp_path,
+        monkeypatch=monkeypatch,
+    )
+
+
+def serve_sandbox(node_counts: dict[str, int], *, settings, tmp_path, monkeypatch):
+    """Start the sandbox with `node_counts` nodes of those demo pools (by slug), point
+    this process and the console processes started after it at it, yield it, stop it."""
     seed_catalog()
     pools = list(
-        NodePool.objects.filter(slug__in=[A100_ON_DEMAND, A100_SPOT])
+        NodePool.objects.filter(slug__in=list(node_counts))
         .select_related("region", "gpu_type")
         .order_by("slug")
     )
     for pool in pools:
-        pool.node_count = 1
+        pool.node_count = node_counts[pool.slug]
     token = stored_sandbox_token(settings.DATA_DIR)
     cluster = SandboxCluster(
         sandbox_nodes(pools), token=token, tick_seconds=0.25, pod_start_delay=0.5

@@ -109,11 +109,13 @@ def cluster(kube_api, settings, tmp_path):
 def workers(cluster, tmp_path):
     purge_queues()  # earlier tests may have left messages on this queue
     pool = Workers(
-        tmp_path, forked=True, **worker_env(
+        tmp_path,
+        forked=True,
+        **worker_env(
             CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
             # A killed sweep's claims lapse this soon, for the reconciler's sweep.
             DISPATCH_CLAIM_SECONDS="1",
-        )
+        ),
     )
     try:
         yield pool

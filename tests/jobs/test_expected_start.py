@@ -187,6 +187,13 @@ def test_a_job_bigger_than_its_pool_gets_no_start(world):
             "your organisation is suspended (its jobs start once it is reactivated)",
         ),
         (WaitKind.ADMISSION, "waiting for admission", 0, 0, "it is waiting for admission"),
+        (
+            WaitKind.TOPOLOGY,
+            "needs 6 nodes inside one block of h100 (zone); the most free in one block is 4 (b)",
+            0,
+            0,
+            "needs 6 nodes inside one block of h100 (zone); the most free in one block is 4 (b)",
+        ),
     ],
 )
 def test_every_wait_is_worded_for_people(kind, reason, ahead, higher, words):

@@ -9,6 +9,7 @@ import json
 import queue
 import threading
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -215,6 +216,36 @@ def test_cancel_leaves_nothing_behind(world, cluster):
         settle(cluster, job, JobStatus.CANCELLED).status_reason
         == "cancelled by user; compute released"
     )
+
+
+def test_a_tier_left_running_after_its_job_ended_is_stopped(
+    world, cluster, tasks_in_process, django_capture_on_commit_callbacks
+):
+    """A two-tier job whose spot tier is lost fails; the on-demand tier still running
+    (with its GPUs) is deleted by the release that follows. A create the client gave up on
+    may land after a cancel found nothing to delete: the reconciler's release removes it."""
+    job = settle(
+        cluster, launch(world, gpu_spec(nodes=2, spot_ratio=Decimal("0.5"))), JobStatus.RUNNING
+    )
+    on_demand = cluster.get("jobs", ns(job), f"gg-{job.pk}-a1")
+    cluster.delete("jobs", ns(job), f"gg-{job.pk}-a1-spot")
+    cluster.tick()
+    with django_capture_on_commit_callbacks(execute=True):
+        services.jobs_observe(backend_name="kubernetes")
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.status_reason.startswith("lost: ")
+    assert cluster.list("jobs", ns(job)) == [] and live_pods(cluster, job) == []
+
+    # The late create: the tier appears again, running, for the finished job.
+    late = {"metadata": {k: on_demand["metadata"][k] for k in ("name", "labels")}}
+    cluster.create("jobs", {**late, "spec": on_demand["spec"]}, namespace=ns(job))
+    cluster.tick()
+    assert live_pods(cluster, job)
+    Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(seconds=120))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert job.pk in services.jobs_reconcile()
+    cluster.tick()
+    assert cluster.list("jobs", ns(job)) == [] and live_pods(cluster, job) == []
 
 
 def test_a_cancelled_job_is_billed_until_its_last_pod_is_gone(world, cluster):

@@ -91,21 +91,29 @@ def test_auto_stop_setting_needs_the_launch_capability(world, catalog):
     job = make_job(world.tenant, gpus_per_node=1, created_by=world.member)
     url = f"/api/v1/jobs/{job.pk}/monitor"
     viewer = signed_in_client(world.viewer, world.tenant)
+    in_effect = {"loss_explosion_pause": True, "hardware_repair": True}  # the defaults
     assert viewer.get(url).json() == {
         "idle_auto_stop": False,
         "idle_minutes": None,
-        "loss_explosion_pause": True,
+        "loss_explosion_pause": None,
+        "hardware_repair": None,
+        "in_effect": in_effect,
     }
     change = {"idle_auto_stop": True, "idle_minutes": 20, "loss_explosion_pause": False}
     assert viewer.put(url, change, content_type="application/json").status_code == 403
     member = signed_in_client(world.member, world.tenant)
     response = member.put(url, change, content_type="application/json")
-    assert response.status_code == 200 and response.json() == change
-    assert member.get(url).json() == change
+    chosen = {
+        **change,
+        "hardware_repair": None,
+        "in_effect": {**in_effect, "loss_explosion_pause": False},
+    }
+    assert response.status_code == 200 and response.json() == chosen
+    assert member.get(url).json() == chosen
     # Left out, the loss choice stays as it was.
     again = {"idle_auto_stop": False, "idle_minutes": None}
     answer = member.put(url, again, content_type="application/json").json()
-    assert answer == {**again, "loss_explosion_pause": False}
+    assert answer == {**chosen, **again}
 
 
 @pytest.mark.django_db

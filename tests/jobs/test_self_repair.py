@@ -123,6 +123,37 @@ def test_an_xid_error_moves_the_job_off_its_node_and_it_resumes_there(
     assert AuditEvent.objects.filter(action="node.marked_healthy").count() == 1
 
 
+def test_with_hardware_repair_off_an_xid_error_leaves_the_job_running(
+    sandbox,  # noqa: F811  (the fixture imported above)
+    world,
+    staff_client,  # noqa: F811
+    tasks_in_process,
+    django_capture_on_commit_callbacks,
+):
+    """The organisation turned hardware repair off: the fault is alerted (saying so) and
+    the node marked suspect and cordoned, but the job runs on where it was."""
+    world.tenant.hardware_repair_default = False
+    world.tenant.save(update_fields=["hardware_repair_default"])
+    job = launch(world, spec(env={"SANDBOX_DURATION_SECONDS": "60"}))
+    job = settle(job, JobStatus.RUNNING)
+    faulty = node_of(sandbox, job)
+    answer = staff_client.post(
+        f"/api/v1/sandbox/nodes/{faulty}/xid-error", {"code": 48}, "application/json"
+    )
+    assert answer.status_code == 200, answer.content
+    with django_capture_on_commit_callbacks(execute=True):
+        metrics.metrics_collect()
+
+    alert = JobAlert.objects.get(job=job, kind=AlertKind.HARDWARE_FAULT)
+    assert alert.severity == "critical"
+    assert f"Hardware repair is off for this job: it keeps running on {faulty}" in alert.message
+    assert SuspectNode.objects.get(name=faulty).cordoned
+    assert sandbox.server.get("nodes", None, faulty)["spec"]["unschedulable"] is True
+    job = settle(job, JobStatus.RUNNING)
+    assert job.attempt == 1 and node_of(sandbox, job) == faulty
+    assert not job.events.filter(to_status=JobStatus.PREEMPTED).exists()
+
+
 def test_pods_avoid_the_pools_suspect_nodes_even_uncordoned(world, catalog, settings):
     """Where the console may not cordon (RBAC), the pods still keep off the node."""
     settings.COMPUTE_BACKENDS = ["kubernetes"]
@@ -218,3 +249,28 @@ def test_hung_gpus_read_zero_busy_through_the_dcgm_endpoint(sandbox, world, staf
     assert AuditEvent.objects.filter(action="sandbox.stuck_gpus").count() == 1
     staff_client.post(reverse("jobs:staff_sandbox_node_recover", args=[node]))
     assert all(r.utilization > 50 for r in backend.gpu_readings([job])[job.pk])
+
+
+def test_double_bit_ecc_errors_read_through_dcgm_and_count_as_a_hardware_fault(
+    sandbox,  # noqa: F811
+    world,
+    staff_client,  # noqa: F811
+):
+    job = settle(launch(world, spec(env={"SANDBOX_DURATION_SECONDS": "60"})), JobStatus.RUNNING)
+    backend = get_backend("kubernetes")
+    node = node_of(sandbox, job)
+    answer = staff_client.post(
+        f"/api/v1/sandbox/nodes/{node}/xid-error", {"code": 48}, "application/json"
+    )
+    assert answer.status_code == 200, answer.content
+    readings = backend.gpu_readings([job])[job.pk]
+    assert {(r.xid, r.ecc_dbe) for r in readings} == {(48, 1)}
+    assert all(r.faulty and r.fault == "XID 48, 1 double-bit ECC error" for r in readings)
+
+    # ECC errors alone (no XID reported) are a fault too, under their own rule.
+    ecc_only = [GpuReading(node="rank 0", gpu=0, host=node, ecc_dbe=2)]
+    alert = repair.job_hardware_fault(job=job, faulty=ecc_only, now=datetime.now(UTC))
+    assert alert is not None and f"{node} GPU 0: 2 double-bit ECC errors" in alert.message
+    preempted = job.events.get(to_status=JobStatus.PREEMPTED)
+    assert "self-repair, hardware fault (double-bit ECC errors)" in preempted.reason
+    staff_client.post(reverse("jobs:staff_sandbox_node_recover", args=[node]))

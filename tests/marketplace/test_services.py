@@ -115,6 +115,8 @@ def test_staff_pages_add_and_remove_a_registry_and_edit_a_pool(catalog, staff_us
             "is_active": "on",
             "preemption_threshold": "0.8",
             "memory_margin": "0.20",
+            "locality_weight": "1.50",
+            "topology_label": "topology.kubernetes.io/zone",
         },
         follow=True,
     )
@@ -155,6 +157,8 @@ def test_the_staff_pool_page_refuses_a_node_selector_kubernetes_would_not_take(
             "is_active": "on",
             "preemption_threshold": "0.8",
             "memory_margin": "0.20",
+            "locality_weight": "1.50",
+            "topology_label": "topology.kubernetes.io/zone",
         },
     )
     assert page.status_code == 200  # the form again, with the error
@@ -177,6 +181,8 @@ def test_staff_set_a_pools_preemption_knobs_with_their_meaning_on_the_page(catal
         "node_selector": json.dumps(pool.node_selector),
         "is_active": "on",
         "memory_margin": "0.20",
+        "locality_weight": "1.50",
+        "topology_label": "topology.kubernetes.io/zone",
     }
 
     refused = client.post(url, {**form, "preemption_threshold": "1.5"})
@@ -217,6 +223,8 @@ def test_staff_set_a_pools_isolated_runtime_and_offers_say_so(catalog, staff_use
         "is_active": "on",
         "preemption_threshold": "0.8",
         "memory_margin": "0.20",
+        "locality_weight": "1.50",
+        "topology_label": "topology.kubernetes.io/zone",
     }
     for bad in ("Kata", "-kata", "kata_1", "k" * 64):
         refused = client.post(url, {**form, "runtime_class_name": bad})

@@ -6,13 +6,16 @@ the console recorded them; the replicas' own lifecycle is tested in tests/servic
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from gpugeek.errors import Conflict, NotFound, ValidationError
 from gpugeek.models import Service, ServiceToken
 from gpugeek.services import Services
 
 from services.models import Service as ServiceRow
+from services.models import ServiceScaleEvent
 from tests.sdk.test_cli import cli  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -123,3 +126,50 @@ def test_the_cli_creates_lists_scales_and_deletes_with_confirmation(cli):  # noq
     code, out, _ = cli("services", "delete", str(created["id"]), "--yes")
     assert code == 0 and f"Deleted service {created['id']}" in out
     assert cli("services", "get", str(created["id"]))[0] == 4  # not found
+
+
+def test_autoscaling_is_chosen_at_create_and_changed_later(gg, cli):  # noqa: F811
+    service = create(gg, autoscale={"metric": "rps", "target": 5})
+    assert service.autoscale == {"metric": "rps", "target": 5.0, "scale_down_delay": 300}
+    assert create(gg, "default").autoscale == {
+        "metric": "concurrency", "target": 10.0, "scale_down_delay": 300,
+    }  # fmt: skip
+    changed = gg.services.autoscale(service.id, metric="concurrency", target=4, scale_down_delay=60)
+    assert changed.autoscale == {"metric": "concurrency", "target": 4.0, "scale_down_delay": 60}
+    with pytest.raises(ValidationError) as refused:  # measured by a Kubernetes HPA: not yet
+        gg.services.autoscale(service.id, metric="gpu", target=70)
+    assert "GPU utilisation needs a Kubernetes autoscaler" in str(refused.value)
+
+    code, out, err = cli("--json", "services", "autoscale", str(service.id), "rps=2.5",
+                         "--scale-down-delay", "60")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["autoscale"] == {"metric": "rps", "target": 2.5, "scale_down_delay": 60}
+    code, _, err = cli("services", "autoscale", str(service.id), "cpu=70")
+    assert code == 2 and "METRIC=TARGET" in err  # refused before asking the server
+    code, out, err = cli("--json", "services", "create", "cli", "--image", "python:3.11-slim",
+                         "--port", "8080", "--region", "local", "--autoscale", "rps=7",
+                         "--", *ECHO)  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["autoscale"] == {"metric": "rps", "target": 7.0, "scale_down_delay": 300}
+
+
+def test_scaling_decisions_are_read_in_the_sdk_and_cli(gg, cli):  # noqa: F811
+    service = create(gg, min_replicas=1, max_replicas=4)
+    row = ServiceRow.objects.get(pk=service.id)
+    # What the reconcile pass records (tests/services/test_autoscaling.py makes real ones).
+    now = timezone.now()
+    for seconds, (before, after, window) in enumerate([(1, 3, "panic"), (3, 2, "stable")]):
+        ServiceScaleEvent.objects.create(
+            service=row, at=now + timedelta(seconds=seconds), from_replicas=before,
+            to_replicas=after, window=window, metric="concurrency", target=10,
+            stable_value=12.5, panic_value=31.0, held_requests=0,
+        )  # fmt: skip
+    events = gg.services.scale_events(service.id)
+    assert [(e.from_replicas, e.to_replicas, e.window) for e in events] == [
+        (3, 2, "stable"), (1, 3, "panic"),
+    ]  # fmt: skip
+    assert events[0].stable_value == 12.5 and events[0].cold_start_seconds is None
+    code, out, err = cli("services", "events", str(service.id))
+    assert code == 0, err
+    assert out.splitlines()[0].split()[:4] == ["AT", "FROM_REPLICAS", "TO_REPLICAS", "WINDOW"]
+    assert "panic" in out and "stable" in out

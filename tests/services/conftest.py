@@ -25,6 +25,8 @@ def echo_spec(**overrides) -> ServiceSpec:
         "min_replicas": 2,
         "max_replicas": 4,
         "readiness_path": "/healthz",
+        # Replicas go as soon as the traffic says (test_autoscaling sets a delay of its own).
+        "scale_down_delay": 0,
     }
     values.update(overrides)
     return ServiceSpec(**values)

@@ -3,7 +3,8 @@ sandbox shows a replica no file of ours, so its source travels in argv.
 
 GET /healthz answers "ok" (after READY_DELAY seconds from its start); GET /whoami
 answers the replica's REPLICA_NAME env and the headers it got; GET /sleep?s=N answers
-after N seconds; POST /echo streams the
+after N seconds; GET /events sends four server-sent events half a second apart (as a
+model streams tokens); POST /echo streams the
 body back as it reads it (chunked), so the gateway's streaming is what is tested."""
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path.startswith("/sleep"):
             time.sleep(float(self.path.rsplit("=", 1)[-1]))
             self._send(200, b"slept")
+        elif self.path == "/events":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for number in range(4):
+                event = b"id: %d\ndata: token %d\n\n" % (number, number)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+                time.sleep(0.5)
+            self.wfile.write(b"0\r\n\r\n")
         else:
             self._send(404, b"no such path")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services import services
+from services import reconcile, services, traffic
 from services.models import ReplicaState, ServiceReplica
 from tests.conftest import token_client
 from tests.services.conftest import echo_spec
@@ -31,6 +31,40 @@ def test_create_answers_status_replicas_revision_and_endpoint(created):
     assert (created["revision"], created["ready_replicas"], created["replicas"]) == (1, 0, 0)
     assert created["endpoint_url"] == "http://testserver/svc/acme/echo/"
     assert (created["min_replicas"], created["max_replicas"], created["auth"]) == (2, 10, "token")
+    assert created["autoscale"] == {
+        "metric": "concurrency", "target": 10.0, "scale_down_delay": 300,
+    }  # fmt: skip
+    assert created["desired_replicas"] == 2
+
+
+def test_autoscale_is_set_at_creation_and_changed_by_patch(owner_api, catalog):
+    body = {**BODY, "autoscale": {"metric": "rps", "target": 2.5}}
+    created = owner_api.post("/api/v1/services", body, format="json").json()
+    assert created["autoscale"] == {"metric": "rps", "target": 2.5, "scale_down_delay": 300}
+    url = f"/api/v1/services/{created['id']}"
+    changed = owner_api.patch(url, {"autoscale": {"target": 4}}, format="json").json()
+    assert changed["autoscale"] == {"metric": "rps", "target": 4.0, "scale_down_delay": 300}
+    assert changed["revision"] == 1  # scaling is no new revision
+    changed = owner_api.patch(url, {"autoscale": {"scale_down_delay": 30}}, format="json")
+    assert changed.json()["autoscale"]["scale_down_delay"] == 30
+
+
+@pytest.mark.parametrize(
+    ("autoscale", "field", "words"),
+    [
+        ({"metric": "cpu", "target": 70}, "autoscale_metric", "rps or concurrency"),
+        ({"metric": "gpu"}, "autoscale_metric", "Kubernetes autoscaler"),
+        ({"metric": "memory"}, "autoscale", "not a valid choice"),
+        ({"target": 0}, "autoscale", "greater than or equal to 0.01"),
+        ({"scale_down_delay": 3601}, "autoscale", "less than or equal to 3600"),
+        ({"scale_down_delay": "soon"}, "autoscale", "valid integer"),
+    ],
+)
+def test_an_autoscale_the_console_cannot_do_is_a_400(owner_api, catalog, autoscale, field, words):
+    answer = owner_api.post("/api/v1/services", {**BODY, "autoscale": autoscale}, format="json")
+    assert answer.status_code == 400
+    body = answer.json()
+    assert body["code"] == "invalid" and field in body and words in str(body)
 
 
 def test_list_and_retrieve(owner_api, created, django_assert_max_num_queries):
@@ -100,6 +134,22 @@ def test_scale(owner_api, created):
     assert refused.status_code == 400
 
 
+@pytest.mark.usefixtures("replicas_cleanup")
+def test_scale_events_say_what_decided(owner_api, world, catalog):
+    zero = services.service_create(
+        tenant=world.tenant, user=None, spec=echo_spec(name="zero", min_replicas=0)
+    )
+    traffic.held_enter(service_id=zero.pk)  # a request waits at the gateway
+    reconcile.service_reconcile(service_id=zero.pk)
+    events = owner_api.get(f"/api/v1/services/{zero.pk}/scale-events").json()
+    assert len(events) == 1
+    event = events[0]
+    assert (event["from_replicas"], event["to_replicas"], event["window"]) == (0, 1, "cold_start")
+    assert (event["held_requests"], event["cold_start_seconds"]) == (1, None)
+    assert {"at", "metric", "target", "stable_value", "panic_value"} <= set(event)
+    assert owner_api.get(f"/api/v1/services/{zero.pk}").json()["desired_replicas"] == 1
+
+
 def test_tokens_are_shown_once_listed_and_revoked(owner_api, created):
     url = f"/api/v1/services/{created['id']}/tokens"
     made = owner_api.post(url, {"name": "ci"}, format="json")
@@ -142,6 +192,7 @@ def test_every_url_is_a_404_for_another_tenant(world, other_world, catalog):
         ("post", f"{base}/scale", {"min_replicas": 0, "max_replicas": 1}),
         ("get", f"{base}/revisions", None),
         ("get", f"{base}/replicas", None),
+        ("get", f"{base}/scale-events", None),
         ("get", f"{base}/tokens", None),
         ("post", f"{base}/tokens", {"name": "mine"}),
         ("delete", f"{base}/tokens/{token.pk}", None),

@@ -1,12 +1,14 @@
 """The gateway through a real ASGI server (uvicorn serving console.asgi, as deployed) to
 real replicas (the echo server, sandboxed): token auth, 404s that reveal nothing, 503
-with no ready replica, round-robin, streamed bodies, a retry when a replica is gone, and
+for a failing service, round-robin, streamed bodies, a retry when a replica is gone, and
 the upstream timeout."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import time
 
 import httpx
 import pytest
@@ -81,13 +83,21 @@ def test_unknown_and_foreign_services_are_the_same_404(gateway, echo, other_worl
     assert gateway.get("/svc/acme/echo/whoami", headers=other).status_code == 401
 
 
-def test_no_ready_replica_is_a_503_that_says_so(gateway, world, catalog):
-    services.service_create(
-        tenant=world.tenant, user=None, spec=echo_spec(name="idle", min_replicas=0, auth="public")
+def test_a_failing_service_is_a_503_at_once_that_says_so(gateway, world, catalog, settings):
+    # No replica will come: the request is not held (holding is for a replica starting).
+    settings.SERVICE_MAX_RESTARTS = 1
+    broken = services.service_create(
+        tenant=world.tenant,
+        user=None,
+        spec=echo_spec(
+            name="broken", min_replicas=1, auth="public", command=["python3", "-c", "exit(3)"]
+        ),
     )
-    answer = gateway.get("/svc/acme/idle/whoami")
+    reconcile_until(broken, lambda s: s.status == ServiceStatus.FAILED)
+    answer = gateway.get("/svc/acme/broken/whoami")
     assert answer.status_code == 503
-    assert answer.json()["code"] == "service_unavailable" and answer.headers["retry-after"]
+    assert answer.json()["code"] == "service_unavailable"
+    assert "keep ending" in answer.json()["detail"]
 
 
 def test_requests_go_round_robin_over_ready_replicas(gateway, echo):
@@ -117,6 +127,21 @@ def test_bodies_stream_through_both_ways(gateway, echo):
             pieces += 1
     assert digest.hexdigest() == hashlib.sha256(payload).hexdigest()
     assert sent == 48 and pieces > 1  # sent and answered in pieces, not as one body
+
+
+def test_server_sent_events_pass_through_as_they_are_sent(gateway, echo):
+    _, auth = echo
+    arrived = []
+    with gateway.stream("GET", "/svc/acme/echo/events", headers=auth) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"] == "text/event-stream"
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                arrived.append((line, time.monotonic()))
+    assert [line for line, _ in arrived] == [f"data: token {n}" for n in range(4)]
+    # Each event came when it was sent (0.5 s apart), not with the end of the stream.
+    gaps = [later - earlier for (_, earlier), (_, later) in itertools.pairwise(arrived)]
+    assert all(gap > 0.25 for gap in gaps), gaps
 
 
 def test_a_replica_that_is_gone_is_retried_on_another(gateway, echo):

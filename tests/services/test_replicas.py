@@ -1,15 +1,19 @@
 """Replicas as sandboxed processes on this host, made to match the service by reconcile
-passes: started, health-checked, restarted, rolled over to a new revision, scaled to zero,
-and a crash loop is "failed". Real processes (the echo server), bounded waits."""
+passes: started, health-checked, restarted, rolled over to a new revision (never more
+than max_replicas + 1 at once), scaled to zero, drained before they stop (waiting for the
+requests the gateway counts on them), and a crash loop is "failed". Real processes (the
+echo server), bounded waits."""
 
 from __future__ import annotations
+
+import time
 
 import httpx
 import pytest
 
 from console.celery import app as celery_app
 from jobs.backends import host_processes
-from services import reconcile, services
+from services import reconcile, services, traffic
 from services.models import ReplicaState, ServiceStatus
 from tests.services.conftest import echo_spec, ready_count, reconcile_until
 
@@ -118,3 +122,83 @@ def test_beat_reconciles_every_service_that_wants_or_has_replicas(service, world
     )
     assert reconcile.services_reconcile_all() == 1  # the idle one has nothing to do
     assert service.replicas.count() == 2 and not idle.replicas.exists()
+
+
+def test_a_drained_replica_stops_only_once_its_requests_are_done(service):
+    service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    for replica in service.replicas.all():  # a request in flight on each, as the gateway counts
+        traffic.replica_request_started(replica_id=replica.pk)
+    services.service_scale(service=service, user=None, min_replicas=1, max_replicas=4)
+    service = reconcile.service_reconcile(service_id=service.pk)
+    draining = service.replicas.get(state=ReplicaState.DRAINING)
+    assert service.replicas.filter(state=ReplicaState.READY).count() == 1
+    time.sleep(reconcile.DRAIN_MIN_SECONDS + 0.5)
+    reconcile.service_reconcile(service_id=service.pk)
+    draining.refresh_from_db()
+    assert draining.state == ReplicaState.DRAINING  # still busy
+    assert host_processes.host_running(draining.handle)
+    traffic.replica_request_finished(replica_id=draining.pk)
+    reconcile.service_reconcile(service_id=service.pk)
+    draining.refresh_from_db()
+    assert (draining.state, draining.reason) == (ReplicaState.STOPPED, "scaled down")
+    assert not host_processes.host_running(draining.handle)
+    event = service.scale_events.get()
+    assert (event.from_replicas, event.to_replicas) == (2, 1)
+
+
+def test_a_drain_that_never_ends_is_cut_after_its_timeout(service, monkeypatch):
+    monkeypatch.setattr(reconcile, "DRAIN_TIMEOUT_SECONDS", 3)
+    service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    for replica in service.replicas.all():
+        traffic.replica_request_started(replica_id=replica.pk)  # and never finished
+    services.service_scale(service=service, user=None, min_replicas=1, max_replicas=4)
+    service = reconcile_until(service, lambda s: s.replicas.count() == 1, timeout=15)
+    assert ready_count(service) == 1
+
+
+def test_a_replica_wanted_again_while_draining_serves_again(service):
+    service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    pks = set(service.replicas.values_list("pk", flat=True))
+    for pk in pks:
+        traffic.replica_request_started(replica_id=pk)
+    services.service_scale(service=service, user=None, min_replicas=1, max_replicas=4)
+    reconcile.service_reconcile(service_id=service.pk)
+    services.service_scale(service=service, user=None, min_replicas=2, max_replicas=4)
+    service = reconcile.service_reconcile(service_id=service.pk)
+    assert set(service.replicas.values_list("pk", flat=True)) == pks  # none new
+    assert ready_count(service) == 2
+
+
+def test_a_rollout_never_runs_more_than_max_replicas_plus_one(world, catalog):
+    service = services.service_create(
+        tenant=world.tenant, user=None, spec=echo_spec(min_replicas=2, max_replicas=2)
+    )
+    service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    old = set(service.replicas.values_list("pk", flat=True))
+    services.service_update(service=service, user=None, changes={"env": {"REPLICA_NAME": "r2"}})
+    most = 0
+
+    def done(fresh) -> bool:
+        nonlocal most
+        running = fresh.replicas.exclude(state=ReplicaState.STOPPED)
+        most = max(most, running.count())
+        # Never fewer ready than before, while the rollout runs.
+        assert fresh.replicas.filter(state=ReplicaState.READY).count() >= 2 or not (
+            fresh.replicas.filter(pk__in=old).exclude(state=ReplicaState.STOPPED).exists()
+        )
+        return not fresh.replicas.filter(pk__in=old).exists() and ready_count(fresh) == 2
+
+    reconcile_until(service, done, timeout=60)
+    assert most == 3
+
+
+def test_beat_wakes_a_service_at_zero_with_a_request_waiting(world, catalog):
+    idle = services.service_create(
+        tenant=world.tenant, user=None, spec=echo_spec(name="idle", min_replicas=0)
+    )
+    assert reconcile.services_reconcile_all() == 0
+    traffic.held_enter(service_id=idle.pk)  # the gateway holds one (its wake got lost)
+    assert reconcile.services_reconcile_all() == 1
+    idle.refresh_from_db()
+    assert idle.desired_replicas == 1 and idle.replicas.count() == 1
+    assert idle.scale_events.get().window == "cold_start"

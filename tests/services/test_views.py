@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from services import services
+from services import reconcile, services, traffic
 from services.models import Service, ServiceToken
 from tests.conftest import signed_in_client
 from tests.services.conftest import echo_spec
@@ -21,6 +21,8 @@ FORM = {
     "cpus": "1",
     "min_replicas": "2",
     "max_replicas": "4",
+    "autoscale_metric": "rps",
+    "autoscale_target": "2.5",
     "readiness_path": "/",
     "auth": "token",
     "env": "MODEL=small\nDEBUG=1",
@@ -45,6 +47,8 @@ def test_deploying_from_the_form(owner_client, catalog):
     )
     assert service.command == ["python3", "-m", "http.server"]
     assert service.env == {"MODEL": "small", "DEBUG": "1"}
+    assert (service.autoscale_metric, service.autoscale_target) == ("rps", 2.5)
+    assert service.desired_replicas == 2
 
 
 @pytest.mark.parametrize(
@@ -67,6 +71,20 @@ def test_the_service_page_shows_endpoint_curl_revisions(owner_client, service):
     assert "http://testserver/svc/acme/echo/" in page
     assert "curl -H 'Authorization: Bearer $SERVICE_TOKEN' http://testserver/svc/acme/echo/" in page
     assert 'data-testid="revision-table"' in page and "No replicas yet" in page
+    assert "No scaling decisions yet" in page
+
+
+@pytest.mark.usefixtures("replicas_cleanup")
+def test_the_service_page_shows_wanted_replicas_and_scaling_decisions(owner_client, world, catalog):
+    zero = services.service_create(
+        tenant=world.tenant, user=None, spec=echo_spec(name="zero", min_replicas=0)
+    )
+    traffic.held_enter(service_id=zero.pk)
+    reconcile.service_reconcile(service_id=zero.pk)
+    page = owner_client.get(reverse("services:detail", args=[zero.pk])).content.decode()
+    assert 'data-testid="replicas-wanted">1' in page
+    assert 'data-testid="scale-event-table"' in page
+    assert "0 → 1" in page and "Request at zero" in page
 
 
 def test_a_token_is_shown_once(owner_client, service):

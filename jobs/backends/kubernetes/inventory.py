@@ -80,6 +80,10 @@ class InventoryMixin(ApiCalls):
                     vcpus_in_use=-(-millicores_used.get(name, 0) // 1000),
                     memory_gib=parse_memory_gib(allocatable.get("memory")),
                     schedulable=not (node.spec and node.spec.unschedulable),
+                    ready=any(
+                        c.type == "Ready" and c.status == "True"
+                        for c in (node.status.conditions or [] if node.status else [])
+                    ),
                 )
             )
         return inventory

@@ -19,6 +19,7 @@ from jobs.backends.base import (
 from jobs.backends.kubernetes import manifests
 from jobs.backends.kubernetes.client import (
     ApiCalls,
+    job_finished,
     kueue_owner_uid,
 )
 from jobs.extensions import volume_provider
@@ -431,10 +432,20 @@ class LifecycleMixin(ApiCalls):
         self._release_in(namespace, job)
 
     def release(self, job: Job) -> None:
-        """After a job has finished: remove its rendezvous Service and its Secret. Its
-        finished Jobs and their pods stay (for the logs) until ttlSecondsAfterFinished."""
-        if self._namespace_is_ours(job.tenant_id):
-            self._release_in(manifests.namespace_name(job.tenant_id), job)
+        """After a job has finished: delete what of it still runs, remove its rendezvous
+        Service and its Secret. Its finished Jobs and their pods stay (for the logs) until
+        ttlSecondsAfterFinished. Something still runs when a tier outlived the attempt
+        (the other tier was lost) or a create the client gave up on landed after the job
+        ended (a cancel meanwhile found nothing to delete)."""
+        if not self._namespace_is_ours(job.tenant_id):
+            return
+        namespace = manifests.namespace_name(job.tenant_id)
+        running = [j.metadata.name for j in self._jobs_of(job) if not job_finished(j)]
+        if running and self.kueue_queue():  # the JobSet first, or it would make them again
+            self._delete_jobset(namespace, manifests.jobset_name(job))
+        for name in running:
+            self._delete_job(namespace, name)
+        self._release_in(namespace, job)
 
     def _release_in(self, namespace: str, job: Job) -> None:
         self._delete(

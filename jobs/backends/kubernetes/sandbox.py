@@ -19,11 +19,13 @@ from django.conf import settings
 from console.env import write_private
 from jobs.backends.base import BackendUnavailable, ChaosControls, ChaosRefused
 from jobs.backends.kubernetes.client import REGION_LABEL
+from marketplace.inventory import ARCH_LABEL, GPU_MEMORY_LABEL
 from marketplace.models import NodePool
 
 POOL_LABEL = "gpugeek.io/pool"
 TIER_LABEL = "gpugeek.io/tier"
 CONTROL_TIMEOUT_SECONDS = 10
+SANDBOX_RACK_NODES = 8
 
 
 def sandbox_nodes(pools: Iterable[NodePool]) -> list[dict]:
@@ -45,11 +47,32 @@ def sandbox_nodes(pools: Iterable[NodePool]) -> list[dict]:
         if pool.gpu_type is not None:
             labels[pool.gpu_type.node_label_key] = pool.gpu_type.node_label_value
             allocatable[pool.gpu_type.resource_name] = str(pool.gpus_per_node)
+            labels[GPU_MEMORY_LABEL] = str(pool.memory_per_gpu_gib * 1024)
+        labels.update(_hardware_labels(pool))
         for index in range(pool.node_count):
+            # Racks of SANDBOX_RACK_NODES consecutive nodes: the pool's topology blocks.
+            rack = {pool.topology_label: f"{pool.region.slug}-rack-{index // SANDBOX_RACK_NODES}"}
             nodes.append(
-                {"name": f"{pool.slug}-{index}"[:63], "labels": labels, "allocatable": allocatable}
+                {
+                    "name": f"{pool.slug}-{index}"[:63],
+                    "labels": {**labels, **rack},
+                    "allocatable": allocatable,
+                }
             )
     return nodes
+
+
+def _hardware_labels(pool: NodePool) -> dict[str, str]:
+    """The node labels that say what the pool's nodes have (marketplace.inventory reads
+    them back): its interconnects and CPU architecture."""
+    labels = {ARCH_LABEL: pool.cpu_arch or "amd64"}
+    if "nvlink" in pool.interconnects:
+        labels["nvlink"] = "true"
+    if "infiniband" in pool.interconnects:
+        labels["network"] = "infiniband"
+    elif "rdma" in pool.interconnects:
+        labels["network"] = "rdma"
+    return labels
 
 
 def write_sandbox_files(*, nodes_file: Path, kubeconfig_file: Path, url: str, token: str) -> int:

@@ -38,7 +38,10 @@ def _ms(text: str) -> float:
 def with_wrk(
     url: str, headers: dict[str, str], seconds: float, connections: int, body: bytes | None
 ) -> Load:
+    # A slow answer is a slow answer, not a failed one: wrk's default 2 s socket timeout
+    # turned a loaded machine's slow launches into "errors" (the latencies show them).
     argv = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
+    argv += ["--timeout", "10s"]
     for name, value in headers.items():
         argv += ["-H", f"{name}: {value}"]
     with tempfile.TemporaryDirectory() as directory:

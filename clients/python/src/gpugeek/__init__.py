@@ -17,6 +17,7 @@ from gpugeek.errors import (
 )
 from gpugeek.models import (
     Budget,
+    Environment,
     Estimate,
     GpuOption,
     GpuType,
@@ -32,8 +33,8 @@ from gpugeek.models import (
 __version__ = "0.1.0"
 __all__ = [
     "APIError", "AuthenticationError", "Budget", "BudgetExceeded", "Client", "Cluster",
-    "Conflict", "ConnectionFailed", "Estimate", "GpuGeekError", "GpuOption", "GpuType",
-    "Invoice", "Job", "LogLine", "NodePool", "NotFound", "Offer", "QuotaExceeded",
+    "Conflict", "ConnectionFailed", "Environment", "Estimate", "GpuGeekError", "GpuOption",
+    "GpuType", "Invoice", "Job", "LogLine", "NodePool", "NotFound", "Offer", "QuotaExceeded",
     "Recommendation", "ServerError", "SshKey", "Timeout", "ValidationError", "__version__",
     "recommend",
 ]  # fmt: skip

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpugeek import cli_services, config, output
+from gpugeek import cli_environments, cli_services, config, output
 from gpugeek import completion as completion_scripts
 from gpugeek.client import Client
 from gpugeek.cluster import Cluster
@@ -28,7 +28,7 @@ from gpugeek.errors import (
     ValidationError,
 )
 from gpugeek.models import FINISHED_STATUSES
-from gpugeek.spec import parse_env, parse_volume
+from gpugeek.spec import REQUIREMENT_VALUES, parse_env, parse_volume
 
 OK, API_ERROR, USAGE, AUTH, NOT_FOUND, TIMEOUT, CONFLICT, LIMIT, UNREACHABLE = range(9)
 EXIT_CODES = {
@@ -117,6 +117,18 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--gpu-memory-gib", type=int, help="GPU memory needed per GPU (pools keep a margin free)"
     )
+    launch.add_argument(
+        "--regions", metavar="A,B", help="several acceptable regions (not with --region): "
+        "the cheapest wins, weighted by data locality",
+    )  # fmt: skip
+    launch.add_argument(
+        "--gpu-types", metavar="A,B", help="several acceptable GPU types (not with --gpu-type)"
+    )
+    launch.add_argument("--data-region", help="where the job's data lives (without volumes)")
+    launch.add_argument("--interconnect", choices=REQUIREMENT_VALUES["interconnect"],
+                        help="require nodes with this interconnect")  # fmt: skip
+    launch.add_argument("--cpu-arch", choices=REQUIREMENT_VALUES["cpu_arch"],
+                        help="require nodes of this CPU architecture")  # fmt: skip
     launch.add_argument("--idempotency-key")
     launch.add_argument("--wait", action="store_true", help="wait until running")
     launch.add_argument("--timeout", type=float, default=600)
@@ -168,6 +180,7 @@ def _parser() -> argparse.ArgumentParser:
     budget_delete.add_argument("name")
 
     cli_services.add_parser(sub)
+    cli_environments.add_parser(sub)
 
     completion = sub.add_parser("completion", help="print a shell completion script")
     completion.add_argument("shell", choices=list(completion_scripts.SHELLS))
@@ -232,6 +245,14 @@ def _launch_spec(args) -> dict[str, Any]:
             spec[key] = getattr(args, key)
     if args.gpu_memory_gib is not None:
         spec["gpu_memory_gib"] = args.gpu_memory_gib
+    for key in ("regions", "gpu_types"):
+        if getattr(args, key):
+            spec[key] = [part.strip() for part in getattr(args, key).split(",") if part.strip()]
+    if args.data_region:
+        spec["data_region"] = args.data_region
+    requirements = {k: getattr(args, k) for k in REQUIREMENT_VALUES if getattr(args, k)}
+    if requirements:
+        spec["requirements"] = {**(spec.get("requirements") or {}), **requirements}
     if args.argv:
         spec["command"] = list(args.argv)
     if args.env:
@@ -400,6 +421,10 @@ def _dispatch(args, client: Client) -> int:
         _ssh_keys(args, client)
     elif cmd == "services":
         cli_services.run(args, client)
+    elif cmd == "env":
+        cli_environments.run(args, client)
+    elif cmd == "ssh":
+        cli_environments.ssh(args, client)
     return OK
 
 

@@ -14,6 +14,8 @@ from gpugeek.spec import parse_env
 SERVICE_COLUMNS = ["id", "name", "status", "revision", "ready_replicas", "replicas",
                    "min_replicas", "max_replicas", "endpoint_url"]  # fmt: skip
 REPLICA_COLUMNS = ["id", "revision", "state", "reason", "started_at", "ready_at"]
+EVENT_COLUMNS = ["at", "from_replicas", "to_replicas", "window", "stable_value", "panic_value",
+                 "held_requests", "cold_start_seconds"]  # fmt: skip
 
 
 def add_parser(sub) -> None:
@@ -33,11 +35,24 @@ def add_parser(sub) -> None:
     create.add_argument("--readiness-path", default="/", help="GET here answers 2xx when ready")
     create.add_argument("--env", action="append", metavar="KEY=VALUE", default=[])
     create.add_argument("--public", action="store_true", help="no service token needed to call it")
+    create.add_argument("--autoscale", metavar="METRIC=TARGET", type=_autoscale,
+                        help="concurrency=10 (in flight per replica) or rps=5")  # fmt: skip
     create.add_argument("argv", nargs="+", metavar="-- COMMAND", help="the server's command")
     scale = actions.add_parser("scale", help="set the replica range of the service ID")
     scale.add_argument("id", type=int)
     scale.add_argument("--min", type=int, required=True, dest="min_replicas")
     scale.add_argument("--max", type=int, required=True, dest="max_replicas")
+    autoscale = actions.add_parser("autoscale", help="what the service ID scales on")
+    autoscale.add_argument("id", type=int)
+    autoscale.add_argument("autoscale", metavar="METRIC=TARGET", type=_autoscale,
+                           help="concurrency=10 or rps=5 (per replica)")  # fmt: skip
+    autoscale.add_argument("--scale-down-delay", type=int, metavar="SECONDS",
+                           help="how long the traffic must want fewer replicas before one "
+                           "goes (default 300)")  # fmt: skip
+    events = actions.add_parser(
+        "events", help="the latest scaling decisions of the service ID (newest first)"
+    )
+    events.add_argument("id", type=int)
     rollback = actions.add_parser("rollback", help="run revision REVISION of the service again")
     rollback.add_argument("id", type=int)
     rollback.add_argument("revision", type=int)
@@ -70,6 +85,7 @@ def run(args: argparse.Namespace, client: Client) -> None:
             region=args.region, cpus=args.cpus, min_replicas=args.min_replicas,
             max_replicas=args.max_replicas, readiness_path=args.readiness_path,
             env=parse_env(args.env), auth="public" if args.public else "token",
+            autoscale=args.autoscale,
         )  # fmt: skip
         output.dump(service.to_dict()) if args.json else output.pairs(service.to_dict())
     elif action == "scale":
@@ -77,6 +93,14 @@ def run(args: argparse.Namespace, client: Client) -> None:
             args.id, min_replicas=args.min_replicas, max_replicas=args.max_replicas
         )
         output.dump(service.to_dict()) if args.json else output.pairs(service.to_dict())
+    elif action == "autoscale":
+        service = services.autoscale(
+            args.id, **args.autoscale, scale_down_delay=args.scale_down_delay
+        )
+        output.dump(service.to_dict()) if args.json else output.pairs(service.to_dict())
+    elif action == "events":
+        rows = [event.to_dict() for event in services.scale_events(args.id)]
+        output.dump(rows) if args.json else output.table(rows, EVENT_COLUMNS)
     elif action == "rollback":
         service = services.rollback(args.id, args.revision)
         output.dump(service.to_dict()) if args.json else output.pairs(service.to_dict())
@@ -91,6 +115,20 @@ def run(args: argparse.Namespace, client: Client) -> None:
         else:
             output.pairs(created)
             print("\nThe token is shown only now: send it as 'Authorization: Bearer <token>'.")
+
+
+def _autoscale(text: str) -> dict:
+    """METRIC=TARGET, e.g. rps=5, as the API's {"metric", "target"}."""
+    metric, sep, target = text.partition("=")
+    try:
+        value = float(target)
+    except ValueError:
+        value = -1.0
+    if not sep or metric not in ("concurrency", "rps") or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give METRIC=TARGET with concurrency or rps and a positive target"
+        )
+    return {"metric": metric, "target": int(value) if value.is_integer() else value}
 
 
 def _confirm_delete(args: argparse.Namespace, name: str) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from gpugeek.cluster import Cluster
+from gpugeek.environments import Environments
 from gpugeek.errors import Conflict, NotFound
 from gpugeek.http import Transport, env_url
 from gpugeek.models import (
@@ -52,6 +53,7 @@ class Client:
             self.url, self.token, timeout=timeout, retries=retries, backoff=backoff,
             transport=transport,
         )  # fmt: skip
+        self.environments = Environments(self.http)
         self.services = Services(self.http)
         self.ssh_keys = SshKeys(self.http)
         self.volumes = Volumes(self.http)

@@ -62,6 +62,8 @@ class Job(Model):
     checkpoint_keep_last: int | None
     # GPU memory it declared per GPU (GiB), kept free of its pools' memory margin.
     gpu_memory_gib: int | None
+    # What its nodes must have: {"interconnect": "nvlink", "cpu_arch": "arm64"}.
+    requirements: dict[str, str]
     last_checkpoint_step: int | None
     last_checkpoint_at: str | None
     auto_release: bool
@@ -121,6 +123,10 @@ class Offer(Model):
     price_version: int
     simulated: bool
     isolated_runtime: bool  # every pool serving it runs pods in a sandboxed runtime
+    # What every node serving it has (from node labels): nvlink, rdma, infiniband; and
+    # their CPU architecture (amd64, arm64; "" if mixed). A job may require them.
+    interconnects: list[str]
+    cpu_arch: str
 
 
 @dataclass
@@ -166,6 +172,17 @@ class NodePool(Model):
     memory_margin: str
     # The Kubernetes RuntimeClass of its pods ("" = the nodes' default runtime).
     runtime_class_name: str
+    # Weight of data locality against price (1–10, a decimal string): a job that accepts
+    # several places counts this pool's price divided by it when the pool is in the
+    # job's data region (1.50: it wins unless another costs under two thirds; 1: price).
+    locality_weight: str
+    # What its nodes have (from their labels), which a job may require.
+    interconnects: list[str]  # nvlink, rdma, infiniband
+    cpu_arch: str  # amd64, arm64 ("" unknown)
+    gpu_memory_gib: int  # per GPU as the nodes report it (0: the GPU type's)
+    # Topology: the node label naming a block, and per block its usable and idle nodes.
+    topology_label: str
+    topology_blocks: dict[str, dict[str, int]]
 
 
 @dataclass
@@ -341,6 +358,8 @@ class Service(Model):
     revision: int | None
     ready_replicas: int
     replicas: int
+    desired_replicas: int
+    autoscale: dict[str, Any]
     endpoint_url: str
     created_at: str
     updated_at: str
@@ -369,6 +388,25 @@ class ServiceReplica(Model):
 
 
 @dataclass
+class ServiceScaleEvent(Model):
+    """One change of a service's wanted replica count and what decided it: `window` is
+    stable, panic, idle, cold_start or bounds; the metric's averages over the stable and
+    panic windows; requests held at the gateway; for a cold start, how long the first
+    held request waited for a replica."""
+
+    at: str
+    from_replicas: int
+    to_replicas: int
+    window: str
+    metric: str
+    target: float
+    stable_value: float
+    panic_value: float
+    held_requests: int
+    cold_start_seconds: float | None
+
+
+@dataclass
 class ServiceToken(Model):
     """An endpoint token; `token` (the secret) only in `create_token`'s answer."""
 
@@ -378,6 +416,42 @@ class ServiceToken(Model):
     created_at: str
     revoked_at: str | None
     token: str | None = None
+
+
+@dataclass
+class Environment(Model):
+    """A dev environment: `status` is starting, running, idle_warning, stopping, stopped
+    or failed; `ssh_command` is the line to paste (`gpugeek ssh NAME` runs it; empty
+    without SSH); `jupyter_url` opens its Jupyter in a browser signed in to the console
+    (empty without Jupyter); `idle_stop_at` is when an idle_warning ends in a stop
+    unless there is activity."""
+
+    id: int
+    name: str
+    region: str
+    gpu_type: str | None
+    gpus_per_node: int
+    cpus: int | None
+    image: str
+    interactive: str
+    home_volume: str
+    volumes: list[dict[str, Any]]
+    env: dict[str, str]
+    secrets: list[str]
+    idle_policy: dict[str, Any]
+    status: str
+    status_reason: str
+    current_job: int | None
+    ssh_command: str
+    jupyter_url: str
+    ssh_config: str
+    ssh_host_key_fingerprint: str
+    ssh_known_hosts: str
+    last_activity_at: str | None
+    keep_alive_until: str | None
+    idle_stop_at: str | None
+    scheduled_deletion_at: str | None
+    created_at: str
 
 
 SCHEMA_COMPONENTS: dict[type[Model], str] = {
@@ -396,5 +470,7 @@ SCHEMA_COMPONENTS: dict[type[Model], str] = {
     Service: "Service",
     ServiceRevision: "ServiceRevision",
     ServiceReplica: "ServiceReplica",
+    ServiceScaleEvent: "ServiceScaleEvent",
     ServiceToken: "ServiceTokenCreated",
+    Environment: "Environment",
 }

@@ -8,7 +8,13 @@ from typing import Any
 
 from gpugeek.errors import GpuGeekError
 from gpugeek.http import Transport
-from gpugeek.models import Service, ServiceReplica, ServiceRevision, ServiceToken
+from gpugeek.models import (
+    Service,
+    ServiceReplica,
+    ServiceRevision,
+    ServiceScaleEvent,
+    ServiceToken,
+)
 
 # A service in one of these has stopped changing on its own.
 SETTLED = ("ready", "scaled_to_zero", "failed")
@@ -38,16 +44,22 @@ class Services:
         readiness_path: str = "/",
         env: dict[str, str] | None = None,
         auth: str = "token",
+        autoscale: dict[str, Any] | None = None,
     ) -> Service:
         """Create a service (revision 1) and start its replicas. `auth`: "token" (callers
-        send a service token, see `create_token`) or "public". A `Conflict` when the
-        name is taken; a `ValidationError` naming the field for bad input."""
+        send a service token, see `create_token`) or "public". `autoscale`: what the
+        console scales on, {"metric": "concurrency" (requests in flight per replica, the
+        default, target 10) or "rps" (requests per second per replica), "target": N}. A
+        `Conflict` when the name is taken; a `ValidationError` naming the field for bad
+        input."""
         body: dict[str, Any] = {
             "name": name, "image": image, "command": list(command), "port": port,
             "region": region, "cpus": cpus, "min_replicas": min_replicas,
             "max_replicas": max_replicas, "readiness_path": readiness_path,
             "env": dict(env or {}), "auth": auth,
         }  # fmt: skip
+        if autoscale is not None:
+            body["autoscale"] = dict(autoscale)
         return Service.from_dict(self.http.post("services", body))
 
     def update(self, service_id: int, **changes: Any) -> Service:
@@ -55,6 +67,24 @@ class Services:
         revision when what runs changes) or min/max_replicas."""
         answer = self.http.request("PATCH", f"services/{int(service_id)}", json=changes)
         return Service.from_dict(answer)
+
+    def autoscale(
+        self,
+        service_id: int,
+        *,
+        metric: str,
+        target: float,
+        scale_down_delay: int | None = None,
+    ) -> Service:
+        """Scale on `metric` ("concurrency" or "rps") per replica, aiming at `target`;
+        `scale_down_delay`: seconds the traffic must want fewer replicas before one goes."""
+        autoscale: dict[str, Any] = {"metric": metric, "target": target}
+        if scale_down_delay is not None:
+            autoscale["scale_down_delay"] = scale_down_delay
+        body = {"autoscale": autoscale}
+        return Service.from_dict(
+            self.http.request("PATCH", f"services/{int(service_id)}", json=body)
+        )
 
     def scale(self, service_id: int, *, min_replicas: int, max_replicas: int) -> Service:
         body = {"min_replicas": min_replicas, "max_replicas": max_replicas}
@@ -76,6 +106,12 @@ class Services:
     def replicas(self, service_id: int) -> list[ServiceReplica]:
         rows = self.http.get(f"services/{int(service_id)}/replicas")
         return [ServiceReplica.from_dict(row) for row in rows]
+
+    def scale_events(self, service_id: int) -> list[ServiceScaleEvent]:
+        """The latest changes of the wanted replica count, newest first, with what the
+        autoscaler saw."""
+        rows = self.http.get(f"services/{int(service_id)}/scale-events")
+        return [ServiceScaleEvent.from_dict(row) for row in rows]
 
     def tokens(self, service_id: int) -> list[ServiceToken]:
         rows = self.http.get(f"services/{int(service_id)}/tokens")

@@ -24,9 +24,17 @@ JOB_FIELDS = frozenset(
         "name", "project", "labels", "image", "command", "env", "secret_env", "gpu_type",
         "gpus_per_node", "cpus", "nodes", "region", "spot_ratio", "priority",
         "max_runtime_minutes", "checkpoint_path", "checkpoint_keep_last", "gpu_memory_gib",
-        "auto_release", "ports", "secrets", "volumes",
+        "auto_release", "ports", "secrets", "volumes", "regions", "gpu_types", "data_region",
+        "requirements",
     }
 )  # fmt: skip
+# What a job may require of its nodes (the server's jobs.services.placement.
+# REQUIREMENT_VALUES; tests/sdk check they agree): checked here so a script hears of a
+# typo before a request.
+REQUIREMENT_VALUES = {
+    "interconnect": ("nvlink", "rdma", "infiniband"),
+    "cpu_arch": ("amd64", "arm64"),
+}
 
 # The server's one node limit (marketplace.pricing.MAX_NODES; tests/sdk check they agree),
 # checked here so a script hears of it before a request, under the name it wrote.
@@ -158,7 +166,17 @@ def job_payload(client: Client, spec: dict[str, Any]) -> dict[str, Any]:
         spec["command"] = split_command(spec["command"])
     if spec.get("gpu_type"):
         spec["gpu_type"] = resolve_gpu_type(client, str(spec["gpu_type"]))
+    if spec.get("gpu_types"):
+        spec["gpu_types"] = [resolve_gpu_type(client, str(g)) for g in spec["gpu_types"]]
+    if spec.get("requirements"):
+        requirements_check(spec["requirements"])
     if count is not None:
+        if spec.get("gpu_types"):
+            raise ValidationError(
+                "count is split over one GPU type's nodes; with gpu_types give nodes and "
+                "gpus_per_node.",
+                errors={"count": ["Not with gpu_types."]},
+            )
         if not spec.get("gpu_type"):
             raise ValidationError(
                 "count needs a gpu_type.", errors={"count": ["Give gpu_type with count."]}
@@ -171,7 +189,7 @@ def job_payload(client: Client, spec: dict[str, Any]) -> dict[str, Any]:
         spec["nodes"], spec["gpus_per_node"] = split_count(
             client, spec["gpu_type"], int(count), spec.get("region")
         )
-    elif spec.get("gpu_type") and not spec.get("gpus_per_node"):
+    elif (spec.get("gpu_type") or spec.get("gpu_types")) and not spec.get("gpus_per_node"):
         spec["gpus_per_node"] = 1
     nodes_check(spec.get("nodes"), used_count=count is not None)
     if "spot_ratio" in spec and spec["spot_ratio"] is not None:
@@ -179,6 +197,22 @@ def job_payload(client: Client, spec: dict[str, Any]) -> dict[str, Any]:
     if not spec.get("name"):
         spec["name"] = default_name(spec)
     return spec
+
+
+def requirements_check(requirements: Any) -> None:
+    """Refuse a requirement the server doesn't know, under `requirements`."""
+    problems = []
+    if not isinstance(requirements, dict):
+        problems = ['An object, e.g. {"interconnect": "nvlink"}.']
+    else:
+        for name, value in requirements.items():
+            allowed = REQUIREMENT_VALUES.get(name)
+            if allowed is None:
+                problems.append(f"Unknown requirement {name!r}: {', '.join(REQUIREMENT_VALUES)}.")
+            elif value not in allowed:
+                problems.append(f"{name} {value!r}: one of {', '.join(allowed)}.")
+    if problems:
+        raise ValidationError(" ".join(problems), errors={"requirements": problems})
 
 
 def split_command(command: str) -> list[str]:

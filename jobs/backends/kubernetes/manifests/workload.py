@@ -295,6 +295,8 @@ def job_manifest(
         node_selector[job.gpu_type.node_label_key] = job.gpu_type.node_label_value
     if pool is not None:
         node_selector.update({str(k): str(v) for k, v in (pool.node_selector or {}).items()})
+        if job.topology_block:  # admission placed the gang in one block (jobs.services.topology)
+            node_selector[pool.topology_label] = job.topology_block
 
     resources: dict[str, str] = {"cpu": str(job.cpus)}
     memory = _memory_limit(job, pool)

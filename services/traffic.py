@@ -1,0 +1,186 @@
+"""The gateway's traffic counters, in Django's cache (the console's Redis), so that every
+ASGI process adds to the same numbers and the reconcile pass reads them.
+
+Per service:
+- one sample per second with traffic: requests that arrived, and requests in flight on
+  average (milli-requests, as the cache counts in integers); each gateway process keeps
+  its own tally (`TrafficTally`) and adds it once a second, so counting costs a request
+  no round trip;
+- the second of the last request, for the idle time before scaling to zero;
+- requests held while no replica is ready (bounded), and when the first of them arrived
+  (the start of a cold start).
+Per replica: requests in flight, counted as each starts and ends, so that a draining
+replica is stopped only once idle.
+
+A counter lost (Redis restarted, a process killed mid-request) costs precision, never a
+request: a draining replica is stopped after a timeout whatever its counter says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.cache import cache
+
+from services.autoscale import Sample
+
+# How long samples are kept beyond the stable window (a reconcile pass may come late).
+SAMPLE_SLACK_SECONDS = 60
+
+
+def _key(*parts: object) -> str:
+    return "svc:" + ":".join(str(part) for part in parts)
+
+
+def _add(key: str, amount: int, timeout: float | None) -> int:
+    """Add `amount` to the integer at `key` (created with `timeout`); its new value."""
+    cache.add(key, 0, timeout)
+    try:
+        return int(cache.incr(key, amount))
+    except ValueError:  # expired between the two calls
+        cache.add(key, 0, timeout)
+        return int(cache.incr(key, amount))
+
+
+@dataclass
+class ServiceTally:
+    """One process's traffic of one service since its last flush."""
+
+    in_flight: int = 0
+    requests: int = 0
+    busy: float = 0.0  # request-seconds in flight since the flush
+    since: float = 0.0  # monotonic time `busy` was last brought up to date
+
+    def advance(self, now: float) -> None:
+        self.busy += self.in_flight * (now - self.since)
+        self.since = now
+
+
+class TrafficTally:
+    """A gateway process's own tally, in memory, touched only on its event loop."""
+
+    def __init__(self) -> None:
+        self.services: dict[int, ServiceTally] = {}
+
+    def started(self, service_id: int) -> None:
+        now = time.monotonic()
+        tally = self.services.get(service_id)
+        if tally is None:
+            tally = self.services[service_id] = ServiceTally(since=now)
+        tally.advance(now)
+        tally.in_flight += 1
+        tally.requests += 1
+
+    def finished(self, service_id: int) -> None:
+        tally = self.services[service_id]
+        tally.advance(time.monotonic())
+        tally.in_flight -= 1
+
+    def take(self) -> dict[int, tuple[int, float]]:
+        """(requests, request-seconds in flight) per service since the last take; tallies
+        with nothing in flight are forgotten."""
+        now = time.monotonic()
+        taken = {}
+        for service_id, tally in list(self.services.items()):
+            tally.advance(now)
+            if tally.requests or tally.busy:
+                taken[service_id] = (tally.requests, tally.busy)
+            tally.requests, tally.busy = 0, 0.0
+            if not tally.in_flight:
+                del self.services[service_id]
+        return taken
+
+
+def traffic_record(*, second: int, taken: dict[int, tuple[int, float]]) -> None:
+    """Add one process's tally (`TrafficTally.take`) to the second's samples."""
+    keep = settings.SERVICE_AUTOSCALE_STABLE_WINDOW + SAMPLE_SLACK_SECONDS
+    for service_id, (requests, busy) in taken.items():
+        if requests:
+            _add(_key(service_id, "requests", second), requests, keep)
+        if busy:
+            _add(_key(service_id, "busy", second), round(busy * 1000), keep)
+        if requests or busy:
+            grace = settings.SERVICE_SCALE_TO_ZERO_GRACE + SAMPLE_SLACK_SECONDS
+            cache.set(_key(service_id, "last"), second, grace)
+
+
+def traffic_samples(*, service_id: int, now: float, seconds: int) -> list[Sample]:
+    """The service's samples of the `seconds` whole seconds before `now`."""
+    end = int(now)
+    span = range(end - seconds, end)
+    keys = {
+        second: (_key(service_id, "requests", second), _key(service_id, "busy", second))
+        for second in span
+    }
+    found = cache.get_many([key for pair in keys.values() for key in pair])
+    samples = []
+    for second, (requests_key, busy_key) in keys.items():
+        requests, busy = found.get(requests_key, 0), found.get(busy_key, 0)
+        if requests or busy:
+            samples.append(Sample(second=second, requests=int(requests), concurrency=busy / 1000))
+    return samples
+
+
+def last_request_at(*, service_id: int) -> float | None:
+    value = cache.get(_key(service_id, "last"))
+    return float(value) if value is not None else None
+
+
+def held_enter(*, service_id: int) -> int | None:
+    """Count one more request held for the service; None when the queue is full (it is
+    then not counted). The first one also marks when the wait began."""
+    timeout = settings.SERVICE_COLD_START_TIMEOUT + SAMPLE_SLACK_SECONDS
+    count = _add(_key(service_id, "held"), 1, timeout)
+    if count > settings.SERVICE_COLD_START_QUEUE:
+        held_leave(service_id=service_id)
+        return None
+    cache.add(_key(service_id, "waiting_since"), time.time(), timeout)
+    return count
+
+
+def held_leave(*, service_id: int) -> None:
+    try:
+        if cache.decr(_key(service_id, "held")) < 0:
+            cache.delete(_key(service_id, "held"))
+    except ValueError:  # expired: nothing to count down
+        pass
+
+
+def held_counts(*, service_ids: Iterable[int]) -> dict[int, int]:
+    ids = list(service_ids)
+    found = cache.get_many([_key(service_id, "held") for service_id in ids])
+    return {i: max(0, int(found.get(_key(i, "held"), 0))) for i in ids}
+
+
+def waiting_since(*, service_id: int) -> float | None:
+    """When the first request held for the service (still unrecorded) arrived."""
+    value = cache.get(_key(service_id, "waiting_since"))
+    return float(value) if value is not None else None
+
+
+def waiting_recorded(*, service_id: int) -> None:
+    """The cold start that began then is over (and recorded)."""
+    cache.delete(_key(service_id, "waiting_since"))
+
+
+def replica_request_started(*, replica_id: int) -> None:
+    _add(_key("replica", replica_id, "in_flight"), 1, None)
+
+
+def replica_request_finished(*, replica_id: int) -> None:
+    with contextlib.suppress(ValueError):  # forgotten meanwhile (its row is gone)
+        cache.decr(_key("replica", replica_id, "in_flight"))
+
+
+def replicas_in_flight(*, replica_ids: Iterable[int]) -> dict[int, int]:
+    ids = list(replica_ids)
+    found = cache.get_many([_key("replica", i, "in_flight") for i in ids])
+    return {i: max(0, int(found.get(_key("replica", i, "in_flight"), 0))) for i in ids}
+
+
+def replicas_forget(*, replica_ids: Iterable[int]) -> None:
+    cache.delete_many([_key("replica", i, "in_flight") for i in replica_ids])

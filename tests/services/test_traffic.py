@@ -1,0 +1,68 @@
+"""services.traffic: a gateway process's tally, and the counters in the test Redis that
+several processes add to and the reconcile pass reads."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services import traffic
+from services.autoscale import Sample
+
+
+def test_a_tally_counts_requests_and_time_in_flight(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(traffic.time, "monotonic", lambda: clock[0])
+    tally = traffic.TrafficTally()
+    tally.started(7)
+    clock[0] += 0.5
+    tally.started(7)  # two in flight from here
+    clock[0] += 0.5
+    tally.finished(7)
+    assert tally.take() == {7: (2, 1.5)}  # 0.5 s × 1 + 0.5 s × 2
+    clock[0] += 1
+    assert tally.take() == {7: (0, 1.0)}  # the one still in flight
+    tally.finished(7)
+    clock[0] += 1
+    assert tally.take() == {} and tally.services == {}  # idle: forgotten
+
+
+def test_samples_add_up_over_processes_and_seconds(db):
+    second = int(time.time()) - 3
+    traffic.traffic_record(second=second, taken={5: (4, 2.0)})
+    traffic.traffic_record(second=second, taken={5: (6, 1.5), 6: (1, 0.25)})  # another process
+    traffic.traffic_record(second=second + 1, taken={5: (1, 0.5)})
+    samples = traffic.traffic_samples(service_id=5, now=second + 3, seconds=10)
+    assert samples == [Sample(second, 10, 3.5), Sample(second + 1, 1, 0.5)]
+    assert traffic.last_request_at(service_id=5) == second + 1
+    assert traffic.traffic_samples(service_id=5, now=second + 1, seconds=1) == [
+        Sample(second, 10, 3.5)
+    ]
+
+
+def test_the_held_queue_is_bounded_and_marks_when_the_wait_began(db, settings):
+    settings.SERVICE_COLD_START_QUEUE = 2
+    before = time.time()
+    assert traffic.held_enter(service_id=9) == 1
+    assert traffic.held_enter(service_id=9) == 2
+    assert traffic.held_enter(service_id=9) is None  # full: not counted
+    assert traffic.held_counts(service_ids=[9, 10]) == {9: 2, 10: 0}
+    since = traffic.waiting_since(service_id=9)
+    assert since is not None and before <= since <= time.time()
+    traffic.held_leave(service_id=9)
+    assert traffic.held_enter(service_id=9) == 2
+    traffic.waiting_recorded(service_id=9)
+    assert traffic.waiting_since(service_id=9) is None
+
+
+@pytest.mark.parametrize("finished_first", [False, True])
+def test_requests_in_flight_per_replica(db, finished_first):
+    if finished_first:  # a count lost (its key gone) never goes below zero
+        traffic.replica_request_finished(replica_id=3)
+    traffic.replica_request_started(replica_id=3)
+    traffic.replica_request_started(replica_id=3)
+    traffic.replica_request_finished(replica_id=3)
+    assert traffic.replicas_in_flight(replica_ids=[3, 4]) == {3: 1, 4: 0}
+    traffic.replicas_forget(replica_ids=[3])
+    assert traffic.replicas_in_flight(replica_ids=[3]) == {3: 0}
