@@ -508,6 +508,12 @@ SERVICE_COLD_START_TIMEOUT = env_int("SERVICE_COLD_START_TIMEOUT", 300)  # s a h
 SSH_GATEWAY_HOST = env_str("SSH_GATEWAY_HOST", "127.0.0.1")
 SSH_GATEWAY_PORT = env_int("SSH_GATEWAY_PORT", 2222)
 SSH_GATEWAY_PUBLIC_ADDRESS = env_str("SSH_GATEWAY_PUBLIC_ADDRESS", "")  # host[:port]
+# The staff's own idleness check for environments (environments.idle_check): a URL the
+# idle pass POSTs each running environment to ("": none), its bearer token, and how long
+# it waits for an answer (seconds; then the check counts as active).
+ENVIRONMENT_IDLE_CHECK_URL = env_str("ENVIRONMENT_IDLE_CHECK_URL", "") or ""
+ENVIRONMENT_IDLE_CHECK_TOKEN = env_str("ENVIRONMENT_IDLE_CHECK_TOKEN", "") or ""
+ENVIRONMENT_IDLE_CHECK_TIMEOUT = float(env_str("ENVIRONMENT_IDLE_CHECK_TIMEOUT", "3") or 3)
 
 
 def _every(task: str, seconds: float) -> dict:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from console.models import Membership, SshPublicKey, Tenant, User
 from console.permissions import Capability, has_capability
 from console.selectors import membership_of, ssh_keys_for_users
-from environments import jupyter, sshd
+from environments import idle_check, jupyter, sshd
 from environments.idle_rule import Activity, last_busy_at
 from environments.models import Environment
 from jobs.backends import get_backend
@@ -183,8 +183,9 @@ def environment_activities(
 ) -> list[Activity]:
     """Every activity source of a running environment, read now, for the idle rule:
     its start, SSH connections through the gateway (kept fresh while one is open),
-    "keep running", Jupyter's kernels (where it runs Jupyter: environments.jupyter), and
-    for GPU environments the busiest GPU's utilisation."""
+    "keep running", Jupyter's kernels (where it runs Jupyter: environments.jupyter), for
+    GPU environments the busiest GPU's utilisation, and last, given the others' readings,
+    the staff's own check where one is set (environments.idle_check)."""
     job = environment.current_job
     assert job is not None
     started = job.running_since or job.status_changed_at
@@ -226,6 +227,10 @@ def environment_activities(
         else:
             detail = f"every GPU under {threshold} % since {_at(busy)}"
         sources.append(Activity("gpu", busy, detail))
+    if idle_check.is_configured():
+        sources.append(
+            idle_check.staff_check_activity(environment, started=started, now=now, readings=sources)
+        )
     return sources
 
 

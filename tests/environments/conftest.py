@@ -1,6 +1,7 @@
 """Fixtures of the environment tests: SSH key pairs made by Debian's ssh-keygen, an SSH
 gateway served on a free port in a thread of the test process, and a way to wait for an
-environment's job on the local backend."""
+environment's job on the local backend; a running CPU environment in the database only,
+for the idle rule's tests."""
 
 from __future__ import annotations
 
@@ -10,15 +11,21 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from console.launcher import free_loopback_port
-from environments import gateway
+from console.services.ssh_keys import ssh_key_add
+from environments import gateway, services
+from environments.models import Environment
 from environments.services import environment_sync
 from jobs import services as job_services
 from jobs.backends import get_backend
+from tests.factories import ed25519_public_key_line
+from tests.jobs_helpers import advance_to
 
 SSH = shutil.which("ssh")
 SSH_KEYGEN = shutil.which("ssh-keygen")
@@ -101,3 +108,20 @@ def wait_for_environment(environment, statuses, timeout=30):
     if job is not None:
         log = "\n".join(line.text for line in get_backend(job.backend).logs(job))
     raise AssertionError(f"environment stayed {environment.status}; job log:\n{log}")
+
+
+@pytest.fixture
+def running(world, catalog):
+    """A CPU environment whose job has run for 55 minutes (idle policy: stop after 60,
+    warned 10 before)."""
+    ssh_key_add(user=world.member, public_key=ed25519_public_key_line())
+    environment = services.environment_create(
+        tenant=world.tenant, user=world.member, name="box", region="local",
+        image="python-3.11", cpus=1,
+    )  # fmt: skip
+    services.environment_start(environment=environment, user=world.member)
+    environment.refresh_from_db()
+    advance_to(environment.current_job, "running", at=timezone.now() - timedelta(minutes=55))
+    return Environment.objects.select_related("tenant", "current_job", "created_by").get(
+        pk=environment.pk
+    )

@@ -21,7 +21,6 @@ from jobs.models import JobEvent, JobMetricSample, JobStatus
 from storage.models import Volume
 from tests.conftest import signed_in_client, token_client
 from tests.factories import ed25519_public_key_line
-from tests.jobs_helpers import advance_to
 
 T0 = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 TICK = timedelta(seconds=10)  # the beat pass's period
@@ -101,23 +100,6 @@ def test_gpu_readings_give_the_last_busy_moment_and_stale_ones_none():
 # --- in the console ---------------------------------------------------------------------------
 
 API = "/api/v1/environments"
-
-
-@pytest.fixture
-def running(world, catalog):
-    """A CPU environment whose job has run for 55 minutes (idle policy: stop after 60,
-    warned 10 before)."""
-    ssh_key_add(user=world.member, public_key=ed25519_public_key_line())
-    environment = services.environment_create(
-        tenant=world.tenant, user=world.member, name="box", region="local",
-        image="python-3.11", cpus=1,
-    )  # fmt: skip
-    services.environment_start(environment=environment, user=world.member)
-    environment.refresh_from_db()
-    advance_to(environment.current_job, "running", at=timezone.now() - minutes(55))
-    return Environment.objects.select_related("tenant", "current_job", "created_by").get(
-        pk=environment.pk
-    )
 
 
 def notes(environment):
