@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 
 from services import selectors, services, traffic
 from services.models import ServiceStatus
+from services.prometheus import GatewayRequest
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def _lookup(tenant_slug: str, name: str, token: str) -> tuple[selectors.Route | 
     )
 
 
-def _ready_replicas(service_id: int) -> list[tuple[int, int]]:
+def _ready_replicas(service_id: int) -> list[selectors.Upstream]:
     close_old_connections()
     return selectors.ready_replicas(service_id=service_id)
 
@@ -185,7 +186,7 @@ class ServiceGateway:
             except Exception:  # the loop must outlive one bad write
                 logger.exception("could not record the gateway's traffic")
 
-    def _order(self, route: selectors.Route) -> list[tuple[int, int]]:
+    def _order(self, route: selectors.Route) -> list[selectors.Upstream]:
         turn = next(self._turns.setdefault(route.service_id, itertools.count()))
         start = turn % len(route.replicas)
         return route.replicas[start:] + route.replicas[:start]
@@ -201,28 +202,31 @@ class ServiceGateway:
         if route is None:
             await _json(send, 404, "Not found.", "not_found")
             return
-        if not allowed:
-            await _json(
-                send,
-                401,
-                "This service needs a service token: Authorization: Bearer <token>.",
-                "not_authenticated",
-                [(b"www-authenticate", b'Bearer realm="service"')],
-            )
-            return
-        tally = self.state().tally
-        tally.started(route.service_id)  # a held request is demand too
-        try:
-            if not route.replicas:
-                held = await self.hold(route, send)
-                if held is None:
-                    return
-                route = held
-            await self.forward(
-                scope, receive, send, route, rest, headers, f"{PREFIX}{tenant_slug}/{name}"
-            )
-        finally:
-            tally.finished(route.service_id)
+        observed = GatewayRequest(organisation=tenant_slug, service=name)
+        send = observed.watching(send)
+        with observed.counted():
+            if not allowed:
+                await _json(
+                    send,
+                    401,
+                    "This service needs a service token: Authorization: Bearer <token>.",
+                    "not_authenticated",
+                    [(b"www-authenticate", b'Bearer realm="service"')],
+                )
+                return
+            tally = self.state().tally
+            tally.started(route.service_id)  # a held request is demand too
+            try:
+                if not route.replicas:
+                    with observed.held():
+                        held = await self.hold(route, send)
+                    if held is None:
+                        return
+                    route = held
+                prefix = f"{PREFIX}{tenant_slug}/{name}"
+                await self.forward(scope, receive, send, route, rest, headers, prefix, observed)
+            finally:
+                tally.finished(route.service_id)
 
     async def hold(self, route: selectors.Route, send: Send) -> selectors.Route | None:
         """No replica is ready: hold the request until one is (the first one held wakes
@@ -281,7 +285,7 @@ class ServiceGateway:
             lookouts[service_id] = task
         return task
 
-    async def _look_for_ready(self, service_id: int) -> list[tuple[int, int]]:
+    async def _look_for_ready(self, service_id: int) -> list[selectors.Upstream]:
         deadline = time.monotonic() + settings.SERVICE_COLD_START_TIMEOUT
         while time.monotonic() < deadline:
             try:
@@ -303,6 +307,7 @@ class ServiceGateway:
         rest: str,
         headers: list[tuple[bytes, bytes]],
         prefix: str,
+        observed: GatewayRequest,
     ) -> None:
         method = scope["method"]
         query = scope.get("query_string") or b""
@@ -335,7 +340,7 @@ class ServiceGateway:
         response = None
         counted: int | None = None  # the replica this request is counted on
         try:
-            for index, (replica_id, port) in enumerate(attempts):
+            for index, (replica_id, port, revision) in enumerate(attempts):
                 await _counted(traffic.replica_request_started, None, replica_id=replica_id)
                 counted = replica_id
                 url = f"http://127.0.0.1:{port}{rest}" + (
@@ -346,6 +351,7 @@ class ServiceGateway:
                 )
                 try:
                     response = await self.client().send(request, stream=True)
+                    observed.revision = str(revision)
                     break
                 except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as error:
                     await _counted(traffic.replica_request_finished, None, replica_id=replica_id)

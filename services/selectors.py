@@ -4,6 +4,7 @@ needs to route one request."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from django.db.models import Count, Q, QuerySet
 
@@ -56,15 +57,23 @@ def endpoint_path(service: Service) -> str:
     return f"/svc/{service.tenant.slug}/{service.name}/"
 
 
+class Upstream(NamedTuple):
+    """A ready replica as the gateway reaches it."""
+
+    replica_id: int
+    port: int  # on the host's loopback
+    revision: int  # its revision's number
+
+
 @dataclass(frozen=True)
 class Route:
     """What the gateway needs of one service: its id, whether a token is needed, its
-    status, and (id, loopback port) of each ready replica."""
+    status, and each ready replica."""
 
     service_id: int
     auth: str
     status: str
-    replicas: list[tuple[int, int]]
+    replicas: list[Upstream]
 
 
 def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
@@ -85,15 +94,15 @@ def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
     )
 
 
-def ready_replicas(*, service_id: int) -> list[tuple[int, int]]:
-    """(id, loopback port) of the service's ready replicas."""
+def ready_replicas(*, service_id: int) -> list[Upstream]:
+    """The service's ready replicas."""
     return [
-        (replica_id, port)
-        for replica_id, port in ServiceReplica.objects.filter(
+        Upstream(replica_id, port, revision)
+        for replica_id, port, revision in ServiceReplica.objects.filter(
             service_id=service_id, state=ReplicaState.READY, host_port__isnull=False
         )
         .order_by("pk")
-        .values_list("pk", "host_port")
+        .values_list("pk", "host_port", "revision__number")
         if port is not None
     ]
 

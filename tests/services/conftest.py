@@ -1,12 +1,14 @@
-"""Fixtures of the services tests: a spec that runs the echo server, and the cleanup of
-every replica process a test started."""
+"""Fixtures of the services tests: a spec that runs the echo server, the cleanup of
+every replica process a test started, and reading the gateway's /metrics."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.backends import host_processes
 from services import reconcile
@@ -60,3 +62,21 @@ def reconcile_until(
 
 def ready_count(service: Service) -> int:
     return service.replicas.filter(state=ReplicaState.READY).count()
+
+
+METRICS_TOKEN = "gateway-metrics-token-0123456789"  # the gateway servers' METRICS_TOKEN
+
+
+def scraped(client: httpx.Client) -> dict[tuple[str, tuple], float]:
+    """The console's /metrics as {(sample name, sorted labels): value}."""
+    answer = client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    assert answer.status_code == 200, answer.text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+    }
+
+
+def metric_value(metrics: dict, name: str, **labels: str) -> float | None:
+    return metrics.get((name, tuple(sorted(labels.items()))))

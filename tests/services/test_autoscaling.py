@@ -20,8 +20,15 @@ import pytest
 from console.launcher import asgi_server_argv, free_loopback_port
 from services import reconcile, services
 from services.models import ReplicaState, ScaleWindow, Service, ServiceStatus
-from tests.servers import celery_worker_process, served  # noqa: F401 (a fixture)
-from tests.services.conftest import echo_spec, ready_count, reconcile_until
+from tests.servers import celery_worker_process, served, wait_until  # noqa: F401 (a fixture)
+from tests.services.conftest import (
+    METRICS_TOKEN,
+    echo_spec,
+    metric_value,
+    ready_count,
+    reconcile_until,
+    scraped,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("replicas_cleanup")]
 
@@ -198,11 +205,29 @@ def test_a_request_at_zero_waits_for_the_first_replica_and_gets_its_answer(
 ):
     service = zero_service(world, "cold", ready_delay="1")
     assert service.status == ServiceStatus.SCALED_TO_ZERO and not service.replicas.exists()
-    gateway = start_gateway()
+    gateway = start_gateway(METRICS_TOKEN=METRICS_TOKEN)
+    cold = {"organisation": "acme", "service": "cold"}
+    answers: list[httpx.Response] = []
     began = time.monotonic()
-    answer = gateway.get("/svc/acme/cold/whoami")
+    request = threading.Thread(target=lambda: answers.append(gateway.get("/svc/acme/cold/whoami")))
+    request.start()
+    # While it waits, /metrics says so: one request held, one in flight.
+    wait_until(
+        lambda: metric_value(scraped(gateway), "gpugeek_service_requests_held", **cold) == 1,
+        timeout=30,
+        what="the held request on /metrics",
+    )
+    assert metric_value(scraped(gateway), "gpugeek_service_requests_in_flight", **cold) == 1
+    request.join(timeout=60)
     waited = time.monotonic() - began
+    (answer,) = answers
     assert answer.status_code == 200, answer.text
+    metrics = scraped(gateway)
+    assert metric_value(metrics, "gpugeek_service_requests_held", **cold) == 0
+    served = {**cold, "revision": "1"}
+    assert metric_value(metrics, "gpugeek_service_requests_total", **served, code="200") == 1
+    # Its time held counts in its duration (the replica's readiness delay is 1 s).
+    assert metric_value(metrics, "gpugeek_service_request_duration_seconds_sum", **served) >= 1
     assert answer.json()["path"] == "/whoami"
     assert waited >= 1  # the replica's own readiness delay
     event = service.scale_events.get()

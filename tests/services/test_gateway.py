@@ -1,7 +1,7 @@
 """The gateway through a real ASGI server (uvicorn serving console.asgi, as deployed) to
 real replicas (the echo server, sandboxed): token auth, 404s that reveal nothing, 503
 for a failing service, round-robin, streamed bodies, a retry when a replica is gone, and
-the upstream timeout."""
+the upstream timeout; the gateway's counters on /metrics."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from jobs.backends import host_processes
 from services import services
 from services.models import ServiceStatus
 from tests.servers import served
-from tests.services.conftest import echo_spec, reconcile_until
+from tests.services.conftest import METRICS_TOKEN, echo_spec, metric_value, reconcile_until, scraped
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("replicas_cleanup")]
 
@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("replicas_cleanup
 def gateway(transactional_db, tmp_path, monkeypatch):
     # The server's own setting: a short upstream read timeout, to test it quickly.
     monkeypatch.setenv("SERVICE_GATEWAY_READ_TIMEOUT", "1.5")
+    monkeypatch.setenv("METRICS_TOKEN", METRICS_TOKEN)
     port = free_loopback_port()
     argv = asgi_server_argv("127.0.0.1", port)
     with (
@@ -156,3 +157,29 @@ def test_a_slow_replica_is_a_504(gateway, echo):
     _, auth = echo
     answer = gateway.get("/svc/acme/echo/sleep?s=3", headers=auth)
     assert answer.status_code == 504 and answer.json()["code"] == "gateway_timeout"
+
+
+def test_the_gateway_counts_requests_per_revision_on_metrics(gateway, echo):
+    service, auth = echo
+    for _ in range(3):
+        assert gateway.get("/svc/acme/echo/whoami", headers=auth).status_code == 200
+    assert gateway.get("/svc/acme/echo/whoami").status_code == 401
+    assert gateway.get("/svc/acme/made-up-name/").status_code == 404
+    metrics = scraped(gateway)
+
+    def value(name, **labels):
+        return metric_value(metrics, name, **labels)
+
+    echo_labels = {"organisation": "acme", "service": "echo"}
+    served = {**echo_labels, "revision": "1"}
+    assert value("gpugeek_service_requests_total", **served, code="200") == 3
+    assert value("gpugeek_service_requests_total", **echo_labels, revision="", code="401") == 1
+    assert value("gpugeek_service_request_duration_seconds_count", **served) == 3
+    assert value("gpugeek_service_request_duration_seconds_bucket", **served, le="+Inf") == 3
+    assert value("gpugeek_service_requests_in_flight", **echo_labels) == 0
+    # Only services that exist are labelled: a made-up path mints no series.
+    assert not [key for key in metrics if ("service", "made-up-name") in key[1]]
+    # Scrape time: the replicas by state and the count the autoscaler wants.
+    service.refresh_from_db()
+    assert value("gpugeek_service_replicas", **echo_labels, state="ready") == 2
+    assert value("gpugeek_service_desired_replicas", **echo_labels) == service.desired_replicas
