@@ -20,7 +20,8 @@ from html import escape
 from console.charts import fit_axes, palette_colour
 from marketplace.models import Tier
 
-TIER_LABELS = dict(Tier.choices)  # "on_demand" → "On-demand"
+# The ledger's tiers: compute's ("on_demand" → "On-demand"), volumes' and services' replicas'.
+TIER_LABELS = {**dict(Tier.choices), "storage": "Storage", "service": "Services"}
 
 LAYOUT = {
     "margin": {"l": 50, "r": 10, "t": 30, "b": 40},

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django import forms
 
+from billing.charts import TIER_LABELS
 from billing.selectors import GROUP_BY
 from marketplace.models import GpuType, Region
 
@@ -43,12 +44,7 @@ class CostFilterForm(forms.Form):
     region = forms.ChoiceField(required=False)
     tier = forms.ChoiceField(
         required=False,
-        choices=[
-            ("", "Any tier"),
-            ("on_demand", "On-demand"),
-            ("spot", "Spot"),
-            ("reserved", "Reserved"),
-        ],
+        choices=[("", "Any tier"), *TIER_LABELS.items()],
     )
     job = forms.CharField(label="Job name contains", required=False, max_length=100)
 

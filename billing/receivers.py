@@ -1,7 +1,8 @@
 """Where billing plugs into the rooms below it: jobs' launch policies, cost provider and
-deletion signal, marketplace's price-book panels, console's dashboard (payment failures)
-and staff organisation pages (spend, balance due, credit, billing settings), and the
-database views kept across migrations. Connected once, from `BillingConfig.ready()`."""
+deletion signal, storage's resizes and services' replicas removed (metered first),
+marketplace's price-book panels, console's dashboard (payment failures) and staff
+organisation pages (spend, balance due, credit, billing settings), and the database
+views kept across migrations. Connected once, from `BillingConfig.ready()`."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from billing import dbviews, panels, staff_tenants
 from billing.budgets.services import BudgetLaunchPolicy
 from billing.dashboard import dashboard_money_context
 from billing.job_costs import BillingJobCosts
-from billing.metering.tick import release_pending_usage, storage_meter_volume
+from billing.metering.tick import (
+    release_pending_usage,
+    replicas_meter_before_removal,
+    storage_meter_volume,
+)
 from billing.payments.credits import CreditLaunchPolicy
 from billing.payments.selectors import dashboard_credit_context, dashboard_payments_context
 from billing.prometheus import MeteringCollector
 from console.dashboard import dashboard_section_register
 from console.metrics import scrape_collector_register
 from jobs import extensions
+from services.signals import replicas_removing
 from storage.models import Volume
 from storage.signals import volume_resizing
 
@@ -32,6 +38,11 @@ def job_deleting_keep_usage(sender, job_ids: list[int], **kwargs) -> None:
 def volume_resizing_meter(sender, volume: Volume, **kwargs) -> None:
     """Bill a volume's time so far at its old size before it grows."""
     storage_meter_volume(volume_id=volume.pk)
+
+
+def replicas_removing_meter(sender, replica_ids: list[int], **kwargs) -> None:
+    """Bill replicas up to their stop before their rows go."""
+    replicas_meter_before_removal(replica_ids=replica_ids)
 
 
 def connect(app_config: AppConfig) -> None:
@@ -51,4 +62,5 @@ def connect(app_config: AppConfig) -> None:
         job_deleting_keep_usage, dispatch_uid="billing-keep-deleted-job-usage"
     )
     volume_resizing.connect(volume_resizing_meter, dispatch_uid="billing-meter-volume-resize")
+    replicas_removing.connect(replicas_removing_meter, dispatch_uid="billing-meter-replicas")
     scrape_collector_register("metering", MeteringCollector())

@@ -462,8 +462,7 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "gpugeek")
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "console.beat:HeartbeatDatabaseScheduler"
 HEARTBEAT_INTERVAL = env_int("HEARTBEAT_INTERVAL", 10)
-# A component whose last heartbeat is older than this is reported as stale.
-HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)
+HEARTBEAT_STALE_AFTER = env_int("HEARTBEAT_STALE_AFTER", 60)  # s: an older heartbeat is stale
 # Read at every start (not stored), so a demo or test can meter every few seconds.
 METERING_INTERVAL = env_int("METERING_INTERVAL", 30)
 # Bearer token that shows /healthz's component details to a monitor (staff see them too).
@@ -471,8 +470,7 @@ HEALTHZ_TOKEN = env_str("HEALTHZ_TOKEN", "")
 # Bearer token Prometheus presents to scrape /metrics; unset, /metrics is a 404. With
 # several processes, set PROMETHEUS_MULTIPROC_DIR in their environment (see console/metrics.py).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
-# A Celery worker serves its own counters on this port (0: not), e.g. one worker pod.
-METRICS_WORKER_PORT = env_int("METRICS_WORKER_PORT", 0)
+METRICS_WORKER_PORT = env_int("METRICS_WORKER_PORT", 0)  # a worker's own counters (0: none)
 if env_str("PROMETHEUS_MULTIPROC_DIR", ""):  # prometheus-client writes there from the start
     Path(env_str("PROMETHEUS_MULTIPROC_DIR", "")).mkdir(parents=True, exist_ok=True)
 # Budget webhooks may target loopback, private, link-local or reserved addresses only when
@@ -490,10 +488,8 @@ STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
 STRIPE_API_BASE = env_str("STRIPE_API_BASE", "https://api.stripe.com")
 STRIPE_TIMEOUT = env_int("STRIPE_TIMEOUT", 30)  # seconds per Stripe request
 # --- Services (inference endpoints) ----
-# Replicas per service an organisation may ask for (its quota).
-SERVICE_MAX_REPLICAS = env_int("SERVICE_MAX_REPLICAS", 10)
-# Seconds between reconcile passes (replicas started, health-checked, restarted).
-SERVICE_RECONCILE_INTERVAL = env_int("SERVICE_RECONCILE_INTERVAL", 5)
+SERVICE_MAX_REPLICAS = env_int("SERVICE_MAX_REPLICAS", 10)  # per service: the quota
+SERVICE_RECONCILE_INTERVAL = env_int("SERVICE_RECONCILE_INTERVAL", 5)  # s between passes
 SERVICE_READINESS_TIMEOUT = float(env_str("SERVICE_READINESS_TIMEOUT", "2") or 2)
 SERVICE_MAX_RESTARTS = env_int("SERVICE_MAX_RESTARTS", 5)  # replica ends, none ready: failed
 # The gateway's upstream timeouts (seconds): connecting to a replica, and between bytes.
@@ -508,9 +504,7 @@ SERVICE_COLD_START_TIMEOUT = env_int("SERVICE_COLD_START_TIMEOUT", 300)  # s a h
 SSH_GATEWAY_HOST = env_str("SSH_GATEWAY_HOST", "127.0.0.1")
 SSH_GATEWAY_PORT = env_int("SSH_GATEWAY_PORT", 2222)
 SSH_GATEWAY_PUBLIC_ADDRESS = env_str("SSH_GATEWAY_PUBLIC_ADDRESS", "")  # host[:port]
-# The staff's own idleness check for environments (environments.idle_check): a URL the
-# idle pass POSTs each running environment to ("": none), its bearer token, and how long
-# it waits for an answer (seconds; then the check counts as active).
+# The staff's own idleness check for environments ("": none; environments.idle_check).
 ENVIRONMENT_IDLE_CHECK_URL = env_str("ENVIRONMENT_IDLE_CHECK_URL", "") or ""
 ENVIRONMENT_IDLE_CHECK_TOKEN = env_str("ENVIRONMENT_IDLE_CHECK_TOKEN", "") or ""
 ENVIRONMENT_IDLE_CHECK_TIMEOUT = float(env_str("ENVIRONMENT_IDLE_CHECK_TIMEOUT", "3") or 3)

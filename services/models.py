@@ -205,6 +205,8 @@ class ServiceReplica(models.Model):
     ready_at = models.DateTimeField(null=True, blank=True)
     # When the gateway stopped sending it new requests (it stops once idle).
     draining_at = models.DateTimeField(null=True, blank=True)
+    # When it was seen stopped or asked to stop: the end of its metered time.
+    stopped_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
 

@@ -43,6 +43,7 @@ from services.models import (
     ServiceScaleEvent,
     ServiceStatus,
 )
+from services.signals import replicas_removing
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def replica_start(*, service: Service) -> ServiceReplica:
     try:
         replica.host_port = host_processes.host_process_start(process)
     except (host_processes.HostProcessError, OSError) as error:
-        replica.state = ReplicaState.STOPPED
+        replica.state, replica.stopped_at = ReplicaState.STOPPED, replica.started_at
         replica.reason = f"could not start: {error}"[:300]
         service.restarts += 1
     replica.save()
@@ -105,9 +106,9 @@ def replica_start(*, service: Service) -> ServiceReplica:
 def replica_stop(replica: ServiceReplica, reason: str) -> None:
     if replica.handle:
         host_processes.host_stop(replica.handle)
-    replica.state = ReplicaState.STOPPED
+    replica.state, replica.stopped_at = ReplicaState.STOPPED, timezone.now()
     replica.reason = reason[:300]
-    replica.save(update_fields=["state", "reason"])
+    replica.save(update_fields=["state", "reason", "stopped_at"])
 
 
 def replica_discard(handle: str) -> None:
@@ -139,7 +140,8 @@ def _observe(
             service.restarts += 1  # it ended without being asked to
             service.status_reason = f"A replica ended: {reason}"[:300]
         replica.state, replica.reason = ReplicaState.STOPPED, reason[:300]
-        replica.save(update_fields=["state", "reason"])
+        replica.stopped_at = now  # seen ended now (it ran, and was billed, until then)
+        replica.save(update_fields=["state", "reason", "stopped_at"])
     return live, answering
 
 
@@ -290,6 +292,8 @@ def service_reconcile(*, service_id: int) -> Service | None:
         now = timezone.now()
         gone = service.replicas.filter(state=ReplicaState.STOPPED)  # stopped last pass
         forget = list(gone.values_list("pk", flat=True))
+        if forget:
+            replicas_removing.send(sender=ServiceReplica, replica_ids=forget)
         gone.delete()
         replicas = list(service.replicas.exclude(state=ReplicaState.STOPPED))
         ready_before = any(r.state == ReplicaState.READY for r in replicas)

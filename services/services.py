@@ -31,10 +31,12 @@ from services.models import (
     ReplicaState,
     Service,
     ServiceAuth,
+    ServiceReplica,
     ServiceRevision,
     ServiceStatus,
     ServiceToken,
 )
+from services.signals import replicas_removing
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What makes a new revision when it changes.
@@ -411,7 +413,12 @@ def service_delete(*, service: Service, user: User | None, request=None) -> None
         request=request,
         metadata={"name": service.name},
     )
-    service.replicas.all().delete()  # (they protect their revisions)
+    replicas = service.replicas.all()
+    replicas.filter(stopped_at=None).update(stopped_at=timezone.now())  # stopped on commit
+    replica_ids = list(replicas.values_list("pk", flat=True))
+    if replica_ids:
+        replicas_removing.send(sender=ServiceReplica, replica_ids=replica_ids)
+    replicas.delete()  # (they protect their revisions)
     service.delete()
     for handle in handles:
         enqueue_on_commit(tasks.service_replica_discard_task, handle)

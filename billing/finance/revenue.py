@@ -25,6 +25,7 @@ from typing import Any
 from django.db.models import Exists, F, OuterRef, QuerySet, Sum
 from django.db.models.functions import TruncMonth
 
+from billing.charts import TIER_LABELS
 from billing.finance.selectors import (
     REVENUE_STATUSES,
     ZERO,
@@ -44,7 +45,7 @@ from billing.models import (
     UsageDailyTotal,
 )
 from console.models import Tenant
-from marketplace.models import GpuType, NodePool, Tier
+from marketplace.models import GpuType, NodePool
 
 HOUR_SECONDS = Decimal(3600)
 PERCENT_QUANTUM = Decimal("0.01")
@@ -154,8 +155,6 @@ def gpu_type_labels(slugs: Iterable[str]) -> dict[str, str]:
     names = dict(GpuType.objects.filter(slug__in=set(slugs)).values_list("slug", "model"))
     return {slug: "CPU" if slug == "cpu" else names.get(slug, slug) for slug in slugs}
 
-
-TIER_LABELS = dict(Tier.choices)
 
 
 def _series(

@@ -59,7 +59,7 @@ from console.services.audit import audit_record
 ZERO = Decimal(0)
 HUNDRED = Decimal(100)
 SECONDS_PER_HOUR = Decimal(3600)
-TIER_LABELS = {"on_demand": "on-demand"}
+TIER_LABELS = {"on_demand": "on-demand", "service": "service replicas"}
 
 
 def billing_profile_for(*, tenant: Tenant, lock: bool = False) -> TenantBillingProfile:

@@ -180,6 +180,53 @@ def rollups_add(rows, *, monthly_before: datetime | None) -> None:
     upsert_totals(_total_rows(rows))
 
 
+class RecordRow(NamedTuple):
+    """A record written outside the jobs' tick, as the rollups read it."""
+
+    tenant_id: int
+    job_ref: int
+    job_name: str
+    project: str
+    tier: str
+    currency: str
+    gpu_type: str
+    region: str
+    hour_start: datetime
+    gpu_seconds: Decimal
+    cpu_seconds: Decimal
+    amount: Decimal
+    on_demand_amount: Decimal
+
+
+def rollups_add_records(records: list[UsageRecord], *, gpu_type: str) -> None:
+    """Add records metered outside the jobs' tick (volumes' storage, services' replicas:
+    each piece within one hour, none pending) to the rollups and daily totals, under
+    `gpu_type` (what the Cost Explorer groups them by: "storage", "cpu")."""
+    rollups_add(
+        [
+            RecordRow(
+                tenant_id=r.tenant_id,
+                job_ref=r.job_ref,
+                job_name=r.job_name,
+                project=r.project,
+                tier=r.tier,
+                currency=r.currency,
+                gpu_type=gpu_type,
+                region=r.region.slug,
+                hour_start=r.interval_start.astimezone(UTC).replace(
+                    minute=0, second=0, microsecond=0
+                ),
+                gpu_seconds=r.gpu_seconds,
+                cpu_seconds=r.cpu_seconds,
+                amount=r.amount,
+                on_demand_amount=r.on_demand_amount,
+            )
+            for r in records
+        ],
+        monthly_before=rollup_marks().monthly,
+    )
+
+
 @transaction.atomic
 def rollups_rebuild(*, tenant_id: int | None = None) -> int:
     """Recompute every rollup and daily total from the ledger (a repair tool; the tick

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import NamedTuple
 
 from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from billing.metering.rollups import rollup_marks, rollups_add
+from billing.metering.rollups import rollups_add_records
 from billing.models import AMOUNT_QUANTUM, UsageRecord
 from marketplace.models import PriceVersion, StoragePrice, TenantPricing
 from marketplace.pricing import after_tenant_discount
@@ -35,24 +34,6 @@ HOUR_SECONDS = Decimal(3600)
 UNIT_PRICE_QUANTUM = Decimal("0.000000001")  # UsageRecord.unit_price's decimal places
 
 
-class StorageRow(NamedTuple):
-    """A storage record as the rollups read it (billing.metering.rollups.rollups_add)."""
-
-    tenant_id: int
-    job_ref: int
-    job_name: str
-    project: str
-    tier: str
-    currency: str
-    gpu_type: str
-    region: str
-    hour_start: datetime
-    gpu_seconds: Decimal
-    cpu_seconds: Decimal
-    amount: Decimal
-    on_demand_amount: Decimal
-
-
 def storage_amount(*, size_gib: int, seconds: Decimal, price_per_gib_hour: Decimal) -> Decimal:
     """What `size_gib` provisioned for `seconds` costs: size × hours × price, rounded once."""
     return (Decimal(size_gib) * seconds * price_per_gib_hour / HOUR_SECONDS).quantize(
@@ -60,7 +41,7 @@ def storage_amount(*, size_gib: int, seconds: Decimal, price_per_gib_hour: Decim
     )
 
 
-def _seconds(start: datetime, end: datetime) -> Decimal:
+def exact_seconds(start: datetime, end: datetime) -> Decimal:
     delta = end - start  # exact, in Decimal (timedelta's total_seconds is a float)
     return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 10**6
 
@@ -69,7 +50,7 @@ def _next_hour(at: datetime) -> datetime:
     return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
 
 
-def _pieces(start: datetime, end: datetime, cuts: list[datetime]):
+def hour_pieces(start: datetime, end: datetime, cuts: list[datetime]):
     """[start, end) cut at hour boundaries and at `cuts` (sorted)."""
     while start < end:
         stop = min(end, _next_hour(start), *(c for c in cuts if c > start))
@@ -120,12 +101,12 @@ def storage_meter(
     for volume in volumes:
         start = volume.metered_until or volume.created_at
         end = min(now, volume.deleted_at or now)
-        for piece_start, piece_end in _pieces(start, end, cuts):
+        for piece_start, piece_end in hour_pieces(start, end, cuts):
             version = next((v for v in reversed(versions) if v.effective_from <= piece_start), None)
             list_price = prices.get((version.pk, volume.region_id)) if version else None
             discount = discounts.get(volume.tenant_id, Decimal(0))
             price = after_tenant_discount(list_price, discount) if list_price is not None else None
-            seconds = _seconds(piece_start, piece_end)
+            seconds = exact_seconds(piece_start, piece_end)
             amount = (
                 storage_amount(size_gib=volume.size_gib, seconds=seconds, price_per_gib_hour=price)
                 if price is not None
@@ -160,27 +141,5 @@ def storage_meter(
     if not records:
         return 0, set()
     UsageRecord.objects.bulk_create(records)
-    rollups_add(
-        [
-            StorageRow(
-                tenant_id=r.tenant_id,
-                job_ref=r.job_ref,
-                job_name=r.job_name,
-                project="",
-                tier=STORAGE_TIER,
-                currency=r.currency,
-                gpu_type=STORAGE_TIER,
-                region=r.region.slug,
-                hour_start=r.interval_start.astimezone(UTC).replace(
-                    minute=0, second=0, microsecond=0
-                ),
-                gpu_seconds=Decimal(0),
-                cpu_seconds=Decimal(0),
-                amount=r.amount,
-                on_demand_amount=r.on_demand_amount,
-            )
-            for r in records
-        ],
-        monthly_before=rollup_marks().monthly,
-    )
+    rollups_add_records(records, gpu_type=STORAGE_TIER)
     return len(records), {r.tenant_id for r in records}

@@ -21,6 +21,7 @@ from billing.metering.ledger import NO_PENDING_HOUR, PendingHour, TickLedger
 from billing.metering.postgres import fetch_rows
 from billing.metering.prices import PriceBook
 from billing.metering.rollups import move_pending_to_rollups, roll_closed_days, rollup_marks
+from billing.metering.service_replicas import replicas_meter
 from billing.metering.spans import JOB_COLUMNS, JobRow, StatusChange, billed_spans
 from billing.metering.storage import storage_meter
 from billing.metering.tables import EMPTY_PENDING_HOUR
@@ -69,6 +70,9 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     result = result.merged(_tick(now=now))
     with _ticks_take_turns():  # volumes' storage, in its own turn
         records, tenants = storage_meter(now=now)
+    result = result.merged(TickResult(0, records, tenants))
+    with _ticks_take_turns():  # services' replicas, in their own turn
+        records, tenants = replicas_meter(now=now)
     return result.merged(TickResult(0, records, tenants))
 
 
@@ -77,6 +81,13 @@ def storage_meter_volume(*, volume_id: int) -> None:
     size its unmetered time is billed at)."""
     with _ticks_take_turns():
         storage_meter(now=timezone.now(), volume_ids=[volume_id])
+
+
+def replicas_meter_before_removal(*, replica_ids: list[int]) -> None:
+    """Meter these replicas up to their stop, in turn with the ticks, before their rows
+    are deleted (inside the caller's transaction: both commit, or neither)."""
+    with _ticks_take_turns():
+        replicas_meter(now=timezone.now(), replica_ids=replica_ids)
 
 
 def _hour_before(at: datetime) -> datetime:
