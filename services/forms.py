@@ -6,6 +6,7 @@ import shlex
 
 from django import forms
 
+from jobs.models import Priority
 from marketplace.selectors import regions_active
 from services.models import AutoscaleMetric, ServiceAuth
 from services.services import ServiceSpec
@@ -39,6 +40,13 @@ class ServiceForm(forms.Form):
     )
     readiness_path = forms.CharField(max_length=200, initial="/", label="Readiness path")
     auth = forms.ChoiceField(choices=ServiceAuth.choices, initial=ServiceAuth.TOKEN)
+    priority = forms.ChoiceField(
+        choices=Priority.choices,
+        initial=Priority.NORMAL,
+        required=False,
+        help_text="Critical (owners and admins) keeps serving when a budget is used up; "
+        "others scale to zero until it is raised.",
+    )
     env = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),
@@ -62,6 +70,9 @@ class ServiceForm(forms.Form):
     def clean_scale_down_delay(self) -> int:
         delay = self.cleaned_data["scale_down_delay"]
         return ServiceSpec.scale_down_delay if delay is None else delay
+
+    def clean_priority(self) -> str:
+        return self.cleaned_data["priority"] or ServiceSpec.priority
 
     def clean_env(self) -> dict[str, str]:
         env = {}

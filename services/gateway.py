@@ -15,7 +15,8 @@ replica's requests in flight as they start and end (a draining replica stops onc
 When no replica is ready (a service at zero, or still starting), a request is held, up to
 SERVICE_COLD_START_QUEUE per service, while the first held one wakes the service (its
 reconcile runs at once and starts a replica); the held requests go on as soon as one is
-ready, and get a 504 only after SERVICE_COLD_START_TIMEOUT.
+ready, and get a 504 only after SERVICE_COLD_START_TIMEOUT. A service a used-up budget
+paused answers 402 with the budget's reason.
 """
 
 from __future__ import annotations
@@ -212,6 +213,15 @@ class ServiceGateway:
                     "This service needs a service token: Authorization: Bearer <token>.",
                     "not_authenticated",
                     [(b"www-authenticate", b'Bearer realm="service"')],
+                )
+                return
+            if route.status == ServiceStatus.PAUSED:  # not demand: nothing may start
+                await _json(
+                    send,
+                    402,
+                    f"The service is paused: {route.status_reason or 'its budget is used up'}. "
+                    "It serves again once an owner or admin raises the budget.",
+                    "payment_required",
                 )
                 return
             tally = self.state().tally

@@ -17,6 +17,7 @@ from django.db import models
 from django.utils import timezone
 
 from console.tenancy import TenantOwnedModel, TenantScopedQuerySet
+from jobs.models import Priority
 
 DNS_LABEL = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
@@ -30,6 +31,7 @@ class ServiceStatus(models.TextChoices):
     DEGRADED = "degraded", "Degraded"
     SCALED_TO_ZERO = "scaled_to_zero", "Scaled to zero"
     FAILED = "failed", "Failed"
+    PAUSED = "paused", "Paused: budget used up"
 
 
 class ServiceAuth(models.TextChoices):
@@ -59,6 +61,7 @@ class ScaleWindow(models.TextChoices):
     COLD_START = "cold_start", "Request at zero"
     IDLE = "idle", "Idle: scaled to zero"
     BOUNDS = "bounds", "Minimum/maximum"
+    BUDGET = "budget", "Budget used up"
 
 
 class Service(TenantOwnedModel):
@@ -91,6 +94,9 @@ class Service(TenantOwnedModel):
     # Since when the traffic has wanted fewer replicas than desired_replicas (None: not).
     scale_down_wanted_since = models.DateTimeField(null=True, blank=True)
     auth = models.CharField(max_length=8, choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
+    # As jobs': a used-up budget scales a non-critical service to zero until it is raised.
+    priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.NORMAL)
+    paused_by_budget = models.BooleanField(default=False)
     status = models.CharField(
         max_length=16, choices=ServiceStatus.choices, default=ServiceStatus.DEPLOYING
     )

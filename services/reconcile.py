@@ -136,7 +136,7 @@ def _observe(
             live.append(replica)
             continue
         reason = host_processes.host_exit_reason(replica.handle) or "its process ended"
-        if replica.state != ReplicaState.DRAINING:
+        if replica.state != ReplicaState.DRAINING and not service.paused_by_budget:
             service.restarts += 1  # it ended without being asked to
             service.status_reason = f"A replica ended: {reason}"[:300]
         replica.state, replica.reason = ReplicaState.STOPPED, reason[:300]
@@ -261,7 +261,21 @@ def _record_cold_start(service: Service, first_ready: ServiceReplica) -> None:
         event.save(update_fields=["cold_start_seconds"])
 
 
+def _budget_paused(service: Service, now: datetime) -> int:
+    """A budget paused the service: it wants no replica (recorded once, with the cause)."""
+    if service.desired_replicas:
+        ServiceScaleEvent.objects.create(
+            service=service, at=now, from_replicas=service.desired_replicas, to_replicas=0,
+            window=ScaleWindow.BUDGET, metric=service.autoscale_metric,
+            target=service.autoscale_target, stable_value=0, panic_value=0,
+        )  # fmt: skip
+    service.desired_replicas, service.panic_until, service.scale_down_wanted_since = 0, None, None
+    return 0
+
+
 def _status(service: Service, *, desired: int, ready: int, live: int) -> tuple[str, str]:
+    if service.paused_by_budget:
+        return ServiceStatus.PAUSED, service.status_reason
     if service.restarts >= settings.SERVICE_MAX_RESTARTS and ready == 0 and desired:
         return ServiceStatus.FAILED, service.status_reason or "Its replicas keep ending."
     if desired == 0:
@@ -307,8 +321,9 @@ def service_reconcile(*, service_id: int) -> Service | None:
         ready_now = [r for r in live if r.state == ReplicaState.READY]
         if ready_now and not ready_before:
             _record_cold_start(service, ready_now[0])
-        decision = _decide(service, ready=len(ready_now), now=now)
-        if decision is not None:
+        if service.paused_by_budget:
+            desired = _budget_paused(service, now)
+        elif (decision := _decide(service, ready=len(ready_now), now=now)) is not None:
             desired = decision.desired
         else:  # (within the bounds, which may have changed meanwhile)
             desired = min(max(service.desired_replicas, service.min_replicas), service.max_replicas)
@@ -335,7 +350,8 @@ def service_reconcile(*, service_id: int) -> Service | None:
         surplus = len(current) - desired
         if surplus > 0:
             order = _keep_first(current, in_flight)
-            _drain(order[desired:], "scaled down", now)
+            why = "paused: its budget is used up" if service.paused_by_budget else "scaled down"
+            _drain(order[desired:], why, now)
             current = order[:desired]
         ready = sum(r.state == ReplicaState.READY for r in current)
         # An old revision's replica goes as soon as the new ones can do without it.

@@ -74,6 +74,7 @@ class Route:
     auth: str
     status: str
     replicas: list[Upstream]
+    status_reason: str = ""
 
 
 def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
@@ -81,7 +82,7 @@ def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
     gateway never tells another tenant's service from a missing one)."""
     service = (
         Service.objects.filter(tenant__slug=tenant_slug, tenant__is_active=True, name=name)
-        .values("pk", "auth", "status")
+        .values("pk", "auth", "status", "status_reason")
         .first()
     )
     if service is None:
@@ -91,6 +92,7 @@ def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
         auth=service["auth"],
         status=service["status"],
         replicas=ready_replicas(service_id=service["pk"]),
+        status_reason=service["status_reason"],
     )
 
 

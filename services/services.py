@@ -22,6 +22,8 @@ from console.models import Tenant, User, sha256_hex
 from console.queueing import enqueue_now, enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
+from jobs.models import Priority
+from jobs.services import priority_allowed_check
 from marketplace.models import NodePool, Region
 from marketplace.selectors import HOST_NOT_AVAILABLE, may_run_on_host, pools_for_tenant
 from services import tasks
@@ -61,6 +63,7 @@ class ServiceSpec:
     autoscale_metric: str = AutoscaleMetric.CONCURRENCY
     autoscale_target: float = 10
     scale_down_delay: int = 300
+    priority: str = Priority.NORMAL
 
 
 def _check_name(name: str) -> None:
@@ -178,6 +181,12 @@ def _check_auth(auth: Any) -> None:
         raise ServiceError("auth is either public or token.", field="auth")
 
 
+def _check_priority(*, tenant: Tenant, user: User | None, priority: Any) -> None:
+    if priority not in Priority.values:
+        raise ServiceError(f"priority is one of {', '.join(Priority.values)}.", field="priority")
+    priority_allowed_check(tenant=tenant, user=user, priority=priority)
+
+
 def service_pool(*, tenant: Tenant, region_slug: str) -> NodePool:
     """The pool a new service's replicas run on: a CPU pool on the console's host in the
     region (the only kind that runs services in this release)."""
@@ -240,6 +249,7 @@ def service_create(
     _check_scale(spec.min_replicas, spec.max_replicas)
     _check_readiness(spec.readiness_path)
     _check_auth(spec.auth)
+    _check_priority(tenant=tenant, user=user, priority=spec.priority)
     _check_autoscale(spec.autoscale_metric, spec.autoscale_target)
     _check_scale_down_delay(spec.scale_down_delay)
     if Service.objects.for_tenant(tenant).filter(name=spec.name).exists():
@@ -263,6 +273,7 @@ def service_create(
                 scale_down_delay=spec.scale_down_delay,
                 readiness_path=spec.readiness_path,
                 auth=spec.auth,
+                priority=spec.priority,
                 created_by=user,
                 **values,
             )
@@ -295,7 +306,7 @@ def service_update(
 ) -> Service:
     """Change a service. A change of image, command, env, port or CPUs makes a new
     revision (its replicas replace the old ones once ready); scale, autoscaling,
-    readiness path and auth change in place."""
+    readiness path, auth and priority change in place."""
     service = _locked(service)
     runtime = {name: changes.get(name, getattr(service, name)) for name in REVISION_FIELDS}
     _check_runtime(runtime, service.pool)
@@ -306,6 +317,9 @@ def service_update(
     _check_readiness(readiness_path)
     auth = changes.get("auth", service.auth)
     _check_auth(auth)
+    priority = changes.get("priority", service.priority)
+    if priority != service.priority:
+        _check_priority(tenant=service.tenant, user=user, priority=priority)
     metric = changes.get("autoscale_metric", service.autoscale_metric)
     target = changes.get("autoscale_target", service.autoscale_target)
     _check_autoscale(metric, target)
@@ -315,7 +329,7 @@ def service_update(
     for name, value in runtime.items():
         setattr(service, name, value)
     service.min_replicas, service.max_replicas = min_replicas, max_replicas
-    service.readiness_path, service.auth = readiness_path, auth
+    service.readiness_path, service.auth, service.priority = readiness_path, auth, priority
     service.autoscale_metric, service.autoscale_target = metric, float(target)
     service.scale_down_delay = scale_down_delay
     service.save()
@@ -400,6 +414,41 @@ def service_rollback(
     )
     _reconcile_after_commit(service)
     return service
+
+
+def service_budget_pause(*, service: Service, reason: str) -> bool:
+    """A used-up budget scales the service to zero: its replicas drain and go on the next
+    pass, and the gateway answers 402 with `reason` meanwhile. False: paused already."""
+    paused = Service.objects.filter(pk=service.pk, paused_by_budget=False).update(
+        paused_by_budget=True, status=ServiceStatus.PAUSED, status_reason=reason[:300]
+    )
+    if paused:
+        audit_record(
+            action="service.paused_by_budget",
+            tenant=service.tenant,
+            actor_label="budget",
+            target=service,
+            metadata={"reason": reason[:300]},
+        )
+        _reconcile_after_commit(service)
+    return bool(paused)
+
+
+def service_budget_resume(*, service: Service) -> bool:
+    """The budget that paused it no longer blocks: back to `min_replicas` (then traffic
+    decides) on the next pass. False: it wasn't paused by a budget."""
+    resumed = Service.objects.filter(pk=service.pk, paused_by_budget=True).update(
+        paused_by_budget=False, status=ServiceStatus.DEPLOYING, status_reason=""
+    )
+    if resumed:
+        audit_record(
+            action="service.resumed_by_budget",
+            tenant=service.tenant,
+            actor_label="budget",
+            target=service,
+        )
+        _reconcile_after_commit(service)
+    return bool(resumed)
 
 
 @transaction.atomic

@@ -14,11 +14,19 @@ from billing.models import Budget, BudgetAction, BudgetAlert, LiveUsageRollup
 from billing.selectors import forecast_month_end, period_end, period_start
 from console.models import Tenant
 from jobs.models import Job, Priority
+from services.models import Service
 
 
 def _scope(budget: Budget) -> QuerySet[LiveUsageRollup]:
     rollups = LiveUsageRollup.objects.for_tenant(budget.tenant).filter(bucket="day")
     return rollups.filter(project=budget.project) if budget.project else rollups
+
+
+def budget_services(budget: Budget) -> QuerySet[Service]:
+    """The services a budget covers: its tenant's, unless it is a project's (services
+    belong to no project)."""
+    services = Service.objects.for_tenant(budget.tenant)
+    return services.none() if budget.project else services
 
 
 def budget_jobs(budget: Budget) -> QuerySet[Job]:

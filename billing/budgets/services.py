@@ -3,8 +3,9 @@
 Budget enforcement reacts within one metering tick: after each tick, spend is compared
 with every budget; crossing a threshold alerts once per period; at 100 % a
 `pause_non_critical` budget pauses the running non-critical jobs of its scope through the
-job state machine and blocks new non-critical launches. Raising the budget, deleting it
-or a new period resumes the jobs the budget paused (only those).
+job state machine, scales its non-critical services to zero (a project's budget covers
+no service) and blocks new non-critical launches. Raising the budget, deleting it or a
+new period resumes the jobs and services the budget paused (only those).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from billing.budgets.selectors import (
     BudgetStatus,
     budget_blocks_launch,
     budget_jobs,
+    budget_services,
     budget_statuses,
 )
 from billing.metering.tick import meter_tick
@@ -45,6 +47,8 @@ from jobs.actors import BUDGET
 from jobs.models import PAUSABLE, Job, JobStatus, Priority
 from jobs.realtime import publish_budget_alert
 from jobs.services import JobSpec, job_pause_once, job_resume
+from services.models import Service
+from services.services import service_budget_pause, service_budget_resume
 
 log = logging.getLogger(__name__)
 DEFAULT_THRESHOLDS = [50, 80, 100]
@@ -262,6 +266,8 @@ def _alert(status: BudgetStatus, threshold: int, kind: str, now: datetime) -> bo
             .values_list("name", flat=True)
         )
         body += " Non-critical jobs are paused and new ones are refused."
+        if not budget.project:
+            body += " Non-critical services are scaled to zero."
         if critical:
             body += f" Critical jobs keep running: {', '.join(critical)}."
     recipients = (
@@ -404,6 +410,7 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
                 metadata={"budget": budget.name},
             )
 
+    _pause_or_resume_services(tenant, blocking)
     # Resume only what a budget paused, and only when no exhausted budget covers it now.
     for job in Job.objects.for_tenant(tenant).filter(
         status=JobStatus.PAUSED, paused_by_budget=True
@@ -418,6 +425,24 @@ def budget_enforce(*, tenant: Tenant, now: datetime | None = None) -> list[Job]:
             action="job.resumed_by_budget", tenant=tenant, actor_label="budget", target=job
         )
     return paused
+
+
+def _pause_or_resume_services(tenant: Tenant, blocking: list[BudgetStatus]) -> None:
+    """Non-critical services scale to zero while a budget covering them is used up
+    (services.service_budget_pause), and come back when none is."""
+    paused: set[int] = set()
+    for status in blocking:
+        budget = status.budget
+        reason = (
+            f"budget “{budget.name}” reached 100 % ({status.spend:.2f} of "
+            f"{budget.amount:.2f} {budget.currency})"
+        )
+        for service in budget_services(budget).exclude(priority=Priority.CRITICAL):
+            paused.add(service.pk)
+            service_budget_pause(service=service, reason=reason)
+    for service in Service.objects.for_tenant(tenant).filter(paused_by_budget=True):
+        if service.pk not in paused:
+            service_budget_resume(service=service)
 
 
 def meter_and_enforce(*, now: datetime | None = None) -> None:

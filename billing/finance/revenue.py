@@ -156,7 +156,6 @@ def gpu_type_labels(slugs: Iterable[str]) -> dict[str, str]:
     return {slug: "CPU" if slug == "cpu" else names.get(slug, slug) for slug in slugs}
 
 
-
 def _series(
     rows: Iterable[RevenueRow], months: list[str], key: str, labels: dict[str, str]
 ) -> dict[str, list[Decimal]]:

@@ -41,7 +41,7 @@ from jobs.services.dispatch import (
     jobs_dispatch_pending,
 )
 from jobs.services.files import job_files_discard, jobs_files_prune
-from jobs.services.launch import job_clone, job_submit
+from jobs.services.launch import job_clone, job_submit, priority_allowed_check
 from jobs.services.observe import job_apply_observation, jobs_observe, jobs_reconcile
 from jobs.services.preemption import job_preempted_stop
 from jobs.services.secrets import tenant_secret_delete, tenant_secret_set, tenant_secrets_resolve
@@ -89,6 +89,7 @@ __all__ = [
     "jobs_reconcile",
     "launch_template_delete",
     "launch_template_save",
+    "priority_allowed_check",
     "spec_from_job",
     "spec_from_template",
     "spec_validate",

@@ -50,7 +50,7 @@ def job_submit(
         tenant=tenant, user=user, project=spec.project, names=spec.secrets
     )
     resolved = spec_validate(tenant=tenant, spec=spec, organisation_secrets=resolved_secrets)
-    _check_priority_allowed(tenant=tenant, user=user, priority=spec.priority)
+    priority_allowed_check(tenant=tenant, user=user, priority=spec.priority)
     launch_check(tenant=tenant, spec=spec)
     placement = resolved.placement
     secret_env = {**resolved_secrets, **spec.secret_env}
@@ -125,16 +125,16 @@ class SuspensionLaunchPolicy:
             raise TenantSuspended(tenant.suspension_reason)
 
 
-def _check_priority_allowed(*, tenant: Tenant, user: User | None, priority: str) -> None:
+def priority_allowed_check(*, tenant: Tenant, user: User | None, priority: str) -> None:
     """`critical` skips budget pauses and outranks the organisation's other jobs: only a
-    role with LAUNCH_CRITICAL (owners, admins) may ask for it. The platform's own launches
-    (no user) are not limited."""
+    role with LAUNCH_CRITICAL (owners, admins) may ask for it, for a job or a service.
+    The platform's own launches (no user) are not limited."""
     if priority != Priority.CRITICAL or user is None:
         return
     membership = membership_of(user=user, tenant=tenant)
     if not has_capability(membership, Capability.LAUNCH_CRITICAL):
         raise ServiceError(
-            "Only owners and admins may launch with priority critical; choose normal or low.",
+            "Only owners and admins may ask for priority critical; choose normal or low.",
             code=ErrorCode.FORBIDDEN,
             field="priority",
         )

@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.api.fields import StrictCharField, StrictModelSerializer
+from jobs.models import Priority
 from services import selectors
 from services.models import (
     AutoscaleMetric,
@@ -74,6 +75,11 @@ class ServiceCreateSerializer(serializers.Serializer):
     readiness_path = StrictCharField(max_length=200, default="/")
     env = _env_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
+    priority = serializers.ChoiceField(
+        choices=Priority.choices,
+        default=Priority.NORMAL,
+        help_text="critical (owners and admins only) keeps serving when a budget is used up",
+    )
     autoscale = AutoscaleSerializer(required=False)
 
     def to_spec(self) -> ServiceSpec:
@@ -101,6 +107,7 @@ class ServiceUpdateSerializer(serializers.Serializer):
     readiness_path = StrictCharField(max_length=200, required=False)
     env = _env_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, required=False)
+    priority = serializers.ChoiceField(choices=Priority.choices, required=False)
     autoscale = AutoscaleChangeSerializer(required=False)
 
     def changes(self) -> dict:
@@ -158,6 +165,7 @@ class ServiceSerializer(StrictModelSerializer):
             "max_replicas",
             "readiness_path",
             "auth",
+            "priority",
             "status",
             "status_reason",
             "revision",

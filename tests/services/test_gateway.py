@@ -1,7 +1,7 @@
 """The gateway through a real ASGI server (uvicorn serving console.asgi, as deployed) to
 real replicas (the echo server, sandboxed): token auth, 404s that reveal nothing, 503
 for a failing service, round-robin, streamed bodies, a retry when a replica is gone, and
-the upstream timeout; the gateway's counters on /metrics."""
+the upstream timeout; the gateway's counters on /metrics; a used-up budget's 402."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ import time
 
 import httpx
 import pytest
+from django.utils import timezone
 
+from billing.budgets.services import budget_create, budget_update, meter_and_enforce
 from console.launcher import asgi_server_argv, free_loopback_port
 from jobs.backends import host_processes
 from services import services
-from services.models import ServiceStatus
+from services.models import ReplicaState, ServiceStatus
 from tests.servers import served
 from tests.services.conftest import METRICS_TOKEN, echo_spec, metric_value, reconcile_until, scraped
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("replicas_cleanup")]
+
+TINY = "0.000001"  # a budget any usage uses up
 
 
 @pytest.fixture
@@ -183,3 +187,25 @@ def test_the_gateway_counts_requests_per_revision_on_metrics(gateway, echo):
     service.refresh_from_db()
     assert value("gpugeek_service_replicas", **echo_labels, state="ready") == 2
     assert value("gpugeek_service_desired_replicas", **echo_labels) == service.desired_replicas
+
+
+def test_a_used_up_budget_drains_the_replicas_and_answers_402_until_raised(gateway, echo, world):
+    service, auth = echo
+    assert gateway.get("/svc/acme/echo/whoami", headers=auth).status_code == 200
+    budget = budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
+    meter_and_enforce(now=timezone.now())  # the replicas' seconds so far use it up
+    answer = gateway.get("/svc/acme/echo/whoami", headers=auth)
+    assert answer.status_code == 402, answer.text
+    assert answer.json()["code"] == "payment_required"
+    assert "Team cap" in answer.json()["detail"] and "raises the budget" in answer.json()["detail"]
+    # Without its token a caller learns nothing about the budget.
+    assert gateway.get("/svc/acme/echo/whoami").status_code == 401
+    service = reconcile_until(
+        service, lambda s: not s.replicas.exclude(state=ReplicaState.STOPPED).exists()
+    )
+    assert service.status == ServiceStatus.PAUSED and service.desired_replicas == 0
+
+    budget_update(budget=budget, user=world.finance, amount="1000")
+    service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    assert service.replicas.filter(state=ReplicaState.READY).count() == service.min_replicas
+    assert gateway.get("/svc/acme/echo/whoami", headers=auth).status_code == 200

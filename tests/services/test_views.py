@@ -66,6 +66,15 @@ def test_bad_input_shows_on_the_form(owner_client, catalog, change, message):
     assert not Service.objects.exists()
 
 
+def test_a_member_asking_for_critical_sees_why_on_the_form(world, catalog):
+    member = signed_in_client(world.member, world.tenant)
+    answer = member.post(reverse("services:list"), {**FORM, "priority": "critical"})
+    assert answer.status_code == 200 and "Only owners and admins" in answer.content.decode()
+    assert not Service.objects.exists()
+    answer = member.post(reverse("services:list"), {**FORM, "priority": "low"})
+    assert answer.status_code == 302 and Service.objects.get().priority == "low"
+
+
 def test_the_service_page_shows_endpoint_curl_revisions(owner_client, service):
     page = owner_client.get(reverse("services:detail", args=[service.pk])).content.decode()
     assert "http://testserver/svc/acme/echo/" in page

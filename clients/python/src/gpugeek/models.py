@@ -339,7 +339,8 @@ class Volume(Model):
 class Service(Model):
     """An inference service: `endpoint_url` is where callers send requests (with a
     service token when `auth` is "token"); `status` deploying, ready, degraded,
-    scaled_to_zero or failed (`status_reason` says why)."""
+    scaled_to_zero, failed or paused (a used-up budget scaled a non-critical service to
+    zero; `status_reason` says why)."""
 
     id: int
     name: str
@@ -353,6 +354,7 @@ class Service(Model):
     max_replicas: int
     readiness_path: str
     auth: str
+    priority: str
     status: str
     status_reason: str
     revision: int | None

@@ -45,26 +45,28 @@ class Services:
         env: dict[str, str] | None = None,
         auth: str = "token",
         autoscale: dict[str, Any] | None = None,
+        priority: str = "normal",
     ) -> Service:
         """Create a service (revision 1) and start its replicas. `auth`: "token" (callers
         send a service token, see `create_token`) or "public". `autoscale`: what the
         console scales on, {"metric": "concurrency" (requests in flight per replica, the
-        default, target 10) or "rps" (requests per second per replica), "target": N}. A
-        `Conflict` when the name is taken; a `ValidationError` naming the field for bad
-        input."""
+        default, target 10) or "rps" (requests per second per replica), "target": N}.
+        `priority`: "critical" (owners and admins) keeps serving when a budget is used up;
+        "normal" and "low" scale to zero until it is raised. A `Conflict` when the name
+        is taken; a `ValidationError` naming the field for bad input."""
         body: dict[str, Any] = {
             "name": name, "image": image, "command": list(command), "port": port,
             "region": region, "cpus": cpus, "min_replicas": min_replicas,
             "max_replicas": max_replicas, "readiness_path": readiness_path,
-            "env": dict(env or {}), "auth": auth,
+            "env": dict(env or {}), "auth": auth, "priority": priority,
         }  # fmt: skip
         if autoscale is not None:
             body["autoscale"] = dict(autoscale)
         return Service.from_dict(self.http.post("services", body))
 
     def update(self, service_id: int, **changes: Any) -> Service:
-        """Change any of image, command, port, cpus, env, readiness_path, auth (a new
-        revision when what runs changes) or min/max_replicas."""
+        """Change any of image, command, port, cpus, env, readiness_path, auth, priority (a
+        new revision when what runs changes) or min/max_replicas."""
         answer = self.http.request("PATCH", f"services/{int(service_id)}", json=changes)
         return Service.from_dict(answer)
 
