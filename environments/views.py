@@ -41,7 +41,11 @@ def _create_form(request: HttpRequest) -> EnvironmentCreateForm:
         regions=[
             (r.slug, r.name) for r in selectors.environment_regions(tenant=tenant).order_by("slug")
         ],
-        images=[(i.slug, i.name) for i in images_for_tenant(tenant=tenant).order_by("name")],
+        # Images that serve SSH/Jupyter themselves first (this host provides both anyway).
+        images=[
+            (i.slug, f"{i.name} · {i.get_interactive_display()}" if i.interactive else i.name)
+            for i in images_for_tenant(tenant=tenant).order_by("-interactive", "name")
+        ],
         gpu_types=[(g.slug, g.model) for g in GpuType.objects.order_by("model")],
         volumes=[(v.name, v.name) for v in volumes_for_tenant(tenant=tenant)],
     )

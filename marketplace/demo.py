@@ -366,6 +366,12 @@ ALLOWED_REGISTRIES = [
 ]
 
 
+def _serves(ports: list[dict]) -> str:
+    """What a demo image serves for dev environments: what its declared ports say."""
+    names = {port["name"] for port in ports} & {"jupyter", "ssh"}
+    return "both" if len(names) == 2 else next(iter(names), "")
+
+
 @transaction.atomic
 def _demo_interconnects(gpu_type: GpuType, nodes: int) -> list[str]:
     """NVLink where the GPU type has it; an RDMA network (InfiniBand for H100/H200) in
@@ -510,6 +516,7 @@ def seed_catalog() -> dict[str, int]:
                 "description": description,
                 "default_command": command,
                 "ports": ports,
+                "interactive": _serves(ports),
             },
         )
     for host, prefix, note in ALLOWED_REGISTRIES:

@@ -8,6 +8,7 @@ from django.utils import timezone
 from marketplace.models import (
     AllowedRegistry,
     GpuType,
+    ImageInteractive,
     ImageKind,
     NodePool,
     Region,
@@ -185,6 +186,12 @@ class ImageForm(forms.Form):
     )
     ports = forms.JSONField(
         required=False, initial=list, help_text='e.g. [{"name": "jupyter", "port": 8888}]'
+    )
+    interactive = forms.ChoiceField(
+        choices=ImageInteractive.choices,
+        required=False,
+        label="Serves for dev environments",
+        help_text="What the image runs itself: sshd, Jupyter or both (empty: a batch image).",
     )
 
 

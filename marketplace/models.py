@@ -459,6 +459,15 @@ class ImageKind(models.TextChoices):
     FULL_STACK = "full_stack", "Full-stack (framework + data tools)"
 
 
+class ImageInteractive(models.TextChoices):
+    """What an image serves itself for dev environments (blank: a batch image)."""
+
+    NONE = "", "Not interactive"
+    SSH = "ssh", "SSH"
+    JUPYTER = "jupyter", "Jupyter"
+    BOTH = "both", "SSH and Jupyter"
+
+
 class AllowedRegistry(models.Model):
     """Registries (host and optional path prefix) tenants may add private images from."""
 
@@ -538,6 +547,13 @@ class Image(models.Model):
     default_command = models.JSONField(default=list, blank=True)
     ports = models.JSONField(
         default=list, blank=True, help_text='e.g. [{"name": "jupyter", "port": 8888}]'
+    )
+    interactive = models.CharField(
+        max_length=8,
+        choices=ImageInteractive.choices,
+        default=ImageInteractive.NONE,
+        blank=True,
+        help_text="What the image serves itself for dev environments: sshd, Jupyter or both.",
     )
     tenant = models.ForeignKey(
         "console.Tenant",

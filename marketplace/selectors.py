@@ -19,6 +19,7 @@ from marketplace.images import InvalidReference, parse_reference
 from marketplace.models import (
     GpuType,
     Image,
+    ImageInteractive,
     NewTenantPolicy,
     NodePool,
     PriceVersion,
@@ -510,8 +511,16 @@ def price_currency() -> str:
 
 
 def images_for_tenant(
-    *, tenant, query: str = "", kind: str = "", vendor: str = "", include_inactive: bool = False
+    *,
+    tenant,
+    query: str = "",
+    kind: str = "",
+    vendor: str = "",
+    interactive: str = "",
+    include_inactive: bool = False,
 ) -> QuerySet[Image]:
+    """The images a tenant may run; `interactive` ("ssh" or "jupyter"): those serving it
+    themselves (marked with it or "both")."""
     images = Image.objects.for_tenant(tenant)
     if not include_inactive:
         images = images.filter(is_active=True)
@@ -524,6 +533,8 @@ def images_for_tenant(
         )
     if kind:
         images = images.filter(kind=kind)
+    if interactive:
+        images = images.filter(interactive__in=[interactive, ImageInteractive.BOTH])
     if vendor:
         # JSON list containment isn't portable to SQLite; filter the (small) catalog here.
         ids = [image.pk for image in images if vendor in image.compatible_with]

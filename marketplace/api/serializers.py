@@ -125,6 +125,12 @@ class ImageQuerySerializer(serializers.Serializer):
     )
     kind = serializers.ChoiceField(choices=ImageKind.choices, required=False, default="")
     vendor = StrictCharField(required=False, default="", allow_blank=True, max_length=40)
+    interactive = serializers.ChoiceField(
+        choices=[("ssh", "SSH"), ("jupyter", "Jupyter")],
+        required=False,
+        default="",
+        help_text="Only images that serve this themselves (marked with it or both)",
+    )
 
 
 def _decimal(value, places: str) -> str | None:
@@ -249,6 +255,7 @@ class ImageSerializer(StrictModelSerializer):
             "description",
             "default_command",
             "ports",
+            "interactive",
             "public",
             "is_active",
         ]

@@ -167,6 +167,7 @@ class ImageViewSet(
             query=params["q"],
             kind=params["kind"],
             vendor=params["vendor"],
+            interactive=params["interactive"],
         )
 
     @extend_schema(parameters=[s.ImageQuerySerializer])

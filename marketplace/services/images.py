@@ -17,7 +17,7 @@ from console.models import Tenant, User
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from marketplace.images import InvalidReference, is_allowed, parse_reference
-from marketplace.models import AllowedRegistry, Image, RegistryCredential
+from marketplace.models import AllowedRegistry, Image, ImageInteractive, RegistryCredential
 from marketplace.signals import registry_credential_removed
 
 # --- registry allow-list ----
@@ -92,11 +92,16 @@ IMAGE_FIELDS = (
     "description",
     "default_command",
     "ports",
+    "interactive",
 )
 COMPATIBLE_VALUES = {"nvidia", "amd", "huawei", "cpu"}
 
 
 def _validate_image_fields(fields: dict[str, Any]) -> None:
+    if fields.get("interactive", "") not in ImageInteractive.values:
+        raise ServiceError(
+            "interactive is ssh, jupyter, both, or empty for a batch image.", field="interactive"
+        )
     compatible = fields.get("compatible_with") or []
     if not compatible or not set(compatible) <= COMPATIBLE_VALUES:
         raise ServiceError(

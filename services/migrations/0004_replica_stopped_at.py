@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('services', '0003_scale_down_delay'),
+        ("services", "0003_scale_down_delay"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='servicereplica',
-            name='stopped_at',
+            model_name="servicereplica",
+            name="stopped_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -4,30 +4,54 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('services', '0004_replica_stopped_at'),
+        ("services", "0004_replica_stopped_at"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='service',
-            name='paused_by_budget',
+            model_name="service",
+            name="paused_by_budget",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='service',
-            name='priority',
-            field=models.CharField(choices=[('critical', 'Critical'), ('normal', 'Normal'), ('low', 'Low')], default='normal', max_length=10),
+            model_name="service",
+            name="priority",
+            field=models.CharField(
+                choices=[("critical", "Critical"), ("normal", "Normal"), ("low", "Low")],
+                default="normal",
+                max_length=10,
+            ),
         ),
         migrations.AlterField(
-            model_name='service',
-            name='status',
-            field=models.CharField(choices=[('deploying', 'Deploying'), ('ready', 'Ready'), ('degraded', 'Degraded'), ('scaled_to_zero', 'Scaled to zero'), ('failed', 'Failed'), ('paused', 'Paused: budget used up')], default='deploying', max_length=16),
+            model_name="service",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("deploying", "Deploying"),
+                    ("ready", "Ready"),
+                    ("degraded", "Degraded"),
+                    ("scaled_to_zero", "Scaled to zero"),
+                    ("failed", "Failed"),
+                    ("paused", "Paused: budget used up"),
+                ],
+                default="deploying",
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
-            model_name='servicescaleevent',
-            name='window',
-            field=models.CharField(choices=[('stable', 'Stable window'), ('panic', 'Panic window'), ('cold_start', 'Request at zero'), ('idle', 'Idle: scaled to zero'), ('bounds', 'Minimum/maximum'), ('budget', 'Budget used up')], max_length=12),
+            model_name="servicescaleevent",
+            name="window",
+            field=models.CharField(
+                choices=[
+                    ("stable", "Stable window"),
+                    ("panic", "Panic window"),
+                    ("cold_start", "Request at zero"),
+                    ("idle", "Idle: scaled to zero"),
+                    ("bounds", "Minimum/maximum"),
+                    ("budget", "Budget used up"),
+                ],
+                max_length=12,
+            ),
         ),
     ]

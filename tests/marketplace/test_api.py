@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from decimal import Decimal
 
 import pytest
+from django.apps import apps
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -418,6 +420,49 @@ def test_image_api_filters(api):
     assert slugs(q="tensorflow") == demo_image_slugs(query="tensorflow") == {"tensorflow-2-17-gpu"}
     assert slugs(q="pytorch", vendor="amd") == {"pytorch-rocm-6-2"}
     assert slugs() >= slugs(kind="base") | slugs(kind="framework")
+
+
+def test_images_carry_what_they_serve_for_dev_environments(api, catalog, world):
+    def slugs(**params):
+        body = api.get(IMAGES, {"page_size": 500, **params}).json()
+        return {r["slug"]: r["interactive"] for r in body["results"]}
+
+    # The demo marks what its images' ports say: NGC runs Jupyter, HF Transformers both.
+    assert slugs(interactive="jupyter") == {
+        "ngc-pytorch-24-10": "jupyter",
+        "hf-transformers-pytorch": "both",
+    }
+    assert slugs(interactive="ssh") == {"hf-transformers-pytorch": "both"}
+    assert slugs()["python-3.11"] == ""
+    bad = api.get(IMAGES, {"interactive": "vscode"})
+    assert bad.status_code == 400 and "interactive" in bad.json()
+
+    admin = token_client(world.admin, world.tenant)
+    made = admin.post(IMAGES, new_image(interactive="ssh"), format="json")
+    assert made.status_code == 201 and made.json()["interactive"] == "ssh"
+    refused = admin.post(IMAGES, new_image(slug="other", interactive="vscode"), format="json")
+    assert refused.status_code == 400 and "interactive" in refused.json()
+    assert "trainer" in {
+        r["slug"]
+        for r in admin.get(IMAGES, {"interactive": "ssh", "page_size": 500}).json()["results"]
+    }
+
+
+def test_the_migration_marks_existing_images_by_their_ports(catalog, world):
+    migration = importlib.import_module("marketplace.migrations.0013_image_interactive")
+    both = services.image_create(
+        tenant=world.tenant, user=world.admin,
+        **new_image(ports=[{"name": "ssh", "port": 22}, {"name": "Jupyter", "port": 8888}]),
+    )  # fmt: skip
+    batch = services.image_create(
+        tenant=world.tenant, user=world.admin, **new_image(slug="batch", ports=[])
+    )
+    Image.objects.update(interactive="")
+    migration.mark_from_ports(apps, None)
+    both.refresh_from_db()
+    batch.refresh_from_db()
+    assert (both.interactive, batch.interactive) == ("both", "")
+    assert Image.objects.get(slug="ngc-pytorch-24-10").interactive == "jupyter"
 
 
 # --- catalog reads ----

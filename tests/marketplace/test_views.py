@@ -317,6 +317,18 @@ def test_admin_adds_a_private_image_on_the_page(catalog, world):
     image = Image.objects.get(tenant=world.tenant)
     assert image.reference == "ghcr.io/acme/trainer:1"
     assert image.default_command == [] and image.ports == []
+    assert image.interactive == ""  # a batch image unless marked
+
+
+def test_an_image_marked_for_dev_environments_shows_it_in_the_catalog(catalog, world):
+    client = signed_in_client(world.admin, world.tenant)
+    form = {**new_image_form("ghcr.io/acme/trainer:1"), "new-interactive": "both"}
+    assert client.post(IMAGES, form).status_code == 302
+    assert Image.objects.get(tenant=world.tenant).interactive == "both"
+    html = client.get(IMAGES, {"q": "trainer"}).content.decode()
+    assert 'data-testid="image-interactive"><span class="badge">SSH and Jupyter</span>' in html
+    bad = client.post(IMAGES, {**form, "new-slug": "other", "new-interactive": "vscode"})
+    assert bad.status_code == 200 and bad.context["image_form"].errors["interactive"]
 
 
 def test_image_from_a_registry_not_allowed_shows_a_field_error(catalog, world):
