@@ -34,6 +34,7 @@ BENCHES = [
     ("streaming", "tests/bench/streaming/test_streaming.py"),
     ("queue", "tests/bench/queue/bench_runtime_prediction.py"),
     ("scheduler", "tests/bench/queue/bench_scheduler.py"),
+    ("services", "tests/bench/services/bench_gateway.py"),
     ("pages", "tests/bench/pages/bench_job_page.py"),
 ]
 SMOKE_ENV = {

@@ -1,0 +1,209 @@
+"""Services benchmark (issue 29), on 127.0.0.1 only: uvicorn serving console.asgi (the
+gateway) in front of echo replicas run as host processes, as in tests/services.
+
+- **Gateway overhead**: the same paced load (RATE requests/s for SECONDS, several client
+  threads on kept-alive connections) straight to a replica, then through the gateway
+  with a service token; each request timed by its client from send to the last byte.
+  p50/p99 of both and the p99 difference (target: < 5 ms at 200 requests/s). The
+  baseline is measured in the same run, on the same machine, the same way.
+- **Cold start**: a service at zero (its replica ready as soon as it listens) woken by
+  one request, through a real Celery worker reached over the broker: the time to that
+  request's answer (target: < 2 s plus the replica's own readiness delay, here 0).
+- **Autoscaler decision latency**: from the start of a burst above twice the ready
+  replicas' capacity to the scale-up decision being recorded, with reconcile passes
+  every POLL seconds (target: < 1 s; the gateway adds its counters to Redis once a
+  second, which bounds it from below).
+
+It asserts only that requests were answered (DESIGN.md: no timed assertions).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from contextlib import ExitStack
+
+import httpx
+import pytest
+
+from console.launcher import asgi_server_argv, free_loopback_port
+from services import reconcile, services
+from services.models import ReplicaState, ServiceStatus
+from tests.bench.results import bench_size, record
+from tests.servers import celery_worker_process, served  # noqa: F401 (a fixture)
+from tests.services.conftest import (  # noqa: F401 (replicas_cleanup: a fixture)
+    echo_spec,
+    reconcile_until,
+    replicas_cleanup,
+)
+
+pytestmark = pytest.mark.usefixtures("replicas_cleanup")
+
+RATE = 200  # requests per second
+SECONDS = 5 if bench_size() == "smoke" else 30
+THREADS = 8
+POLL = 0.1  # seconds between reconcile passes while a burst goes on
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def paced(base_url: str, path: str, headers: dict) -> tuple[list[float], int]:
+    """RATE requests/s for SECONDS from THREADS threads, each on its own schedule; the
+    latencies in ms and how many answers were not 200."""
+    latencies: list[float] = []
+    failed = 0
+    lock = threading.Lock()
+    start = time.monotonic() + 0.2
+    per_thread = RATE / THREADS
+
+    def sender(index: int) -> None:
+        nonlocal failed
+        mine, bad = [], 0
+        with httpx.Client(base_url=base_url, headers=headers, timeout=10) as client:
+            client.get(path)  # the connection, before the clock starts
+            count = int(per_thread * SECONDS)
+            for n in range(count):
+                due = start + (n + index / THREADS) / per_thread
+                pause = due - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                sent = time.monotonic()
+                answer = client.get(path)
+                mine.append((time.monotonic() - sent) * 1000)
+                bad += answer.status_code != 200
+        with lock:
+            latencies.extend(mine)
+            failed += bad
+
+    threads = [threading.Thread(target=sender, args=(i,)) for i in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, failed
+
+
+@pytest.fixture
+def gateway(transactional_db, tmp_path, monkeypatch):
+    def start(**env: str) -> httpx.Client:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        port = free_loopback_port()
+        argv = asgi_server_argv("127.0.0.1", port)
+        server = stack.enter_context(served("uvicorn", argv, port, tmp_path / "u.log"))
+        return stack.enter_context(httpx.Client(base_url=server.url, timeout=60))
+
+    with ExitStack() as stack:
+        yield start
+
+
+def test_gateway_overhead_against_the_replica_itself(gateway, world, catalog):
+    client = gateway()
+    service = services.service_create(
+        tenant=world.tenant, user=None, spec=echo_spec(name="bench", min_replicas=1)
+    )
+    _, token = services.service_token_create(service=service, user=None, name="bench")
+    service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    port = service.replicas.get(state=ReplicaState.READY).host_port
+    direct, direct_failed = paced(f"http://127.0.0.1:{port}", "/whoami", {})
+    through, through_failed = paced(
+        str(client.base_url), "/svc/acme/bench/whoami", {"Authorization": f"Bearer {token}"}
+    )
+    assert direct_failed == 0 and through_failed == 0
+    assert len(direct) == len(through) == int(RATE / THREADS * SECONDS) * THREADS
+    load = f"{RATE} req/s for {SECONDS} s"
+    for name, values in (("straight to the replica", direct), ("through the gateway", through)):
+        record(
+            "services",
+            f"{name}, {load}: p50 {statistics.median(values):.1f} ms, p99",
+            percentile(values, 0.99),
+            "ms",
+        )
+    overhead = percentile(through, 0.99) - percentile(direct, 0.99)
+    record(
+        "services",
+        f"gateway p99 overhead at {RATE} req/s (p50 "
+        f"{statistics.median(through) - statistics.median(direct):.1f} ms)",
+        overhead,
+        "ms",
+        target="< 5 ms",
+        baseline=f"replica p99 {percentile(direct, 0.99):.1f} ms",
+        met=overhead < 5,
+    )
+
+
+WINDOWS = {"SERVICE_AUTOSCALE_STABLE_WINDOW": 10, "SERVICE_AUTOSCALE_PANIC_WINDOW": 2}
+
+
+@pytest.fixture
+def cold_env(monkeypatch, settings):
+    """Settings of every process (the worker's, the gateway's and this one's reconcile
+    passes), set before the processes start."""
+    for name, value in {**WINDOWS, "SERVICE_SCALE_TO_ZERO_GRACE": 300}.items():
+        monkeypatch.setenv(name, str(value))
+        setattr(settings, name, value)
+
+
+@pytest.mark.usefixtures("cold_env", "celery_worker_process")
+def test_cold_start_and_autoscaler_decision_latency(gateway, world, catalog):
+    client = gateway()
+    service = services.service_create(
+        tenant=world.tenant,
+        user=None,
+        spec=echo_spec(
+            name="cold", auth="public", min_replicas=0, max_replicas=3,
+            autoscale_metric="concurrency", autoscale_target=1,
+        ),
+    )  # fmt: skip
+    began = time.monotonic()
+    answer = client.get("/svc/acme/cold/whoami")
+    cold = time.monotonic() - began
+    assert answer.status_code == 200, answer.text
+    record(
+        "services",
+        "cold start: first request at zero → its answer (replica readiness delay 0 s)",
+        cold * 1000,
+        "ms",
+        target="< 2000 ms",
+        met=cold < 2,
+    )
+
+    # A burst of 6 slow requests in flight against one ready replica (target 1 each).
+    reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    before = service.scale_events.count()
+    stop = threading.Event()
+
+    def slow() -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=30) as mine:
+            while not stop.is_set():
+                mine.get("/svc/acme/cold/sleep?s=0.5")
+
+    senders = [threading.Thread(target=slow, daemon=True) for _ in range(6)]
+    burst = time.monotonic()
+    for sender in senders:
+        sender.start()
+    decided = None
+    try:
+        while time.monotonic() - burst < 30:
+            fresh = reconcile.service_reconcile(service_id=service.pk)
+            if fresh.scale_events.count() > before:
+                decided = time.monotonic() - burst
+                break
+            time.sleep(POLL)
+    finally:
+        stop.set()
+        for sender in senders:
+            sender.join(timeout=30)
+    assert decided is not None, "no scale-up decision within 30 s"
+    record(
+        "services",
+        f"autoscaler: burst start → scale-up decision (passes every {POLL} s)",
+        decided * 1000,
+        "ms",
+        target="< 1000 ms",
+        met=decided < 1,
+    )
