@@ -10,7 +10,7 @@ from django.apps import AppConfig
 from django.db.models.signals import post_migrate, pre_migrate
 
 from billing import dbviews, panels, staff_tenants
-from billing.budgets.services import BudgetLaunchPolicy
+from billing.budgets.services import BudgetLaunchPolicy, budget_refuses_service
 from billing.dashboard import dashboard_money_context
 from billing.job_costs import BillingJobCosts
 from billing.metering.tick import (
@@ -24,7 +24,7 @@ from billing.prometheus import MeteringCollector
 from console.dashboard import dashboard_section_register
 from console.metrics import scrape_collector_register
 from jobs import extensions
-from services.signals import replicas_removing
+from services.signals import replicas_removing, service_creating
 from storage.models import Volume
 from storage.signals import volume_resizing
 
@@ -45,6 +45,10 @@ def replicas_removing_meter(sender, replica_ids: list[int], **kwargs) -> None:
     replicas_meter_before_removal(replica_ids=replica_ids)
 
 
+def service_creating_refuse_over_budget(sender, tenant, priority: str, **kwargs) -> None:
+    budget_refuses_service(tenant=tenant, priority=priority)
+
+
 def connect(app_config: AppConfig) -> None:
     pre_migrate.connect(dbviews.drop_views, sender=app_config, dispatch_uid="billing-drop-views")
     post_migrate.connect(
@@ -63,4 +67,7 @@ def connect(app_config: AppConfig) -> None:
     )
     volume_resizing.connect(volume_resizing_meter, dispatch_uid="billing-meter-volume-resize")
     replicas_removing.connect(replicas_removing_meter, dispatch_uid="billing-meter-replicas")
+    service_creating.connect(
+        service_creating_refuse_over_budget, dispatch_uid="billing-refuse-service-over-budget"
+    )
     scrape_collector_register("metering", MeteringCollector())

@@ -38,7 +38,7 @@ from services.models import (
     ServiceStatus,
     ServiceToken,
 )
-from services.signals import replicas_removing
+from services.signals import replicas_removing, service_creating
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What makes a new revision when it changes.
@@ -258,6 +258,7 @@ def service_create(
             code=ErrorCode.CONFLICT,
             field="name",
         )
+    service_creating.send(sender=Service, tenant=tenant, priority=spec.priority)
     try:
         with transaction.atomic():
             service = Service.objects.create(

@@ -223,6 +223,18 @@ def budget_delete(*, budget: Budget, user: User | None, request=None) -> None:
     budget_enforce(tenant=tenant)
 
 
+def budget_refuses_service(*, tenant: Tenant, priority: str) -> None:
+    """A used-up organisation-wide budget refuses a new non-critical service (402), as it
+    refuses a non-critical job: it would only be scaled to zero at the next tick."""
+    blocking = budget_blocks_launch(tenant=tenant, project="", priority=priority)
+    if blocking is not None:
+        raise ServiceError(
+            f"Budget “{blocking.name}” is used up for this month: only critical services "
+            "can be deployed until it is raised or the month ends.",
+            code=ErrorCode.PAYMENT_REQUIRED,
+        )
+
+
 class BudgetLaunchPolicy:
     """jobs.extensions.LaunchPolicy: a used-up budget refuses non-critical launches."""
 

@@ -1,8 +1,9 @@
 """Budgets and services: a used-up budget scales the organisation's non-critical services
 to zero (once, audited, on the page and in the API, the reconcile pass wanting no
 replica), critical ones and project budgets leave them be, raising the budget brings
-them back, and only owners and admins may make a service critical. The gateway's 402 and
-the replicas' drain are tested end to end in test_gateway.py."""
+them back, a new non-critical service is refused meanwhile, and only owners and admins
+may make a service critical. The gateway's 402 and the replicas' drain are tested end to
+end in test_gateway.py."""
 
 from __future__ import annotations
 
@@ -118,3 +119,22 @@ def test_only_owners_and_admins_make_a_service_critical(world, catalog):
     )
     bad = admin.patch(url, {"priority": "urgent"}, format="json")
     assert bad.status_code == 400 and "priority" in bad.json()
+
+
+def test_a_used_up_budget_refuses_a_new_non_critical_service(world, serving):
+    budget = budget_create(tenant=world.tenant, user=world.owner, name="Team cap", amount=TINY)
+    meter_and_enforce(now=timezone.now())
+    body = {
+        "name": "another", "image": "python:3.11-slim", "command": ["serve"], "port": 8080,
+        "region": "local", "min_replicas": 1,
+    }  # fmt: skip
+    member = token_client(world.member, world.tenant)
+    refused = member.post("/api/v1/services", body, format="json")
+    assert refused.status_code == 402 and refused.json()["code"] == "payment_required"
+    assert "Team cap" in refused.json()["detail"]
+    admin = token_client(world.admin, world.tenant)
+    critical = admin.post("/api/v1/services", {**body, "priority": "critical"}, format="json")
+    assert critical.status_code == 201
+    budget_update(budget=budget, user=world.finance, amount="1000")
+    again = member.post("/api/v1/services", {**body, "name": "later"}, format="json")
+    assert again.status_code == 201
