@@ -68,12 +68,10 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
             result = _tick(now=hour)
         _release_pending_hours(hour)
     result = result.merged(_tick(now=now))
-    with _ticks_take_turns():  # volumes' storage, in its own turn
-        records, tenants = storage_meter(now=now)
-    result = result.merged(TickResult(0, records, tenants))
-    with _ticks_take_turns():  # services' replicas, in their own turn
-        records, tenants = replicas_meter(now=now)
-    return result.merged(TickResult(0, records, tenants))
+    with _ticks_take_turns():  # volumes' storage and services' replicas, in their own turn
+        stored, storage_tenants = storage_meter(now=now)
+        served, service_tenants = replicas_meter(now=now)
+    return result.merged(TickResult(0, stored + served, storage_tenants | service_tenants))
 
 
 def storage_meter_volume(*, volume_id: int) -> None:

@@ -238,9 +238,10 @@ def test_query_count_is_constant(world, catalog, django_assert_max_num_queries):
     for n in range(3):
         set_status(make_job(world, name=f"a{n}", start=T0), JobStatus.RUNNING, T0)
     meter_tick(now=T0 + timedelta(seconds=10))
-    # 15 for the jobs, 5 for the volumes' storage turn (billing.metering.storage): on
-    # PostgreSQL its own savepoint, advisory lock and commit setting around one read.
-    with django_assert_max_num_queries(20) as few:
+    # 15 for the jobs, 6 for the turn of the volumes' storage and the services' replicas
+    # (billing.metering.storage, .service_replicas): on PostgreSQL its own savepoint,
+    # advisory lock and commit setting around one read of each.
+    with django_assert_max_num_queries(21) as few:
         meter_tick(now=T0 + timedelta(seconds=20))
     for n in range(5):
         set_status(make_job(world, name=f"b{n}", start=T0), JobStatus.RUNNING, T0)
