@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from billing.invoices.services import invoice_draft_create
 from billing.metering import meter_tick
-from billing.metering.service_replicas import SERVICE_TIER, replica_amount, replicas_meter
+from billing.metering.pieces import unit_hours_amount
+from billing.metering.service_replicas import SERVICE_TIER, replicas_meter
 from billing.models import UsageRecord
 from marketplace.models import Region
 from marketplace.pricing import after_tenant_discount
@@ -106,10 +107,10 @@ def test_metered_amount_is_cpus_times_hours_times_price_exactly(db, cpus, price,
         assert all(p.interval_end - p.interval_start <= HOUR for p in pieces)
         expected = sum(
             (
-                replica_amount(
-                    cpus=cpus,
+                unit_hours_amount(
+                    units=cpus,
                     seconds=Decimal((p.interval_end - p.interval_start).total_seconds()),
-                    price_per_vcpu_hour=price,
+                    price_per_unit_hour=price,
                 )
                 for p in pieces
             ),

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from billing.invoices.services import invoice_draft_create
 from billing.metering import meter_tick
-from billing.metering.storage import STORAGE_TIER, storage_amount, storage_meter
+from billing.metering.pieces import unit_hours_amount
+from billing.metering.storage import STORAGE_TIER, storage_meter
 from billing.models import UsageRecord
 from marketplace.models import Region, StoragePrice
 from marketplace.pricing import after_tenant_discount
@@ -94,7 +95,7 @@ def _meter_and_check(size: int, price: Decimal, ticks: list[int]) -> None:
 @given(size=st.integers(1, 10_000), seconds=st.integers(1, 10**7), price=prices)
 def test_the_amount_of_any_duration_is_rounded_once(size, seconds, price):
     exact = Decimal(size) * Decimal(seconds) / 3600 * price
-    assert abs(storage_amount(size_gib=size, seconds=Decimal(seconds), price_per_gib_hour=price)
+    assert abs(unit_hours_amount(units=size, seconds=Decimal(seconds), price_per_unit_hour=price)
                - exact) <= Decimal("0.0000000005")  # fmt: skip
 
 
@@ -230,10 +231,10 @@ def test_a_discounted_storage_amount_is_exact(db, size, price, percent, hours):
         )
         storage_meter(now=START + hours * HOUR)
         # One record per hour (START is on the hour), each rounded once.
-        expected = hours * storage_amount(
-            size_gib=size,
+        expected = hours * unit_hours_amount(
+            units=size,
             seconds=Decimal(3600),
-            price_per_gib_hour=after_tenant_discount(price, percent),
+            price_per_unit_hour=after_tenant_discount(price, percent),
         )
         assert sum(r.amount for r in storage_records(volume)) == expected
         transaction.set_rollback(True)
