@@ -451,7 +451,8 @@ def _pause_or_resume_services(tenant: Tenant, blocking: list[BudgetStatus]) -> N
         )
         for service in budget_services(budget).exclude(priority=Priority.CRITICAL):
             paused.add(service.pk)
-            service_budget_pause(service=service, reason=reason)
+            if not service.paused_by_budget:
+                service_budget_pause(service=service, reason=reason)
     for service in Service.objects.for_tenant(tenant).filter(paused_by_budget=True):
         if service.pk not in paused:
             service_budget_resume(service=service)
