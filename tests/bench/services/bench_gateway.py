@@ -19,6 +19,7 @@ It asserts only that requests were answered (DESIGN.md: no timed assertions).
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -39,6 +40,8 @@ from tests.services.conftest import (  # noqa: F401 (replicas_cleanup: a fixture
 )
 
 pytestmark = pytest.mark.usefixtures("replicas_cleanup")
+
+logging.getLogger("httpx").setLevel(logging.WARNING)  # a log line per request otherwise
 
 RATE = 200  # requests per second
 SECONDS = 5 if bench_size() == "smoke" else 30
