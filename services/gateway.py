@@ -10,8 +10,10 @@ with `auth: token` need `Authorization: Bearer <service token>` (the header is n
 on). An unknown tenant or service, and another tenant's service, are the same 404.
 
 The gateway feeds the autoscaler (services.traffic): each process tallies its requests
-and requests in flight per service and adds them to Redis once a second, and counts each
-replica's requests in flight as they start and end (a draining replica stops once idle).
+and requests in flight per service and per replica and adds them to Redis once a second
+(a draining replica stops once idle). What it needs to route a request (the service,
+its ready replicas, whether a token is valid) comes from Django's cache, dropped when
+any of it changes (services.selectors), so a request makes no query while nothing does.
 When no replica is ready (a service at zero, or still starting), a request is held, up to
 SERVICE_COLD_START_QUEUE per service, while the first held one wakes the service (its
 reconcile runs at once and starts a replica); the held requests go on as soon as one is
@@ -175,15 +177,19 @@ class ServiceGateway:
         return self.state().client
 
     async def _record_every_second(self, state: LoopState) -> None:
-        """Add this process's tally to the traffic samples, just after each second ends."""
+        """Add this process's tally to the traffic samples and the replicas' requests in
+        flight, just after each second ends."""
         while True:
             await asyncio.sleep(1.01 - time.time() % 1)
-            taken = state.tally.take()
-            if not taken:
-                continue
+            taken, changes = state.tally.take(), state.tally.take_replicas()
             try:
-                second = int(time.time()) - 1
-                await _counted(traffic.traffic_record, None, second=second, taken=taken)
+                if taken:
+                    second = int(time.time()) - 1
+                    await _counted(traffic.traffic_record, None, second=second, taken=taken)
+                if changes:
+                    added = await _counted(traffic.replicas_in_flight_add, False, changes=changes)
+                    if added is False:  # Redis failed: add them with the next flush
+                        state.tally.replicas_not_flushed(changes)
             except Exception:  # the loop must outlive one bad write
                 logger.exception("could not record the gateway's traffic")
 
@@ -345,13 +351,14 @@ class ServiceGateway:
                     return
 
         has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in headers)
+        tally = self.state().tally
         ordered = self._order(route)
         attempts = ordered[:2] if method in IDEMPOTENT else ordered[:1]
         response = None
         counted: int | None = None  # the replica this request is counted on
         try:
             for index, (replica_id, port, revision) in enumerate(attempts):
-                await _counted(traffic.replica_request_started, None, replica_id=replica_id)
+                tally.replica_started(replica_id)
                 counted = replica_id
                 url = f"http://127.0.0.1:{port}{rest}" + (
                     f"?{query.decode('latin-1')}" if query else ""
@@ -364,7 +371,7 @@ class ServiceGateway:
                     observed.revision = str(revision)
                     break
                 except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as error:
-                    await _counted(traffic.replica_request_finished, None, replica_id=replica_id)
+                    tally.replica_finished(replica_id)
                     counted = None
                     retry = index + 1 < len(attempts) and not body_started
                     logger.info("replica on port %s failed (%s); retry: %s", port, error, retry)
@@ -396,4 +403,4 @@ class ServiceGateway:
                 await response.aclose()
         finally:
             if counted is not None:
-                await _counted(traffic.replica_request_finished, None, replica_id=counted)
+                tally.replica_finished(counted)

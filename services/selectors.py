@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from django.db.models import Count, Q, QuerySet
 
+from console.caching import cached, forget
 from console.models import Tenant, sha256_hex
 from services.models import (
     ReplicaState,
@@ -71,24 +72,66 @@ class Route:
     status, and each ready replica."""
 
     service_id: int
+    address: tuple[str, str]  # (organisation slug, service name)
     auth: str
     status: str
     replicas: list[Upstream]
     status_reason: str = ""
 
 
+# What the gateway reads on every request is kept in Django's cache (console.caching) and
+# dropped when it changes (services.receivers): a service, its replicas and its tokens.
+# So a request costs no query while nothing changes, and a revoked token, a drained
+# replica or a budget's pause counts from the write's commit on. The timeout bounds what
+# a drop that Redis missed can keep.
+ROUTE_KEPT_SECONDS = 60
+
+
+def route_key(service_id: int) -> str:
+    return f"service-route:{service_id}"
+
+
+def token_key(service_id: int, key_hash: str) -> str:
+    return f"service-token:{service_id}:{key_hash}"
+
+
+# This process's (organisation slug, service name) → service id, found once: an id never
+# changes, and a route that is gone sends the lookup back to the database.
+_route_ids: dict[tuple[str, str], int] = {}
+
+
 def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
     """The service `name` of the tenant `tenant_slug`, or None (unknown either way: the
     gateway never tells another tenant's service from a missing one)."""
+    known = _route_ids.get((tenant_slug, name))
+    if known is not None:
+        route = cached(route_key(known), ROUTE_KEPT_SECONDS, lambda: _route(known))
+        if route is not None and route.address == (tenant_slug, name):
+            return route
+        _route_ids.pop((tenant_slug, name), None)  # deleted (a new one may have its name)
+    service_id = (
+        Service.objects.filter(tenant__slug=tenant_slug, name=name)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if service_id is None:
+        return None
+    _route_ids[(tenant_slug, name)] = service_id
+    route = cached(route_key(service_id), ROUTE_KEPT_SECONDS, lambda: _route(service_id))
+    return route if route is not None and route.address == (tenant_slug, name) else None
+
+
+def _route(service_id: int) -> Route | None:
     service = (
-        Service.objects.filter(tenant__slug=tenant_slug, tenant__is_active=True, name=name)
-        .values("pk", "auth", "status", "status_reason")
+        Service.objects.filter(pk=service_id, tenant__is_active=True)
+        .values("pk", "tenant__slug", "name", "auth", "status", "status_reason")
         .first()
     )
     if service is None:
         return None
     return Route(
         service_id=service["pk"],
+        address=(service["tenant__slug"], service["name"]),
         auth=service["auth"],
         status=service["status"],
         replicas=ready_replicas(service_id=service["pk"]),
@@ -112,11 +155,28 @@ def ready_replicas(*, service_id: int) -> list[Upstream]:
 def service_token_valid(*, service_id: int, raw: str) -> bool:
     if not raw.startswith(ServiceToken.PREFIX):
         return False
-    return (
-        ServiceToken.objects.active()
-        .filter(service_id=service_id, key_hash=sha256_hex(raw))
-        .exists()
+    key_hash = sha256_hex(raw)
+    return bool(
+        cached(
+            token_key(service_id, key_hash),
+            ROUTE_KEPT_SECONDS,
+            lambda: (
+                ServiceToken.objects.active()
+                .filter(service_id=service_id, key_hash=key_hash)
+                .exists()
+                or None
+            ),  # (a refusal is not kept: a token created now works at once)
+        )
     )
+
+
+def routes_forget(*, service_ids: list[int]) -> None:
+    """What the gateway keeps of these services changed (or may have)."""
+    forget(route_key(service_id) for service_id in service_ids)
+
+
+def token_forget(*, service_id: int, key_hash: str) -> None:
+    forget([token_key(service_id, key_hash)])
 
 
 def needs_token(route: Route) -> bool:

@@ -26,7 +26,7 @@ from jobs.models import Priority
 from jobs.services import priority_allowed_check
 from marketplace.models import NodePool, Region
 from marketplace.selectors import HOST_NOT_AVAILABLE, may_run_on_host, pools_for_tenant
-from services import tasks
+from services import selectors, tasks
 from services.models import (
     DNS_LABEL,
     AutoscaleMetric,
@@ -424,6 +424,7 @@ def service_budget_pause(*, service: Service, reason: str) -> bool:
         paused_by_budget=True, status=ServiceStatus.PAUSED, status_reason=reason[:300]
     )
     if paused:
+        selectors.routes_forget(service_ids=[service.pk])  # (an update sends no post_save)
         audit_record(
             action="service.paused_by_budget",
             tenant=service.tenant,
@@ -442,6 +443,7 @@ def service_budget_resume(*, service: Service) -> bool:
         paused_by_budget=False, status=ServiceStatus.DEPLOYING, status_reason=""
     )
     if resumed:
+        selectors.routes_forget(service_ids=[service.pk])
         audit_record(
             action="service.resumed_by_budget",
             tenant=service.tenant,

@@ -9,8 +9,11 @@ Per service:
 - the second of the last request, for the idle time before scaling to zero;
 - requests held while no replica is ready (bounded), and when the first of them arrived
   (the start of a cold start).
-Per replica: requests in flight, counted as each starts and ends, so that a draining
-replica is stopped only once idle.
+Per replica: requests in flight, so that a draining replica is stopped only once idle.
+Each process counts its own as they start and end, and adds what changed since its last
+flush with the per-second tally (no round trip per request either): the shared count
+lags a process's own by up to a second, which the reconcile pass allows for
+(services.reconcile.DRAIN_MIN_SECONDS).
 
 A counter lost (Redis restarted, a process killed mid-request) costs precision, never a
 request: a draining replica is stopped after a timeout whatever its counter says.
@@ -65,6 +68,8 @@ class TrafficTally:
 
     def __init__(self) -> None:
         self.services: dict[int, ServiceTally] = {}
+        self.replicas: dict[int, int] = {}  # requests in flight per replica, now
+        self.flushed: dict[int, int] = {}  # ... as last added to the shared counts
 
     def started(self, service_id: int) -> None:
         now = time.monotonic()
@@ -79,6 +84,29 @@ class TrafficTally:
         tally = self.services[service_id]
         tally.advance(time.monotonic())
         tally.in_flight -= 1
+
+    def replica_started(self, replica_id: int) -> None:
+        self.replicas[replica_id] = self.replicas.get(replica_id, 0) + 1
+
+    def replica_finished(self, replica_id: int) -> None:
+        self.replicas[replica_id] -= 1
+
+    def take_replicas(self) -> dict[int, int]:
+        """How each replica's requests in flight changed since the last take (replicas
+        with no change left out; idle ones forgotten once flushed)."""
+        changes = {}
+        for replica_id in set(self.replicas) | set(self.flushed):
+            now, before = self.replicas.get(replica_id, 0), self.flushed.get(replica_id, 0)
+            if now != before:
+                changes[replica_id] = now - before
+        self.replicas = {r: n for r, n in self.replicas.items() if n}
+        self.flushed = dict(self.replicas)
+        return changes
+
+    def replicas_not_flushed(self, changes: dict[int, int]) -> None:
+        """`changes` (from `take_replicas`) never reached the shared counts."""
+        for replica_id, change in changes.items():
+            self.flushed[replica_id] = self.flushed.get(replica_id, 0) - change
 
     def take(self) -> dict[int, tuple[int, float]]:
         """(requests, request-seconds in flight) per service since the last take; tallies
@@ -167,13 +195,16 @@ def waiting_recorded(*, service_id: int) -> None:
     cache.delete(_key(service_id, "waiting_since"))
 
 
-def replica_request_started(*, replica_id: int) -> None:
-    _add(_key("replica", replica_id, "in_flight"), 1, None)
-
-
-def replica_request_finished(*, replica_id: int) -> None:
-    with contextlib.suppress(ValueError):  # forgotten meanwhile (its row is gone)
-        cache.decr(_key("replica", replica_id, "in_flight"))
+def replicas_in_flight_add(*, changes: dict[int, int]) -> bool:
+    """Add one process's changes of requests in flight per replica (`take_replicas`)."""
+    for replica_id, change in changes.items():
+        key = _key("replica", replica_id, "in_flight")
+        if change > 0:
+            _add(key, change, None)
+        else:
+            with contextlib.suppress(ValueError):  # forgotten meanwhile (its row is gone)
+                cache.decr(key, -change)
+    return True
 
 
 def replicas_in_flight(*, replica_ids: Iterable[int]) -> dict[int, int]:

@@ -127,7 +127,7 @@ def test_beat_reconciles_every_service_that_wants_or_has_replicas(service, world
 def test_a_drained_replica_stops_only_once_its_requests_are_done(service):
     service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
     for replica in service.replicas.all():  # a request in flight on each, as the gateway counts
-        traffic.replica_request_started(replica_id=replica.pk)
+        traffic.replicas_in_flight_add(changes={replica.pk: 1})
     services.service_scale(service=service, user=None, min_replicas=1, max_replicas=4)
     service = reconcile.service_reconcile(service_id=service.pk)
     draining = service.replicas.get(state=ReplicaState.DRAINING)
@@ -137,7 +137,7 @@ def test_a_drained_replica_stops_only_once_its_requests_are_done(service):
     draining.refresh_from_db()
     assert draining.state == ReplicaState.DRAINING  # still busy
     assert host_processes.host_running(draining.handle)
-    traffic.replica_request_finished(replica_id=draining.pk)
+    traffic.replicas_in_flight_add(changes={draining.pk: -1})
     reconcile.service_reconcile(service_id=service.pk)
     draining.refresh_from_db()
     assert (draining.state, draining.reason) == (ReplicaState.STOPPED, "scaled down")
@@ -150,7 +150,7 @@ def test_a_drain_that_never_ends_is_cut_after_its_timeout(service, monkeypatch):
     monkeypatch.setattr(reconcile, "DRAIN_TIMEOUT_SECONDS", 3)
     service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
     for replica in service.replicas.all():
-        traffic.replica_request_started(replica_id=replica.pk)  # and never finished
+        traffic.replicas_in_flight_add(changes={replica.pk: 1})  # and never finished
     services.service_scale(service=service, user=None, min_replicas=1, max_replicas=4)
     service = reconcile_until(service, lambda s: s.replicas.count() == 1, timeout=15)
     assert ready_count(service) == 1
@@ -160,7 +160,7 @@ def test_a_replica_wanted_again_while_draining_serves_again(service):
     service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
     pks = set(service.replicas.values_list("pk", flat=True))
     for pk in pks:
-        traffic.replica_request_started(replica_id=pk)
+        traffic.replicas_in_flight_add(changes={pk: 1})
     services.service_scale(service=service, user=None, min_replicas=1, max_replicas=4)
     reconcile.service_reconcile(service_id=service.pk)
     services.service_scale(service=service, user=None, min_replicas=2, max_replicas=4)

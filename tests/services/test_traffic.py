@@ -56,13 +56,32 @@ def test_the_held_queue_is_bounded_and_marks_when_the_wait_began(db, settings):
     assert traffic.waiting_since(service_id=9) is None
 
 
+def test_a_tally_counts_requests_in_flight_per_replica_and_flushes_changes():
+    tally = traffic.TrafficTally()
+    tally.replica_started(3)
+    tally.replica_started(3)
+    tally.replica_started(4)
+    assert tally.take_replicas() == {3: 2, 4: 1}
+    assert tally.take_replicas() == {}  # nothing changed
+    tally.replica_finished(4)
+    tally.replica_started(5)
+    tally.replica_finished(5)  # started and ended between two flushes: nothing to add
+    assert tally.take_replicas() == {4: -1}
+    assert tally.replicas == {3: 2} and tally.flushed == {3: 2}  # the idle forgotten
+    tally.replica_finished(3)
+    changes = tally.take_replicas()
+    assert changes == {3: -1}
+    tally.replicas_not_flushed(changes)  # Redis failed: the next flush adds them too
+    tally.replica_finished(3)
+    assert tally.take_replicas() == {3: -2}
+
+
 @pytest.mark.parametrize("finished_first", [False, True])
-def test_requests_in_flight_per_replica(db, finished_first):
+def test_requests_in_flight_per_replica_add_up_over_processes(db, finished_first):
     if finished_first:  # a count lost (its key gone) never goes below zero
-        traffic.replica_request_finished(replica_id=3)
-    traffic.replica_request_started(replica_id=3)
-    traffic.replica_request_started(replica_id=3)
-    traffic.replica_request_finished(replica_id=3)
+        traffic.replicas_in_flight_add(changes={3: -1})
+    traffic.replicas_in_flight_add(changes={3: 2, 4: 1})
+    traffic.replicas_in_flight_add(changes={3: -1, 4: -1})  # (another process)
     assert traffic.replicas_in_flight(replica_ids=[3, 4]) == {3: 1, 4: 0}
     traffic.replicas_forget(replica_ids=[3])
     assert traffic.replicas_in_flight(replica_ids=[3]) == {3: 0}
