@@ -191,9 +191,8 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 INVITATION_TTL = timedelta(days=env_int("INVITATION_TTL_DAYS", 7))
-# Who may create an account: `open` (anyone, after verifying the e-mail address),
-# `invite` (through an invitation, or staff), `closed` (staff only). Production defaults
-# to `invite`: an open console lets strangers in.
+# Who may create an account: `open` (anyone, after verifying the e-mail address), `invite`
+# (through an invitation, or staff), `closed` (staff only). Production: `invite`.
 SIGNUP = env_str("SIGNUP", "invite" if PRODUCTION else "open")
 if SIGNUP not in {"open", "invite", "closed"}:
     raise ImproperlyConfigured(f"SIGNUP must be 'open', 'invite' or 'closed', got {SIGNUP!r}")
@@ -520,6 +519,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "services-reconcile": _every(
         "services.tasks.services_reconcile_task", SERVICE_RECONCILE_INTERVAL
     ),
+    "services-autoscale": _every("services.tasks.services_autoscale_task", 1),  # decisions
     "metrics-collect": _every("jobs.tasks.metrics_collect_task", env_int("METRICS_INTERVAL", 5)),
     "metrics-downsample": _every("jobs.tasks.metrics_downsample_task", 600),
     "logs-archive": _every("jobs.tasks.logs_archive_task", 60),

@@ -18,6 +18,9 @@ stops the ones no longer wanted and sets the service's status:
   it is stopped once its requests in flight are done, or after DRAIN_TIMEOUT_SECONDS;
   one wanted again before that serves again instead of a new one starting;
 - stopped rows are removed on the pass after the one that stopped them.
+
+Between passes, beat asks for a decision every second (`service_autoscale`): it only
+updates the wanted count, and a changed count starts a pass at once.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from datetime import UTC, datetime
 import httpx
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -47,9 +51,10 @@ from services.signals import replicas_removing
 
 logger = logging.getLogger(__name__)
 
-# The gateway counts a request on its replica just after choosing it from the ready ones:
-# a replica drained less than this long ago may still get one it chose before.
-DRAIN_MIN_SECONDS = 2
+# A gateway may still send a request to a replica it chose just before the drain, and it
+# adds its requests in flight per replica to the shared counts once a second: a replica
+# drained less than this long ago may have one that isn't counted yet.
+DRAIN_MIN_SECONDS = 3
 # A replica whose requests don't end (or whose count was lost) is stopped after this.
 # (A constant, not a setting: settings.py is at its size limit.)
 DRAIN_TIMEOUT_SECONDS = 120
@@ -389,6 +394,52 @@ def quick_pass_wanted(service: Service) -> bool:
         return traffic.held_counts(service_ids=[service.pk])[service.pk] > 0
     except RedisError:
         return False
+
+
+def service_autoscale(*, service_id: int) -> bool:
+    """One autoscaling decision between reconcile passes (beat asks every second), from
+    the gateway's counters: True when the wanted count changed, so that a reconcile pass
+    acts on it now. A service a pass holds is left to that pass, which decides too."""
+    with transaction.atomic():
+        service = (
+            Service.objects.select_for_update(skip_locked=True)
+            .filter(pk=service_id, paused_by_budget=False)
+            .first()
+        )
+        if service is None:
+            return False
+        before = (service.desired_replicas, service.panic_until, service.scale_down_wanted_since)
+        ready = service.replicas.filter(state=ReplicaState.READY).count()
+        if _decide(service, ready=ready, now=timezone.now()) is None:
+            return False
+        after = (service.desired_replicas, service.panic_until, service.scale_down_wanted_since)
+        if after == before:
+            return False
+        service.save(
+            update_fields=[
+                "desired_replicas",
+                "panic_until",
+                "scale_down_wanted_since",
+                "updated_at",
+            ]
+        )
+        return after[0] != before[0]
+
+
+def services_autoscale_all() -> list[int]:
+    """A decision for every service that runs replicas (one at zero wakes when a request
+    arrives); the ids of those whose wanted count changed."""
+    wanting = Service.objects.filter(paused_by_budget=False).filter(
+        Q(min_replicas__gt=0) | Q(desired_replicas__gt=0)
+    )
+    changed = []
+    for service_id in wanting.order_by("pk").values_list("pk", flat=True):
+        try:
+            if service_autoscale(service_id=service_id):
+                changed.append(service_id)
+        except Exception:  # one broken service must not stop the others' decisions
+            logger.exception("autoscaling service %s failed", service_id)
+    return changed
 
 
 def services_reconcile_all() -> int:

@@ -20,6 +20,12 @@ def services_reconcile_task() -> None:
     reconcile.services_reconcile_all()
 
 
+@shared_task(acks_late=True, expires=5)
+def services_autoscale_task() -> None:
+    for service_id in reconcile.services_autoscale_all():
+        enqueue_now(service_reconcile_task, service_id)
+
+
 @shared_task(acks_late=True)
 def service_replica_discard_task(handle: str) -> None:
     reconcile.replica_discard(handle)
