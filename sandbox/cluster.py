@@ -4,9 +4,10 @@ Prometheus-compatible endpoint for their DCGM readings, and chaos controls.
 Served by one HTTP server (its own process, see `sandbox.__main__`):
 - the Kubernetes API (what the console's Kubernetes backend talks to, bearer token);
 - ``GET /prometheus/api/v1/query``: an instant vector of every running pod's DCGM
-  series, labelled as dcgm-exporter's are when Prometheus scrapes them through a
-  ServiceMonitor (``exported_pod``, ``exported_namespace``, ``gpu``); the console reads
-  it through the same code path as a real Prometheus;
+  series (training runs', and serving pods' as busy as their requests keep them),
+  labelled as dcgm-exporter's are when Prometheus scrapes them through a ServiceMonitor
+  (``exported_pod``, ``exported_namespace``, ``gpu``); the console reads it through the
+  same code path as a real Prometheus;
 - ``/sandbox/v1/…``: chaos controls (reclaim spot capacity, fail or recover a node, make
   the API server fail or slow down), with the same bearer token.
 """
@@ -80,8 +81,11 @@ class SandboxCluster:
         if not path.startswith("/prometheus/api/v1/query"):
             return 404, {"status": "error", "error": f"{path} is not served"}, "application/json"
         products, hosts = self._running_gpu_products()
+        serving = self.server.serving_gpu_pods(self.server.metrics_window_seconds)
+        readings = self.workloads.gpu_readings(products)
+        readings += self.workloads.serving_readings(products, serving)
         result = []
-        for namespace, pod, gpu, fields in self.workloads.gpu_readings(products):
+        for namespace, pod, gpu, fields in readings:
             host = hosts.get((namespace, pod), "")
             xid = self.xid_errors.get(host)
             # dcgm-exporter names the node as `Hostname`; an XID error's code is a gauge.

@@ -318,8 +318,6 @@ class Workloads:
         readings = []
         for uid, (run, started) in runs:
             product = products[uid]
-            memory_mib = _memory_gib(product) * 1024
-            power_limit = next((w for k, w in POWER_LIMIT_W.items() if k in product.upper()), 500)
             elapsed = now - started
             for gpu in range(run.gpus):
                 rng = random.Random(f"{run.seed}:{gpu}:{int(elapsed)}")
@@ -331,26 +329,49 @@ class Workloads:
                 # Memory fills while the model loads (two seconds), then holds: a longer
                 # ramp reads as a leak to the console's alert rule (jobs.alerts), which
                 # would warn on every sandbox job.
-                used = memory_mib * min(0.93, 0.35 + 0.5 * min(1.0, elapsed / 2))
-                readings.append(
-                    (
-                        run.namespace,
-                        run.pod,
-                        gpu,
-                        {
-                            "DCGM_FI_DEV_GPU_UTIL": round(utilization),
-                            "DCGM_FI_DEV_FB_USED": round(used),
-                            "DCGM_FI_DEV_FB_FREE": round(memory_mib - used),
-                            "DCGM_FI_DEV_POWER_USAGE": round(
-                                power_limit * utilization / 100 * rng.uniform(0.85, 0.95), 1
-                            ),
-                            "DCGM_FI_DEV_GPU_TEMP": round(
-                                38 + 36 * utilization / 100 + rng.uniform(-1, 1)
-                            ),
-                        },
-                    )
-                )
+                share = min(0.93, 0.35 + 0.5 * min(1.0, elapsed / 2))
+                fields = dcgm_fields(product, utilization, share, rng)
+                readings.append((run.namespace, run.pod, gpu, fields))
         return readings
+
+    @staticmethod
+    def serving_readings(
+        products: dict[str, str], serving: Iterable[tuple[str, str, str, int, float]]
+    ) -> list[tuple[str, str, int, dict[str, float]]]:
+        """(namespace, pod, gpu index, DCGM field values) of the serving pods' GPUs.
+
+        `serving` holds (uid, namespace, pod, GPUs, percent busy) of each serving pod
+        with GPUs, busy as its requests keep it (the simulator counts them); its model
+        holds most of the memory from the start."""
+        readings = []
+        for uid, namespace, pod, gpus, utilization in serving:
+            if uid not in products:
+                continue
+            for gpu in range(gpus):
+                rng = random.Random(f"{uid}:{gpu}:{int(utilization)}")
+                fields = dcgm_fields(products[uid], utilization, 0.85, rng)
+                readings.append((namespace, pod, gpu, fields))
+        return readings
+
+
+def dcgm_fields(
+    product: str, utilization: float, memory_share: float, rng: random.Random
+) -> dict[str, float]:
+    """The DCGM field values of one GPU of `product`, `utilization` percent busy with
+    `memory_share` of its memory used (memory and power follow the product)."""
+    memory_mib = _memory_gib(product) * 1024
+    power_limit = next((w for k, w in POWER_LIMIT_W.items() if k in product.upper()), 500)
+    used = memory_mib * memory_share
+    return {
+        "DCGM_FI_DEV_GPU_UTIL": round(utilization),
+        "DCGM_FI_DEV_FB_USED": round(used),
+        "DCGM_FI_DEV_FB_FREE": round(memory_mib - used),
+        # An idle GPU still draws a little of its board power.
+        "DCGM_FI_DEV_POWER_USAGE": round(
+            power_limit * max(utilization, 8) / 100 * rng.uniform(0.85, 0.95), 1
+        ),
+        "DCGM_FI_DEV_GPU_TEMP": round(38 + 36 * utilization / 100 + rng.uniform(-1, 1)),
+    }
 
 
 def _memory_gib(product: str) -> int:

@@ -25,6 +25,12 @@ Real-cluster behaviour it reproduces on purpose (code under test must cope with 
 - Creating in a missing namespace is 404; a stale ``resourceVersion`` on PUT is 409;
   status written through the main resource is ignored (use the ``/status`` subresource).
 - Logs of a container that has not started are a 400 ("waiting to start").
+- A Deployment rolls out through ReplicaSets within maxSurge/maxUnavailable; a
+  ReplicaSet's pods run real HTTP servers on loopback addresses (their podIP, see
+  ``serving``) and are Ready only once their readinessProbe answers over HTTP (probed
+  every periodSeconds); a Service's Endpoints list its ready pods; an HPA sets a
+  Deployment's replicas from the pods' request-driven CPU or GPU use every
+  ``hpa_sync_seconds`` (15; tests shorten it, and ``metrics_window_seconds``).
 - Pod creation over a ResourceQuota is 403; a Job then records a ``FailedCreate`` event.
 - urllib3 (under the client) retries idempotent requests on read timeouts/connection
   resets 3 times, and any 429/503 that carries ``Retry-After``: fault injection with
@@ -36,7 +42,9 @@ Where things are: ``server`` (``KubeAPIServer``, lifecycle, client configuration
 composed of ``api`` (routing, list/get/create/update/patch/delete, extra routes),
 ``discovery``, ``watch``, ``logs``, ``faults``, ``cluster`` (direct helpers such as
 ``add_node``, ``fail_pod``, ``evict_pod``, ``wait_for``), ``controllers`` (``jobs``,
-``pods`` = scheduler + kubelet, ``kueue``, ``jobset``, ``quota``), ``kinds`` (per-kind
+``pods`` = scheduler + kubelet, ``serving`` = the kubelet's part for serving pods,
+``deployments``, ``replicasets``, ``hpa``, ``endpoints``, ``kueue``, ``jobset``,
+``quota``), ``serving`` (a serving pod's HTTP server and its addresses), ``kinds`` (per-kind
 defaulting), ``admission`` (quotas, limit ranges) and ``store`` (objects, versions,
 watch history); ``http``, ``errors``, ``resources``, ``selectors``, ``patches``,
 ``validation`` and ``conditions`` hold what they share. The package imports nothing of
@@ -108,4 +116,14 @@ LIMITATIONS = """
   LimitRange: only Container default/defaultRequest are applied.
 - Watch: no bookmarks; without a resourceVersion (or "0") the current objects are sent
   as ADDED first. Watches without timeoutSeconds run until the client leaves or stop().
+- Deployments: no ``paused``, no proportional scaling of a rollout in progress, a
+  sha256-based pod-template-hash; ReplicaSets adopt no orphan pods; terminated pods of a
+  ReplicaSet stay (no pod garbage collector). Readiness probes: httpGet only (no exec,
+  tcpSocket or liveness/startup probes); a pod without a readinessProbe is Ready at start.
+- Only ReplicaSets' pods serve HTTP (on 127.0.<1-254>.<1-254>, their podIP); a Service
+  has no cluster IP that forwards: clients reach pods through their Endpoints.
+- HPA: Deployment targets only; metrics are the serving pods' CPU (Resource cpu) and GPU
+  utilisation (Resource nvidia.com/gpu, Pods/External gpu_utilization); no scaling
+  policies (rate limits), only stabilisation windows; unready pods are left out of the
+  average (counted as idle when scaling up), pods without metrics are ignored.
 """

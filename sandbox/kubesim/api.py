@@ -1,6 +1,7 @@
 """Request routing: a path is answered by an extra route, by discovery, or parsed into
 (resource type, namespace, name, subresource) and dispatched to list, watch, create,
-get, update, patch, delete, deletecollection, ``pods/log`` or ``pods/eviction``."""
+get, update, patch, delete, deletecollection, ``pods/log``, ``pods/eviction`` or the
+``scale`` subresource of Deployments and ReplicaSets."""
 
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ from sandbox.kubesim.faults import Faults
 from sandbox.kubesim.http import Response, Stream, truthy
 from sandbox.kubesim.patches import json_merge_patch, json_patch, strategic_merge_patch
 from sandbox.kubesim.resources import ResourceType
-from sandbox.kubesim.selectors import parse_field_selector, parse_label_selector
+from sandbox.kubesim.selectors import (
+    label_selector_string,
+    parse_field_selector,
+    parse_label_selector,
+)
+from sandbox.kubesim.validation import invalid
 from sandbox.kubesim.watch import Watches
 
 
@@ -32,6 +38,9 @@ class RecordedRequest:
     query: dict[str, str]
     body: str
 
+
+#: The API groups whose objects take a strategic merge patch (CRDs' groups don't).
+STRATEGIC_MERGE_GROUPS = ("", "apps", "autoscaling", "batch", "networking.k8s.io")
 
 #: ``handler(method, path, query, body, headers) -> (status, body, content type)``: a
 #: dict body is sent as JSON, a str as text; ``headers`` are the request's (``.get()``).
@@ -171,6 +180,11 @@ class Api(Discovery, Watches, Faults, PodsController):
                 return Response(200, self._update(rt, old, body, sub="status", dry_run=dry))
             if method == "PATCH":
                 return Response(200, self._patch(rt, ns, name, body, headers, "status", dry))
+        elif sub == "scale" and rt.scalable:
+            if method == "GET":
+                return Response(200, self._scale_of(self._must_get(rt, ns, name)))
+            if method in ("PUT", "PATCH"):
+                return Response(200, self._set_scale(rt, ns, name, method, body, headers, dry))
         elif rt.plural == "pods" and sub == "log" and method == "GET":
             return self._log(ns or "", name, query, alive)
         elif rt.plural == "pods" and sub == "eviction" and method == "POST":
@@ -193,19 +207,7 @@ class Api(Discovery, Watches, Faults, PodsController):
         dry: bool,
     ) -> dict:
         old = self._must_get(rt, ns, name)
-        ctype = (headers.get("Content-Type") or "").split(";")[0].strip()
-        if ctype == "application/json-patch+json":
-            cand = json_patch(old, body)
-        elif ctype == "application/merge-patch+json":
-            cand = json_merge_patch(old, body)
-        elif ctype == "application/strategic-merge-patch+json":
-            if rt.group not in ("", "batch", "networking.k8s.io"):
-                raise ApiError(415, f"strategic merge patch is not supported for {rt.key}")
-            cand = strategic_merge_patch(old, body)
-        else:
-            raise ApiError(415, f"the body of the request was in an unknown format - {ctype}")
-        if not isinstance(cand, dict):
-            raise ApiError(422, "the patch did not produce an object")
+        cand = self._patched(rt, old, body, headers)
         if sub != "status" and rt.has_status:
             cand["status"] = copy.deepcopy(old.get("status") or {})
         # a resourceVersion in the patch is a precondition; otherwise take the current one
@@ -216,6 +218,64 @@ class Api(Discovery, Watches, Faults, PodsController):
             patch_rv or old["metadata"]["resourceVersion"]
         )
         return self._update(rt, old, cand, sub=sub, dry_run=dry)
+
+    @staticmethod
+    def _patched(rt: ResourceType, old: dict, body: Any, headers: Any) -> dict:
+        """``old`` with the PATCH ``body`` applied as its Content-Type says."""
+        ctype = (headers.get("Content-Type") or "").split(";")[0].strip()
+        if ctype == "application/json-patch+json":
+            cand = json_patch(old, body)
+        elif ctype == "application/merge-patch+json":
+            cand = json_merge_patch(old, body)
+        elif ctype == "application/strategic-merge-patch+json":
+            if rt.group not in STRATEGIC_MERGE_GROUPS:
+                raise ApiError(415, f"strategic merge patch is not supported for {rt.key}")
+            cand = strategic_merge_patch(old, body)
+        else:
+            raise ApiError(415, f"the body of the request was in an unknown format - {ctype}")
+        if not isinstance(cand, dict):
+            raise ApiError(422, "the patch did not produce an object")
+        return cand
+
+    @staticmethod
+    def _scale_of(obj: dict) -> dict:
+        """The autoscaling/v1 Scale of a Deployment or ReplicaSet."""
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        kept = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {k: meta[k] for k in kept if k in meta},
+            "spec": {"replicas": spec.get("replicas", 1)},
+            "status": {
+                "replicas": (obj.get("status") or {}).get("replicas", 0),
+                "selector": label_selector_string(spec.get("selector")),
+            },
+        }
+
+    def _set_scale(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        name: str,
+        method: str,
+        body: Any,
+        headers: Any,
+        dry: bool,
+    ) -> dict:
+        """PUT or PATCH of the ``scale`` subresource: only ``spec.replicas`` changes."""
+        old = self._must_get(rt, ns, name)
+        scale = body if method == "PUT" else self._patched(rt, self._scale_of(old), body, headers)
+        if not isinstance(scale, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise invalid(rt, name, "spec.replicas", replicas, "must be greater than or equal to 0")
+        cand = copy.deepcopy(old)
+        cand["spec"]["replicas"] = replicas
+        rv = (scale.get("metadata") or {}).get("resourceVersion")
+        cand["metadata"]["resourceVersion"] = rv or old["metadata"]["resourceVersion"]
+        return self._scale_of(self._update(rt, old, cand, dry_run=dry))
 
     def _list_response(self, rt: ResourceType, ns: str | None, query: dict[str, str]) -> dict:
         lsel = parse_label_selector(query.get("labelSelector"))

@@ -26,6 +26,17 @@ def set_condition(
             c.pop(k, None)
 
 
+def set_readiness(pod: dict, ready: bool, ts: str) -> None:
+    """Set a running pod's Ready and ContainersReady conditions, as the kubelet does
+    from its containers' readiness."""
+    conds = pod["status"].setdefault("conditions", [])
+    unready = [c["name"] for c in pod["spec"]["containers"]]
+    message = "" if ready else f"containers with unready status: [{' '.join(unready)}]"
+    for ctype in ("Ready", "ContainersReady"):
+        reason = "" if ready else "ContainersNotReady"
+        set_condition(conds, ctype, "True" if ready else "False", reason, message, ts)
+
+
 def get_condition(obj: dict, ctype: str) -> dict | None:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c.get("type") == ctype:

@@ -95,6 +95,18 @@ class Discovery(Store):
                         "verbs": ["get", "patch", "update"],
                     }
                 )
+            if t.scalable:
+                resources.append(
+                    {
+                        "name": f"{t.plural}/scale",
+                        "singularName": "",
+                        "group": "autoscaling",
+                        "version": "v1",
+                        "kind": "Scale",
+                        "namespaced": True,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
             if t.plural == "pods":
                 for sub, kind, sv in (
                     ("log", "Pod", ["get"]),

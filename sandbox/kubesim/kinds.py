@@ -10,12 +10,16 @@ import copy
 from sandbox.kubesim.admission import Admission
 from sandbox.kubesim.errors import ApiError
 from sandbox.kubesim.resources import ResourceType, format_quantity, parse_quantity
+from sandbox.kubesim.selectors import label_selector_from_dict
 from sandbox.kubesim.validation import invalid
+
+#: What a Deployment's RollingUpdate strategy defaults to, as apps/v1 does.
+DEFAULT_ROLLING_UPDATE = {"maxSurge": "25%", "maxUnavailable": "25%"}
 
 
 class KindHooks(Admission):
-    """Defaults and immutability rules of namespaces, nodes, pods, Jobs, Services,
-    Secrets, Events and ResourceQuotas."""
+    """Defaults and immutability rules of namespaces, nodes, pods, Jobs, Deployments,
+    ReplicaSets, HorizontalPodAutoscalers, Services, Secrets, Events and ResourceQuotas."""
 
     def _prepare_namespace(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
         meta = obj["metadata"]
@@ -218,6 +222,98 @@ class KindHooks(Admission):
                     "field is immutable (scheduling directives may change only while the "
                     "Job is suspended and has not started)",
                 )
+
+    @staticmethod
+    def _prepare_replicated(rt: ResourceType, obj: dict, old: dict | None) -> dict:
+        """What Deployments and ReplicaSets share: ``replicas`` (default 1), a selector
+        that selects the template's labels (422 otherwise) and can't change, and a
+        template with containers. Returns the spec."""
+        name = obj["metadata"]["name"]
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            raise invalid(rt, name, "spec", None, "Required value")
+        spec.setdefault("replicas", 1)
+        replicas = spec["replicas"]
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise invalid(rt, name, "spec.replicas", replicas, "must be greater than or equal to 0")
+        selector = spec.get("selector")
+        if not isinstance(selector, dict) or not (
+            selector.get("matchLabels") or selector.get("matchExpressions")
+        ):
+            raise invalid(rt, name, "spec.selector", selector, "Required value")
+        if old is not None and selector != (old.get("spec") or {}).get("selector"):
+            raise invalid(rt, name, "spec.selector", selector, "field is immutable")
+        template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        if not all(p(labels) for p in label_selector_from_dict(selector)):
+            raise invalid(
+                rt, name, "spec.template.metadata.labels", labels,
+                "`selector` does not match template `labels`",
+            )  # fmt: skip
+        if not (template.get("spec") or {}).get("containers"):
+            raise invalid(rt, name, "spec.template.spec.containers", [], "Required value")
+        template["spec"].setdefault("restartPolicy", "Always")
+        if template["spec"]["restartPolicy"] != "Always":
+            raise invalid(
+                rt, name, "spec.template.spec.restartPolicy",
+                template["spec"]["restartPolicy"], 'Unsupported value: supported values: "Always"',
+            )  # fmt: skip
+        spec.setdefault("minReadySeconds", 0)
+        return spec
+
+    def _prepare_deployment(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        spec = self._prepare_replicated(rt, obj, old)
+        strategy = spec.setdefault("strategy", {})
+        strategy.setdefault("type", "RollingUpdate")
+        if strategy["type"] == "RollingUpdate":
+            rolling = strategy.setdefault("rollingUpdate", {})
+            for key, value in DEFAULT_ROLLING_UPDATE.items():
+                rolling.setdefault(key, value)
+        elif strategy["type"] != "Recreate":
+            raise invalid(
+                rt, obj["metadata"]["name"], "spec.strategy.type", strategy["type"],
+                'Unsupported value: supported values: "Recreate", "RollingUpdate"',
+            )  # fmt: skip
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault("progressDeadlineSeconds", 600)
+
+    def _prepare_replicaset(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
+        self._prepare_replicated(rt, obj, old)
+        if old is None:  # `replicas` is the one status field without omitempty
+            obj["status"] = {"replicas": 0}
+
+    def _prepare_horizontalpodautoscaler(
+        self, rt: ResourceType, obj: dict, old: dict | None
+    ) -> None:
+        """autoscaling/v2 defaults: minReplicas 1 and, without metrics, 80 % CPU."""
+        name = obj["metadata"]["name"]
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            raise invalid(rt, name, "spec", None, "Required value")
+        target = spec.get("scaleTargetRef")
+        if not isinstance(target, dict) or not target.get("kind") or not target.get("name"):
+            raise invalid(rt, name, "spec.scaleTargetRef", target, "Required value")
+        spec.setdefault("minReplicas", 1)
+        low, high = spec["minReplicas"], spec.get("maxReplicas")
+        if not isinstance(high, int) or high < 1:
+            raise invalid(rt, name, "spec.maxReplicas", high, "must be greater than 0")
+        if not isinstance(low, int) or not 1 <= low <= high:
+            raise invalid(
+                rt, name, "spec.minReplicas", low,
+                "must be greater than 0 and less than or equal to maxReplicas",
+            )  # fmt: skip
+        if not spec.get("metrics"):
+            spec["metrics"] = [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": 80},
+                    },
+                }
+            ]
+        if old is None:  # `desiredReplicas` is the one status field without omitempty
+            obj["status"] = {"desiredReplicas": 0}
 
     def _prepare_service(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
         spec = obj.setdefault("spec", {})

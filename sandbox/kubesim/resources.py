@@ -40,6 +40,11 @@ class ResourceType:
     def what(self, name: str) -> str:
         return f'{self.key} "{name}"'
 
+    @property
+    def scalable(self) -> bool:
+        """Whether it has the ``scale`` subresource (an autoscaling/v1 Scale)."""
+        return self.key in ("deployments.apps", "replicasets.apps")
+
 
 BUILTIN_TYPES = (
     ResourceType("", "v1", "namespaces", "Namespace", False),
@@ -53,6 +58,10 @@ BUILTIN_TYPES = (
     ResourceType("", "v1", "resourcequotas", "ResourceQuota", True),
     ResourceType("", "v1", "limitranges", "LimitRange", True, has_status=False),
     ResourceType("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True),
+    ResourceType("", "v1", "endpoints", "Endpoints", True, has_status=False),
+    ResourceType("apps", "v1", "deployments", "Deployment", True),
+    ResourceType("apps", "v1", "replicasets", "ReplicaSet", True),
+    ResourceType("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", True),
     ResourceType("batch", "v1", "jobs", "Job", True),
     ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, False),
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, False),

@@ -107,3 +107,18 @@ def label_selector_from_dict(sel: dict | None) -> list[Predicate]:
         elif op == "DoesNotExist":
             preds.append(lambda lb, k=k: k not in lb)
     return preds
+
+
+def label_selector_string(sel: dict | None) -> str:
+    """A metav1.LabelSelector in the query syntax, as a Scale's ``status.selector``."""
+    parts = [f"{k}={v}" for k, v in sorted(((sel or {}).get("matchLabels") or {}).items())]
+    for expr in (sel or {}).get("matchExpressions") or []:
+        key, op = expr.get("key"), expr.get("operator")
+        values = ",".join(sorted(expr.get("values") or []))
+        if op in ("In", "NotIn"):
+            parts.append(f"{key} {op.lower()} ({values})")
+        elif op == "Exists":
+            parts.append(str(key))
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+    return ",".join(parts)

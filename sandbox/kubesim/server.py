@@ -97,6 +97,7 @@ class KubeAPIServer(Api, ClusterHelpers, KindHooks):
         self._clients.clear()
         httpd.close_connections()
         httpd.server_close()
+        self._stop_serving()
         deadline = time.monotonic() + 3
         for t in [*self._threads, *list(httpd.handler_threads)]:
             t.join(timeout=max(0.0, deadline - time.monotonic()))

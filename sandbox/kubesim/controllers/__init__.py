@@ -1,6 +1,8 @@
 """The simulated cluster's controllers, run together by ``tick()``: Kueue and JobSet
-(when installed), the Job controller, the scheduler and kubelet, and the quota
-controller. A tick repeats their passes until a pass changes nothing."""
+(when installed), the Job controller, the HorizontalPodAutoscaler, Deployment and
+ReplicaSet controllers, the scheduler and kubelet (serving pods' HTTP servers and
+readiness probes included), the Endpoints controller and the quota controller. A tick
+repeats their passes until a pass changes nothing."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sandbox.kubesim.controllers.deployments import DeploymentsController
+from sandbox.kubesim.controllers.endpoints import EndpointsController
+from sandbox.kubesim.controllers.hpa import HPAController
 from sandbox.kubesim.controllers.jobs import JobsController
 from sandbox.kubesim.controllers.jobset import JobSetController
 from sandbox.kubesim.controllers.kueue import KueueController
@@ -16,7 +21,14 @@ from sandbox.kubesim.controllers.quota import QuotaController
 
 
 class Controllers(
-    KueueController, JobSetController, JobsController, PodsController, QuotaController
+    KueueController,
+    JobSetController,
+    JobsController,
+    HPAController,
+    DeploymentsController,
+    EndpointsController,
+    PodsController,
+    QuotaController,
 ):
     """All controllers; ``tick()`` runs them now (the server also runs them every
     ``auto_tick`` seconds, and its helpers after each change unless paused)."""
@@ -44,15 +56,22 @@ class Controllers(
         """Run the fake controllers until nothing changes (at most ``max_passes`` passes).
 
         Running pods' tickers write their output first, outside the lock, so that a pod
-        that ends in this tick has written all of its log before it ends."""
+        that ends in this tick has written all of its log before it ends; serving pods'
+        readiness probes (HTTP requests) run outside the lock too."""
         self._run_tickers()
+        self._probe_serving()
         with self._lock:
             for _ in range(max_passes):
                 before = self._rv
                 self._kueue_pass()
                 self._jobset_pass()
                 self._jobs_pass()
+                self._hpa_pass()
+                self._deployments_pass()
+                self._replicasets_pass()
                 self._pods_pass()
+                self._serving_pass()
+                self._endpoints_pass()
                 self._quota_pass()
                 if self._rv == before:
                     break

@@ -1,7 +1,8 @@
 """The scheduler and the kubelet: pending pods are bound first-fit to a node whose
 labels, taints, readiness and free allocatable fit them; bound pods start Running
 (after ``pod_start_delay``) and then do what ``pod_script`` says (``PodRun``): write
-log lines at start and as they run, and end after a while with an exit code."""
+log lines at start and as they run, and end after a while with an exit code. A pod that
+serves HTTP runs its server instead (``_start_serving``, see controllers.serving)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from fractions import Fraction
 from typing import Any
 
 from sandbox.kubesim.admission import Admission
-from sandbox.kubesim.conditions import TERMINAL_PHASES, set_condition
+from sandbox.kubesim.conditions import TERMINAL_PHASES, set_condition, set_readiness
 from sandbox.kubesim.logs import Logs
 from sandbox.kubesim.resources import ResourceType, parse_quantity
 
@@ -296,7 +297,12 @@ class PodsController(Admission, Logs):
             ),
             "10.0.0.1",
         )
-        n = next(self._ips)
+        serving = self._start_serving(pod)
+        if serving is None:
+            n = next(self._ips)
+            pod_ip, ready = f"10.244.{n // 250 % 250}.{n % 250 + 1}", True
+        else:
+            pod_ip, ready = serving
 
         def fn(q: dict) -> None:
             st = q["status"]
@@ -304,20 +310,21 @@ class PodsController(Admission, Logs):
                 phase="Running",
                 hostIP=host_ip,
                 hostIPs=[{"ip": host_ip}],
-                podIP=f"10.244.{n // 250 % 250}.{n % 250 + 1}",
-                podIPs=[{"ip": f"10.244.{n // 250 % 250}.{n % 250 + 1}"}],
+                podIP=pod_ip,
+                podIPs=[{"ip": pod_ip}],
                 startTime=ts,
             )
             conds = st.setdefault("conditions", [])
-            for ctype in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"):
+            for ctype in ("PodReadyToStartContainers", "Initialized"):
                 set_condition(conds, ctype, "True", "", "", ts)
+            set_readiness(q, ready, ts)
             st["containerStatuses"] = [
                 {
                     "name": c["name"],
                     "image": c.get("image"),
                     "imageID": f"{c.get('image')}@sha256:{'0' * 64}",
                     "containerID": f"containerd://{uuid.uuid4().hex}",
-                    "ready": True,
+                    "ready": ready,
                     "started": True,
                     "restartCount": 0,
                     "state": {"running": {"startedAt": ts}},
@@ -334,7 +341,7 @@ class PodsController(Admission, Logs):
             f"Started container {pod['spec']['containers'][0]['name']}",
             "kubelet",
         )
-        if self.pod_script is not None:
+        if self.pod_script is not None and serving is None:
             run = self.pod_script(self._with_secret_values(started))
             if run is not None:
                 m = started["metadata"]
@@ -351,6 +358,11 @@ class PodsController(Admission, Logs):
                         run.exited,
                         run.stop,
                     )
+
+    def _start_serving(self, pod: dict) -> tuple[str, bool] | None:
+        """Start what a pod that serves HTTP runs (see controllers.serving): its pod IP
+        and whether it is ready at once; None for a pod that doesn't serve."""
+        return None
 
     def _with_secret_values(self, pod: dict) -> dict:
         """A copy of the pod whose containers' `secretKeyRef` variables carry their
