@@ -53,6 +53,13 @@ class ServiceForm(forms.Form):
         label="Environment",
         help_text="One NAME=value per line.",
     )
+    secrets = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Organisation secrets",
+        help_text="Names of your organisation's secrets, separated by spaces or commas: "
+        "each replica gets their values as environment variables.",
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -84,6 +91,9 @@ class ServiceForm(forms.Form):
                 raise forms.ValidationError(f"Line {number} is not NAME=value.")
             env[name.strip()] = value
         return env
+
+    def clean_secrets(self) -> list[str]:
+        return [name for name in self.cleaned_data["secrets"].replace(",", " ").split() if name]
 
     def to_spec(self) -> ServiceSpec:
         return ServiceSpec(**self.cleaned_data)

@@ -74,6 +74,8 @@ class Service(TenantOwnedModel):
     image = models.CharField(max_length=300)
     command = models.JSONField(default=list)
     env = models.JSONField(default=dict, blank=True)
+    # Organisation secrets by name: each replica gets their values when it starts.
+    secrets = models.JSONField(default=list, blank=True)
     port = models.PositiveIntegerField()
     cpus = models.PositiveSmallIntegerField(default=1)
     min_replicas = models.PositiveSmallIntegerField(default=2)
@@ -142,6 +144,7 @@ class ServiceRevision(models.Model):
     image = models.CharField(max_length=300)
     command = models.JSONField(default=list)
     env = models.JSONField(default=dict, blank=True)
+    secrets = models.JSONField(default=list, blank=True)  # names, never values
     port = models.PositiveIntegerField()
     cpus = models.PositiveSmallIntegerField()
     # A rollback copies an earlier revision into a new one.

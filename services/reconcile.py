@@ -36,7 +36,10 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from console.crypto import decrypt_json
+from console.models import Tenant
 from jobs.backends import host_processes
+from jobs.models import TenantSecret
 from services import traffic
 from services.autoscale import AutoscalePolicy, Decision, Observation, autoscale_decide
 from services.models import (
@@ -83,24 +86,44 @@ def replica_ready(*, replica: ServiceReplica, readiness_path: str) -> bool:
     return 200 <= answer.status_code < 400
 
 
+class SecretGone(Exception):
+    pass
+
+
+def secret_values(*, tenant: Tenant, names: list[str]) -> dict[str, str]:
+    """The current values of the organisation secrets a revision names (whoever wrote the
+    revision was allowed them; a secret changed since applies to replicas started after)."""
+    if not names:
+        return {}
+    found = {
+        secret.name: decrypt_json(secret.value_encrypted)["value"]
+        for secret in TenantSecret.objects.for_tenant(tenant).filter(name__in=names)
+    }
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise SecretGone(f"the organisation secret {', '.join(missing)} no longer exists")
+    return found
+
+
 def replica_start(*, service: Service) -> ServiceReplica:
     """Start one replica of the service's current revision."""
     revision = service.current_revision
     assert revision is not None  # every service has one from its creation
     replica = ServiceReplica.objects.create(service=service, revision=revision)
     replica.handle = replica_key(replica)
-    process = host_processes.HostProcess(
-        key=replica.handle,
-        tenant_id=service.tenant_id,
-        slot=replica.pk,
-        command=list(revision.command),
-        env={str(k): str(v) for k, v in revision.env.items()},
-        port=revision.port,
-        cpus=revision.cpus,
-    )
     try:
+        secrets = secret_values(tenant=service.tenant, names=revision.secrets)
+        process = host_processes.HostProcess(
+            key=replica.handle,
+            tenant_id=service.tenant_id,
+            slot=replica.pk,
+            command=list(revision.command),
+            env={**{str(k): str(v) for k, v in revision.env.items()}, **secrets},
+            port=revision.port,
+            cpus=revision.cpus,
+        )
         replica.host_port = host_processes.host_process_start(process)
-    except (host_processes.HostProcessError, OSError) as error:
+    except (host_processes.HostProcessError, OSError, SecretGone) as error:
         replica.state, replica.stopped_at = ReplicaState.STOPPED, replica.started_at
         replica.reason = f"could not start: {error}"[:300]
         service.restarts += 1

@@ -23,7 +23,7 @@ from console.queueing import enqueue_now, enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from jobs.models import Priority
-from jobs.services import priority_allowed_check
+from jobs.services import priority_allowed_check, tenant_secrets_resolve
 from marketplace.models import NodePool, Region
 from marketplace.selectors import HOST_NOT_AVAILABLE, may_run_on_host, pools_for_tenant
 from services import selectors, tasks
@@ -42,7 +42,7 @@ from services.signals import replicas_removing, service_creating
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What makes a new revision when it changes.
-REVISION_FIELDS = ("image", "command", "env", "port", "cpus")
+REVISION_FIELDS = ("image", "command", "env", "secrets", "port", "cpus")
 
 
 @dataclass
@@ -59,6 +59,7 @@ class ServiceSpec:
     max_replicas: int = 10
     readiness_path: str = "/"
     env: dict[str, str] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)  # organisation secrets, by name
     auth: str = ServiceAuth.TOKEN
     autoscale_metric: str = AutoscaleMetric.CONCURRENCY
     autoscale_target: float = 10
@@ -111,6 +112,19 @@ def _check_runtime(values: dict[str, Any], pool: NodePool) -> None:
         raise ServiceError("At most 200 environment variables.", field="env")
     if "PORT" in env:
         raise ServiceError("PORT is set by the platform; leave it out of env.", field="env")
+
+
+def _check_secrets(*, tenant: Tenant, user: User | None, values: dict[str, Any]) -> None:
+    """The named organisation secrets exist and the user may use them (the same rules as
+    a job's, in `tenant_secrets_resolve`); none shadows a variable of `env`."""
+    names = tenant_secrets_resolve(tenant=tenant, user=user, project="", names=values["secrets"])
+    both = sorted(set(names) & set(values["env"]) | set(names) & {"PORT"})
+    if both:
+        raise ServiceError(
+            f"{', '.join(both)} would be set twice: leave it out of env or of secrets.",
+            field="secrets",
+        )
+    values["secrets"] = list(names)
 
 
 def _check_scale(min_replicas: Any, max_replicas: Any) -> None:
@@ -215,6 +229,7 @@ def _revision(service: Service, *, copied_from: ServiceRevision | None = None) -
         image=service.image,
         command=list(service.command),
         env=dict(service.env),
+        secrets=list(service.secrets),
         port=service.port,
         cpus=service.cpus,
         copied_from=copied_from,
@@ -242,10 +257,12 @@ def service_create(
         "image": spec.image,
         "command": spec.command,
         "env": spec.env,
+        "secrets": spec.secrets,
         "port": spec.port,
         "cpus": spec.cpus,
     }
     _check_runtime(values, pool)
+    _check_secrets(tenant=tenant, user=user, values=values)
     _check_scale(spec.min_replicas, spec.max_replicas)
     _check_readiness(spec.readiness_path)
     _check_auth(spec.auth)
@@ -311,6 +328,10 @@ def service_update(
     service = _locked(service)
     runtime = {name: changes.get(name, getattr(service, name)) for name in REVISION_FIELDS}
     _check_runtime(runtime, service.pool)
+    if any(runtime[name] != getattr(service, name) for name in REVISION_FIELDS):
+        # (a new command or image could print the secrets: whoever makes it must be
+        # allowed to use them)
+        _check_secrets(tenant=service.tenant, user=user, values=runtime)
     min_replicas = changes.get("min_replicas", service.min_replicas)
     max_replicas = changes.get("max_replicas", service.max_replicas)
     _check_scale(min_replicas, max_replicas)
@@ -401,8 +422,10 @@ def service_rollback(
             "A rollout is still running; roll back once it has finished.",
             code=ErrorCode.CONFLICT,
         )
-    for name in REVISION_FIELDS:
-        setattr(service, name, getattr(earlier, name))
+    values = {name: getattr(earlier, name) for name in REVISION_FIELDS}
+    _check_secrets(tenant=service.tenant, user=user, values=values)  # (still there, allowed)
+    for name, value in values.items():
+        setattr(service, name, value)
     service.save()
     _revision(service, copied_from=earlier)
     audit_record(

@@ -50,6 +50,16 @@ class ArgumentField(StrictCharField):
     default_error_messages = {"invalid": "Each argument is a string."}
 
 
+def _secrets_field():
+    return serializers.ListField(
+        child=StrictCharField(max_length=100),
+        required=False,
+        max_length=32,
+        help_text="Organisation secrets by name: each replica gets their values as "
+        "environment variables when it starts",
+    )
+
+
 def _env_field():
     return serializers.DictField(
         child=StrictCharField(allow_blank=True, trim_whitespace=False, max_length=4096),
@@ -74,6 +84,7 @@ class ServiceCreateSerializer(serializers.Serializer):
     max_replicas = serializers.IntegerField(min_value=1, max_value=1000, default=10)
     readiness_path = StrictCharField(max_length=200, default="/")
     env = _env_field()
+    secrets = _secrets_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
     priority = serializers.ChoiceField(
         choices=Priority.choices,
@@ -85,6 +96,7 @@ class ServiceCreateSerializer(serializers.Serializer):
     def to_spec(self) -> ServiceSpec:
         data = dict(self.validated_data)
         data["env"] = dict(data.get("env") or {})
+        data["secrets"] = list(data.get("secrets") or [])
         autoscale = data.pop("autoscale", None) or {}
         data["autoscale_metric"] = autoscale.get("metric", AutoscaleMetric.CONCURRENCY)
         data["autoscale_target"] = autoscale.get("target", 10)
@@ -106,6 +118,7 @@ class ServiceUpdateSerializer(serializers.Serializer):
     max_replicas = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     readiness_path = StrictCharField(max_length=200, required=False)
     env = _env_field()
+    secrets = _secrets_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, required=False)
     priority = serializers.ChoiceField(choices=Priority.choices, required=False)
     autoscale = AutoscaleChangeSerializer(required=False)
@@ -115,6 +128,8 @@ class ServiceUpdateSerializer(serializers.Serializer):
         changes = dict(self.validated_data)
         if "env" in changes:
             changes["env"] = dict(changes["env"])
+        if "secrets" in changes:
+            changes["secrets"] = list(changes["secrets"])
         autoscale = changes.pop("autoscale", None) or {}
         if "metric" in autoscale:
             changes["autoscale_metric"] = autoscale["metric"]
@@ -158,6 +173,7 @@ class ServiceSerializer(StrictModelSerializer):
             "image",
             "command",
             "env",
+            "secrets",
             "port",
             "cpus",
             "region",
@@ -207,7 +223,17 @@ class ServiceRevisionSerializer(StrictModelSerializer):
 
     class Meta:
         model = ServiceRevision
-        fields = ["number", "image", "command", "env", "port", "cpus", "copied_from", "created_at"]
+        fields = [
+            "number",
+            "image",
+            "command",
+            "env",
+            "secrets",
+            "port",
+            "cpus",
+            "copied_from",
+            "created_at",
+        ]
         read_only_fields = fields
 
     def get_copied_from(self, revision: ServiceRevision) -> int | None:

@@ -14,6 +14,7 @@ from gpugeek.errors import Conflict, NotFound, ValidationError
 from gpugeek.models import Service, ServiceToken
 from gpugeek.services import Services
 
+from jobs.services import tenant_secret_set
 from services.models import Service as ServiceRow
 from services.models import ServiceScaleEvent
 from tests.sdk.test_cli import cli  # noqa: F401  (fixture)
@@ -173,3 +174,16 @@ def test_scaling_decisions_are_read_in_the_sdk_and_cli(gg, cli):  # noqa: F811
     assert code == 0, err
     assert out.splitlines()[0].split()[:4] == ["AT", "FROM_REPLICAS", "TO_REPLICAS", "WINDOW"]
     assert "panic" in out and "stable" in out
+
+
+def test_secrets_are_named_through_the_sdk_and_the_cli(gg, cli, world):  # noqa: F811
+    tenant_secret_set(tenant=world.tenant, user=world.owner, name="HF_TOKEN", value="hf_x")
+    service = create(gg, secrets=["HF_TOKEN"], min_replicas=0)
+    assert service.secrets == ["HF_TOKEN"] and "hf_x" not in json.dumps(service.to_dict())
+    with pytest.raises(ValidationError, match="No secret named NOPE"):
+        create(gg, "other", secrets=["NOPE"])
+    code, out, err = cli("--json", "services", "create", "cli", "--image", "python:3.11-slim",
+                         "--port", "8080", "--region", "local", "--secret", "HF_TOKEN",
+                         "--min-replicas", "0", "--", *ECHO)  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["secrets"] == ["HF_TOKEN"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from jobs.services import tenant_secret_set
 from services import reconcile, services, traffic
 from services.models import Service, ServiceToken
 from tests.conftest import signed_in_client
@@ -64,6 +65,17 @@ def test_bad_input_shows_on_the_form(owner_client, catalog, change, message):
     answer = owner_client.post(reverse("services:list"), {**FORM, **change})
     assert answer.status_code == 200 and message in answer.content.decode()
     assert not Service.objects.exists()
+
+
+def test_secrets_are_named_on_the_form_and_shown_by_name(owner_client, world, catalog):
+    tenant_secret_set(tenant=world.tenant, user=world.owner, name="HF_TOKEN", value="hf_x")
+    answer = owner_client.post(reverse("services:list"), {**FORM, "secrets": "NOPE"})
+    assert answer.status_code == 200 and "No secret named NOPE" in answer.content.decode()
+    answer = owner_client.post(reverse("services:list"), {**FORM, "secrets": "HF_TOKEN,"})
+    service = Service.objects.get()
+    assert answer.status_code == 302 and service.secrets == ["HF_TOKEN"]
+    page = owner_client.get(answer["Location"]).content.decode()
+    assert "<code>HF_TOKEN</code>" in page and "hf_x" not in page
 
 
 def test_a_member_asking_for_critical_sees_why_on_the_form(world, catalog):

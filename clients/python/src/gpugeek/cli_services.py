@@ -34,6 +34,8 @@ def add_parser(sub) -> None:
     create.add_argument("--max-replicas", type=int, default=10)
     create.add_argument("--readiness-path", default="/", help="GET here answers 2xx when ready")
     create.add_argument("--env", action="append", metavar="KEY=VALUE", default=[])
+    create.add_argument("--secret", action="append", metavar="NAME", default=[], dest="secrets",
+                        help="an organisation secret for the replicas' environment")  # fmt: skip
     create.add_argument("--public", action="store_true", help="no service token needed to call it")
     create.add_argument("--priority", choices=("critical", "normal", "low"), default="normal",
                         help="critical keeps serving when a budget is used up")  # fmt: skip
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace, client: Client) -> None:
             region=args.region, cpus=args.cpus, min_replicas=args.min_replicas,
             max_replicas=args.max_replicas, readiness_path=args.readiness_path,
             env=parse_env(args.env), auth="public" if args.public else "token",
-            autoscale=args.autoscale, priority=args.priority,
+            autoscale=args.autoscale, priority=args.priority, secrets=args.secrets,
         )  # fmt: skip
         output.dump(service.to_dict()) if args.json else output.pairs(service.to_dict())
     elif action == "scale":

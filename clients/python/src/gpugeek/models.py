@@ -347,6 +347,7 @@ class Service(Model):
     image: str
     command: list[str]
     env: dict[str, str]
+    secrets: list[str]
     port: int
     cpus: int
     region: str
@@ -373,6 +374,7 @@ class ServiceRevision(Model):
     image: str
     command: list[str]
     env: dict[str, str]
+    secrets: list[str]
     port: int
     cpus: int
     copied_from: int | None  # the revision a rollback copied

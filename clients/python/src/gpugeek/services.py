@@ -46,27 +46,30 @@ class Services:
         auth: str = "token",
         autoscale: dict[str, Any] | None = None,
         priority: str = "normal",
+        secrets: list[str] | None = None,
     ) -> Service:
         """Create a service (revision 1) and start its replicas. `auth`: "token" (callers
         send a service token, see `create_token`) or "public". `autoscale`: what the
         console scales on, {"metric": "concurrency" (requests in flight per replica, the
         default, target 10) or "rps" (requests per second per replica), "target": N}.
         `priority`: "critical" (owners and admins) keeps serving when a budget is used up;
-        "normal" and "low" scale to zero until it is raised. A `Conflict` when the name
+        "normal" and "low" scale to zero until it is raised. `secrets`: organisation
+        secrets by name, set in each replica's environment. A `Conflict` when the name
         is taken; a `ValidationError` naming the field for bad input."""
         body: dict[str, Any] = {
             "name": name, "image": image, "command": list(command), "port": port,
             "region": region, "cpus": cpus, "min_replicas": min_replicas,
             "max_replicas": max_replicas, "readiness_path": readiness_path,
             "env": dict(env or {}), "auth": auth, "priority": priority,
+            "secrets": list(secrets or []),
         }  # fmt: skip
         if autoscale is not None:
             body["autoscale"] = dict(autoscale)
         return Service.from_dict(self.http.post("services", body))
 
     def update(self, service_id: int, **changes: Any) -> Service:
-        """Change any of image, command, port, cpus, env, readiness_path, auth, priority (a
-        new revision when what runs changes) or min/max_replicas."""
+        """Change any of image, command, port, cpus, env, secrets, readiness_path, auth,
+        priority (a new revision when what runs changes) or min/max_replicas."""
         answer = self.http.request("PATCH", f"services/{int(service_id)}", json=changes)
         return Service.from_dict(answer)
 
