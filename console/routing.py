@@ -5,6 +5,7 @@ from django.urls import path, re_path
 
 from environments.proxy import JupyterSocket
 from jobs.consumers import JobConsumer, TenantConsumer
+from services.consumers import ReplicaLogConsumer
 
 
 class UnknownRouteConsumer(WebsocketConsumer):
@@ -17,6 +18,10 @@ class UnknownRouteConsumer(WebsocketConsumer):
 websocket_urlpatterns: list = [
     path("ws/jobs/<int:job_id>/", JobConsumer.as_asgi()),
     path("ws/tenant/", TenantConsumer.as_asgi()),
+    path(
+        "ws/services/<int:service_id>/replicas/<int:replica_id>/logs/",
+        ReplicaLogConsumer.as_asgi(),
+    ),
     # The kernels of an environment's Jupyter (environments.proxy).
     re_path(r"^env/(?P<tenant_slug>[-\w]+)/(?P<name>[-a-z0-9]+)/", JupyterSocket.as_asgi()),
     # Keep last: anything else is refused.

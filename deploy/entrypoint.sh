@@ -6,6 +6,7 @@
 #   worker   Celery worker on the console's queue
 #   beat     Celery beat (run exactly one)
 #   watcher  follows the compute backends (manage.py run_watcher; one per installation)
+#   ssh-gateway  the SSH gateway to dev environments on $SSH_GATEWAY_PORT (2222)
 #   migrate  applies database migrations, then exits
 #   manage   any manage.py command: `manage createsuperuser`
 set -eu
@@ -35,6 +36,9 @@ case "$command" in
     ;;
   watcher)
     exec python manage.py run_watcher "$@"
+    ;;
+  ssh-gateway)
+    exec python manage.py ssh_gateway --host 0.0.0.0 --port "${SSH_GATEWAY_PORT:-2222}" "$@"
     ;;
   migrate)
     exec python manage.py migrate --noinput "$@"

@@ -35,11 +35,22 @@ def environments_for_tenant(*, tenant: Tenant | None) -> QuerySet[Environment]:
     )
 
 
+# Backends that publish a job's ports to the console (`port_address`): on the console's
+# host through its loopback, on a cluster at the pod's IP (its NetworkPolicy admits the
+# console's gateways). Elsewhere an environment would run, and bill, with no way in.
+REACHABLE_BACKENDS = (Backend.LOCAL, Backend.KUBERNETES)
+
+
 def environment_regions(*, tenant: Tenant) -> QuerySet[Region]:
-    """The tenant's regions an environment may run in: only the local backend publishes a
-    job's sshd to the SSH gateway so far (elsewhere it would run, and bill, with no way
-    in)."""
-    return regions_for_tenant(tenant).filter(pools__backend=Backend.LOCAL).distinct()
+    """The tenant's regions an environment may run in."""
+    return regions_for_tenant(tenant).filter(pools__backend__in=REACHABLE_BACKENDS).distinct()
+
+
+def region_serves_itself(region: Region) -> bool:
+    """Whether an environment in `region` runs where its image must serve SSH and
+    Jupyter itself (a cluster), rather than on the console's host, where the console
+    provides both inside the job's sandbox."""
+    return not region.pools.filter(backend=Backend.LOCAL, is_active=True).exists()
 
 
 def may_use_environment(membership: Membership | None, environment: Environment) -> bool:

@@ -367,7 +367,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
 
 @parallel_db
-def _current_membership(user, session):
+def current_membership(user, session):
     tenant_id = session.get(SESSION_TENANT_KEY) if session is not None else None
     return resolve_membership(user, tenant_id)
 
@@ -382,7 +382,7 @@ class TenantConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=4403)
             return
-        membership = await _current_membership(user, self.scope.get("session"))
+        membership = await current_membership(user, self.scope.get("session"))
         if membership is None:
             await self.close(code=4403)
             return

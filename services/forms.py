@@ -8,6 +8,7 @@ from django import forms
 
 from jobs.models import Priority
 from marketplace.selectors import regions_active
+from services import selectors
 from services.models import AutoscaleMetric, ServiceAuth
 from services.services import ServiceSpec
 
@@ -22,6 +23,18 @@ class ServiceForm(forms.Form):
     port = forms.IntegerField(min_value=1, max_value=65535, initial=8080, label="Port")
     region = forms.ChoiceField()
     cpus = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="CPUs per replica")
+    gpu_type = forms.ChoiceField(
+        required=False,
+        label="GPU type",
+        help_text="GPU replicas run on the region's cluster; leave empty for CPU.",
+    )
+    gpus_per_replica = forms.IntegerField(
+        min_value=0,
+        max_value=64,
+        required=False,
+        label="GPUs per replica",
+        help_text="1 by default once a GPU type is chosen.",
+    )
     min_replicas = forms.IntegerField(min_value=0, initial=2, label="Minimum replicas")
     max_replicas = forms.IntegerField(min_value=1, initial=10, label="Maximum replicas")
     autoscale_metric = forms.ChoiceField(
@@ -61,9 +74,21 @@ class ServiceForm(forms.Form):
         "each replica gets their values as environment variables.",
     )
 
+    volumes = forms.CharField(
+        required=False,
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Volumes (read-only)",
+        help_text="One NAME:/path per line, e.g. weights:/models: your organisation's "
+        "volumes in the service's region, mounted read-only in every replica.",
+    )
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["region"].choices = [(r.slug, r.name) for r in regions_active()]
+        self.fields["gpu_type"].choices = [("", "None (CPU)")] + [
+            (gpu.slug, str(gpu)) for gpu in selectors.gpu_types_for_services()
+        ]
 
     def clean_command(self) -> list[str]:
         try:
@@ -94,6 +119,23 @@ class ServiceForm(forms.Form):
 
     def clean_secrets(self) -> list[str]:
         return [name for name in self.cleaned_data["secrets"].replace(",", " ").split() if name]
+
+    def clean_gpu_type(self) -> str | None:
+        return self.cleaned_data["gpu_type"] or None
+
+    def clean_gpus_per_replica(self) -> int:
+        return self.cleaned_data["gpus_per_replica"] or 0
+
+    def clean_volumes(self) -> list[dict]:
+        mounts = []
+        for number, line in enumerate(self.cleaned_data["volumes"].splitlines(), 1):
+            if not line.strip():
+                continue
+            name, sep, path = line.strip().partition(":")
+            if not sep or not name or not path:
+                raise forms.ValidationError(f"Line {number} is not NAME:/path.")
+            mounts.append({"name": name.strip(), "path": path.strip()})
+        return mounts
 
     def to_spec(self) -> ServiceSpec:
         return ServiceSpec(**self.cleaned_data)

@@ -357,10 +357,10 @@ class ServiceGateway:
         response = None
         counted: int | None = None  # the replica this request is counted on
         try:
-            for index, (replica_id, port, revision) in enumerate(attempts):
+            for index, (replica_id, host, port, revision) in enumerate(attempts):
                 tally.replica_started(replica_id)
                 counted = replica_id
-                url = f"http://127.0.0.1:{port}{rest}" + (
+                url = f"http://{host}:{port}{rest}" + (
                     f"?{query.decode('latin-1')}" if query else ""
                 )
                 request = self.client().build_request(
@@ -374,7 +374,7 @@ class ServiceGateway:
                     tally.replica_finished(replica_id)
                     counted = None
                     retry = index + 1 < len(attempts) and not body_started
-                    logger.info("replica on port %s failed (%s); retry: %s", port, error, retry)
+                    logger.info("replica at %s:%s failed (%s); retry: %s", host, port, error, retry)
                     if not retry:
                         await _json(
                             send, 502, "The service's replica did not answer.", "bad_gateway"

@@ -47,10 +47,17 @@ class ReplicaState(models.TextChoices):
 
 
 class AutoscaleMetric(models.TextChoices):
-    # What the console measures at its gateway. CPU/GPU utilisation is a Kubernetes HPA's
-    # job, and services don't run on Kubernetes yet: those metrics are refused for now.
+    # RPS and concurrency: what the console measures at its gateway. CPU utilisation: a
+    # Kubernetes HorizontalPodAutoscaler's (services on a cluster only).
     RPS = "rps", "Requests per second per replica"
     CONCURRENCY = "concurrency", "Requests in flight per replica"
+    CPU = "cpu", "CPU utilisation (%), by the cluster's autoscaler"
+    GPU = "gpu", "GPU utilisation (%), by the cluster's autoscaler"
+
+
+# Utilisation metrics: a Kubernetes HorizontalPodAutoscaler decides the count, never the
+# console's autoscaler.
+CLUSTER_METRICS = (AutoscaleMetric.CPU, AutoscaleMetric.GPU)
 
 
 class ScaleWindow(models.TextChoices):
@@ -62,6 +69,7 @@ class ScaleWindow(models.TextChoices):
     IDLE = "idle", "Idle: scaled to zero"
     BOUNDS = "bounds", "Minimum/maximum"
     BUDGET = "budget", "Budget used up"
+    HPA = "hpa", "Cluster's autoscaler (CPU or GPU)"
 
 
 class Service(TenantOwnedModel):
@@ -76,8 +84,17 @@ class Service(TenantOwnedModel):
     env = models.JSONField(default=dict, blank=True)
     # Organisation secrets by name: each replica gets their values when it starts.
     secrets = models.JSONField(default=list, blank=True)
+    # Volumes of the organisation, mounted read-only in every replica (model weights):
+    # [{"name": "weights", "path": "/models"}].
+    volumes = models.JSONField(default=list, blank=True)
     port = models.PositiveIntegerField()
     cpus = models.PositiveSmallIntegerField(default=1)
+    # GPU replicas (on a cluster): the pool's GPU type, chosen at creation, and how many
+    # of them each replica gets (0: a CPU service).
+    gpu_type = models.ForeignKey(
+        "marketplace.GpuType", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    gpus_per_replica = models.PositiveSmallIntegerField(default=0)
     min_replicas = models.PositiveSmallIntegerField(default=2)
     max_replicas = models.PositiveSmallIntegerField(default=10)
     readiness_path = models.CharField(max_length=200, default="/")
@@ -145,8 +162,10 @@ class ServiceRevision(models.Model):
     command = models.JSONField(default=list)
     env = models.JSONField(default=dict, blank=True)
     secrets = models.JSONField(default=list, blank=True)  # names, never values
+    volumes = models.JSONField(default=list, blank=True)  # by name, read-only
     port = models.PositiveIntegerField()
     cpus = models.PositiveSmallIntegerField()
+    gpus_per_replica = models.PositiveSmallIntegerField(default=0)
     # A rollback copies an earlier revision into a new one.
     copied_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -196,15 +215,17 @@ class ServiceToken(models.Model):
 
 
 class ServiceReplica(models.Model):
-    """One running copy of a revision: a sandboxed process on the console's host,
-    reached on `host_port` of the loopback."""
+    """One running copy of a revision: a sandboxed process on the console's host, reached
+    on `host_port` of the loopback; or a pod of the service's Deployment on a cluster,
+    reached at `host` (its pod IP) and the revision's port, mirrored from the pod."""
 
     tenant_field = "service__tenant"
 
     service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="replicas")
     revision = models.ForeignKey(ServiceRevision, on_delete=models.PROTECT, related_name="+")
     host_port = models.PositiveIntegerField(null=True, blank=True)
-    # The backend's name for the process (its run directory), to observe and stop it.
+    host = models.CharField(max_length=64, blank=True, default="")  # empty: the loopback
+    # The backend's name for it (a process's run directory, a pod's name).
     handle = models.CharField(max_length=120, blank=True, default="")
     state = models.CharField(
         max_length=10, choices=ReplicaState.choices, default=ReplicaState.STARTING

@@ -10,6 +10,7 @@ from django.db.models import Count, Q, QuerySet
 
 from console.caching import cached, forget
 from console.models import Tenant, sha256_hex
+from marketplace.models import Backend, GpuType, NodePool
 from services.models import (
     ReplicaState,
     Service,
@@ -19,12 +20,13 @@ from services.models import (
     ServiceScaleEvent,
     ServiceToken,
 )
+from storage.models import Volume
 
 
 def services_with_counts(queryset: QuerySet[Service]) -> QuerySet[Service]:
     """`ready_replicas` (serving) and `replica_count` (not stopped) on each row."""
     return (
-        queryset.select_related("current_revision", "region", "tenant")
+        queryset.select_related("current_revision", "region", "pool", "tenant", "gpu_type")
         .annotate(
             ready_replicas=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
             replica_count=Count("replicas", filter=~Q(replicas__state=ReplicaState.STOPPED)),
@@ -54,6 +56,31 @@ def service_scale_events(*, service: Service, limit: int = 50) -> QuerySet[Servi
     return service.scale_events.order_by("-at", "-pk")[:limit]
 
 
+def services_mounting(*, volume: Volume) -> list[Service]:
+    """The organisation's services whose running revision, or a revision whose replicas
+    still run (a rollout), mounts `volume` (by name; read in Python: SQLite has no JSON
+    containment)."""
+    services = Service.objects.for_tenant(volume.tenant).filter(region_id=volume.region_id)
+    live = ServiceReplica.objects.exclude(state=ReplicaState.STOPPED).values("revision_id")
+    revisions = ServiceRevision.objects.filter(service__in=services).filter(
+        Q(pk__in=live) | Q(pk__in=services.values("current_revision_id"))
+    )
+    ids = {
+        revision.service_id
+        for revision in revisions.only("service_id", "volumes")
+        if any(mount.get("name") == volume.name for mount in revision.volumes)
+    }
+    return list(services.filter(pk__in=ids).order_by("name"))
+
+
+def gpu_types_for_services() -> QuerySet[GpuType]:
+    """GPU types some active pool of a Kubernetes cluster offers (where GPU replicas run)."""
+    pools = NodePool.objects.filter(
+        is_active=True, backend=Backend.KUBERNETES, on_console_host=False
+    )
+    return GpuType.objects.filter(is_active=True, pk__in=pools.values("gpu_type_id"))
+
+
 def endpoint_path(service: Service) -> str:
     return f"/svc/{service.tenant.slug}/{service.name}/"
 
@@ -62,7 +89,8 @@ class Upstream(NamedTuple):
     """A ready replica as the gateway reaches it."""
 
     replica_id: int
-    port: int  # on the host's loopback
+    host: str  # the console's loopback, or a pod's IP
+    port: int
     revision: int  # its revision's number
 
 
@@ -142,12 +170,12 @@ def _route(service_id: int) -> Route | None:
 def ready_replicas(*, service_id: int) -> list[Upstream]:
     """The service's ready replicas."""
     return [
-        Upstream(replica_id, port, revision)
-        for replica_id, port, revision in ServiceReplica.objects.filter(
+        Upstream(replica_id, host or "127.0.0.1", port, revision)
+        for replica_id, host, port, revision in ServiceReplica.objects.filter(
             service_id=service_id, state=ReplicaState.READY, host_port__isnull=False
         )
         .order_by("pk")
-        .values_list("pk", "host_port", "revision__number")
+        .values_list("pk", "host", "host_port", "revision__number")
         if port is not None
     ]
 

@@ -7,13 +7,11 @@ match what these functions wrote; each write queues a reconcile after commit.
 
 from __future__ import annotations
 
-import re
+import copy
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 from django.utils import timezone
@@ -23,12 +21,11 @@ from console.queueing import enqueue_now, enqueue_on_commit
 from console.service_errors import ErrorCode, ServiceError
 from console.services.audit import audit_record
 from jobs.models import Priority
-from jobs.services import priority_allowed_check, tenant_secrets_resolve
-from marketplace.models import NodePool, Region
-from marketplace.selectors import HOST_NOT_AVAILABLE, may_run_on_host, pools_for_tenant
-from services import selectors, tasks
+from marketplace.models import Backend
+from services import checks, selectors, tasks
+from services.checks import REVISION_FIELDS
 from services.models import (
-    DNS_LABEL,
+    CLUSTER_METRICS,
     AutoscaleMetric,
     ReplicaState,
     Service,
@@ -39,10 +36,6 @@ from services.models import (
     ServiceToken,
 )
 from services.signals import replicas_removing, service_creating
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# What makes a new revision when it changes.
-REVISION_FIELDS = ("image", "command", "env", "secrets", "port", "cpus")
 
 
 @dataclass
@@ -55,11 +48,17 @@ class ServiceSpec:
     port: int
     region: str
     cpus: int = 1
+    # GPU replicas (on a cluster): the GPU type's slug and GPUs per replica (1 by default
+    # once a type is named).
+    gpu_type: str | None = None
+    gpus_per_replica: int = 0
     min_replicas: int = 2
     max_replicas: int = 10
     readiness_path: str = "/"
     env: dict[str, str] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)  # organisation secrets, by name
+    # Volumes every replica mounts read-only: [{"name": "weights", "path": "/models"}].
+    volumes: list[dict] = field(default_factory=list)
     auth: str = ServiceAuth.TOKEN
     autoscale_metric: str = AutoscaleMetric.CONCURRENCY
     autoscale_target: float = 10
@@ -67,172 +66,13 @@ class ServiceSpec:
     priority: str = Priority.NORMAL
 
 
-def _check_name(name: str) -> None:
-    try:
-        DNS_LABEL(name)
-    except ValidationError:
-        raise ServiceError(
-            "Use lowercase letters, digits and hyphens for the name (a DNS label, at most "
-            "63 characters, not starting or ending with a hyphen).",
-            field="name",
-        ) from None
-
-
-def _check_runtime(values: dict[str, Any], pool: NodePool) -> None:
-    image = values["image"]
-    if not isinstance(image, str) or not image.strip() or len(image) > 300:
-        raise ServiceError("Give the image to run (at most 300 characters).", field="image")
-    command = values["command"]
-    if (
-        not isinstance(command, list)
-        or not command
-        or not all(isinstance(part, str) and part for part in command)
-    ):
-        raise ServiceError(
-            'Give the command as a list of words, e.g. ["python", "serve.py"].',
-            field="command",
-        )
-    port = values["port"]
-    if not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ServiceError("The port must be between 1 and 65535.", field="port")
-    cpus = values["cpus"]
-    if not isinstance(cpus, int) or not 1 <= cpus <= max(1, pool.vcpus_per_node):
-        raise ServiceError(
-            f"Ask for 1 to {max(1, pool.vcpus_per_node)} CPUs per replica.", field="cpus"
-        )
-    env = values["env"]
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and ENV_NAME.match(k) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise ServiceError(
-            "Environment variables are NAME: value pairs (letters, digits and _ in names).",
-            field="env",
-        )
-    if len(env) > 200:
-        raise ServiceError("At most 200 environment variables.", field="env")
-    if "PORT" in env:
-        raise ServiceError("PORT is set by the platform; leave it out of env.", field="env")
-
-
-def _check_secrets(*, tenant: Tenant, user: User | None, values: dict[str, Any]) -> None:
-    """The named organisation secrets exist and the user may use them (the same rules as
-    a job's, in `tenant_secrets_resolve`); none shadows a variable of `env`."""
-    names = tenant_secrets_resolve(tenant=tenant, user=user, project="", names=values["secrets"])
-    both = sorted(set(names) & set(values["env"]) | set(names) & {"PORT"})
-    if both:
-        raise ServiceError(
-            f"{', '.join(both)} would be set twice: leave it out of env or of secrets.",
-            field="secrets",
-        )
-    values["secrets"] = list(names)
-
-
-def _check_scale(min_replicas: Any, max_replicas: Any) -> None:
-    for name, value in (("min_replicas", min_replicas), ("max_replicas", max_replicas)):
-        if not isinstance(value, int) or value < 0:
-            raise ServiceError(f"{name} must be a whole number, 0 or more.", field=name)
-    if max_replicas < 1:
-        raise ServiceError("max_replicas must be at least 1.", field="max_replicas")
-    if min_replicas > max_replicas:
-        raise ServiceError("min_replicas can't be more than max_replicas.", field="min_replicas")
-    quota = settings.SERVICE_MAX_REPLICAS
-    if max_replicas > quota:
-        raise ServiceError(
-            f"max_replicas is over your organisation's quota of {quota} replicas per service.",
-            field="max_replicas",
-        )
-
-
-MAX_SCALE_DOWN_DELAY = 3600
-
-
-def _check_scale_down_delay(delay: Any) -> None:
-    if (
-        isinstance(delay, bool)
-        or not isinstance(delay, int)
-        or not 0 <= delay <= MAX_SCALE_DOWN_DELAY
-    ):
-        raise ServiceError(
-            f"scale_down_delay is a whole number of seconds from 0 to {MAX_SCALE_DOWN_DELAY}.",
-            field="scale_down_delay",
-        )
-
-
-def _check_autoscale(metric: Any, target: Any) -> None:
-    if metric in ("cpu", "gpu"):
-        raise ServiceError(
-            f"Scaling on {metric.upper()} utilisation needs a Kubernetes autoscaler, and "
-            "services run on this host for now: scale on rps or concurrency (measured by "
-            "the console's gateway).",
-            field="autoscale_metric",
-        )
-    if metric not in AutoscaleMetric.values:
-        raise ServiceError(
-            "The autoscale metric is rps (requests per second per replica) or concurrency "
-            "(requests in flight per replica).",
-            field="autoscale_metric",
-        )
-    if (
-        isinstance(target, bool)
-        or not isinstance(target, int | float)
-        or not 0.01 <= target <= 100_000
-    ):
-        raise ServiceError(
-            "The autoscale target is a number of requests per replica, from 0.01 to 100000.",
-            field="autoscale_target",
-        )
-
-
-def _check_readiness(path: Any) -> None:
-    if not isinstance(path, str) or not path.startswith("/") or len(path) > 200:
-        raise ServiceError(
-            "The readiness path must start with / (e.g. /healthz).", field="readiness_path"
-        )
-
-
-def _check_auth(auth: Any) -> None:
-    if auth not in ServiceAuth.values:
-        raise ServiceError("auth is either public or token.", field="auth")
-
-
-def _check_priority(*, tenant: Tenant, user: User | None, priority: Any) -> None:
-    if priority not in Priority.values:
-        raise ServiceError(f"priority is one of {', '.join(Priority.values)}.", field="priority")
-    priority_allowed_check(tenant=tenant, user=user, priority=priority)
-
-
-def service_pool(*, tenant: Tenant, region_slug: str) -> NodePool:
-    """The pool a new service's replicas run on: a CPU pool on the console's host in the
-    region (the only kind that runs services in this release)."""
-    region = Region.objects.filter(slug=region_slug, is_active=True).first()
-    if region is None:
-        raise ServiceError(f"There is no region “{region_slug}”.", field="region")
-    pools = NodePool.objects.filter(
-        region=region, gpu_type__isnull=True, on_console_host=True, is_active=True
-    )
-    if pools.exists() and not may_run_on_host(tenant):
-        raise ServiceError(HOST_NOT_AVAILABLE, code=ErrorCode.FORBIDDEN, field="region")
-    pool = pools_for_tenant(tenant).filter(pk__in=pools.values("pk")).first()
-    if pool is None:
-        raise ServiceError(
-            f"Services can't run in {region.name} yet: they run on this host's CPU pool.",
-            field="region",
-        )
-    return pool
-
-
 def _revision(service: Service, *, copied_from: ServiceRevision | None = None) -> ServiceRevision:
     number = service.revisions.order_by("-number").values_list("number", flat=True).first() or 0
     revision = ServiceRevision.objects.create(
         service=service,
         number=number + 1,
-        image=service.image,
-        command=list(service.command),
-        env=dict(service.env),
-        secrets=list(service.secrets),
-        port=service.port,
-        cpus=service.cpus,
         copied_from=copied_from,
+        **{name: copy.deepcopy(getattr(service, name)) for name in REVISION_FIELDS},
     )
     service.current_revision = revision
     service.status = (
@@ -251,24 +91,34 @@ def service_create(
     *, tenant: Tenant, user: User | None, spec: ServiceSpec, request: HttpRequest | None = None
 ) -> Service:
     """Create a service and its first revision; its replicas start after commit."""
-    _check_name(spec.name)
-    pool = service_pool(tenant=tenant, region_slug=spec.region)
+    checks.check_name(spec.name)
+    pool = checks.service_pool(tenant=tenant, region_slug=spec.region, gpu_type=spec.gpu_type)
+    gpus = spec.gpus_per_replica
+    if pool.gpu_type_id is not None and gpus == 0:
+        gpus = 1
     values = {
         "image": spec.image,
         "command": spec.command,
         "env": spec.env,
         "secrets": spec.secrets,
+        "volumes": spec.volumes,
         "port": spec.port,
         "cpus": spec.cpus,
+        "gpus_per_replica": gpus,
     }
-    _check_runtime(values, pool)
-    _check_secrets(tenant=tenant, user=user, values=values)
-    _check_scale(spec.min_replicas, spec.max_replicas)
-    _check_readiness(spec.readiness_path)
-    _check_auth(spec.auth)
-    _check_priority(tenant=tenant, user=user, priority=spec.priority)
-    _check_autoscale(spec.autoscale_metric, spec.autoscale_target)
-    _check_scale_down_delay(spec.scale_down_delay)
+    checks.check_runtime(values, pool)
+    checks.check_secrets(tenant=tenant, user=user, values=values)
+    checks.check_volumes(tenant=tenant, region=pool.region, values=values)
+    checks.check_scale(spec.min_replicas, spec.max_replicas)
+    checks.check_gpu_quota(tenant=tenant, pool=pool, max_replicas=spec.max_replicas, gpus=gpus)
+    checks.check_readiness(spec.readiness_path)
+    checks.check_auth(spec.auth)
+    checks.check_priority(tenant=tenant, user=user, priority=spec.priority)
+    checks.check_autoscale(
+        spec.autoscale_metric, spec.autoscale_target, pool=pool, min_replicas=spec.min_replicas
+    )
+    checks.check_image(tenant=tenant, image=spec.image, pool=pool)
+    checks.check_scale_down_delay(spec.scale_down_delay)
     if Service.objects.for_tenant(tenant).filter(name=spec.name).exists():
         raise ServiceError(
             f"A service named “{spec.name}” exists already.",
@@ -283,6 +133,7 @@ def service_create(
                 name=spec.name,
                 region=pool.region,
                 pool=pool,
+                gpu_type=pool.gpu_type,
                 min_replicas=spec.min_replicas,
                 max_replicas=spec.max_replicas,
                 desired_replicas=spec.min_replicas,  # until traffic says otherwise
@@ -322,31 +173,41 @@ def _locked(service: Service) -> Service:
 def service_update(
     *, service: Service, user: User | None, changes: dict[str, Any], request=None
 ) -> Service:
-    """Change a service. A change of image, command, env, port or CPUs makes a new
-    revision (its replicas replace the old ones once ready); scale, autoscaling,
-    readiness path, auth and priority change in place."""
+    """Change a service. A change of image, command, env, secrets, volumes, port, CPUs or
+    GPUs per replica makes a new revision (its replicas replace the old ones once ready); scale,
+    autoscaling, readiness path, auth and priority change in place."""
     service = _locked(service)
     runtime = {name: changes.get(name, getattr(service, name)) for name in REVISION_FIELDS}
-    _check_runtime(runtime, service.pool)
+    checks.check_runtime(runtime, service.pool)
+    if "volumes" in changes:
+        checks.check_volumes(tenant=service.tenant, region=service.region, values=runtime)
     if any(runtime[name] != getattr(service, name) for name in REVISION_FIELDS):
         # (a new command or image could print the secrets: whoever makes it must be
         # allowed to use them)
-        _check_secrets(tenant=service.tenant, user=user, values=runtime)
+        checks.check_secrets(tenant=service.tenant, user=user, values=runtime)
     min_replicas = changes.get("min_replicas", service.min_replicas)
     max_replicas = changes.get("max_replicas", service.max_replicas)
-    _check_scale(min_replicas, max_replicas)
+    checks.check_scale(min_replicas, max_replicas)
+    checks.check_gpu_quota(
+        tenant=service.tenant,
+        pool=service.pool,
+        max_replicas=max_replicas,
+        gpus=runtime["gpus_per_replica"],
+    )
     readiness_path = changes.get("readiness_path", service.readiness_path)
-    _check_readiness(readiness_path)
+    checks.check_readiness(readiness_path)
     auth = changes.get("auth", service.auth)
-    _check_auth(auth)
+    checks.check_auth(auth)
     priority = changes.get("priority", service.priority)
     if priority != service.priority:
-        _check_priority(tenant=service.tenant, user=user, priority=priority)
+        checks.check_priority(tenant=service.tenant, user=user, priority=priority)
     metric = changes.get("autoscale_metric", service.autoscale_metric)
     target = changes.get("autoscale_target", service.autoscale_target)
-    _check_autoscale(metric, target)
+    checks.check_autoscale(metric, target, pool=service.pool, min_replicas=min_replicas)
+    if runtime["image"] != service.image:
+        checks.check_image(tenant=service.tenant, image=runtime["image"], pool=service.pool)
     scale_down_delay = changes.get("scale_down_delay", service.scale_down_delay)
-    _check_scale_down_delay(scale_down_delay)
+    checks.check_scale_down_delay(scale_down_delay)
     new_revision = any(runtime[name] != getattr(service, name) for name in REVISION_FIELDS)
     for name, value in runtime.items():
         setattr(service, name, value)
@@ -374,7 +235,20 @@ def service_scale(
     *, service: Service, user: User | None, min_replicas: int, max_replicas: int, request=None
 ) -> Service:
     service = _locked(service)
-    _check_scale(min_replicas, max_replicas)
+    checks.check_scale(min_replicas, max_replicas)
+    checks.check_gpu_quota(
+        tenant=service.tenant,
+        pool=service.pool,
+        max_replicas=max_replicas,
+        gpus=service.gpus_per_replica,
+    )
+    if service.autoscale_metric in CLUSTER_METRICS:
+        checks.check_cpu_autoscale(
+            service.autoscale_target,
+            pool=service.pool,
+            min_replicas=min_replicas,
+            metric=service.autoscale_metric,
+        )
     service.min_replicas, service.max_replicas = min_replicas, max_replicas
     service.save(update_fields=["min_replicas", "max_replicas", "updated_at"])
     audit_record(
@@ -423,7 +297,14 @@ def service_rollback(
             code=ErrorCode.CONFLICT,
         )
     values = {name: getattr(earlier, name) for name in REVISION_FIELDS}
-    _check_secrets(tenant=service.tenant, user=user, values=values)  # (still there, allowed)
+    checks.check_secrets(tenant=service.tenant, user=user, values=values)  # (still there, allowed)
+    checks.check_volumes(tenant=service.tenant, region=service.region, values=values)
+    checks.check_gpu_quota(
+        tenant=service.tenant,
+        pool=service.pool,
+        max_replicas=service.max_replicas,
+        gpus=values["gpus_per_replica"],
+    )
     for name, value in values.items():
         setattr(service, name, value)
     service.save()
@@ -479,7 +360,8 @@ def service_budget_resume(*, service: Service) -> bool:
 
 @transaction.atomic
 def service_delete(*, service: Service, user: User | None, request=None) -> None:
-    """Delete a service; its replicas' processes are stopped after commit."""
+    """Delete a service; its replicas' processes (or its cluster objects) are removed
+    after commit."""
     handles = list(service.replicas.exclude(handle="").values_list("handle", flat=True))
     audit_record(
         action="service.deleted",
@@ -494,7 +376,12 @@ def service_delete(*, service: Service, user: User | None, request=None) -> None
     if replica_ids:
         replicas_removing.send(sender=ServiceReplica, replica_ids=replica_ids)
     replicas.delete()  # (they protect their revisions)
+    on_cluster = service.pool.backend == Backend.KUBERNETES
+    tenant_id, service_id = service.tenant_id, service.pk
     service.delete()
+    if on_cluster:  # (its Deployment's pods go with it)
+        enqueue_on_commit(tasks.service_objects_delete_task, tenant_id, service_id)
+        return
     for handle in handles:
         enqueue_on_commit(tasks.service_replica_discard_task, handle)
 

@@ -1,11 +1,13 @@
-"""Celery tasks of services: thin, each calls one function of services.reconcile."""
+"""Celery tasks of services: thin, each calls one function of a reconcile module."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
 from console.queueing import enqueue_now
+from jobs.backends import BackendUnavailable
 from services import reconcile
+from services.kubernetes import reconcile as kubernetes_reconcile
 
 
 @shared_task(acks_late=True)
@@ -29,3 +31,10 @@ def services_autoscale_task() -> None:
 @shared_task(acks_late=True)
 def service_replica_discard_task(handle: str) -> None:
     reconcile.replica_discard(handle)
+
+
+@shared_task(
+    acks_late=True, autoretry_for=(BackendUnavailable,), retry_backoff=True, max_retries=12
+)
+def service_objects_delete_task(tenant_id: int, service_id: int) -> None:
+    kubernetes_reconcile.service_objects_delete(tenant_id=tenant_id, service_id=service_id)

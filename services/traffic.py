@@ -13,7 +13,7 @@ Per replica: requests in flight, so that a draining replica is stopped only once
 Each process counts its own as they start and end, and adds what changed since its last
 flush with the per-second tally (no round trip per request either): the shared count
 lags a process's own by up to a second, which the reconcile pass allows for
-(services.reconcile.DRAIN_MIN_SECONDS).
+(services.scaling.DRAIN_MIN_SECONDS).
 
 A counter lost (Redis restarted, a process killed mid-request) costs precision, never a
 request: a draining replica is stopped after a timeout whatever its counter says.

@@ -9,6 +9,11 @@ urlpatterns = [
     path("<int:service_id>/", views.service_detail, name="detail"),
     path("<int:service_id>/delete/", views.service_delete, name="delete"),
     path(
+        "<int:service_id>/replicas/<int:replica_id>/logs/",
+        views.replica_logs,
+        name="replica_logs",
+    ),
+    path(
         "<int:service_id>/rollback/<int:revision_number>/",
         views.service_rollback,
         name="rollback",

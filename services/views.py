@@ -1,12 +1,12 @@
 """Service pages: the list with its create form, and a service's page (status, endpoint
 with a curl example, autoscaling with its latest decisions, replicas, revisions with
-rollback, tokens). Thin over services."""
+rollback, tokens), and a replica's log. Thin over services."""
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
@@ -17,7 +17,10 @@ from console.service_errors import ServiceError
 from console.tenancy import get_for_tenant_or_404
 from services import selectors, services
 from services.forms import ServiceForm, ServiceTokenForm
+from services.logs import LogsUnavailable, replica_log_lines
 from services.models import Service, ServiceAuth
+
+LOG_PAGE_LINES = 500
 
 
 def _may_deploy(request: HttpRequest) -> bool:
@@ -144,3 +147,20 @@ def service_token_revoke(
         success_message=f"Token “{token.name}” revoked.",
         cancel_url=detail_url,
     )
+
+
+@capability_required(Capability.VIEW_TENANT)
+@require_http_methods(["GET"])
+def replica_logs(request: HttpRequest, service_id: int, replica_id: int) -> HttpResponse:
+    """A replica's latest lines; the page polls its own log block while the replica runs."""
+    service = _service(request, service_id)
+    replica = get_object_or_404(selectors.service_replicas(service=service), pk=replica_id)
+    error = ""
+    try:
+        lines = replica_log_lines(replica, tail=LOG_PAGE_LINES)
+    except LogsUnavailable as unavailable:
+        lines, error = [], f"The log can't be read now: {unavailable}"
+    context = {"service": service, "replica": replica, "lines": lines, "error": error}
+    if request.headers.get("HX-Request"):
+        return render(request, "services/partials/replica_log.html", context)
+    return render(request, "services/replica_logs.html", context)

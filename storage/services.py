@@ -33,7 +33,7 @@ from storage.fill_copy import FillCancelled, copy_into
 from storage.fill_sources import FillError, check_reachable, open_source, parse_source
 from storage.models import FILL_ACTIVE, FillStatus, Volume, VolumeAccess, VolumeFill, VolumeStatus
 from storage.selectors import volume_backend, volume_holders, volume_storage_gib
-from storage.signals import volume_resizing
+from storage.signals import volume_deleting, volume_resizing
 
 # A DNS label: it names the volume's PersistentVolumeClaim and folder.
 VOLUME_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -168,6 +168,7 @@ def volume_delete(*, volume: Volume, user: User | None, request: HttpRequest | N
                 f"({holder.get_status_display().lower()}); delete it once that job ends.",
                 code=ErrorCode.CONFLICT,
             )
+        volume_deleting.send(sender=Volume, volume=volume)
         volume.deleted_at = timezone.now()
         volume.status = VolumeStatus.DELETED
         volume.save(update_fields=["deleted_at", "status"])

@@ -54,6 +54,25 @@ def _resolve(*, tenant: Tenant, region: Region, mounts: list[dict], lock: bool) 
     return resolved
 
 
+def read_only_mounts(*, tenant: Tenant, region: Region, mounts: list[dict]) -> list[VolumeMount]:
+    """Volumes of `tenant` in `region` named by `mounts` ({"name", "path"}), as read-only
+    mounts (a service's replicas share them: model weights). A ServiceError names a
+    volume that is gone or in another region."""
+    mounts = [{**mount, "read_only": True} for mount in mounts]
+    volumes = _resolve(tenant=tenant, region=region, mounts=mounts, lock=False)
+    return [
+        VolumeMount(
+            volume_id=volume.pk,
+            name=volume.name,
+            path=mount["path"],
+            read_only=True,
+            size_gib=volume.size_gib,
+            shared=volume.shared,
+        )
+        for volume, mount in zip(volumes, mounts, strict=True)
+    ]
+
+
 class StorageVolumeProvider:
     def check_mounts(self, *, tenant: Tenant, region: Region, mounts: list[dict]) -> None:
         if mounts:

@@ -472,6 +472,12 @@ SERVICES_ROOMS = {"models", "services", "selectors", "tasks", "gateway"}
 # The one module of jobs/backends/ a service may use (the host jobs' sandbox and supervisor,
 # behind a small interface); never a backend's job methods.
 SERVICES_BACKEND_INTERFACE = "jobs.backends.host_processes"
+# On a cluster, services use the Kubernetes backend (its client, names, namespace set-up),
+# from their own package only.
+SERVICES_CLUSTER_PACKAGE = "services/kubernetes/"
+SERVICES_CLUSTER_INTERFACE = "jobs.backends.kubernetes"
+# The backends' two outcomes of a failed call (retry later, or never), anywhere.
+BACKEND_ERRORS = {"jobs.backends.BackendUnavailable", "jobs.backends.BackendRejected"}
 
 
 def test_services_has_its_rooms_and_uses_the_host_through_one_interface():
@@ -484,6 +490,11 @@ def test_services_has_its_rooms_and_uses_the_host_through_one_interface():
             for module in imported_modules(path)
             if module.startswith("jobs.backends.")
             and not module.startswith(SERVICES_BACKEND_INTERFACE)
+            and module not in BACKEND_ERRORS
+            and not (
+                relative.startswith(SERVICES_CLUSTER_PACKAGE)
+                and module.startswith(SERVICES_CLUSTER_INTERFACE)
+            )
         )
         for relative, path in app_modules("services")
     }

@@ -115,8 +115,8 @@ def test_beat_is_a_singleton_and_the_watcher_never_doubles():
 
 
 def test_every_pod_is_non_root_has_resources_and_runs_an_image_command():
-    commands = set(re.findall(r"^  (\w+)\)$", (DEPLOY / "entrypoint.sh").read_text(), re.M))
-    assert {"web", "worker", "beat", "watcher", "migrate"} <= commands
+    commands = set(re.findall(r"^  ([\w-]+)\)$", (DEPLOY / "entrypoint.sh").read_text(), re.M))
+    assert {"web", "worker", "beat", "watcher", "migrate", "ssh-gateway"} <= commands
     priority = set(by_kind("PriorityClass"))
     for name, spec in pod_specs().items():
         assert spec["securityContext"]["runAsNonRoot"] is True, name
@@ -134,8 +134,9 @@ def test_only_the_pods_that_call_the_cluster_get_its_service_account():
     accounts = set(by_kind("ServiceAccount"))
     specs = pod_specs()
     # The web process reads and follows job logs from the backend (jobs/logs/), so it
-    # calls the cluster too; beat only queues tasks and migrate only touches the database.
-    for name in ("gpugeek-worker", "gpugeek-watcher", "gpugeek-web"):
+    # calls the cluster too, as the SSH gateway does to find an environment's pod; beat
+    # only queues tasks and migrate only touches the database.
+    for name in ("gpugeek-worker", "gpugeek-watcher", "gpugeek-web", "gpugeek-ssh-gateway"):
         assert specs[name]["serviceAccountName"] in accounts
     for name in ("gpugeek-beat", "gpugeek-migrate"):
         assert "serviceAccountName" not in specs[name]
@@ -209,3 +210,28 @@ def test_the_console_outranks_every_job_priority_class():
     assert max(jobs) < console
     for document in manifests.priority_class_manifests():
         validate(document)
+
+
+def test_the_gateways_pods_are_the_ones_workloads_admit():
+    """A job's ports (an environment's sshd, its Jupyter) and a service's port admit the
+    console's pods by these labels, in this namespace (jobs' gateway_peer)."""
+    peer = manifests.gateway_peer()
+    components = set(peer["podSelector"]["matchExpressions"][0]["values"])
+    namespace = peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+    assert namespace == kustomization()["namespace"]
+    deployments = by_kind("Deployment")
+    for name in ("gpugeek-web", "gpugeek-ssh-gateway"):
+        labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
+        assert peer["podSelector"]["matchLabels"].items() <= labels.items(), name
+        assert labels["app.kubernetes.io/component"] in components, name
+    gateway = deployments["gpugeek-ssh-gateway"]["spec"]["template"]["spec"]
+    (container,) = gateway["containers"]
+    assert container["args"] == ["ssh-gateway"]
+    service = by_kind("Service")["gpugeek-ssh-gateway"]
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["ports"] == [{"name": "ssh", "port": 22, "targetPort": "ssh"}]
+    # The host key every replica shows laptops: one Secret, where the gateway reads it.
+    (mount,) = container["volumeMounts"]
+    assert mount["mountPath"] == "/app/var/ssh-gateway" and mount["readOnly"] is True
+    (volume,) = gateway["volumes"]
+    assert volume["secret"]["secretName"] == "gpugeek-ssh-gateway"

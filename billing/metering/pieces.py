@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from billing.models import AMOUNT_QUANTUM, UsageRecord
-from marketplace.models import PriceVersion, Region, TenantPricing
+from marketplace.models import GpuType, PriceVersion, Region, TenantPricing
 from marketplace.pricing import after_tenant_discount
 
 HOUR_SECONDS = Decimal(3600)
@@ -49,7 +49,8 @@ def hour_pieces(start: datetime, end: datetime, cuts: list[datetime]) -> Iterato
 
 class PieceBook:
     """The price-book versions, one kind of list price by (version id, region id) and
-    the tenants' discounts, read once per metering run."""
+    the tenants' discounts, read once per metering run (a caller with several kinds of
+    price passes the other kinds' to `records`)."""
 
     def __init__(self, list_prices: dict[tuple[int, int], Decimal]):
         self.versions = list(PriceVersion.objects.order_by("effective_from", "pk"))
@@ -70,16 +71,21 @@ class PieceBook:
         tier: str,
         gap_note: str,
         cpu_time: bool = False,
+        gpu_type: GpuType | None = None,
+        list_prices: dict[tuple[int, int], Decimal] | None = None,
     ) -> list[UsageRecord]:
         """The records of [start, end) of `units` (`ref`/`name`: the ledger's job_ref and
-        job_name); `cpu_time`: the units are vCPUs, their seconds go to cpu_seconds."""
+        job_name); `cpu_time`: the units are vCPUs, their seconds go to cpu_seconds;
+        `gpu_type`: the units are GPUs of that type, their seconds go to gpu_seconds (as
+        jobs' records). `list_prices`: another kind of price than the book's."""
         records = []
         discount = self.discounts.get(tenant_id, Decimal(0))
+        prices = self.list_prices if list_prices is None else list_prices
         for piece_start, piece_end in hour_pieces(start, end, self.cuts):
             version = next(
                 (v for v in reversed(self.versions) if v.effective_from <= piece_start), None
             )
-            list_price = self.list_prices.get((version.pk, region.pk)) if version else None
+            list_price = prices.get((version.pk, region.pk)) if version else None
             price = after_tenant_discount(list_price, discount) if list_price is not None else None
             seconds = exact_seconds(piece_start, piece_end)
             amount = (
@@ -101,6 +107,10 @@ class PieceBook:
                     units=units,
                     cpu_seconds=(units * seconds).quantize(SECONDS_QUANTUM)
                     if cpu_time
+                    else Decimal(0),
+                    gpu_type=gpu_type,
+                    gpu_seconds=(units * seconds).quantize(SECONDS_QUANTUM)
+                    if gpu_type is not None
                     else Decimal(0),
                     price_version=version,
                     # Stored to the column's 9 places; the amount used the exact price.

@@ -23,7 +23,7 @@ from environments.models import Environment, EnvironmentStatus, Interactive
 from jobs.actors import SYSTEM, Actor
 from jobs.models import Job, JobStatus
 from jobs.services import JobSpec, job_cancel, job_submit, spec_validate, tenant_secrets_resolve
-from marketplace.models import GpuType, Region
+from marketplace.models import GpuType, ImageInteractive, Region
 from marketplace.selectors import regions_for_tenant
 from storage.selectors import volumes_for_tenant
 from storage.services import volume_create, volume_delete
@@ -48,6 +48,19 @@ KEEP_ALIVE_MAX_MINUTES = 24 * 60
 # Fields a change may set (the name, region and home volume stay).
 CHANGEABLE = ("image", "cpus", "gpu_type", "gpus_per_node", "interactive", "volumes", "env",
               "secrets", "idle_policy")  # fmt: skip
+
+# On a cluster, the image marks that serve each kind of environment.
+IMAGE_SERVES: dict[str, set[str]] = {
+    Interactive.SSH: {ImageInteractive.SSH, ImageInteractive.BOTH},
+    Interactive.JUPYTER: {ImageInteractive.JUPYTER, ImageInteractive.BOTH},
+    Interactive.BOTH: {ImageInteractive.BOTH},
+}
+
+SERVED: dict[str, str] = {
+    Interactive.SSH: "sshd",
+    Interactive.JUPYTER: "Jupyter",
+    Interactive.BOTH: "sshd and Jupyter",
+}
 
 _STATUS_OF_JOB = {
     JobStatus.QUEUED: EnvironmentStatus.STARTING,
@@ -226,9 +239,18 @@ def _validate(environment: Environment, *, user: User | None) -> None:
     regions = selectors.environment_regions(tenant=environment.tenant)
     if not regions.filter(pk=resolved.region.pk).exists():
         raise ServiceError(
-            f"Environments run on this host's region for now; reaching one in "
-            f"{resolved.region.name} (Kubernetes) through the SSH gateway comes later.",
+            f"Environments can't be reached in {resolved.region.name}: none of its pools "
+            "publishes a job's ports to the console's gateways.",
             field="region",
+        )
+    needs = IMAGE_SERVES[environment.interactive]
+    if selectors.region_serves_itself(resolved.region) and resolved.image.interactive not in needs:
+        what = SERVED[environment.interactive]
+        raise ServiceError(
+            f"In {resolved.region.name} the environment runs on a cluster, where its image "
+            f"serves {what} itself, and {resolved.image.name} is not marked as doing so: "
+            "pick an image marked for it in the catalog.",
+            field="image",
         )
 
 
@@ -447,7 +469,8 @@ def environment_delete(
     request: HttpRequest | None = None,
 ) -> None:
     """Delete a stopped environment (409 while it runs), and its home volume unless
-    `keep_volume` (409, and nothing deleted, while another job holds the volume)."""
+    `keep_volume` (409, and nothing deleted, while another job or a service's replicas
+    hold the volume)."""
     check_may_use(environment, user)
     environment_sync(environment=environment)
     if environment.active:

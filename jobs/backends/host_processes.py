@@ -8,7 +8,7 @@ environment and the port it listens on, observed, stopped and discarded. The san
 jobs' own; what differs is the way in: a replica's network namespace is its own, so its
 port is forwarded from a free port on the host's loopback (slirp4netns' `add_hostfwd`).
 Without the sandbox (a single trusted organisation) the process listens on that loopback
-port itself.
+port itself, and mounts no volume.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ import psutil
 from django.conf import settings
 
 from console.launcher import free_loopback_port
-from jobs.backends import local_sandbox, local_supervisor
+from jobs.backends import local_sandbox, local_supervisor, local_volumes
+from jobs.backends.base import BackendRejected
+from jobs.extensions import VolumeMount
 
 SUPERVISOR = local_supervisor.__file__
 # What the supervisor writes once it has dealt with a start.
@@ -103,6 +105,8 @@ class HostProcess:
     env: dict[str, str]
     port: int
     cpus: int
+    # The organisation's volumes it sees (read-only, for a replica: model weights).
+    volumes: tuple[VolumeMount, ...] = ()
 
 
 def _run_root() -> Path:
@@ -154,6 +158,10 @@ def host_process_start(process: HostProcess) -> int:
             "services on this host need the sandbox's network (run the console as root "
             "with slirp4netns installed)."
         )
+    try:
+        binds = local_volumes.mount_binds(tenant_id=process.tenant_id, mounts=list(process.volumes))
+    except BackendRejected as error:
+        raise HostProcessError(str(error)) from None
     directory = run_dir(process.key)
     host_discard(process.key)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -203,6 +211,7 @@ def host_process_start(process: HostProcess) -> int:
             workdir=work,
             env=env,
             limits=_limits(process.cpus),
+            binds=local_sandbox.volume_bind_args(binds),
         )
         plan["network"]["publish"] = {
             "api_socket": str(directory / "slirp.sock"),
@@ -226,6 +235,17 @@ def host_running(key: str) -> bool:
     return pid_alive(read_int(directory / "child.pid")) or pid_alive(
         read_int(directory / "supervisor.pid")
     )
+
+
+def host_output_tail(key: str, max_bytes: int) -> bytes:
+    """The last `max_bytes` of what the process printed (b"" if nothing, or gone)."""
+    path = run_dir(key) / "output.log"
+    try:
+        with path.open("rb") as output:
+            output.seek(max(0, path.stat().st_size - max_bytes))
+            return output.read(max_bytes)
+    except OSError:
+        return b""
 
 
 def host_exit_reason(key: str) -> str:

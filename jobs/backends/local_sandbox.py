@@ -268,7 +268,7 @@ def _device_binds(devices: list[int]) -> list[str]:
     return args
 
 
-def _volume_binds(volumes: list[tuple[Path, str, bool]]) -> list[str]:
+def volume_bind_args(volumes: list[tuple[Path, str, bool]]) -> list[str]:
     args: list[str] = []
     for folder, path, read_only in volumes:
         args += ["--ro-bind" if read_only else "--bind", str(folder), path]
@@ -303,7 +303,7 @@ def sandbox_plan(
         binds=[
             *(["--bind", str(checkpoints), CHECKPOINT_MOUNT] if checkpoints else []),
             *(["--ro-bind", str(published), PUBLISHED_MOUNT] if published else []),
-            *_volume_binds(volumes or []),
+            *volume_bind_args(volumes or []),
         ],
     )
 

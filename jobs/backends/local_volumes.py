@@ -21,7 +21,7 @@ from django.conf import settings
 
 from jobs.backends import local_sandbox
 from jobs.backends.base import BackendRejected
-from jobs.extensions import volume_provider
+from jobs.extensions import VolumeMount, volume_provider
 from jobs.models import Job
 
 GIB = 1 << 30
@@ -73,7 +73,11 @@ def _make_folder(folder: Path, tenant_id: int, own_uid: bool) -> None:
 def volume_binds(job: Job) -> list[tuple[Path, str, bool]]:
     """(folder, mount path, read-only) of each volume the job mounts, folders made and
     their sizes checked; BackendRejected when one can't be mounted."""
-    mounts = volume_provider().mounts_for(job)
+    return mount_binds(tenant_id=job.tenant_id, mounts=volume_provider().mounts_for(job))
+
+
+def mount_binds(*, tenant_id: int, mounts: list[VolumeMount]) -> list[tuple[Path, str, bool]]:
+    """`volume_binds` of any process of the organisation (a job, a service's replica)."""
     if not mounts:
         return []
     support = local_sandbox.sandbox_support()
@@ -83,14 +87,15 @@ def volume_binds(job: Job) -> list[tuple[Path, str, bool]]:
         )
     binds = []
     for mount in mounts:
-        folder = volume_folder(tenant_id=job.tenant_id, volume_id=mount.volume_id)
-        _make_folder(folder, job.tenant_id, support.own_uid)
-        used = folder_bytes(folder)
-        if used >= mount.size_gib * GIB:
-            raise BackendRejected(
-                f"volume {mount.name} is full ({used / GIB:.2f} GiB used of "
-                f"{mount.size_gib} GiB): grow it or remove files before starting"
-            )
+        folder = volume_folder(tenant_id=tenant_id, volume_id=mount.volume_id)
+        _make_folder(folder, tenant_id, support.own_uid)
+        if not mount.read_only:  # (a full volume can still be read)
+            used = folder_bytes(folder)
+            if used >= mount.size_gib * GIB:
+                raise BackendRejected(
+                    f"volume {mount.name} is full ({used / GIB:.2f} GiB used of "
+                    f"{mount.size_gib} GiB): grow it or remove files before starting"
+                )
         binds.append((folder, mount.path, mount.read_only))
     return binds
 

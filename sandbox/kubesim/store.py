@@ -22,7 +22,7 @@ from typing import Any
 from sandbox.kubesim.errors import ApiError
 from sandbox.kubesim.resources import ResourceType
 from sandbox.kubesim.selectors import Predicate
-from sandbox.kubesim.validation import invalid, validate_labels, validate_name
+from sandbox.kubesim.validation import invalid, validate_labels, validate_name, validate_ports
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of Kubernetes' generateName
 
@@ -253,6 +253,7 @@ class Store:
         if hook:
             hook(rt, obj, None)
         validate_labels(rt, name, meta.get("labels"))
+        validate_ports(rt, name, obj)
         self._admit(rt, obj)
         if dry_run:
             return obj
@@ -316,6 +317,7 @@ class Store:
             if new.get("spec") != old.get("spec"):
                 meta["generation"] = int(ometa.get("generation") or 1) + 1
             validate_labels(rt, name, meta.get("labels"))
+            validate_ports(rt, name, new)
             hook = getattr(self, f"_prepare_{rt.kind.lower()}", None)
             if hook:
                 hook(rt, new, old)

@@ -69,3 +69,36 @@ def validate_labels(rt: ResourceType, name: str, labels: Any) -> None:
                 "'-', '_' or '.', and must start and end with an alphanumeric character "
                 "(at most 63 characters)",
             )
+
+
+# Where each kind keeps its pod spec (a template for the workloads).
+_POD_SPEC_PATHS = {
+    "Pod": ("spec",),
+    "Deployment": ("spec", "template", "spec"),
+    "ReplicaSet": ("spec", "template", "spec"),
+    "Job": ("spec", "template", "spec"),
+}
+
+
+def validate_ports(rt: ResourceType, name: str, obj: dict) -> None:
+    """Container and Service ports within 1-65535, as the API server requires."""
+    if rt.kind == "Service":
+        for i, port in enumerate((obj.get("spec") or {}).get("ports") or []):
+            _check_port(rt, name, f"spec.ports[{i}].port", port.get("port"))
+        return
+    path = _POD_SPEC_PATHS.get(rt.kind)
+    if path is None:
+        return
+    spec: Any = obj
+    for key in path:
+        spec = (spec or {}).get(key) if isinstance(spec, dict) else None
+    prefix = ".".join(path)
+    for c, container in enumerate((spec or {}).get("containers") or []):
+        for i, port in enumerate(container.get("ports") or []):
+            field_path = f"{prefix}.containers[{c}].ports[{i}].containerPort"
+            _check_port(rt, name, field_path, port.get("containerPort"))
+
+
+def _check_port(rt: ResourceType, name: str, field_path: str, port: Any) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise invalid(rt, name, field_path, port, "must be between 1 and 65535, inclusive")

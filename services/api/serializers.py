@@ -5,9 +5,11 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from console.api.fields import StrictCharField, StrictModelSerializer
+from console.api.fields import StrictBooleanField, StrictCharField, StrictModelSerializer
 from jobs.models import Priority
 from services import selectors
+from services.checks import REVISION_FIELDS
+from services.logs import MAX_TAIL
 from services.models import (
     AutoscaleMetric,
     Service,
@@ -27,7 +29,8 @@ class AutoscaleSerializer(serializers.Serializer):
     metric = serializers.ChoiceField(
         choices=METRICS,
         default=AutoscaleMetric.CONCURRENCY,
-        help_text="rps (requests per second) or concurrency (requests in flight), per replica",
+        help_text="rps (requests per second) or concurrency (requests in flight), per "
+        "replica; or, on a cluster, cpu or gpu (utilisation in percent, by its autoscaler)",
     )
     target = serializers.FloatField(
         min_value=0.01, max_value=100_000, default=10, help_text="Per replica"
@@ -60,6 +63,22 @@ def _secrets_field():
     )
 
 
+class ServiceVolumeSerializer(serializers.Serializer):
+    name = StrictCharField(max_length=63, help_text="The volume's name (in the service's region)")
+    path = StrictCharField(max_length=400, help_text="Where each replica sees it, e.g. /models")
+    read_only = StrictBooleanField(
+        required=False, help_text="Always true: replicas share their volumes read-only"
+    )
+
+
+def _volumes_field():
+    return ServiceVolumeSerializer(
+        many=True,
+        required=False,
+        help_text="Volumes every replica mounts read-only (model weights, a dataset)",
+    )
+
+
 def _env_field():
     return serializers.DictField(
         child=StrictCharField(allow_blank=True, trim_whitespace=False, max_length=4096),
@@ -80,11 +99,25 @@ class ServiceCreateSerializer(serializers.Serializer):
     )
     region = StrictCharField(max_length=40)
     cpus = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    gpu_type = StrictCharField(
+        max_length=40,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="A GPU type's slug for GPU replicas (on the region's cluster); omit for CPU",
+    )
+    gpus_per_replica = serializers.IntegerField(
+        min_value=0,
+        max_value=64,
+        default=0,
+        help_text="GPUs of each replica (1 once gpu_type is set)",
+    )
     min_replicas = serializers.IntegerField(min_value=0, max_value=1000, default=2)
     max_replicas = serializers.IntegerField(min_value=1, max_value=1000, default=10)
     readiness_path = StrictCharField(max_length=200, default="/")
     env = _env_field()
     secrets = _secrets_field()
+    volumes = _volumes_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, default=ServiceAuth.TOKEN)
     priority = serializers.ChoiceField(
         choices=Priority.choices,
@@ -97,6 +130,7 @@ class ServiceCreateSerializer(serializers.Serializer):
         data = dict(self.validated_data)
         data["env"] = dict(data.get("env") or {})
         data["secrets"] = list(data.get("secrets") or [])
+        data["volumes"] = [dict(mount) for mount in data.get("volumes") or []]
         autoscale = data.pop("autoscale", None) or {}
         data["autoscale_metric"] = autoscale.get("metric", AutoscaleMetric.CONCURRENCY)
         data["autoscale_target"] = autoscale.get("target", 10)
@@ -114,14 +148,31 @@ class ServiceUpdateSerializer(serializers.Serializer):
     )
     port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
     cpus = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+    gpus_per_replica = serializers.IntegerField(min_value=0, max_value=64, required=False)
     min_replicas = serializers.IntegerField(min_value=0, max_value=1000, required=False)
     max_replicas = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     readiness_path = StrictCharField(max_length=200, required=False)
     env = _env_field()
     secrets = _secrets_field()
+    volumes = _volumes_field()
     auth = serializers.ChoiceField(choices=ServiceAuth.choices, required=False)
     priority = serializers.ChoiceField(choices=Priority.choices, required=False)
     autoscale = AutoscaleChangeSerializer(required=False)
+
+    # Chosen at creation (they pick the pool and the endpoint): a change is refused with
+    # the reason rather than ignored.
+    FIXED = ("name", "region", "gpu_type")
+
+    def validate(self, attrs: dict) -> dict:
+        fixed = [name for name in self.FIXED if name in (self.initial_data or {})]
+        if fixed:
+            raise serializers.ValidationError(
+                {
+                    name: [f"A service's {name} is fixed at creation: create another service."]
+                    for name in fixed
+                }
+            )
+        return attrs
 
     def changes(self) -> dict:
         """The changes as services.service_update takes them."""
@@ -130,6 +181,8 @@ class ServiceUpdateSerializer(serializers.Serializer):
             changes["env"] = dict(changes["env"])
         if "secrets" in changes:
             changes["secrets"] = list(changes["secrets"])
+        if "volumes" in changes:
+            changes["volumes"] = [dict(mount) for mount in changes["volumes"]]
         autoscale = changes.pop("autoscale", None) or {}
         if "metric" in autoscale:
             changes["autoscale_metric"] = autoscale["metric"]
@@ -164,6 +217,10 @@ class ServiceSerializer(StrictModelSerializer):
     replicas = serializers.SerializerMethodField()
     autoscale = serializers.SerializerMethodField()
     endpoint_url = serializers.SerializerMethodField()
+    volumes = ServiceVolumeSerializer(many=True, read_only=True)
+    gpu_type: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Service
@@ -174,8 +231,11 @@ class ServiceSerializer(StrictModelSerializer):
             "command",
             "env",
             "secrets",
+            "volumes",
             "port",
             "cpus",
+            "gpu_type",
+            "gpus_per_replica",
             "region",
             "min_replicas",
             "max_replicas",
@@ -220,20 +280,11 @@ class ServiceSerializer(StrictModelSerializer):
 
 class ServiceRevisionSerializer(StrictModelSerializer):
     copied_from = serializers.SerializerMethodField()
+    volumes = ServiceVolumeSerializer(many=True, read_only=True)
 
     class Meta:
         model = ServiceRevision
-        fields = [
-            "number",
-            "image",
-            "command",
-            "env",
-            "secrets",
-            "port",
-            "cpus",
-            "copied_from",
-            "created_at",
-        ]
+        fields = ["number", *REVISION_FIELDS, "copied_from", "created_at"]
         read_only_fields = fields
 
     def get_copied_from(self, revision: ServiceRevision) -> int | None:
@@ -247,6 +298,16 @@ class ServiceReplicaSerializer(StrictModelSerializer):
         model = ServiceReplica
         fields = ["id", "revision", "state", "reason", "started_at", "ready_at"]
         read_only_fields = fields
+
+
+class ReplicaLogsQuerySerializer(serializers.Serializer):
+    tail = serializers.IntegerField(min_value=1, max_value=MAX_TAIL, default=200, required=False)
+
+
+class ReplicaLogsSerializer(serializers.Serializer):
+    replica = serializers.IntegerField()
+    state = StrictCharField()
+    lines = serializers.ListField(child=StrictCharField(allow_blank=True))
 
 
 class ServiceScaleEventSerializer(StrictModelSerializer):

@@ -10,10 +10,12 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from console.api.base import TenantScopedViewSet
+from console.api.errors import error_response
 from console.api.schema import ErrorSerializer
 from console.permissions import Capability
 from services import selectors, services
 from services.api import serializers as s
+from services.logs import LogsUnavailable, replica_log_lines
 from services.models import Service
 
 WRITES = ("create", "partial_update", "destroy", "rollback", "scale", "token_revoke")
@@ -110,6 +112,31 @@ class ServiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
     def replica_list(self, request, pk=None):
         replicas = selectors.service_replicas(service=self.get_object())
         return Response(s.ServiceReplicaSerializer(replicas, many=True).data)
+
+    @extend_schema(
+        request=None,
+        parameters=[s.ReplicaLogsQuerySerializer],
+        responses={200: s.ReplicaLogsSerializer, 400: ErrorSerializer, 503: ErrorSerializer},
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        url_path=r"replicas/(?P<replica_id>\d+)/logs",
+        url_name="replica-logs",
+    )
+    def replica_logs(self, request, pk=None, replica_id=None):
+        """A replica's latest log lines (`tail`, 1 to 5000, default 200), oldest first."""
+        service = self.get_object()
+        replica = get_object_or_404(selectors.service_replicas(service=service), pk=replica_id)
+        query = s.ReplicaLogsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        try:
+            lines = replica_log_lines(replica, tail=query.validated_data["tail"])
+        except LogsUnavailable as error:
+            return error_response(
+                503, f"The replica's log can't be read now: {error}", "unavailable"
+            )
+        return Response({"replica": replica.pk, "state": replica.state, "lines": lines})
 
     @extend_schema(request=None, responses=s.ServiceScaleEventSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None, url_path="scale-events")

@@ -31,6 +31,7 @@ from marketplace.services import (
     node_mark_suspect,
     registry_credential_set,
 )
+from services.models import ServiceReplica
 from services.services import ServiceSpec, service_create, service_token_create
 from tests.conftest import signed_in_client, token_client
 from tests.factories import VolumeFactory, ed25519_public_key_line
@@ -193,6 +194,12 @@ def foreign(other_world, world):
     foreign_service_token, _ = service_token_create(
         service=foreign_service, user=other_world.owner, name="globex-secret-service-token"
     )
+    # A replica row as a reconcile pass writes it (no process: the logs must 404, not run).
+    foreign_replica = ServiceReplica.objects.create(
+        service=foreign_service,
+        revision=foreign_service.revisions.get(number=1),
+        handle="globex-secret-replica",
+    )
     pool = NodePool.objects.first()
     version = PriceVersion.objects.first()
     suspect = node_mark_suspect(name=f"{pool.slug}-9", pool=pool, reason="XID 79")
@@ -225,6 +232,7 @@ def foreign(other_world, world):
             "volume_id": foreign_volume.pk,
             "service_id": foreign_service.pk,
             "service_token_id": foreign_service_token.pk,
+            "replica_id": foreign_replica.pk,
             "name": foreign_environment.name,  # environments are addressed by name
             "path": "tree",  # a page of an environment's Jupyter (environments.proxy)
             "revision_number": 1,

@@ -11,6 +11,7 @@ from console.services.ssh_keys import ssh_key_add
 from environments import sshd
 from environments.models import Environment, EnvironmentStatus
 from jobs.models import Job
+from marketplace.models import Image, ImageInteractive
 from storage.models import Volume
 from tests.conftest import token_client
 from tests.factories import MembershipFactory, UserFactory, ed25519_public_key_line
@@ -205,11 +206,22 @@ def test_status_follows_the_job(created, world, member_api):
     assert body["status"] == "failed" and "hostkeys" in body["status_reason"]
 
 
-def test_a_region_the_ssh_gateway_cant_reach_is_refused_with_the_reason(
+def test_on_a_cluster_the_image_must_serve_what_the_environment_offers(
     world, catalog, member_api, settings
 ):
     settings.COMPUTE_BACKENDS = ["local", "kubernetes"]  # us-west: Kubernetes pools only
-    response = member_api.post(API, {**SPEC, "region": "us-west"}, format="json")
+    plain = {**SPEC, "region": "us-west", "image": "python-3.11"}
+    response = member_api.post(API, plain, format="json")
     assert response.status_code == 400, response.content
-    assert "region" in str(response.json()) and "comes later" in str(response.json())
-    assert not Environment.objects.exists() and not Volume.objects.exists()
+    assert "image" in response.json() and "serves sshd itself" in str(response.json())
+    Image.objects.filter(slug="python-3.11").update(interactive=ImageInteractive.JUPYTER)
+    response = member_api.post(API, plain, format="json")  # Jupyter only: no sshd
+    assert response.status_code == 400 and "serves sshd itself" in str(response.json())
+    response = member_api.post(API, {**plain, "interactive": "jupyter"}, format="json")
+    assert response.status_code == 201, response.content
+    assert not Environment.objects.filter(name="box", region__slug="local").exists()
+    # On the console's host the console provides both, whatever the image.
+    Image.objects.filter(slug="python-3.11").update(interactive=ImageInteractive.NONE)
+    response = member_api.post(API, {**SPEC, "name": "here"}, format="json")
+    assert response.status_code == 201, response.content
+    assert Volume.objects.filter(name="here-home").exists()

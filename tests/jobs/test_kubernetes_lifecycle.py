@@ -202,7 +202,20 @@ def test_cancel_leaves_nothing_behind(world, cluster):
     secret = cluster.get("secrets", ns(job), f"gg-{job.pk}-env")
     assert set(secret["data"]) == {"HF_TOKEN"}
     assert cluster.get("services", ns(job), f"gg-{job.pk}") is not None
+    # Its ports are open to the console's gateways only (the namespace denies the rest).
+    policy = cluster.get("networkpolicies", ns(job), f"gg-{job.pk}")
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 2222}]
+    (peer,) = rule["from"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "gpugeek"}
+    assert peer["podSelector"]["matchExpressions"][0]["values"] == ["web", "ssh-gateway"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"gpugeek.io/job": str(job.pk)}
+    backend = get_backend("kubernetes")
+    assert backend.port_address(job, 2222) is None  # not running yet
     job = settle(cluster, job, JobStatus.RUNNING)
+    (pod,) = live_pods(cluster, job)
+    assert backend.port_address(job, 2222) == (pod["status"]["podIP"], 2222)
+    assert backend.port_address(job, 8888) is None  # not a port it declared
 
     job = services.job_cancel(job=job, actor=SYSTEM)
     assert job.status == JobStatus.CANCELLING  # until its pods are seen gone
@@ -212,6 +225,7 @@ def test_cancel_leaves_nothing_behind(world, cluster):
     assert cluster.list("pods", ns(job), label_selector=f"gpugeek.io/job={job.pk}") == []
     assert cluster.get("services", ns(job), f"gg-{job.pk}") is None
     assert cluster.get("secrets", ns(job), f"gg-{job.pk}-env") is None
+    assert cluster.get("networkpolicies", ns(job), f"gg-{job.pk}") is None
     assert (
         settle(cluster, job, JobStatus.CANCELLED).status_reason
         == "cancelled by user; compute released"

@@ -2,7 +2,8 @@
 the Kubernetes backend calls. A representative lifecycle runs against the simulated API
 server (namespace set-up, a registry pull secret, a two-tier spot job with secret env,
 observation, logs, the watch, pause/resume, cancel, release, capacity sync, the pull
-secret's removal; then the same through Kueue and JobSet); each recorded request is mapped
+secret's removal; a service's objects, scaling, revision and delete; then the jobs
+through Kueue and JobSet); each recorded request is mapped
 to the (API group, resource, verb) that RBAC checks, and the set must equal the rules."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from jobs.backends import get_backend
 from jobs.backends.kubernetes import client as kubernetes_client
 from jobs.backends.kubernetes.watch import watch_jobs
 from jobs.models import JobStatus
+from jobs.services import tenant_secret_set
 from marketplace.models import AllowedRegistry, RegistryCredential
 from marketplace.services import (
     capacity_sync,
@@ -30,6 +32,10 @@ from marketplace.services import (
     registry_credential_delete,
     registry_credential_set,
 )
+from services import services as service_services
+from services import tasks as service_tasks
+from services.models import ReplicaState, ServiceStatus
+from services.services import ServiceSpec
 from storage.services import volume_delete, volume_resize
 from tests.factories import VolumeFactory
 from tests.jobs.test_kubernetes_lifecycle import (
@@ -38,6 +44,7 @@ from tests.jobs.test_kubernetes_lifecycle import (
     settle,
 )
 from tests.jobs_helpers import launch
+from tests.services.conftest import reconcile_until
 
 RBAC = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "rbac.yaml"
 
@@ -187,6 +194,51 @@ def run_plain_lifecycle(world, kube) -> None:
     run_the_watch(kube)
 
 
+def run_service_lifecycle(world) -> None:
+    """A service on the cluster: its objects with a secret, ready pods, an HPA that comes
+    and goes, a drained scale-down, a new revision and the delete."""
+    tenant_secret_set(tenant=world.tenant, user=world.owner, name="HF_TOKEN", value="hf_x")
+    spec = ServiceSpec(
+        name="chat",
+        image="python-3.11",
+        command=["python", "-m", "server"],
+        port=8000,
+        region="us-west",
+        min_replicas=2,
+        max_replicas=3,
+        readiness_path="/healthz",
+        env={"SANDBOX_READY_AFTER_SECONDS": "0"},
+        secrets=["HF_TOKEN"],
+        autoscale_metric="cpu",
+        autoscale_target=60,
+        scale_down_delay=0,
+    )
+    service = service_services.service_create(tenant=world.tenant, user=world.owner, spec=spec)
+    service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
+    service = service_services.service_update(  # the HPA changes, then goes
+        service=service, user=world.owner, changes={"autoscale_target": 70}
+    )
+    reconcile_until(service, lambda s: True)
+    service = service_services.service_update(
+        service=service,
+        user=world.owner,
+        changes={"autoscale_metric": "concurrency", "autoscale_target": 5},
+    )
+    reconcile_until(service, lambda s: True)
+    service = service_services.service_scale(
+        service=service, user=world.owner, min_replicas=1, max_replicas=1
+    )
+    reconcile_until(service, lambda s: s.replicas.filter(state=ReplicaState.DRAINING).exists())
+    service = service_services.service_update(
+        service=service, user=world.owner, changes={"port": 8001}
+    )
+    reconcile_until(service, lambda s: True)
+    tenant_id, service_id = service.tenant_id, service.pk
+    with TestCase.captureOnCommitCallbacks(execute=False):
+        service_services.service_delete(service=service, user=world.owner)
+    service_tasks.service_objects_delete_task(tenant_id, service_id)
+
+
 def redispatched(world, backend, spec):
     job = services.job_submit(tenant=world.tenant, user=world.member, spec=spec)
     backend.submit(job)  # a first task that died before recording its success
@@ -276,6 +328,7 @@ def kube(cluster):  # noqa: F811  (the lifecycle tests' fixture: three nodes, po
 @pytest.mark.timeout(120)
 def test_the_cluster_role_grants_exactly_what_the_backend_calls(world, kube, settings):
     run_plain_lifecycle(world, kube)
+    run_service_lifecycle(world)
     run_kueue_lifecycle(world, kube, settings)
 
     calls = used(kube)

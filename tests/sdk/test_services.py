@@ -6,17 +6,22 @@ the console recorded them; the replicas' own lifecycle is tested in tests/servic
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from gpugeek import cli_services
+from gpugeek.cli_services import new_lines
 from gpugeek.errors import Conflict, NotFound, ValidationError
 from gpugeek.models import Service, ServiceToken
 from gpugeek.services import Services
 
+from jobs.backends import host_processes
 from jobs.services import tenant_secret_set
 from services.models import Service as ServiceRow
-from services.models import ServiceScaleEvent
+from services.models import ServiceReplica, ServiceScaleEvent
+from tests.factories import VolumeFactory
 from tests.sdk.test_cli import cli  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -137,16 +142,20 @@ def test_autoscaling_is_chosen_at_create_and_changed_later(gg, cli):  # noqa: F8
     }  # fmt: skip
     changed = gg.services.autoscale(service.id, metric="concurrency", target=4, scale_down_delay=60)
     assert changed.autoscale == {"metric": "concurrency", "target": 4.0, "scale_down_delay": 60}
-    with pytest.raises(ValidationError) as refused:  # measured by a Kubernetes HPA: not yet
+    with pytest.raises(ValidationError) as refused:  # a CPU service has no GPU to measure
         gg.services.autoscale(service.id, metric="gpu", target=70)
-    assert "GPU utilisation needs a Kubernetes autoscaler" in str(refused.value)
+    assert "GPU utilisation needs GPU replicas" in str(refused.value)
 
     code, out, err = cli("--json", "services", "autoscale", str(service.id), "rps=2.5",
                          "--scale-down-delay", "60")  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["autoscale"] == {"metric": "rps", "target": 2.5, "scale_down_delay": 60}
-    code, _, err = cli("services", "autoscale", str(service.id), "cpu=70")
+    code, _, err = cli("services", "autoscale", str(service.id), "gpu=0")
     assert code == 2 and "METRIC=TARGET" in err  # refused before asking the server
+    code, _, err = cli("services", "autoscale", str(service.id), "gpu=70")
+    assert code == 1 and "needs GPU replicas" in err  # (the server's word)
+    code, _, err = cli("services", "autoscale", str(service.id), "cpu=70")
+    assert code == 1 and "runs on the console's host" in err  # (the server's word)
     code, out, err = cli("--json", "services", "create", "cli", "--image", "python:3.11-slim",
                          "--port", "8080", "--region", "local", "--autoscale", "rps=7",
                          "--", *ECHO)  # fmt: skip
@@ -187,3 +196,86 @@ def test_secrets_are_named_through_the_sdk_and_the_cli(gg, cli, world):  # noqa:
                          "--min-replicas", "0", "--", *ECHO)  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["secrets"] == ["HF_TOKEN"]
+
+
+def test_volumes_are_named_through_the_sdk_and_the_cli(gg, cli, world):  # noqa: F811
+    VolumeFactory(tenant=world.tenant, name="weights")
+    service = create(gg, volumes=[{"name": "weights", "path": "/models"}], min_replicas=0)
+    assert service.volumes == [{"name": "weights", "path": "/models"}]
+    with pytest.raises(ValidationError, match="No volume named nope"):
+        create(gg, "other", volumes=[{"name": "nope", "path": "/models"}])
+    code, out, err = cli("--json", "services", "create", "cli", "--image", "python:3.11-slim",
+                         "--port", "8080", "--region", "local", "--volume", "weights:/w",
+                         "--min-replicas", "0", "--", *ECHO)  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["volumes"] == [{"name": "weights", "path": "/w"}]
+    code, out, err = cli("services", "create", "rw", "--image", "python:3.11-slim",
+                         "--port", "8080", "--region", "local", "--volume", "weights:/w:rw",
+                         "--", *ECHO)  # fmt: skip
+    assert code != 0 and "read-only" in err
+
+
+def test_gpu_replicas_through_the_sdk_and_the_cli(gg, cli):  # noqa: F811
+    gpu = {"image": "pytorch-2-5-cuda12-4", "region": "us-west", "gpu_type": "h100-80gb"}
+    service = create(gg, "llm", **gpu, gpus_per_replica=2, min_replicas=0)
+    assert (service.gpu_type, service.gpus_per_replica) == ("h100-80gb", 2)
+    service = gg.services.update(service.id, gpus_per_replica=1)
+    assert service.gpus_per_replica == 1 and service.revision == 2
+    with pytest.raises(ValidationError, match="1 to 8 GPUs per replica"):
+        create(gg, "big", **gpu, gpus_per_replica=9)
+    code, out, err = cli("--json", "services", "create", "cli", "--image", "pytorch-2-5-cuda12-4",
+                         "--port", "8080", "--region", "us-west", "--gpu-type", "h100-80gb",
+                         "--autoscale", "gpu=70", "--min-replicas", "1", "--", *ECHO)  # fmt: skip
+    assert code == 0, err
+    created = json.loads(out)
+    assert (created["gpus_per_replica"], created["autoscale"]["metric"]) == (1, "gpu")
+
+
+def test_replica_logs_are_read_in_the_sdk_and_followed_in_the_cli(gg, cli, monkeypatch):  # noqa: F811
+    service = create(gg, min_replicas=1)
+    row = ServiceRow.objects.get(pk=service.id)
+    # A replica as the reconcile pass records it, with what its process printed so far.
+    replica = ServiceReplica.objects.create(
+        service=row, revision=row.current_revision, state="ready", host_port=40001
+    )
+    replica.handle = f"service-{row.pk}-replica-{replica.pk}"
+    replica.save(update_fields=["handle"])
+    output = host_processes.run_dir(replica.handle) / "output.log"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("loading weights\nready on :8080\n")
+    try:
+        assert gg.services.replica_logs(service.id, replica.pk) == [
+            "loading weights",
+            "ready on :8080",
+        ]
+        assert gg.services.replica_logs(service.id, replica.pk, tail=1) == ["ready on :8080"]
+        with pytest.raises(ValidationError, match="tail"):
+            gg.services.replica_logs(service.id, replica.pk, tail=0)
+        with pytest.raises(NotFound):
+            gg.services.replica_logs(service.id, replica.pk + 999)
+        code, out, err = cli("services", "logs", str(service.id))
+        assert code == 0, err
+        assert out.splitlines() == ["loading weights", "ready on :8080"]
+
+        # --follow prints only what is new on each poll, until Ctrl-C.
+        polls = iter([lambda: output.write_text("loading weights\nready on :8080\nGET /\n")])
+
+        def sleep(_seconds):
+            step = next(polls, None)
+            if step is None:
+                raise KeyboardInterrupt
+            step()
+
+        monkeypatch.setattr(cli_services, "_pause", sleep)
+        code, out, err = cli("services", "logs", str(service.id), "-f")
+        assert code == 0, err
+        assert out.splitlines() == ["loading weights", "ready on :8080", "GET /"]
+    finally:
+        shutil.rmtree(output.parent, ignore_errors=True)
+
+
+def test_new_lines_are_what_follows_the_overlap():
+    assert new_lines([], ["a", "b"]) == ["a", "b"]
+    assert new_lines(["a", "b"], ["a", "b"]) == []
+    assert new_lines(["a", "b", "c"], ["b", "c", "d"]) == ["d"]  # the tail moved on
+    assert new_lines(["a"], ["x", "y"]) == ["x", "y"]  # no overlap: all of it

@@ -53,7 +53,7 @@ def test_autoscale_is_set_at_creation_and_changed_by_patch(owner_api, catalog):
     ("autoscale", "field", "words"),
     [
         ({"metric": "cpu", "target": 70}, "autoscale_metric", "rps or concurrency"),
-        ({"metric": "gpu"}, "autoscale_metric", "Kubernetes autoscaler"),
+        ({"metric": "gpu"}, "autoscale_metric", "needs GPU replicas"),
         ({"metric": "memory"}, "autoscale", "not a valid choice"),
         ({"target": 0}, "autoscale", "greater than or equal to 0.01"),
         ({"scale_down_delay": 3601}, "autoscale", "less than or equal to 3600"),

@@ -1,7 +1,8 @@
-"""Services' metering: each replica's vCPU-seconds into the ledger (tier "service") from
-its start to its stop, at the region's CPU price of the price-book version in force
-after the tenant's discount; replicas removed by a reconcile pass or with their service
-are metered up to their stop first; the Cost Explorer and the invoice show them."""
+"""Services' metering: each replica's vCPU-seconds (or, for a GPU replica, GPU-seconds)
+into the ledger (tier "service") from its start to its stop, at the region's CPU (or GPU
+type's) price of the price-book version in force after the tenant's discount; replicas
+removed by a reconcile pass or with their service are metered up to their stop first; the
+Cost Explorer (GPU replicas under their GPU type) and the invoice show them."""
 
 from __future__ import annotations
 
@@ -18,15 +19,17 @@ from hypothesis import strategies as st
 from billing.invoices.services import invoice_draft_create
 from billing.metering import meter_tick
 from billing.metering.pieces import unit_hours_amount
+from billing.metering.rollups import rollups_rebuild
 from billing.metering.service_replicas import SERVICE_TIER, replicas_meter
-from billing.models import UsageRecord
-from marketplace.models import Region
+from billing.models import UsageRecord, UsageRollup
+from marketplace.models import Backend, GpuType, Region
 from marketplace.pricing import after_tenant_discount
 from marketplace.services import tenant_pricing_set
 from services import reconcile, services
 from services.models import ReplicaState, Service, ServiceReplica, ServiceRevision
 from tests.conftest import token_client
 from tests.factories import (
+    GpuTypeFactory,
     NodePoolFactory,
     PriceEntryFactory,
     PriceVersionFactory,
@@ -40,26 +43,51 @@ pytestmark = pytest.mark.django_db
 
 START = datetime(2026, 3, 2, 10, tzinfo=UTC)
 HOUR = timedelta(hours=1)
+MINUTE = timedelta(minutes=1)
 prices = st.decimals(min_value=Decimal("0.000001"), max_value=Decimal(10), places=6)
 
 
-def priced_region(price: Decimal, *, since: datetime = START - timedelta(days=30)) -> Region:
+def priced_region(
+    price: Decimal,
+    *,
+    since: datetime = START - timedelta(days=30),
+    gpu_prices: dict[GpuType, Decimal] | None = None,
+) -> Region:
+    """A region with a CPU price (per vCPU-hour) and `gpu_prices` (per GPU-hour)."""
     region = RegionFactory()
-    PriceEntryFactory(
-        version=PriceVersionFactory(effective_from=since), region=region, on_demand_price=price
-    )
+    version = PriceVersionFactory(effective_from=since)
+    PriceEntryFactory(version=version, region=region, on_demand_price=price)
+    for gpu_type, gpu_price in (gpu_prices or {}).items():
+        PriceEntryFactory(
+            version=version, region=region, gpu_type=gpu_type, on_demand_price=gpu_price
+        )
     return region
 
 
-def make_service(tenant, region: Region, *, name: str = "api", cpus: int = 2) -> Service:
+def make_service(
+    tenant,
+    region: Region,
+    *,
+    name: str = "api",
+    cpus: int = 2,
+    gpu_type: GpuType | None = None,
+    gpus: int = 0,
+) -> Service:
+    """A service (a GPU one, on a cluster's on-demand pool, where `gpu_type` is given)."""
+    pool = (
+        NodePoolFactory(region=region, gpu_type=gpu_type, backend=Backend.KUBERNETES)
+        if gpu_type
+        else NodePoolFactory(region=region)
+    )
     service = Service.objects.create(
-        tenant=tenant, name=name, region=region, pool=NodePoolFactory(region=region),
+        tenant=tenant, name=name, region=region, pool=pool,
         image="python:3.11-slim", command=["serve"], port=8080, cpus=cpus,
+        gpu_type=gpu_type, gpus_per_replica=gpus,
         min_replicas=0, max_replicas=2, desired_replicas=0,
     )  # fmt: skip
     service.current_revision = ServiceRevision.objects.create(
         service=service, number=1, image=service.image, command=service.command,
-        port=8080, cpus=cpus,
+        port=8080, cpus=cpus, gpus_per_replica=gpus,
     )  # fmt: skip
     service.save(update_fields=["current_revision"])
     return service
@@ -203,3 +231,100 @@ def test_cost_explorer_and_the_invoice_show_service_replicas(world, other_world)
     assert line.description == f"CPU · service replicas · {region.slug}"
     assert (line.quantity, line.unit, line.tier) == (Decimal(6), "vCPU-hour", SERVICE_TIER)
     assert line.amount == Decimal("1.5")
+
+
+def test_a_gpu_replica_is_billed_per_gpu_hour_of_its_revision_and_a_cpu_one_beside_it_as_before(
+    world,
+):
+    gpu = GpuTypeFactory()
+    region = priced_region(Decimal("0.05"), gpu_prices={gpu: Decimal("2.345678")})
+    service = make_service(world.tenant, region, name="llm", cpus=8, gpu_type=gpu, gpus=1)
+    # A replica runs its revision's GPUs: 3 here, though the service now asks for 1.
+    service.current_revision = ServiceRevision.objects.create(
+        service=service, number=2, image=service.image, command=service.command,
+        port=8080, cpus=8, gpus_per_replica=3,
+    )  # fmt: skip
+    gpu_replica = replica(service, started=START, stopped=START + 150 * MINUTE)
+    cpu_replica = replica(
+        make_service(world.tenant, region, cpus=4), started=START, stopped=START + 90 * MINUTE
+    )
+    replicas_meter(now=START + 10 * HOUR)
+    # 3 GPUs × 2.5 h × 2.345678, exactly (its 8 vCPUs are not billed beside its GPUs).
+    assert billed(gpu_replica.pk) == Decimal("17.592585")
+    assert {(r.units, r.gpu_type_id, r.unit_price, r.note) for r in records(gpu_replica.pk)} == {
+        (3, gpu.pk, Decimal("2.345678"), "")
+    }
+    assert sum(r.gpu_seconds for r in records(gpu_replica.pk)) == 3 * 150 * 60
+    assert sum(r.cpu_seconds for r in records(gpu_replica.pk)) == 0
+    # The CPU replica: 4 vCPUs × 1.5 h × 0.05, as before.
+    assert billed(cpu_replica.pk) == Decimal("0.3")
+    assert {(r.units, r.gpu_type_id, r.gpu_seconds) for r in records(cpu_replica.pk)} == {
+        (4, None, 0)
+    }
+    assert sum(r.cpu_seconds for r in records(cpu_replica.pk)) == 4 * 90 * 60
+
+
+def test_a_gpu_replica_gets_the_tenant_discount_and_a_missing_gpu_price_is_a_gap(world):
+    tenant_pricing_set(
+        tenant=world.tenant, discount_percent=Decimal(20), note="contract", user=UserFactory()
+    )
+    gpu = GpuTypeFactory()
+    priced = priced_region(Decimal("0.05"), gpu_prices={gpu: Decimal("2.5")})
+    ours = replica(
+        make_service(world.tenant, priced, gpu_type=gpu, gpus=2),
+        started=START,
+        stopped=START + 10 * HOUR,
+    )
+    # The region has CPU and `gpu` prices, none for this GPU type.
+    unpriced = GpuTypeFactory()
+    gap = replica(
+        make_service(world.tenant, priced, name="other", gpu_type=unpriced, gpus=2),
+        started=START,
+        stopped=START + HOUR,
+    )
+    replicas_meter(now=START + 10 * HOUR)
+    assert billed(ours.pk) == Decimal(40)  # 2 GPUs × 10 h × 2.5, 20 % off
+    record = records(ours.pk).first()
+    assert record.unit_price == after_tenant_discount(Decimal("2.5"), Decimal(20))
+    assert record.discount_percent == Decimal(20) and record.on_demand_amount == record.amount
+    (missing,) = records(gap.pk)
+    assert (missing.amount, missing.gpu_type_id, missing.gpu_seconds) == (0, unpriced.pk, 7200)
+    assert missing.note == f"no {unpriced.slug} price for {priced.slug} in the price book"
+
+
+def test_gpu_replicas_roll_up_and_invoice_under_their_gpu_type(world):
+    gpu = GpuTypeFactory()
+    region = priced_region(Decimal("0.25"), gpu_prices={gpu: Decimal("3")})
+    replica(
+        make_service(world.tenant, region, name="llm", gpu_type=gpu, gpus=2),
+        started=START,
+        stopped=START + 3 * HOUR,
+    )
+    replica(make_service(world.tenant, region, cpus=2), started=START, stopped=START + 3 * HOUR)
+    meter_tick(now=START + 5 * HOUR)
+    api = token_client(world.viewer, world.tenant)
+    day = {"start": "2026-03-02", "end": "2026-03-02"}
+    by_gpu = api.get("/api/v1/usage", {**day, "group_by": "gpu_type"}).json()
+    assert sorted((r["key"], Decimal(r["amount"])) for r in by_gpu["results"]) == [
+        ("cpu", Decimal("1.5")),  # 2 vCPUs × 3 h × 0.25
+        (gpu.slug, Decimal(18)),  # 2 GPUs × 3 h × 3
+    ]
+    # The rollups written as the records are metered are those a rebuild from the ledger gives.
+    written = set(UsageRollup.objects.values_list("bucket", "gpu_type", "amount", "gpu_seconds"))
+    rollups_rebuild()
+    assert (
+        set(UsageRollup.objects.values_list("bucket", "gpu_type", "amount", "gpu_seconds"))
+        == written
+    )
+    invoice = invoice_draft_create(
+        tenant=world.tenant,
+        period_start=datetime(2026, 3, 1, tzinfo=UTC),
+        period_end=datetime(2026, 4, 1, tzinfo=UTC),
+    )
+    gpu_line = invoice.lines.get(gpu_type=gpu.slug)
+    assert gpu_line.description == f"{gpu.model} · service replicas · {region.slug}"
+    assert (gpu_line.quantity, gpu_line.unit, gpu_line.amount) == (
+        Decimal(6),
+        "GPU-hour",
+        Decimal(18),
+    )

@@ -13,7 +13,7 @@ import pytest
 
 from console.celery import app as celery_app
 from jobs.backends import host_processes
-from services import reconcile, services, traffic
+from services import reconcile, scaling, services, traffic
 from services.models import ReplicaState, ServiceStatus
 from tests.services.conftest import echo_spec, ready_count, reconcile_until
 
@@ -132,7 +132,7 @@ def test_a_drained_replica_stops_only_once_its_requests_are_done(service):
     service = reconcile.service_reconcile(service_id=service.pk)
     draining = service.replicas.get(state=ReplicaState.DRAINING)
     assert service.replicas.filter(state=ReplicaState.READY).count() == 1
-    time.sleep(reconcile.DRAIN_MIN_SECONDS + 0.5)
+    time.sleep(scaling.DRAIN_MIN_SECONDS + 0.5)
     reconcile.service_reconcile(service_id=service.pk)
     draining.refresh_from_db()
     assert draining.state == ReplicaState.DRAINING  # still busy
@@ -147,7 +147,7 @@ def test_a_drained_replica_stops_only_once_its_requests_are_done(service):
 
 
 def test_a_drain_that_never_ends_is_cut_after_its_timeout(service, monkeypatch):
-    monkeypatch.setattr(reconcile, "DRAIN_TIMEOUT_SECONDS", 3)
+    monkeypatch.setattr(scaling, "DRAIN_TIMEOUT_SECONDS", 3)
     service = reconcile_until(service, lambda s: s.status == ServiceStatus.READY)
     for replica in service.replicas.all():
         traffic.replicas_in_flight_add(changes={replica.pk: 1})  # and never finished

@@ -11,6 +11,7 @@ from jobs.services import tenant_secret_set
 from services import reconcile, services, traffic
 from services.models import Service, ServiceToken
 from tests.conftest import signed_in_client
+from tests.factories import VolumeFactory
 from tests.services.conftest import echo_spec
 
 FORM = {
@@ -76,6 +77,36 @@ def test_secrets_are_named_on_the_form_and_shown_by_name(owner_client, world, ca
     assert answer.status_code == 302 and service.secrets == ["HF_TOKEN"]
     page = owner_client.get(answer["Location"]).content.decode()
     assert "<code>HF_TOKEN</code>" in page and "hf_x" not in page
+
+
+def test_volumes_are_named_on_the_form_and_shown_on_the_page(owner_client, world, catalog):
+    VolumeFactory(tenant=world.tenant, name="weights")
+    answer = owner_client.post(reverse("services:list"), {**FORM, "volumes": "weights"})
+    assert answer.status_code == 200 and "Line 1 is not NAME:/path" in answer.content.decode()
+    answer = owner_client.post(reverse("services:list"), {**FORM, "volumes": "nope:/models"})
+    assert answer.status_code == 200 and "No volume named nope" in answer.content.decode()
+    assert not Service.objects.exists()
+    answer = owner_client.post(reverse("services:list"), {**FORM, "volumes": "weights:/models\n"})
+    service = Service.objects.get()
+    assert answer.status_code == 302 and service.volumes == [{"name": "weights", "path": "/models"}]
+    page = owner_client.get(answer["Location"]).content.decode()
+    assert "<code>weights</code> at <code>/models</code>" in page and "read-only" in page
+
+
+def test_gpu_replicas_are_chosen_on_the_form_and_shown_on_the_page(owner_client, catalog):
+    page = owner_client.get(reverse("services:list")).content.decode()
+    assert '<option value="h100-80gb">' in page and "None (CPU)" in page
+    gpu = {**FORM, "region": "us-west", "image": "pytorch-2-5-cuda12-4", "gpu_type": "h100-80gb"}
+    answer = owner_client.post(reverse("services:list"), {**gpu, "gpus_per_replica": "9"})
+    assert answer.status_code == 200 and "1 to 8 GPUs per replica" in answer.content.decode()
+    answer = owner_client.post(reverse("services:list"), {**gpu, "gpus_per_replica": "2"})
+    service = Service.objects.get()
+    assert answer.status_code == 302 and service.gpus_per_replica == 2
+    page = owner_client.get(answer["Location"]).content.decode()
+    assert "2 × NVIDIA H100" in page
+    assert "1 CPU, 2 GPUs" in page  # the revision's row
+    listed = owner_client.get(reverse("services:list")).content.decode()
+    assert f"2 × {service.gpu_type.model}" in listed
 
 
 def test_a_member_asking_for_critical_sees_why_on_the_form(world, catalog):

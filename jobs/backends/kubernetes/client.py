@@ -66,6 +66,10 @@ CREATE_PATHS = {
     "create_namespaced_limit_range": "/api/v1/namespaces/{}/limitranges",
     "create_namespaced_network_policy": "/apis/networking.k8s.io/v1/namespaces/{}/networkpolicies",
     "create_namespaced_job": "/apis/batch/v1/namespaces/{}/jobs",
+    "create_namespaced_deployment": "/apis/apps/v1/namespaces/{}/deployments",
+    "create_namespaced_horizontal_pod_autoscaler": (
+        "/apis/autoscaling/v2/namespaces/{}/horizontalpodautoscalers"
+    ),
     "create_namespaced_custom_object": "/apis/{}/{}/namespaces/{}/{}",
     "create_priority_class": "/apis/scheduling.k8s.io/v1/priorityclasses",
     "create_cluster_custom_object": "/apis/{}/{}/{}",
@@ -275,6 +279,14 @@ class ApiCalls:
     @functools.cached_property
     def batch(self) -> client.BatchV1Api:
         return client.BatchV1Api(self.api_client)
+
+    @functools.cached_property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api_client)
+
+    @functools.cached_property
+    def autoscaling(self) -> client.AutoscalingV2Api:
+        return client.AutoscalingV2Api(self.api_client)
 
     @functools.cached_property
     def networking(self) -> client.NetworkingV1Api:

@@ -107,6 +107,15 @@ class LifecycleMixin(ApiCalls):
                     (namespace, service),
                 )
             )
+        if job.ports:
+            policy = manifests.ports_policy_manifest(job)
+            creates.append(
+                (
+                    f"network policy {policy['metadata']['name']}",
+                    self.networking.create_namespaced_network_policy,
+                    (namespace, policy),
+                )
+            )
         if pull_secrets is None:
             pull_secrets = self.ensure_pull_secret(job, namespace)
         avoid = _avoided(job, suspect_nodes_by_pool() if suspect is None else suspect)
@@ -454,6 +463,13 @@ class LifecycleMixin(ApiCalls):
             manifests.service_name(job),
             namespace,
         )
+        if job.ports:
+            self._delete(
+                f"network policy {manifests.service_name(job)}",
+                self.networking.delete_namespaced_network_policy,
+                manifests.service_name(job),
+                namespace,
+            )
         self._delete(
             f"secret {manifests.secret_name(job)}",
             self.core.delete_namespaced_secret,

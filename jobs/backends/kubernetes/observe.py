@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from jobs.backends.base import (
+    BackendUnavailable,
     Observation,
 )
 from jobs.backends.kubernetes import manifests
@@ -41,6 +42,24 @@ class ObserveMixin(ApiCalls):
             ok=(404,),
         )
         return listed.items if listed is not None else []
+
+    def port_address(self, job: Job, port: int) -> tuple[str, int] | None:
+        """Rank 0's pod IP while it runs, for a port the job declared: the console's
+        gateways dial it there (the job's NetworkPolicy admits them on its ports). None
+        while it doesn't run, or when the cluster can't be read now."""
+        if not any(declared.get("port") == port for declared in job.ports or []):
+            return None
+        try:
+            pod = current_pods(self._attempt_pods(job)).get(0)
+        except BackendUnavailable as error:
+            log.warning("where job %s listens: %s", job.pk, error)
+            return None
+        status = pod.status if pod is not None else None
+        if status is None or status.phase != "Running" or not status.pod_ip:
+            return None
+        if pod.metadata.deletion_timestamp:
+            return None
+        return status.pod_ip, port
 
     def observe(self, job: Job) -> Observation:
         """The attempt's state, from its tier Jobs and their pods.

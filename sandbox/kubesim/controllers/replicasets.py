@@ -42,6 +42,16 @@ def owner_reference(owner: dict) -> dict:
     }
 
 
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def _deletion_cost(pod: dict) -> int:
+    try:
+        return int(((pod["metadata"].get("annotations") or {}).get(DELETION_COST)) or 0)
+    except ValueError:
+        return 0
+
+
 class ReplicaSetsController(Store):
     """One pass over every ReplicaSet: its pods, then its status."""
 
@@ -71,12 +81,14 @@ class ReplicaSetsController(Store):
         ]
 
     def _deletion_rank(self, pod: dict) -> tuple:
-        """Sorts the pods to delete first to the front."""
+        """Sorts the pods to delete first to the front (as ActivePodsWithRanks: not
+        scheduled, pending, not ready, lowest pod-deletion-cost, newest)."""
         ready = get_condition(pod, "Ready") or {}
         return (
             bool((pod.get("spec") or {}).get("nodeName")),
             _PHASE_RANK.get(pod["status"].get("phase", ""), 1),
             ready.get("status") == "True",
+            _deletion_cost(pod),
             -(self._parse_ts(pod["metadata"].get("creationTimestamp")) or 0.0),
             -int(pod["metadata"]["resourceVersion"]),
         )

@@ -113,6 +113,8 @@ class ServingKubelet(PodsController):
             probe_path=probe.path if probe else None,
         )
         self._served[meta["uid"]] = _Served(meta["namespace"], meta["name"], server, probe)
+        # What a server prints as it starts: the pod's log has a line to show.
+        self.append_log(meta["namespace"], meta["name"], f"serving on {server.address}:{port}\n")
         return server.address, probe is None
 
     def _forget(self, rt: ResourceType, obj: dict) -> None:

@@ -348,8 +348,11 @@ class Service(Model):
     command: list[str]
     env: dict[str, str]
     secrets: list[str]
+    volumes: list[dict[str, Any]]  # {"name", "path"}, mounted read-only
     port: int
     cpus: int
+    gpu_type: str | None  # a GPU type's slug (GPU replicas, on a cluster); None: CPU
+    gpus_per_replica: int
     region: str
     min_replicas: int
     max_replicas: int
@@ -375,8 +378,10 @@ class ServiceRevision(Model):
     command: list[str]
     env: dict[str, str]
     secrets: list[str]
+    volumes: list[dict[str, Any]]  # {"name", "path"}, mounted read-only
     port: int
     cpus: int
+    gpus_per_replica: int
     copied_from: int | None  # the revision a rollback copied
     created_at: str
 

@@ -47,14 +47,23 @@ class Services:
         autoscale: dict[str, Any] | None = None,
         priority: str = "normal",
         secrets: list[str] | None = None,
+        volumes: list[dict[str, Any]] | None = None,
+        gpu_type: str | None = None,
+        gpus_per_replica: int = 0,
     ) -> Service:
         """Create a service (revision 1) and start its replicas. `auth`: "token" (callers
         send a service token, see `create_token`) or "public". `autoscale`: what the
         console scales on, {"metric": "concurrency" (requests in flight per replica, the
-        default, target 10) or "rps" (requests per second per replica), "target": N}.
+        default, target 10), "rps" (requests per second per replica) or, on a cluster,
+        "cpu" (utilisation in percent, by its autoscaler), "target": N}.
         `priority`: "critical" (owners and admins) keeps serving when a budget is used up;
         "normal" and "low" scale to zero until it is raised. `secrets`: organisation
-        secrets by name, set in each replica's environment. A `Conflict` when the name
+        secrets by name, set in each replica's environment. `volumes`: the organisation's
+        volumes every replica mounts read-only, [{"name": "weights", "path": "/models"}]
+        (model weights; a volume filled from a bucket). `gpu_type` (a slug, e.g. "h100")
+        and `gpus_per_replica` (1 by default once a type is named): GPU replicas, on the
+        region's cluster, which may scale on {"metric": "gpu", "target": 70}. A
+        `Conflict` when the name
         is taken; a `ValidationError` naming the field for bad input."""
         body: dict[str, Any] = {
             "name": name, "image": image, "command": list(command), "port": port,
@@ -62,14 +71,17 @@ class Services:
             "max_replicas": max_replicas, "readiness_path": readiness_path,
             "env": dict(env or {}), "auth": auth, "priority": priority,
             "secrets": list(secrets or []),
+            "volumes": [dict(mount) for mount in volumes or []],
+            "gpu_type": gpu_type, "gpus_per_replica": gpus_per_replica,
         }  # fmt: skip
         if autoscale is not None:
             body["autoscale"] = dict(autoscale)
         return Service.from_dict(self.http.post("services", body))
 
     def update(self, service_id: int, **changes: Any) -> Service:
-        """Change any of image, command, port, cpus, env, secrets, readiness_path, auth,
-        priority (a new revision when what runs changes) or min/max_replicas."""
+        """Change any of image, command, port, cpus, gpus_per_replica, env, secrets, volumes,
+        readiness_path, auth, priority (a new revision when what runs changes) or
+        min/max_replicas."""
         answer = self.http.request("PATCH", f"services/{int(service_id)}", json=changes)
         return Service.from_dict(answer)
 
@@ -81,7 +93,8 @@ class Services:
         target: float,
         scale_down_delay: int | None = None,
     ) -> Service:
-        """Scale on `metric` ("concurrency" or "rps") per replica, aiming at `target`;
+        """Scale on `metric` ("concurrency", "rps" or, on a cluster, "cpu" in percent) per
+        replica, aiming at `target`;
         `scale_down_delay`: seconds the traffic must want fewer replicas before one goes."""
         autoscale: dict[str, Any] = {"metric": metric, "target": target}
         if scale_down_delay is not None:
@@ -111,6 +124,13 @@ class Services:
     def replicas(self, service_id: int) -> list[ServiceReplica]:
         rows = self.http.get(f"services/{int(service_id)}/replicas")
         return [ServiceReplica.from_dict(row) for row in rows]
+
+    def replica_logs(self, service_id: int, replica_id: int, *, tail: int = 200) -> list[str]:
+        """The replica's latest `tail` log lines (1 to 5000), oldest first."""
+        answer = self.http.get(
+            f"services/{int(service_id)}/replicas/{int(replica_id)}/logs", tail=int(tail)
+        )
+        return list(answer["lines"])
 
     def scale_events(self, service_id: int) -> list[ServiceScaleEvent]:
         """The latest changes of the wanted replica count, newest first, with what the

@@ -79,6 +79,32 @@ def setting(name: str, default: Any) -> Any:
     return getattr(settings, name, default)
 
 
+# Where the console's gateways run (deploy/kubernetes: namespace gpugeek): its web pods
+# (the services gateway, the Jupyter proxy) and its SSH gateway's. The only pods outside a
+# tenant's namespace that reach its workloads, on the ports those declare.
+GATEWAY_NAMESPACE = "gpugeek"
+GATEWAY_APP_LABELS = {"app.kubernetes.io/name": "gpugeek"}
+GATEWAY_COMPONENTS = ("web", "ssh-gateway")
+
+
+def gateway_peer(components: tuple[str, ...] = GATEWAY_COMPONENTS) -> dict:
+    """A NetworkPolicy peer: the console's pods of `components`, in its namespace."""
+    namespace = setting("SERVICE_GATEWAY_NAMESPACE", GATEWAY_NAMESPACE)
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "podSelector": {
+            "matchLabels": dict(GATEWAY_APP_LABELS),
+            "matchExpressions": [
+                {
+                    "key": "app.kubernetes.io/component",
+                    "operator": "In",
+                    "values": list(components),
+                }
+            ],
+        },
+    }
+
+
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 SCHEDULING_GROUP, SCHEDULING_VERSION = "scheduling.k8s.io", "v1"
 

@@ -41,6 +41,7 @@ from jobs.backends.kubernetes.manifests.names import (
     SPOT_NODE_LABELS,
     SPOT_TOLERATION_KEYS,
     TENANT_LABEL,
+    gateway_peer,
     job_labels,
     job_name,
     jobset_name,
@@ -84,6 +85,30 @@ def service_manifest(job: Job) -> dict:
             "selector": {JOB_LABEL: str(job.pk)},
             "ports": [{"name": "rendezvous", "port": MASTER_PORT, "protocol": "TCP"}]
             + [{"name": p["name"], "port": p["port"], "protocol": "TCP"} for p in job.ports],
+        },
+    }
+
+
+def ports_policy_manifest(job: Job) -> dict:
+    """The job's declared ports (Jupyter, SSH) open to the console's gateways only: the
+    namespace's default policy admits nothing from outside it. Named as its Service."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": service_name(job),
+            "namespace": namespace_name(job.tenant_id),
+            "labels": owner_labels(job),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {JOB_LABEL: str(job.pk)}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [gateway_peer()],
+                    "ports": [{"protocol": "TCP", "port": p["port"]} for p in job.ports],
+                }
+            ],
         },
     }
 
