@@ -19,6 +19,12 @@ def _mail_files(mail_dir: Path) -> list[Path]:
     return sorted(mail_dir.glob("*")) if mail_dir.exists() else []
 
 
+def _written_mail(mail_dir: Path) -> list[Path]:
+    # The file backend creates the file before it writes the message: wait for both.
+    files = _mail_files(mail_dir)
+    return files if files and all(f.read_text().rstrip().endswith("-" * 79) for f in files) else []
+
+
 def _wait_or_show_log(worker, predicate, what: str, timeout: float = 30):
     try:
         return wait_until(predicate, timeout, what=what)
@@ -43,7 +49,7 @@ def test_worker_sends_invitation_email_after_commit_and_records_heartbeat(
         time.sleep(1)
         assert _mail_files(worker.mail_dir) == [], "e-mail sent before the invitation committed"
 
-    files = _wait_or_show_log(worker, lambda: _mail_files(worker.mail_dir), "the e-mail file")
+    files = _wait_or_show_log(worker, lambda: _written_mail(worker.mail_dir), "the e-mail, written")
     assert len(files) == 1
     message = files[0].read_text()
     assert f"Accept: {accept_base}{raw_token}/" in message
