@@ -3,13 +3,18 @@
 Knative's autoscaler, for the two metrics the gateway measures itself (requests in flight
 and requests per second, per replica):
 
-- the metric is averaged per second over a **stable window** (60 s) and a **panic window**
-  (6 s); each asks for `ceil(average / target)` replicas;
+- the metric is averaged over a **stable window** (60 s) and a **panic window** (6 s),
+  from samples of a fraction of a second (services.traffic.TICK); each asks for
+  `ceil(average / target)` replicas;
 - normally the stable window decides, so a steady load never flaps and a load that stops
   is let go of slowly;
 - when the panic window's demand reaches twice what the ready replicas can take, the
   service *panics*: the panic window decides at once, and until a stable window has
   passed without such a burst the wanted count never goes down;
+- a burst after a quiet panic window is averaged over its own length (at least
+  MIN_BURST_SECONDS) rather than the whole panic window, as Knative's windows average a
+  partial window after a quiet one: a burst into an idle service is seen in half a
+  second, not once it has filled the window;
 - requests held at the gateway while no replica is ready ask for at least one (for
   concurrency, for as many as they fill at once);
 - with `min_replicas` 0 the count goes to zero only after `scale_to_zero_grace` seconds
@@ -19,7 +24,7 @@ and requests per second, per replica):
   moment: a dip shorter than that never costs a replica that a moment later has to
   start cold again. Bounds moved by hand apply at once.
 
-Seconds without a sample count as zero: the gateway writes a sample only for a second in
+Time without a sample counts as zero: the gateway writes a sample only for a tick in
 which the service had traffic.
 """
 
@@ -33,18 +38,25 @@ from services.models import AutoscaleMetric, ScaleWindow
 
 # Panic when the panic window asks for this many times the ready replicas (Knative's 200 %).
 PANIC_THRESHOLD = 2.0
+# A burst's average spans at least this much, so a few requests in one tick are no burst.
+MIN_BURST_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
 class Sample:
-    """What the gateway saw of one service in one second (summed over its processes)."""
+    """What the gateway saw of one service in one stretch of time (summed over its
+    processes)."""
 
-    second: int  # unix time of the second's start
+    start: float  # unix time
     requests: int  # requests that arrived in it
     concurrency: float  # requests in flight in it, on average
+    length: float = 1.0  # seconds
 
     def value(self, metric: str) -> float:
-        return float(self.requests) if metric == AutoscaleMetric.RPS else self.concurrency
+        """The metric in this stretch: requests per second, or requests in flight."""
+        if metric == AutoscaleMetric.RPS:
+            return self.requests / self.length
+        return self.concurrency
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,9 @@ class Observation:
     last_request_at: float | None  # unix time, None if none within memory
     panic_until: float | None  # unix time, from the last decision
     lower_since: float | None = None  # unix time: since when fewer are wanted (last decision)
+    # Where the samples end (unix time; the last whole second before `now` if None): a
+    # stretch still being counted is not in them.
+    samples_end: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,11 +96,27 @@ class Decision:
     lower_since: float | None = None  # carried to the next decision
 
 
-def window_average(samples: Sequence[Sample], *, metric: str, now: float, seconds: int) -> float:
-    """The metric's average over the `seconds` whole seconds before `now`."""
-    end = math.floor(now)
-    total = sum(s.value(metric) for s in samples if end - seconds <= s.second < end)
-    return total / max(1, seconds)
+def window_average(samples: Sequence[Sample], *, metric: str, end: float, seconds: float) -> float:
+    """The metric's average over the `seconds` before `end`."""
+    total = sum(s.value(metric) * s.length for s in samples if end - seconds <= s.start < end)
+    return total / max(seconds, 1e-9)
+
+
+def burst_start(
+    samples: Sequence[Sample], *, end: float, quiet: float, seen_from: float
+) -> float | None:
+    """When the traffic going on at `end` began after `quiet` seconds without any (None
+    when there is none, or when the samples, read from `seen_from`, don't show the quiet
+    before it)."""
+    spans = sorted((s.start, s.start + s.length) for s in samples if seen_from <= s.start < end)
+    if not spans:
+        return None
+    began = spans[-1][0]
+    for start, stop in reversed(spans[:-1]):
+        if began - stop >= quiet:
+            break
+        began = start
+    return began if began - quiet >= seen_from else None
 
 
 def replicas_for(value: float, target: float) -> int:
@@ -95,12 +126,20 @@ def replicas_for(value: float, target: float) -> int:
 
 def autoscale_decide(policy: AutoscalePolicy, seen: Observation) -> Decision:
     """The replica count the service wants now (see the module's docstring)."""
+    end = seen.samples_end if seen.samples_end is not None else math.floor(seen.now)
     stable = window_average(
-        seen.samples, metric=policy.metric, now=seen.now, seconds=policy.stable_window
+        seen.samples, metric=policy.metric, end=end, seconds=policy.stable_window
     )
-    panic = window_average(
-        seen.samples, metric=policy.metric, now=seen.now, seconds=policy.panic_window
+    panic_span: float = policy.panic_window
+    began = burst_start(
+        seen.samples,
+        end=end,
+        quiet=policy.panic_window,
+        seen_from=end - max(policy.stable_window, policy.panic_window),
     )
+    if began is not None:
+        panic_span = min(panic_span, max(MIN_BURST_SECONDS, end - began))
+    panic = window_average(seen.samples, metric=policy.metric, end=end, seconds=panic_span)
     stable_want = replicas_for(stable, policy.target)
     panic_want = replicas_for(panic, policy.target)
     panic_until = seen.panic_until if seen.panic_until and seen.panic_until > seen.now else None

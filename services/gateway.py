@@ -10,10 +10,11 @@ with `auth: token` need `Authorization: Bearer <service token>` (the header is n
 on). An unknown tenant or service, and another tenant's service, are the same 404.
 
 The gateway feeds the autoscaler (services.traffic): each process tallies its requests
-and requests in flight per service and per replica and adds them to Redis once a second
-(a draining replica stops once idle). What it needs to route a request (the service,
-its ready replicas, whether a token is valid) comes from Django's cache, dropped when
-any of it changes (services.selectors), so a request makes no query while nothing does.
+and requests in flight per service and per replica and adds them to Redis after each
+tick, a quarter of a second (a draining replica stops once idle). What it needs to
+route a request (the service, its ready replicas, whether a token is valid) comes from
+Django's cache, dropped when any of it changes (services.selectors), so a request makes
+no query while nothing does.
 When no replica is ready (a service at zero, or still starting), a request is held, up to
 SERVICE_COLD_START_QUEUE per service, while the first held one wakes the service (its
 reconcile runs at once and starts a replica); the held requests go on as soon as one is
@@ -169,23 +170,23 @@ class ServiceGateway:
             )
             state = self._loops[id(loop)] = LoopState(client=client, tally=traffic.TrafficTally())
         if state.recorder is None or state.recorder.done():
-            state.recorder = loop.create_task(self._record_every_second(state))
+            state.recorder = loop.create_task(self._record_every_tick(state))
         return state
 
     def client(self) -> httpx.AsyncClient:
         """One pooled client per event loop (a client's connections belong to its loop)."""
         return self.state().client
 
-    async def _record_every_second(self, state: LoopState) -> None:
+    async def _record_every_tick(self, state: LoopState) -> None:
         """Add this process's tally to the traffic samples and the replicas' requests in
-        flight, just after each second ends."""
+        flight, just after each tick ends."""
         while True:
-            await asyncio.sleep(1.01 - time.time() % 1)
+            await asyncio.sleep(traffic.TICK + traffic.FLUSH_AFTER - time.time() % traffic.TICK)
             taken, changes = state.tally.take(), state.tally.take_replicas()
             try:
                 if taken:
-                    second = int(time.time()) - 1
-                    await _counted(traffic.traffic_record, None, second=second, taken=taken)
+                    tick = traffic.tick_of(time.time()) - 1
+                    await _counted(traffic.traffic_record, None, tick=tick, taken=taken)
                 if changes:
                     added = await _counted(traffic.replicas_in_flight_add, False, changes=changes)
                     if added is False:  # Redis failed: add them with the next flush

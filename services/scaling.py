@@ -34,8 +34,9 @@ from storage.volumes import read_only_mounts
 logger = logging.getLogger(__name__)
 
 # A gateway may still send a request to a replica it chose just before the drain, and it
-# adds its requests in flight per replica to the shared counts once a second: a replica
-# drained less than this long ago may have one that isn't counted yet.
+# adds its requests in flight per replica to the shared counts after each tick (a quarter
+# of a second, later if its loop is busy): a replica drained less than this long ago may
+# have one that isn't counted yet.
 DRAIN_MIN_SECONDS = 3
 # A replica whose requests don't end (or whose count was lost) is stopped after this.
 # (A constant, not a setting: settings.py is at its size limit.)
@@ -122,14 +123,16 @@ def decide(service: Service, *, ready: int, now: datetime) -> Decision | None:
         scale_to_zero_grace=settings.SERVICE_SCALE_TO_ZERO_GRACE,
         scale_down_delay=service.scale_down_delay,
     )
+    end = traffic.samples_end(now.timestamp())
     try:
         seen = Observation(
             now=now.timestamp(),
             samples=traffic.traffic_samples(
                 service_id=service.pk,
-                now=now.timestamp(),
+                end=end,
                 seconds=max(policy.stable_window, policy.panic_window),
             ),
+            samples_end=end,
             ready=ready,
             previous=service.desired_replicas,
             held=traffic.held_counts(service_ids=[service.pk])[service.pk],

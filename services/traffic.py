@@ -2,17 +2,18 @@
 ASGI process adds to the same numbers and the reconcile pass reads them.
 
 Per service:
-- one sample per second with traffic: requests that arrived, and requests in flight on
-  average (milli-requests, as the cache counts in integers); each gateway process keeps
-  its own tally (`TrafficTally`) and adds it once a second, so counting costs a request
-  no round trip;
-- the second of the last request, for the idle time before scaling to zero;
+- one sample per tick (TICK, a quarter of a second) with traffic: requests that arrived,
+  and requests in flight on average (kept as request-microseconds: the cache counts in
+  integers); each gateway process keeps its own tally (`TrafficTally`) and adds it after
+  each tick, so counting costs a request no round trip, and a burst reaches the
+  autoscaler within a tick or two rather than once a whole second is over;
+- when the last tick with a request began, for the idle time before scaling to zero;
 - requests held while no replica is ready (bounded), and when the first of them arrived
   (the start of a cold start).
 Per replica: requests in flight, so that a draining replica is stopped only once idle.
 Each process counts its own as they start and end, and adds what changed since its last
-flush with the per-second tally (no round trip per request either): the shared count
-lags a process's own by up to a second, which the reconcile pass allows for
+flush with the tick's tally (no round trip per request either): the shared count lags a
+process's own by up to a tick, which the reconcile pass allows for
 (services.scaling.DRAIN_MIN_SECONDS).
 
 A counter lost (Redis restarted, a process killed mid-request) costs precision, never a
@@ -33,6 +34,22 @@ from services.autoscale import Sample
 
 # How long samples are kept beyond the stable window (a reconcile pass may come late).
 SAMPLE_SLACK_SECONDS = 60
+# The samples' length in seconds (a whole number of them makes a second).
+TICK = 0.25
+# Each process adds a tick's tally this long after the tick ends: a reader leaves the
+# ticks that ended more recently out, as they may still be partly counted.
+FLUSH_AFTER = 0.01
+READ_AFTER = 0.05
+
+
+def tick_of(moment: float) -> int:
+    """The number of the tick `moment` (unix time) falls in."""
+    return int(moment // TICK)
+
+
+def samples_end(now: float) -> float:
+    """Unix time up to which every process has added its samples, as of `now`."""
+    return tick_of(now - READ_AFTER) * TICK
 
 
 def _key(*parts: object) -> str:
@@ -123,33 +140,39 @@ class TrafficTally:
         return taken
 
 
-def traffic_record(*, second: int, taken: dict[int, tuple[int, float]]) -> None:
-    """Add one process's tally (`TrafficTally.take`) to the second's samples."""
+def traffic_record(*, tick: int, taken: dict[int, tuple[int, float]]) -> None:
+    """Add one process's tally (`TrafficTally.take`) to the tick's samples."""
     keep = settings.SERVICE_AUTOSCALE_STABLE_WINDOW + SAMPLE_SLACK_SECONDS
     for service_id, (requests, busy) in taken.items():
         if requests:
-            _add(_key(service_id, "requests", second), requests, keep)
+            _add(_key(service_id, "requests", tick), requests, keep)
         if busy:
-            _add(_key(service_id, "busy", second), round(busy * 1000), keep)
+            _add(_key(service_id, "busy", tick), round(busy * 1e6), keep)
         if requests or busy:
             grace = settings.SERVICE_SCALE_TO_ZERO_GRACE + SAMPLE_SLACK_SECONDS
-            cache.set(_key(service_id, "last"), second, grace)
+            cache.set(_key(service_id, "last"), tick * TICK, grace)
 
 
-def traffic_samples(*, service_id: int, now: float, seconds: int) -> list[Sample]:
-    """The service's samples of the `seconds` whole seconds before `now`."""
-    end = int(now)
-    span = range(end - seconds, end)
+def traffic_samples(*, service_id: int, end: float, seconds: float) -> list[Sample]:
+    """The service's samples of the ticks in the `seconds` before `end` (a tick's start)."""
+    last = tick_of(end + TICK / 2)  # `end` is a tick's start: rounding, not flooring
     keys = {
-        second: (_key(service_id, "requests", second), _key(service_id, "busy", second))
-        for second in span
+        tick: (_key(service_id, "requests", tick), _key(service_id, "busy", tick))
+        for tick in range(last - round(seconds / TICK), last)
     }
     found = cache.get_many([key for pair in keys.values() for key in pair])
     samples = []
-    for second, (requests_key, busy_key) in keys.items():
+    for tick, (requests_key, busy_key) in keys.items():
         requests, busy = found.get(requests_key, 0), found.get(busy_key, 0)
         if requests or busy:
-            samples.append(Sample(second=second, requests=int(requests), concurrency=busy / 1000))
+            samples.append(
+                Sample(
+                    start=tick * TICK,
+                    requests=int(requests),
+                    concurrency=busy / 1e6 / TICK,
+                    length=TICK,
+                )
+            )
     return samples
 
 

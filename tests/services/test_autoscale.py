@@ -66,10 +66,49 @@ def test_rps_counts_requests_per_second():
 
 def test_missing_seconds_count_as_no_traffic():
     half = steady(20, seconds=30)  # 30 s of 20 in a 60 s window: 10 on average
-    assert window_average(half, metric="concurrency", now=NOW, seconds=60) == 10
+    assert window_average(half, metric="concurrency", end=NOW, seconds=60) == 10
     # Samples outside the window (or of the second not over yet) are left out.
     late = [Sample(int(NOW), 0, 99.0), Sample(int(NOW) - 61, 0, 99.0)]
-    assert window_average(half + late, metric="concurrency", now=NOW, seconds=60) == 10
+    assert window_average(half + late, metric="concurrency", end=NOW, seconds=60) == 10
+
+
+def ticks(concurrency: float, seconds: float, *, requests: int = 0, tick: float = 0.25):
+    """The same load in each tick of the last `seconds` seconds."""
+    count = round(seconds / tick)
+    return [Sample(NOW - tick * n, requests, concurrency, tick) for n in range(1, count + 1)]
+
+
+def test_a_burst_after_a_quiet_window_is_averaged_over_its_own_length():
+    # Half a second of 40 in flight into an idle service: over the whole panic window
+    # it would be 40 × 0.5 / 6 = 3.3 (no panic); over the burst's own second, 20.
+    decision = autoscale_decide(policy(), seen(ticks(40, 0.5)))
+    assert (decision.desired, decision.window) == (2, ScaleWindow.PANIC)
+    assert decision.panic_value == 20
+    # Two seconds of it: over the burst's own two seconds, 40.
+    assert autoscale_decide(policy(), seen(ticks(40, 2))).desired == 4
+
+
+def test_a_burst_is_averaged_from_the_end_of_the_last_quiet_window():
+    # Traffic 4.5 s ago, less than the 6 s panic window before the burst: the average
+    # runs from there.
+    earlier = [Sample(NOW - 4.5, 1, 1.0, 0.25)]
+    decision = autoscale_decide(policy(), seen(ticks(40, 0.5) + earlier))
+    assert decision.panic_value == round((40 * 0.5 + 0.25) / 4.5, 3)
+    # ...and from 9 s ago, no gap of 6 s since: the whole panic window, no panic.
+    earlier.append(Sample(NOW - 9, 1, 1.0, 0.25))
+    decision = autoscale_decide(policy(), seen(ticks(40, 0.5) + earlier))
+    assert decision.window == ScaleWindow.STABLE
+    assert decision.panic_value == round((40 * 0.5 + 0.25) / 6, 3)
+    # Traffic from the start of what was read: whether it was quiet before is unknown.
+    assert autoscale_decide(policy(), seen(ticks(40, 60))).panic_value == 40
+
+
+def test_a_few_requests_in_one_tick_are_no_burst():
+    # 3 requests in a quarter of a second are 3 per second over the minimum span (1 s),
+    # not 12: below twice the target of 5.
+    rules = policy(metric=AutoscaleMetric.RPS, target=5)
+    decision = autoscale_decide(rules, seen([Sample(NOW - 0.25, 3, 0.1, 0.25)]))
+    assert (decision.window, decision.panic_value) == (ScaleWindow.STABLE, 3)
 
 
 def test_a_burst_panics_and_scales_up_at_once():

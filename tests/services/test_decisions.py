@@ -28,9 +28,10 @@ def service(world, catalog):
 
 def burst(service, in_flight: float) -> None:
     """The gateway's samples of the last three seconds: `in_flight` requests throughout."""
-    now = int(time.time())
-    for second in range(now - 3, now):
-        traffic.traffic_record(second=second, taken={service.pk: (50, in_flight)})
+    end = traffic.tick_of(traffic.samples_end(time.time()))
+    for tick in range(end - round(3 / traffic.TICK), end):
+        busy = in_flight * traffic.TICK  # request-seconds in the tick
+        traffic.traffic_record(tick=tick, taken={service.pk: (50, busy)})
 
 
 def test_beat_asks_for_decisions_every_second(settings):
@@ -41,9 +42,10 @@ def test_beat_asks_for_decisions_every_second(settings):
 
 def test_a_burst_between_passes_raises_the_wanted_count_and_starts_a_pass(service, monkeypatch):
     assert reconcile.services_autoscale_all() == []  # no traffic: nothing to change
-    # 60 in flight for 3 s: 30 on average over the 6 s panic window, three times what one
-    # replica takes (target 10): a panic, at once.
-    burst(service, in_flight=60.0)
+    # 30 in flight for the 3 s since a quiet window (a burst: averaged over its own 3 s,
+    # not the 6 s panic window), three times what one replica takes (target 10): a panic,
+    # at once.
+    burst(service, in_flight=30.0)
     queued = []
     monkeypatch.setattr(tasks, "enqueue_now", lambda task, *args: queued.append((task, args)))
     tasks.services_autoscale_task()

@@ -28,17 +28,30 @@ def test_a_tally_counts_requests_and_time_in_flight(monkeypatch):
     assert tally.take() == {} and tally.services == {}  # idle: forgotten
 
 
-def test_samples_add_up_over_processes_and_seconds(db):
-    second = int(time.time()) - 3
-    traffic.traffic_record(second=second, taken={5: (4, 2.0)})
-    traffic.traffic_record(second=second, taken={5: (6, 1.5), 6: (1, 0.25)})  # another process
-    traffic.traffic_record(second=second + 1, taken={5: (1, 0.5)})
-    samples = traffic.traffic_samples(service_id=5, now=second + 3, seconds=10)
-    assert samples == [Sample(second, 10, 3.5), Sample(second + 1, 1, 0.5)]
-    assert traffic.last_request_at(service_id=5) == second + 1
-    assert traffic.traffic_samples(service_id=5, now=second + 1, seconds=1) == [
-        Sample(second, 10, 3.5)
+def test_samples_add_up_over_processes_and_ticks(db):
+    tick = traffic.tick_of(time.time()) - 12
+    start = tick * traffic.TICK
+    traffic.traffic_record(tick=tick, taken={5: (4, 0.125)})
+    traffic.traffic_record(tick=tick, taken={5: (6, 0.125), 6: (1, 0.25)})  # another process
+    traffic.traffic_record(tick=tick + 1, taken={5: (1, 0.0625)})
+    # Request-seconds over the tick's length: requests in flight on average.
+    samples = traffic.traffic_samples(service_id=5, end=start + 3, seconds=10)
+    assert samples == [
+        Sample(start, 10, 1.0, traffic.TICK),
+        Sample(start + traffic.TICK, 1, 0.25, traffic.TICK),
     ]
+    assert traffic.last_request_at(service_id=5) == start + traffic.TICK
+    # Only the ticks in the `seconds` before `end`.
+    assert traffic.traffic_samples(service_id=5, end=start + traffic.TICK, seconds=1) == [
+        Sample(start, 10, 1.0, traffic.TICK)
+    ]
+
+
+def test_the_samples_end_where_every_process_has_added_its_tick():
+    # A tick is complete once over, and added FLUSH_AFTER later: readers wait READ_AFTER.
+    assert traffic.FLUSH_AFTER < traffic.READ_AFTER < traffic.TICK
+    assert traffic.samples_end(1000.0 + traffic.READ_AFTER) == 1000.0
+    assert traffic.samples_end(1000.0 + traffic.READ_AFTER / 2) == 1000.0 - traffic.TICK
 
 
 def test_the_held_queue_is_bounded_and_marks_when_the_wait_began(db, settings):
