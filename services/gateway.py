@@ -2,7 +2,9 @@
 
 A plain ASGI app in front of Django (console/asgi.py mounts it): Django's request cycle
 buffers nothing we need and would hold a worker thread for a streamed answer, so requests
-here go straight to a replica with httpx's async client. Request and response bodies are
+here go straight to a replica through httpx's async transport (its connection pool,
+without the client's cookie jar: a client would keep one replica's cookies and send them
+with anyone's later requests, to any replica on that host). Request and response bodies are
 streamed chunk by chunk (never read whole). Replicas are taken round-robin among the READY
 ones; an idempotent request whose replica refuses the connection (or drops it before any
 answer, having read none of its body) is tried once more on another replica. Services
@@ -117,11 +119,20 @@ async def _counted(function: Callable[..., Any], default: Any, **kwargs: Any) ->
 class LoopState:
     """What the gateway keeps per event loop (its connections and tasks belong to it)."""
 
-    client: httpx.AsyncClient
+    transport: httpx.AsyncHTTPTransport
     tally: traffic.TrafficTally
     recorder: asyncio.Task | None = None
     # Per service with held requests: the one look-out for a ready replica.
     lookouts: dict[int, asyncio.Task] = dataclasses.field(default_factory=dict)
+
+
+def _timeouts() -> dict[str, float]:
+    return {
+        "connect": settings.SERVICE_GATEWAY_CONNECT_TIMEOUT,
+        "read": settings.SERVICE_GATEWAY_READ_TIMEOUT,
+        "write": settings.SERVICE_GATEWAY_READ_TIMEOUT,
+        "pool": settings.SERVICE_GATEWAY_CONNECT_TIMEOUT,
+    }
 
 
 async def _json(send: Send, status: int, detail: str, code: str, headers=()) -> None:
@@ -158,24 +169,18 @@ class ServiceGateway:
         loop = asyncio.get_running_loop()
         state = self._loops.get(id(loop))
         if state is None:
-            client = httpx.AsyncClient(
-                timeout=httpx.Timeout(
-                    connect=settings.SERVICE_GATEWAY_CONNECT_TIMEOUT,
-                    read=settings.SERVICE_GATEWAY_READ_TIMEOUT,
-                    write=settings.SERVICE_GATEWAY_READ_TIMEOUT,
-                    pool=settings.SERVICE_GATEWAY_CONNECT_TIMEOUT,
-                ),
-                follow_redirects=False,
-                trust_env=False,  # never through a proxy from the environment
+            # (A transport reads no proxy from the environment and follows no redirect.)
+            transport = httpx.AsyncHTTPTransport()
+            state = self._loops[id(loop)] = LoopState(
+                transport=transport, tally=traffic.TrafficTally()
             )
-            state = self._loops[id(loop)] = LoopState(client=client, tally=traffic.TrafficTally())
         if state.recorder is None or state.recorder.done():
             state.recorder = loop.create_task(self._record_every_tick(state))
         return state
 
-    def client(self) -> httpx.AsyncClient:
-        """One pooled client per event loop (a client's connections belong to its loop)."""
-        return self.state().client
+    def transport(self) -> httpx.AsyncHTTPTransport:
+        """One connection pool per event loop (its connections belong to its loop)."""
+        return self.state().transport
 
     async def _record_every_tick(self, state: LoopState) -> None:
         """Add this process's tally to the traffic samples and the replicas' requests in
@@ -364,11 +369,15 @@ class ServiceGateway:
                 url = f"http://{host}:{port}{rest}" + (
                     f"?{query.decode('latin-1')}" if query else ""
                 )
-                request = self.client().build_request(
-                    method, url, headers=upstream_headers, content=body() if has_body else None
+                request = httpx.Request(
+                    method,
+                    url,
+                    headers=upstream_headers,
+                    content=body() if has_body else None,
+                    extensions={"timeout": _timeouts()},
                 )
                 try:
-                    response = await self.client().send(request, stream=True)
+                    response = await self.transport().handle_async_request(request)
                     observed.revision = str(revision)
                     break
                 except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as error:
@@ -399,7 +408,7 @@ class ServiceGateway:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b""})
             except httpx.HTTPError as error:  # the answer broke off: nothing more to say
-                logger.info("stream from %s broke off: %s", response.url, error)
+                logger.info("stream from %s broke off: %s", request.url, error)
             finally:
                 await response.aclose()
         finally:

@@ -2,7 +2,8 @@
 sandbox shows a replica no file of ours, so its source travels in argv.
 
 GET /healthz answers "ok" (after READY_DELAY seconds from its start); GET /whoami
-answers the replica's REPLICA_NAME env and the headers it got; GET /sleep?s=N answers
+answers the replica's REPLICA_NAME env and the headers it got; GET /set-cookie?v=X sets
+the cookie `session=X`; GET /sleep?s=N answers
 after N seconds; GET /events sends four server-sent events half a second apart (as a
 model streams tokens); POST /echo streams the
 body back as it reads it (chunked), so the gateway's streaming is what is tested."""
@@ -39,6 +40,11 @@ class Handler(BaseHTTPRequestHandler):
                 "headers": {k.lower(): v for k, v in self.headers.items()},
             }).encode()
             self._send(200, body, "application/json")
+        elif self.path.startswith("/set-cookie"):
+            self.send_response(200)
+            self.send_header("Set-Cookie", "session=" + self.path.rsplit("=", 1)[-1] + "; Path=/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif self.path.startswith("/sleep"):
             time.sleep(float(self.path.rsplit("=", 1)[-1]))
             self._send(200, b"slept")

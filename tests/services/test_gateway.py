@@ -63,6 +63,26 @@ def test_a_token_service_needs_its_token(gateway, echo):
     assert seen["headers"]["x-forwarded-prefix"] == "/svc/acme/echo"
 
 
+def test_cookies_go_to_the_caller_and_are_never_kept_by_the_gateway(gateway, echo, other_world):
+    """A replica's cookie is its caller's: the gateway passes it on and sends it to no
+    other request, of this service or of another organisation's on the same host."""
+    _, auth = echo
+    answer = gateway.get("/svc/acme/echo/set-cookie?v=alice", headers=auth)
+    assert answer.status_code == 200 and answer.headers["set-cookie"] == "session=alice; Path=/"
+    gateway.cookies.clear()  # (the test's own client keeps them: another caller doesn't)
+    for _ in range(2):  # (both replicas)
+        seen = gateway.get("/svc/acme/echo/whoami", headers=auth).json()["headers"]
+        assert "cookie" not in seen
+    foreign = services.service_create(
+        tenant=other_world.tenant,
+        user=None,
+        spec=echo_spec(name="theirs", auth="public", min_replicas=1),
+    )
+    reconcile_until(foreign, lambda s: s.status == ServiceStatus.READY)
+    seen = gateway.get(f"/svc/{other_world.tenant.slug}/theirs/whoami").json()["headers"]
+    assert "cookie" not in seen
+
+
 def test_a_revoked_token_is_refused(gateway, echo):
     service, auth = echo
     for token in service.tokens.all():
