@@ -286,3 +286,18 @@ def test_never_down_before_the_scale_down_delay(situation, delay, wanted_for):
     bounds_moved = not rules.min_replicas <= observation.previous <= rules.max_replicas
     if 0 < decision.desired < observation.previous and not bounds_moved:
         assert wanted_for >= delay
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=1, max_value=240), st.floats(min_value=0.1, max_value=50)),
+        max_size=40,
+    )
+)
+def test_a_burst_window_never_sees_less_than_the_whole_panic_window(ticks_seen):
+    """Averaging a burst over its own length only ever raises the panic window's value
+    (what came before the burst is a quiet window away, outside the panic window)."""
+    samples = [Sample(NOW - 0.25 * back, 1, value, 0.25) for back, value in set(ticks_seen)]
+    decision = autoscale_decide(policy(), seen(samples))
+    whole = window_average(samples, metric="concurrency", end=NOW, seconds=6)
+    assert decision.panic_value >= round(whole, 3)
