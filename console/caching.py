@@ -60,6 +60,16 @@ def cached(key: str, timeout: int, read: Callable[[], T]) -> T:
     return value
 
 
+def kept(keys: list[str]) -> dict[str, object]:
+    """What is kept under `keys` (the ones found), in one read; nothing when Redis can't be
+    reached (each is then read through `cached`)."""
+    try:
+        return shared_cache().get_many(keys)
+    except RedisError as error:
+        log.warning("cache unreachable, reading %s from the database: %s", keys, error)
+        return {}
+
+
 def forget(keys: Iterable[str]) -> None:
     """Drop `keys` now and again when the current transaction commits: a request that
     read the old rows before the commit may have kept them meanwhile."""

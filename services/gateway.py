@@ -90,14 +90,7 @@ def _bearer(headers: list[tuple[bytes, bytes]]) -> str:
 def _lookup(tenant_slug: str, name: str, token: str) -> tuple[selectors.Route | None, bool]:
     """The route and whether the caller may use it (in the request's sync thread)."""
     close_old_connections()  # as Django's request_started does
-    route = selectors.gateway_route(tenant_slug=tenant_slug, name=name)
-    if route is None:
-        return None, False
-    if not selectors.needs_token(route):
-        return route, True
-    return route, bool(token) and selectors.service_token_valid(
-        service_id=route.service_id, raw=token
-    )
+    return selectors.gateway_access(tenant_slug=tenant_slug, name=name, token=token)
 
 
 def _ready_replicas(service_id: int) -> list[selectors.Upstream]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from console.caching import shared_cache
 from services import gateway, selectors, services
 from services.models import ReplicaState, ServiceStatus
 from tests.services.conftest import echo_spec
@@ -37,6 +38,20 @@ def test_a_known_route_and_token_cost_no_query(routed, django_assert_num_queries
         assert lookup(raw) == (route, True)
     with django_assert_num_queries(1):  # a wrong token is never kept
         assert lookup("ggs_wrong") == (route, False)
+
+
+def test_a_known_route_and_token_are_one_read_of_the_cache(routed, monkeypatch):
+    _, raw = routed
+    lookup(raw)
+    store = shared_cache()
+    reads = []
+    for method in ("get", "get_many"):
+        original = getattr(store, method)
+        monkeypatch.setattr(
+            store, method, lambda *a, _o=original, _m=method, **k: reads.append(_m) or _o(*a, **k)
+        )
+    assert lookup(raw)[1] is True
+    assert reads == ["get_many"]
 
 
 def test_a_revoked_token_is_refused_from_the_commit_on(routed):
