@@ -198,6 +198,7 @@ def test_a_lone_pod_without_ports_gets_no_service_and_rendezvous_on_itself(world
 
 def test_cancel_leaves_nothing_behind(world, cluster):
     spec = gpu_spec(secret_env={"HF_TOKEN": "hf_secret"}, ports=[{"name": "ssh", "port": 2222}])
+    cluster.pod_start_delay = 60  # (its pod is not running until the check below says so)
     job = launch(world, spec)
     secret = cluster.get("secrets", ns(job), f"gg-{job.pk}-env")
     assert set(secret["data"]) == {"HF_TOKEN"}
@@ -212,6 +213,7 @@ def test_cancel_leaves_nothing_behind(world, cluster):
     assert policy["spec"]["podSelector"]["matchLabels"] == {"gpugeek.io/job": str(job.pk)}
     backend = get_backend("kubernetes")
     assert backend.port_address(job, 2222) is None  # not running yet
+    cluster.pod_start_delay = 0
     job = settle(cluster, job, JobStatus.RUNNING)
     (pod,) = live_pods(cluster, job)
     assert backend.port_address(job, 2222) == (pod["status"]["podIP"], 2222)

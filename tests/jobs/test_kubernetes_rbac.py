@@ -1,9 +1,9 @@
 """Issue 17: the console's ClusterRole (deploy/kubernetes/rbac.yaml) grants exactly what
 the Kubernetes backend calls. A representative lifecycle runs against the simulated API
 server (namespace set-up, a registry pull secret, a two-tier spot job with secret env,
-observation, logs, the watch, pause/resume, cancel, release, capacity sync, the pull
-secret's removal; a service's objects, scaling, revision and delete; then the jobs
-through Kueue and JobSet); each recorded request is mapped
+observation, logs, published files, the watch, pause/resume, cancel, release, capacity
+sync, the pull secret's removal; a service's objects, scaling, revision and delete; then
+the jobs through Kueue and JobSet); each recorded request is mapped
 to the (API group, resource, verb) that RBAC checks, and the set must equal the rules."""
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ NOT_EXERCISED = {
     # client._check_owned reads a LocalQueue whose create answered 409 (a tenant namespace
     # set up again by another process): the namespace set-up is cached per process here.
     ("kueue.x-k8s.io", "localqueues", "get"),
+    # client._check_owned reads the ConfigMap of a job's published files whose create
+    # answered 409 (another publish made it between this one's patch and create).
+    ("", "configmaps", "get"),
 }
 
 VERB_OF_METHOD = {"POST": "create", "PUT": "update", "PATCH": "patch"}
@@ -137,6 +140,8 @@ def run_plain_lifecycle(world, kube) -> None:
     backend = get_backend("kubernetes")
     backend.logs(job)
     backend.gpu_readings([job])
+    assert backend.publish_file(job, "notes", "first")  # made with the first file
+    assert backend.publish_file(job, "notes", "second")  # patched
 
     job = services.job_pause(job=job, actor=SYSTEM)
     tasks.job_suspend_task(job.pk)

@@ -60,6 +60,7 @@ MERGE_PATCH = "application/merge-patch+json"  # custom resources take no strateg
 CREATE_PATHS = {
     "create_namespace": "/api/v1/namespaces",
     "create_namespaced_secret": "/api/v1/namespaces/{}/secrets",
+    "create_namespaced_config_map": "/api/v1/namespaces/{}/configmaps",
     "create_namespaced_service": "/api/v1/namespaces/{}/services",
     "create_namespaced_persistent_volume_claim": "/api/v1/namespaces/{}/persistentvolumeclaims",
     "create_namespaced_resource_quota": "/api/v1/namespaces/{}/resourcequotas",

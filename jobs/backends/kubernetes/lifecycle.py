@@ -456,6 +456,39 @@ class LifecycleMixin(ApiCalls):
             self._delete_job(namespace, name)
         self._release_in(namespace, job)
 
+    def publish_file(self, job: Job, name: str, text: str) -> bool:
+        """`name` into the job's ConfigMap, which its pods mount (optionally) at
+        PUBLISHED_MOUNT: patched, or made with the first file. The running pods see it
+        once the kubelet syncs the volume (within about a minute)."""
+        if not self._namespace_is_ours(job.tenant_id):
+            return False
+        namespace = manifests.namespace_name(job.tenant_id)
+        if self._patch_published(job, namespace, {name: text}):
+            return True
+        body = manifests.published_manifest(job, {name: text})
+        what = f"config map {manifests.published_name(job)}"
+        if self._create(what, self.core.create_namespaced_config_map, namespace, body):
+            return True
+        # Made by a publish beside this one since the patch: this file goes on top.
+        return self._patch_published(job, namespace, {name: text})
+
+    def _patch_published(self, job: Job, namespace: str, files: dict[str, str]) -> bool:
+        """Patch the files into the job's ConfigMap; False when it doesn't exist."""
+        patched = self._call(
+            f"patching config map {manifests.published_name(job)}",
+            self.core.patch_namespaced_config_map,
+            manifests.published_name(job),
+            namespace,
+            {"data": files},
+            ok=(404,),
+            _preload_content=False,
+        )
+        if patched is None:
+            return False
+        patched.read()
+        patched.release_conn()
+        return True
+
     def _release_in(self, namespace: str, job: Job) -> None:
         self._delete(
             f"service {manifests.service_name(job)}",
@@ -474,6 +507,12 @@ class LifecycleMixin(ApiCalls):
             f"secret {manifests.secret_name(job)}",
             self.core.delete_namespaced_secret,
             manifests.secret_name(job),
+            namespace,
+        )
+        self._delete(
+            f"config map {manifests.published_name(job)}",
+            self.core.delete_namespaced_config_map,
+            manifests.published_name(job),
             namespace,
         )
 

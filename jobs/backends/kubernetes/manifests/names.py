@@ -157,6 +157,11 @@ def secret_name(job: Job) -> str:
     return f"gg-{job.pk}-env"
 
 
+def published_name(job: Job) -> str:
+    """The ConfigMap of the files the console publishes to the job (publish_file)."""
+    return f"gg-{job.pk}-files"
+
+
 def registry_secret_name(registry: str) -> str:
     """Deterministic per registry (a namespace is one tenant's): readable host, plus a
     hash so that hosts differing only in characters a name can't hold don't clash."""
