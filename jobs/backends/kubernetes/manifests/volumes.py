@@ -6,15 +6,23 @@ it is read-only does not change the claim: a claim's modes are fixed at creation
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from jobs.backends.base import PUBLISHED_MOUNT
 from jobs.backends.kubernetes.manifests.names import (
     ATTEMPT_LABEL,
     RUN_AS,
     TENANT_LABEL,
     managed_labels,
     namespace_name,
+    owner_labels,
+    published_name,
     setting,
 )
 from jobs.extensions import VolumeMount
+
+if TYPE_CHECKING:
+    from jobs.models import Job
 
 VOLUME_LABEL = "gpugeek.io/volume"
 
@@ -47,9 +55,34 @@ def volume_claim_manifest(tenant_id: int, mount: VolumeMount) -> dict:
     }
 
 
-def pod_volumes(mounts: list[VolumeMount]) -> tuple[list[dict], list[dict]]:
-    """(pod volumes, container volumeMounts) of the job's volumes."""
-    volumes, volume_mounts = [], []
+def published_manifest(job: Job, files: dict[str, str]) -> dict:
+    """The files the console publishes to the job while it runs (publish_file), as a
+    ConfigMap its pods mount read-only at PUBLISHED_MOUNT. The mount is optional, so the
+    ConfigMap is made only once there is something to publish; the kubelet brings a change
+    into the running pods within its sync period (about a minute), each file whole."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": published_name(job),
+            "namespace": namespace_name(job.tenant_id),
+            "labels": owner_labels(job),
+        },
+        "data": dict(files),
+    }
+
+
+def pod_volumes(
+    mounts: list[VolumeMount], *, published_for: Job | None = None
+) -> tuple[list[dict], list[dict]]:
+    """(pod volumes, container volumeMounts) of the job's volumes, after the ConfigMap of
+    the files published to `published_for` (`published_manifest`) where given."""
+    volumes: list[dict] = []
+    volume_mounts: list[dict] = []
+    if published_for is not None:
+        config_map = {"name": published_name(published_for), "optional": True}
+        volumes.append({"name": "published", "configMap": config_map})
+        volume_mounts.append({"name": "published", "mountPath": PUBLISHED_MOUNT, "readOnly": True})
     for position, mount in enumerate(mounts):
         name = f"vol-{position}"
         volumes.append(

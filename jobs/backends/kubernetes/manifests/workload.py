@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from jobs.backends.base import PUBLISHED_MOUNT, node_memory_share
+from jobs.backends.base import node_memory_share
 from jobs.backends.kubernetes.manifests.names import (
     COMPLETION_INDEX,
     CONTAINER,
@@ -51,7 +51,6 @@ from jobs.backends.kubernetes.manifests.names import (
     needs_service,
     owner_labels,
     priority_class_name,
-    published_name,
     registry_secret_name,
     secret_name,
     service_name,
@@ -111,23 +110,6 @@ def ports_policy_manifest(job: Job) -> dict:
                 }
             ],
         },
-    }
-
-
-def published_manifest(job: Job, files: dict[str, str]) -> dict:
-    """The files the console publishes to the job while it runs (publish_file), as a
-    ConfigMap its pods mount read-only at PUBLISHED_MOUNT. The mount is optional, so the
-    ConfigMap is made only once there is something to publish; the kubelet brings a change
-    into the running pods within its sync period (about a minute), each file whole."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": published_name(job),
-            "namespace": namespace_name(job.tenant_id),
-            "labels": owner_labels(job),
-        },
-        "data": dict(files),
     }
 
 
@@ -326,7 +308,7 @@ def job_manifest(
     `kueue_queue`: the tenant's LocalQueue when Kueue admits jobs; `gang`: the Job is a
     template inside the attempt's JobSet (which carries the queue label instead)."""
     pool = job.spot_pool if tier == SPOT else job.pool
-    claim_volumes, claim_mounts = pod_volumes(volumes or [])
+    claim_volumes, claim_mounts = pod_volumes(volumes or [], published_for=job)
     labels = job_labels(job, tier)
     job_metadata_labels = dict(labels)
     if kueue_queue and not gang:
@@ -366,7 +348,6 @@ def job_manifest(
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},  # noqa: S108  (NCCL shared memory)
             {"name": "home", "mountPath": HOME},
-            {"name": "published", "mountPath": PUBLISHED_MOUNT, "readOnly": True},
             *claim_mounts,
         ],
     }
@@ -397,10 +378,6 @@ def job_manifest(
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             {"name": "home", "emptyDir": {}},
-            {
-                "name": "published",
-                "configMap": {"name": published_name(job), "optional": True},
-            },
             *claim_volumes,
         ],
     }
