@@ -149,7 +149,7 @@ def gateway_access(*, tenant_slug: str, name: str, token: str) -> tuple[Route | 
         return route, False
     if found.get(token_key(route.service_id, key_hash)):
         return route, True
-    return route, service_token_valid(service_id=route.service_id, raw=token)
+    return route, _token_active(service_id=route.service_id, key_hash=key_hash)
 
 
 def gateway_route(*, tenant_slug: str, name: str) -> Route | None:
@@ -204,10 +204,7 @@ def ready_replicas(*, service_id: int) -> list[Upstream]:
     ]
 
 
-def service_token_valid(*, service_id: int, raw: str) -> bool:
-    if not raw.startswith(ServiceToken.PREFIX):
-        return False
-    key_hash = sha256_hex(raw)
+def _token_active(*, service_id: int, key_hash: str) -> bool:
     return bool(
         cached(
             token_key(service_id, key_hash),

@@ -29,17 +29,17 @@ def ssh_image():
     return "python-3.11"
 
 
-def test_an_environment_on_the_cluster_is_reached_at_its_pod(world, cluster, ssh_image):  # noqa: F811
+def started_box(world, image: str):
+    """The member's environment `box` on the cluster, started (its job not yet dispatched)."""
     with_key(world.member)
     environment = services.environment_create(
-        tenant=world.tenant,
-        user=world.member,
-        name="box",
-        region="us-west",
-        image=ssh_image,
-        cpus=1,
+        tenant=world.tenant, user=world.member, name="box", region="us-west", image=image, cpus=1
     )
-    environment = services.environment_start(environment=environment, user=world.member)
+    return services.environment_start(environment=environment, user=world.member)
+
+
+def test_an_environment_on_the_cluster_is_reached_at_its_pod(world, cluster, ssh_image):  # noqa: F811
+    environment = started_box(world, ssh_image)
     cluster.pod_start_delay = 60  # (its pod is not running until the check below says so)
     job = job_services.job_dispatch(job=environment.current_job)  # what the task does
     assert job.backend == "kubernetes"
@@ -64,16 +64,7 @@ def test_keys_changed_while_it_runs_reach_its_pod_through_a_config_map(
     cluster,  # noqa: F811
     ssh_image,
 ):
-    with_key(world.member)
-    environment = services.environment_create(
-        tenant=world.tenant,
-        user=world.member,
-        name="box",
-        region="us-west",
-        image=ssh_image,
-        cpus=1,
-    )
-    environment = services.environment_start(environment=environment, user=world.member)
+    environment = started_box(world, ssh_image)
     job = settle(cluster, job_services.job_dispatch(job=environment.current_job), JobStatus.RUNNING)
     (pod,) = live_pods(cluster, job)
     mounts = pod["spec"]["containers"][0]["volumeMounts"]
