@@ -393,11 +393,17 @@ def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = N
             if every_pool <= blocked.keys():
                 pending, rest = in_order.after(job)
                 for later in pending:  # read already: labelled as the loop would
+                    if launched is not None and later.pk == launched.pk:
+                        continue  # labelled below, on the caller's instance
                     suspended_later = later.tenant_id in suspended
                     wait = SUSPENDED if suspended_later else _behind(later, blocked)
                     if (later.wait_kind, later.status_reason) != (wait.kind, wait.message):
                         _wait(later, wait)
-                _hold_rest(rest, blocked)
+                # A launch that comes after every pool's blocker changes no one else's
+                # wait (the blockers are those the last pass saw): only it is labelled,
+                # and the rest of the queue isn't read under the pool locks.
+                if not launched_waits:
+                    _hold_rest(rest, blocked)
                 break
         if launched is not None and launched_waits:
             # The pass stopped before it: its pools are all held by earlier jobs.

@@ -23,6 +23,9 @@ from jobs.selectors import PRIORITY_ORDER, before_in_queue, wanting_pools
 from marketplace.models import NodePool
 
 WINDOW = timedelta(hours=1)
+# A stream's first page: a pass into a full pool stops at its first job, so it reads a
+# few rows (growing pages after that), not a chunk of the whole queue.
+FIRST_PAGE = 16
 
 
 def job_pool_nodes(job: Job) -> tuple[tuple[int | None, int], tuple[int | None, int]]:
@@ -177,9 +180,21 @@ class FairQueue:
             self._priority, self._lines = priority, None
             band = self.queue.filter(priority=priority)
             if len(tenants) == 1:
-                yield from band.iterator(chunk_size=self.chunk)
+                yield from self._pages(band)
             else:
                 yield from self._in_fair_order(band)
+
+    def _pages(self, band: QuerySet[Job]) -> Iterator[Job]:
+        """`band` (one priority) first come, first served, in pages from FIRST_PAGE rows
+        growing to `chunk`, each read after the last job of the one before."""
+        size, last = FIRST_PAGE, None
+        while True:
+            page = band if last is None else band.exclude(before_in_queue(last)).exclude(pk=last.pk)
+            rows = list(page[:size])
+            yield from rows
+            if len(rows) < size:
+                return
+            size, last = min(size * 8, self.chunk), rows[-1]
 
     def _in_fair_order(self, band: QuerySet[Job]) -> Iterator[Job]:
         self._lines = defaultdict(deque)

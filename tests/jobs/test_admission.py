@@ -17,6 +17,7 @@ from itertools import product
 
 import pytest
 from django.db import connection
+from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import given
@@ -30,6 +31,7 @@ from jobs.backends import Observation
 from jobs.models import HOLDING_COMPUTE, Job, JobEvent, JobStatus, WaitKind
 from jobs.selectors import queue_position
 from jobs.services.admission import BEHIND_IN_POOL, BEHIND_OWN_QUOTA
+from jobs.services.fair_share import FIRST_PAGE
 from jobs.state import TRANSITIONS, IllegalTransition, job_transition
 from marketplace.demo import seed_catalog
 from marketplace.models import GpuType, NodePool, Region, TenantQuota, Tier
@@ -349,6 +351,50 @@ def test_submit_costs_the_same_number_of_queries_whatever_the_queue_length(world
     assert queries[0] == queries[1]
     # Nothing the submit path decided differs from what a full pass would.
     assert services.jobs_admit() == []
+
+
+def test_a_launch_behind_a_full_pools_queue_reads_a_page_of_it_and_labels_only_itself(world, pools):
+    holder = gpu_job(world, "a100-holder", gpus=8, gpu_type="a100-80gb")
+    _queue_for(holder, 60)
+    assert services.jobs_admit() == []  # the queue labelled as every pass leaves it
+    read: list[int | None] = []
+
+    def count(sender, instance, **kwargs):
+        read.append(instance.pk)
+
+    post_init.connect(count, sender=Job)
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            late = gpu_job(world, "late", gpus=8, gpu_type="a100-80gb")
+    finally:
+        post_init.disconnect(count, sender=Job)
+    assert (late.status, late.wait_kind) == (JobStatus.QUEUED, WaitKind.POOL_QUEUE)
+    # The pass stopped at the queue's first job: it read one page, not 60 rows, and
+    # wrote only the launch's own label.
+    assert len(read) <= FIRST_PAGE + 1  # (+ the launch's own instance)
+    writes = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len([sql for sql in writes if '"jobs_job"' in sql]) == 1
+    labels = list(Job.objects.order_by("pk").values_list("pk", "wait_kind", "status_reason"))
+    assert services.jobs_admit() == []  # a full pass finds nothing to change
+    assert (
+        list(Job.objects.order_by("pk").values_list("pk", "wait_kind", "status_reason")) == labels
+    )
+
+
+def test_a_backlog_over_several_pages_is_admitted_first_come_first_served(world, pools):
+    holder = gpu_job(world, "a100-holder", gpus=8, gpu_type="a100-80gb")
+    one_gpu = gpu_job(world, "one", gpus=1, gpu_type="a100-80gb")
+    backlog = 150  # three pages (16, 128, ...); the rows share one created_at: pk decides
+    _queue_for(one_gpu, backlog - 1)
+    NodePool.objects.filter(pk=pools.a100.pk).update(total_gpus=148, allocatable_gpus=148)
+    admitted = services.jobs_admit(pools=[pools.a100.pk])
+    queued = list(Job.objects.exclude(pk=holder.pk).order_by("created_at", "pk"))
+    assert [job.pk for job in admitted] == [job.pk for job in queued[:140]]
+    assert {job.status for job in queued[:140]} == {JobStatus.DISPATCHING}
+    assert queued[140].wait_kind == WaitKind.CAPACITY
+    assert {(job.status, job.wait_kind) for job in queued[141:]} == {
+        (JobStatus.QUEUED, WaitKind.POOL_QUEUE)
+    }
 
 
 def test_a_new_critical_job_is_admitted_before_queued_normal_ones_when_it_fits(world, pools):
