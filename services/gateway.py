@@ -16,7 +16,7 @@ and requests in flight per service and per replica and adds them to Redis after 
 tick, a quarter of a second (a draining replica stops once idle). What it needs to
 route a request (the service, its ready replicas, whether a token is valid) comes from
 Django's cache, dropped when any of it changes (services.selectors), so a request makes
-no query while nothing does.
+no query, and waits for no worker thread, while nothing does.
 When no replica is ready (a service at zero, or still starting), a request is held, up to
 SERVICE_COLD_START_QUEUE per service, while the first held one wakes the service (its
 reconcile runs at once and starts a replica); the held requests go on as soon as one is
@@ -85,12 +85,6 @@ def _bearer(headers: list[tuple[bytes, bytes]]) -> str:
             scheme, _, raw = value.decode("latin-1").partition(" ")
             return raw.strip() if scheme.lower() == "bearer" else ""
     return ""
-
-
-def _lookup(tenant_slug: str, name: str, token: str) -> tuple[selectors.Route | None, bool]:
-    """The route and whether the caller may use it (in the request's sync thread)."""
-    close_old_connections()  # as Django's request_started does
-    return selectors.gateway_access(tenant_slug=tenant_slug, name=name, token=token)
 
 
 def _ready_replicas(service_id: int) -> list[selectors.Upstream]:
@@ -204,7 +198,9 @@ class ServiceGateway:
             return
         tenant_slug, name, rest = parts
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])
-        route, allowed = await sync_to_async(_lookup)(tenant_slug, name, _bearer(headers))
+        route, allowed = await selectors.agateway_access(
+            tenant_slug=tenant_slug, name=name, token=_bearer(headers)
+        )
         if route is None:
             await _json(send, 404, "Not found.", "not_found")
             return

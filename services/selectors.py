@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
 from django.db.models import Count, Q, QuerySet
 
-from console.caching import cached, forget, kept
+from console.caching import akept, cached, forget, kept
 from console.models import Tenant, sha256_hex
 from marketplace.models import Backend, GpuType, NodePool
 from services.models import (
@@ -128,28 +130,93 @@ def token_key(service_id: int, key_hash: str) -> str:
 _route_ids: dict[tuple[str, str], int] = {}
 
 
+class _AccessQuery(NamedTuple):
+    """What one gateway request asks: a service by its address, with a token."""
+
+    address: tuple[str, str]  # (organisation slug, service name)
+    known: int | None  # the service id this process found for the address before
+    key_hash: str  # the token's hash ("": not a service token)
+
+    @classmethod
+    def of(cls, *, tenant_slug: str, name: str, token: str) -> _AccessQuery:
+        key_hash = sha256_hex(token) if token.startswith(ServiceToken.PREFIX) else ""
+        return cls((tenant_slug, name), _route_ids.get((tenant_slug, name)), key_hash)
+
+    def keys(self) -> list[str]:
+        """The route's and the token's keys: one read of the cache (none for an address
+        this process hasn't met)."""
+        if self.known is None:
+            return []
+        keys = [route_key(self.known)]
+        if self.key_hash:
+            keys.append(token_key(self.known, self.key_hash))
+        return keys
+
+
 def gateway_access(*, tenant_slug: str, name: str, token: str) -> tuple[Route | None, bool]:
     """The route of the service `name` of the tenant `tenant_slug` (None: unknown either
     way) and whether `token` opens it. While nothing changes, the route and the token's
     check are one read of the cache: a request's only round trip before the replica."""
-    address = (tenant_slug, name)
-    known = _route_ids.get(address)
-    key_hash = sha256_hex(token) if token.startswith(ServiceToken.PREFIX) else ""
-    found: dict[str, object] = {}
-    if known is not None:
-        found = kept([route_key(known), *([token_key(known, key_hash)] if key_hash else [])])
-    route = found.get(route_key(known)) if known is not None else None
-    if not isinstance(route, Route) or route.address != address:
-        route = gateway_route(tenant_slug=tenant_slug, name=name)  # (checks it, or reads)
+    query = _AccessQuery.of(tenant_slug=tenant_slug, name=name, token=token)
+    keys = query.keys()
+    found = kept(keys) if keys else {}
+    return _access_kept(query, found) or _access_read(query, found)
+
+
+async def agateway_access(*, tenant_slug: str, name: str, token: str) -> tuple[Route | None, bool]:
+    """`gateway_access` on the event loop: while the cache decides, the request waits for
+    no worker thread (under load, waiting for one was most of the gateway's overhead);
+    a read from the database runs in one."""
+    query = _AccessQuery.of(tenant_slug=tenant_slug, name=name, token=token)
+    keys = query.keys()
+    found = await akept(keys) if keys else {}
+    decided = _access_kept(query, found)
+    if decided is not None:
+        return decided
+    return await sync_to_async(_access_read_apart, thread_sensitive=False)(query, found)
+
+
+def _access_kept(query: _AccessQuery, found: dict[str, object]) -> tuple[Route, bool] | None:
+    """The answer when what the cache returned (`found`) decides it, else None."""
+    route = _kept_route(query, found)
+    if route is None:
+        return None
+    allowed = _allowed(route, query.key_hash, found)
+    return None if allowed is None else (route, allowed)
+
+
+def _access_read(query: _AccessQuery, found: dict[str, object]) -> tuple[Route | None, bool]:
+    """The answer, read from the database where the cache doesn't tell it."""
+    tenant_slug, name = query.address
+    route = _kept_route(query, found) or gateway_route(tenant_slug=tenant_slug, name=name)
     if route is None:
         return None, False
+    allowed = _allowed(route, query.key_hash, found)
+    if allowed is None:
+        allowed = _token_active(service_id=route.service_id, key_hash=query.key_hash)
+    return route, allowed
+
+
+def _access_read_apart(query: _AccessQuery, found: dict[str, object]) -> tuple[Route | None, bool]:
+    close_old_connections()  # a thread outside Django's request cycle: as request_started does
+    return _access_read(query, found)
+
+
+def _kept_route(query: _AccessQuery, found: dict[str, object]) -> Route | None:
+    route = found.get(route_key(query.known)) if query.known is not None else None
+    return route if isinstance(route, Route) and route.address == query.address else None
+
+
+def _allowed(route: Route, key_hash: str, found: dict[str, object]) -> bool | None:
+    """Whether the token (by its hash) opens `route`; None when only the database can
+    tell (a token not kept: a refusal never is)."""
     if not needs_token(route):
-        return route, True
+        return True
     if not key_hash:
-        return route, False
+        return False
     if found.get(token_key(route.service_id, key_hash)):
-        return route, True
-    return route, _token_active(service_id=route.service_id, key_hash=key_hash)
+        return True
+    return None
 
 
 def gateway_route(*, tenant_slug: str, name: str) -> Route | None:

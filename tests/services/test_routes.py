@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from console.caching import shared_cache
-from services import gateway, selectors, services
+from services import selectors, services
 from services.models import ReplicaState, ServiceStatus
 from tests.services.conftest import echo_spec
 
@@ -27,7 +27,7 @@ def routed(world, catalog):
 
 
 def lookup(raw: str):
-    return gateway._lookup("acme", "echo", raw)
+    return selectors.gateway_access(tenant_slug="acme", name="echo", token=raw)
 
 
 def test_a_known_route_and_token_cost_no_query(routed, django_assert_num_queries):
