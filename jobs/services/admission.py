@@ -9,7 +9,19 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
 
 from jobs.actors import SYSTEM
 from jobs.models import QUOTA_WAITS, Job, JobStatus, WaitKind
@@ -290,9 +302,8 @@ def _queued_tenants(queue: QuerySet[Job]) -> QueuedTenants:
 def _hold_rest(rest: QuerySet[Job], blocked: dict[int, Job]) -> None:
     """The queue after the point where every pool of the pass is blocked (`blocked`:
     by which job): each job waits behind earlier ones, by fair share (see `_behind`) or
-    for its organisation's suspension, as the loop would have said. Only those whose
-    wait changes are read (none, when the labels are current)."""
-    suspended = Q(tenant__suspended_at__isnull=False)
+    for its organisation's suspension, as the loop would have said. One read, of only
+    those whose wait changes (none, when the labels are current)."""
     passed_over = Q(pk__in=[])
     for blocker in set(blocked.values()):
         pools = [pool_id for pool_id, job in blocked.items() if job is blocker]
@@ -302,13 +313,18 @@ def _hold_rest(rest: QuerySet[Job], blocked: dict[int, Job]) -> None:
             & ~Q(tenant_id=blocker.tenant_id)
             & before_in_queue(blocker)
         )
-    for wait, jobs in (
-        (SUSPENDED, rest.filter(suspended)),
-        (FAIR_SHARE_TURN, rest.exclude(suspended).filter(passed_over)),
-        (BEHIND_IN_POOL, rest.exclude(suspended).exclude(passed_over)),
-    ):
-        for job in jobs.exclude(wait_kind=wait.kind, status_reason=wait.message):
-            _wait(job, wait)
+    waits = (SUSPENDED, FAIR_SHARE_TURN, BEHIND_IN_POOL)  # in the order the loop decides
+    due = Case(
+        When(tenant__suspended_at__isnull=False, then=Value(0)),
+        When(passed_over, then=Value(1)),
+        default=Value(2),
+        output_field=IntegerField(),
+    )
+    stale = Q(pk__in=[])
+    for number, wait in enumerate(waits):
+        stale |= Q(due=number) & ~Q(wait_kind=wait.kind, status_reason=wait.message)
+    for job in rest.annotate(due=due).filter(stale):
+        _wait(job, waits[job.due])
 
 
 def jobs_admit(*, pools: Collection[int] | None = None, launched: Job | None = None) -> list[Job]:

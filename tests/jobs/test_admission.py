@@ -29,14 +29,15 @@ from jobs import services
 from jobs.actors import BACKEND, SYSTEM
 from jobs.backends import Observation
 from jobs.models import HOLDING_COMPUTE, Job, JobEvent, JobStatus, WaitKind
-from jobs.selectors import queue_position
-from jobs.services.admission import BEHIND_IN_POOL, BEHIND_OWN_QUOTA
+from jobs.selectors import queue_position, queued_in_order
+from jobs.services.admission import BEHIND_IN_POOL, BEHIND_OWN_QUOTA, Wait, _hold_rest
 from jobs.services.fair_share import FIRST_PAGE
 from jobs.state import TRANSITIONS, IllegalTransition, job_transition
 from marketplace.demo import seed_catalog
 from marketplace.models import GpuType, NodePool, Region, TenantQuota, Tier
 from marketplace.pricing import node_split
 from tests import jobs_helpers
+from tests.conftest import make_world
 from tests.factories import JobFactory
 from tests.jobs_helpers import advance_to
 
@@ -395,6 +396,41 @@ def test_a_backlog_over_several_pages_is_admitted_first_come_first_served(world,
     assert {(job.status, job.wait_kind) for job in queued[141:]} == {
         (JobStatus.QUEUED, WaitKind.POOL_QUEUE)
     }
+
+
+def test_the_rest_of_a_blocked_queue_is_relabelled_in_one_read(world, pools):
+    holder = gpu_job(world, "a100-holder", gpus=8, gpu_type="a100-80gb")
+    start = timezone.now()
+
+    def queued(name: str, tenant: Tenant, seconds: int, *, label=BEHIND_IN_POOL) -> Job:
+        row = Job.objects.get(pk=holder.pk)
+        row.pk, row.name, row.tenant = None, name, tenant
+        row.status, row.wait_kind, row.status_reason = JobStatus.QUEUED, label.kind, label.message
+        row.save()
+        Job.objects.filter(pk=row.pk).update(created_at=start + timedelta(seconds=seconds))
+        row.refresh_from_db()
+        return row
+
+    stale = Wait(WaitKind.ADMISSION, "waiting for admission")
+    other = make_world("initech").tenant
+    suspended = make_world("umbrella").tenant
+    Tenant.objects.filter(pk=suspended.pk).update(suspended_at=timezone.now())
+    blocker = queued("blocker", world.tenant, 10)
+    passed_over = queued("passed-over", other, 5, label=stale)  # earlier, another tenant
+    behind = queued("behind", world.tenant, 20, label=stale)
+    held = queued("held", suspended, 30, label=stale)
+    current = queued("current", world.tenant, 40)  # labelled right already: not read
+
+    rest = queued_in_order().exclude(pk=blocker.pk)
+    with CaptureQueriesContext(connection) as captured:
+        _hold_rest(rest, {pools.a100.pk: blocker})
+    reads = [q for q in captured.captured_queries if q["sql"].startswith("SELECT")]
+    writes = [q for q in captured.captured_queries if q["sql"].startswith("UPDATE")]
+    assert (len(reads), len(writes)) == (1, 3)
+    labels = dict(Job.objects.values_list("pk", "wait_kind"))
+    assert labels[passed_over.pk] == WaitKind.FAIR_SHARE
+    assert labels[behind.pk] == labels[current.pk] == WaitKind.POOL_QUEUE
+    assert labels[held.pk] == WaitKind.SUSPENDED
 
 
 def test_a_new_critical_job_is_admitted_before_queued_normal_ones_when_it_fits(world, pools):
