@@ -116,6 +116,11 @@ def before_in_queue(job: Job) -> Q:
     )
 
 
+def after_in_queue(job: Job) -> Q:
+    """The jobs after `job` in admission order (priority, then FIFO)."""
+    return ~before_in_queue(job) & ~Q(pk=job.pk)
+
+
 def ranked_below(job: Job) -> Q:
     """The jobs of a lower priority than `job`'s (none below the lowest)."""
     lower = PRIORITY_ORDER[PRIORITY_ORDER.index(job.priority) + 1 :]

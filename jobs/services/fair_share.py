@@ -19,7 +19,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from jobs.models import Job
-from jobs.selectors import PRIORITY_ORDER, before_in_queue, wanting_pools
+from jobs.selectors import PRIORITY_ORDER, after_in_queue, wanting_pools
 from marketplace.models import NodePool
 
 WINDOW = timedelta(hours=1)
@@ -189,7 +189,7 @@ class FairQueue:
         growing to `chunk`, each read after the last job of the one before."""
         size, last = FIRST_PAGE, None
         while True:
-            page = band if last is None else band.exclude(before_in_queue(last)).exclude(pk=last.pk)
+            page = band if last is None else band.filter(after_in_queue(last))
             rows = list(page[:size])
             yield from rows
             if len(rows) < size:
@@ -206,6 +206,6 @@ class FairQueue:
         lower = PRIORITY_ORDER[PRIORITY_ORDER.index(self._priority) + 1 :]
         rest = Q(priority__in=lower)
         if self._lines is None:
-            rest |= Q(priority=self._priority) & ~before_in_queue(job)
+            rest |= Q(priority=self._priority) & after_in_queue(job)
         held = [] if self._lines is None else [j for line in self._lines.values() for j in line]
-        return held, self.queue.filter(rest).exclude(pk=job.pk)
+        return held, self.queue.filter(rest)
