@@ -29,8 +29,14 @@ from jobs.expectations.wording import (
     waiting_because,
 )
 from jobs.models import HOLDING_COMPUTE, Job, JobStatus
-from jobs.selectors import PRIORITY_ORDER, queued_in_order, wanting_pools
-from jobs.services.fair_share import FairShare, job_pool_nodes, pool_units, predicted_order
+from jobs.selectors import PRIORITY_ORDER, QueuedWork, queued_in_order, queued_work, wanting_pools
+from jobs.services.fair_share import (
+    FairShare,
+    PoolWork,
+    job_pool_nodes,
+    pool_units,
+    predicted_order,
+)
 from marketplace.models import NodePool, TenantQuota
 
 # Runs older than this don't predict today's (code and data change).
@@ -71,11 +77,11 @@ class Expectation:
     summary: str = ""
 
 
-def job_pool_ids(job: Job) -> list[int]:
+def job_pool_ids(job: PoolWork) -> list[int]:
     return [pool_id for pool_id in (job.pool_id, job.spot_pool_id) if pool_id]
 
 
-def _pool_needs(job: Job, pools: dict[int, NodePool]) -> dict[Resource, int]:
+def _pool_needs(job: PoolWork, pools: dict[int, NodePool]) -> dict[Resource, int]:
     needs: dict[Resource, int] = {}
     for pool_id, nodes in ((job.pool_id, job.on_demand_nodes), (job.spot_pool_id, job.spot_nodes)):
         if pool_id:
@@ -85,7 +91,7 @@ def _pool_needs(job: Job, pools: dict[int, NodePool]) -> dict[Resource, int]:
     return needs
 
 
-def _quota_needs(job: Job, quotas: dict[int, list[TenantQuota]]) -> dict[Resource, int]:
+def _quota_needs(job: PoolWork, quotas: dict[int, list[TenantQuota]]) -> dict[Resource, int]:
     """What `job` takes of its tenant's quotas (as admission's `blocking_wait` counts)."""
     needs: dict[Resource, int] = {}
     for quota in quotas.get(job.tenant_id, []):
@@ -108,7 +114,7 @@ def _quota_capacity(quotas: dict[int, list[TenantQuota]]) -> dict[Resource, int]
     return capacity
 
 
-def expected_end_of_holder(job: Job, prediction: RuntimePrediction, now: datetime) -> datetime:
+def expected_end_of_holder(job: PoolWork, prediction: RuntimePrediction, now: datetime) -> datetime:
     """Start of running plus the predicted runtime (less earlier running spans), never
     earlier than now: an overdue job is expected to end any moment. A job still starting
     (dispatching, provisioning) counts from its last status change, so two reads agree."""
@@ -118,12 +124,13 @@ def expected_end_of_holder(job: Job, prediction: RuntimePrediction, now: datetim
     return max(end, now)
 
 
-def runtime_history(jobs: Iterable[Job], *, now: datetime) -> dict:
+def runtime_history(jobs: Iterable[PoolWork], *, now: datetime) -> dict:
     """The succeeded runs of the jobs' tenants that share a project, template, image or
     GPU type with one of them (one query), bucketed for `predict_runtime`."""
     jobs = list(jobs)
     if not jobs:
         return {}
+    keys = {key for job in jobs for key in similarity_keys(job)}
     match = Q()
     for basis, field_name in (
         ("project", "project"),
@@ -131,7 +138,7 @@ def runtime_history(jobs: Iterable[Job], *, now: datetime) -> dict:
         ("image", "image_id"),
         ("gpu_type", "gpu_type_id"),
     ):
-        values = {key[2] for job in jobs for key in similarity_keys(job) if key[0] == basis}
+        values = {key[2] for key in keys if key[0] == basis}
         if None in values:
             match |= Q(**{f"{field_name}__isnull": True})
         if values - {None}:
@@ -152,7 +159,22 @@ def runtime_history(jobs: Iterable[Job], *, now: datetime) -> dict:
     return history_from_rows(list(rows))
 
 
-def _in_admission_order(queue: list[Job], holders: list[Job], pools: dict) -> list[Job]:
+def predictions_of(jobs: Iterable[PoolWork], history: dict) -> dict[int, RuntimePrediction]:
+    """Each job's runtime prediction, made once per kind of job (what a prediction reads
+    of it): a queue is mostly a few kinds of job many times over."""
+    by_kind: dict[tuple, RuntimePrediction] = {}
+    predictions: dict[int, RuntimePrediction] = {}
+    for job in jobs:
+        kind = (*similarity_keys(job), job.max_runtime_minutes)
+        if kind not in by_kind:
+            by_kind[kind] = predict_runtime(job, history)
+        predictions[job.pk] = by_kind[kind]
+    return predictions
+
+
+def _in_admission_order(
+    queue: list[QueuedWork], holders: list[QueuedWork], pools: dict
+) -> list[QueuedWork]:
     """`queue` (priority, then first come) in the order admission takes it: fair share
     among the organisations of each priority, from what they hold now."""
     if len({(job.priority, job.tenant_id) for job in queue}) == len({j.priority for j in queue}):
@@ -162,7 +184,7 @@ def _in_admission_order(queue: list[Job], holders: list[Job], pools: dict) -> li
         for pool_id, nodes in job_pool_nodes(job):
             if pool_id in pools and nodes:
                 held[(job.tenant_id, pool_id)] += pool_units(job, nodes)
-    weights = {job.tenant_id: float(job.tenant.fair_share_weight) for job in queue}
+    weights = {job.tenant_id: float(job.fair_share_weight) for job in queue}
     fair = FairShare(pools, held, weights)
     return predicted_order(queue, fair)
 
@@ -172,25 +194,18 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
     runtime prediction of each of `jobs`; other jobs get an empty expectation."""
     now = now or timezone.now()
     targets = [job for job in jobs if job.status == JobStatus.QUEUED]
-    queue: list[Job] = []
-    holders: list[Job] = []
+    queue: list[QueuedWork] = []
+    holders: list[QueuedWork] = []
     pools: dict[int, NodePool] = {}
     quotas: dict[int, list[TenantQuota]] = defaultdict(list)
     suspended: set[int] = set()
     if targets:
         pool_ids = sorted({pid for job in targets for pid in job_pool_ids(job)})
         pools = {p.pk: p for p in NodePool.objects.filter(pk__in=pool_ids, is_active=True)}
-        queue = list(
-            queued_in_order()
-            .filter(wanting_pools(pool_ids))
-            .select_related("tenant")
-            .only(*EXPECTATION_COLUMNS, "tenant__fair_share_weight")[:SIMULATED_QUEUE]
-        )
+        queue = queued_work(queued_in_order().filter(wanting_pools(pool_ids))[:SIMULATED_QUEUE])
         tenants = {job.tenant_id for job in queue} | {job.tenant_id for job in targets}
-        holders = list(
-            Job.objects.holding_compute()
-            .filter(wanting_pools(pool_ids) | Q(tenant_id__in=tenants))
-            .only(*EXPECTATION_COLUMNS)
+        holders = queued_work(
+            Job.objects.holding_compute().filter(wanting_pools(pool_ids) | Q(tenant_id__in=tenants))
         )
         for quota in TenantQuota.objects.filter(tenant_id__in=tenants).order_by("pk"):
             quotas[quota.tenant_id].append(quota)
@@ -199,7 +214,7 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
     # Only queued and holding jobs are predicted: a page of finished jobs reads no history.
     predicted = [job for job in jobs if job.status in PREDICTED_STATUSES]
     history = runtime_history([*predicted, *queue, *holders], now=now)
-    predictions = {job.pk: predict_runtime(job, history) for job in [*queue, *holders, *predicted]}
+    predictions = predictions_of([*queue, *holders, *predicted], history)
 
     starts: dict[int, float | None] = {}
     ahead: dict[int, tuple[int, int]] = {}

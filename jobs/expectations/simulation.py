@@ -71,17 +71,16 @@ class _Profile:
         for i in range(first, last):
             self.usage[i] += amount
 
-    def peak(self, start: float, end: float) -> int:
+    def blocked_until(self, start: float, end: float, room: int) -> float | None:
+        """Where the last step over `room` in [start, end) ends (NEVER if it never
+        does), or None when the whole span has room: no start before that end can fit,
+        so the search jumps there instead of trying each change point in between."""
         i = bisect.bisect_right(self.times, start) - 1
-        peak = self.usage[i]
-        for j in range(i + 1, len(self.times)):
-            if self.times[j] >= end:
-                break
-            peak = max(peak, self.usage[j])
-        return peak
-
-    def changes_after(self, start: float) -> list[float]:
-        return self.times[bisect.bisect_right(self.times, start) :]
+        last = bisect.bisect_left(self.times, end, lo=i + 1)
+        for j in range(last - 1, i - 1, -1):
+            if self.usage[j] > room:
+                return self.times[j + 1] if j + 1 < len(self.times) else NEVER
+        return None
 
 
 def _earliest_fit(
@@ -96,18 +95,21 @@ def _earliest_fit(
         return NEVER
     if any(amount > capacity.get(resource, 0) for resource, amount in needs.items() if amount):
         return NEVER
-    candidates = {not_before}
-    for resource in needs:
-        candidates.update(profiles[resource].changes_after(not_before))
-    for start in sorted(candidates):
-        end = start + max(runtime, 0.0)
-        if all(
-            profiles[resource].peak(start, max(end, start + 1e-9)) + amount <= capacity[resource]
+    start = not_before
+    while True:
+        end = max(start + max(runtime, 0.0), start + 1e-9)
+        blocked = [
+            until
             for resource, amount in needs.items()
             if amount
-        ):
+            and (until := profiles[resource].blocked_until(start, end, capacity[resource] - amount))
+            is not None
+        ]
+        if not blocked:
             return start
-    return NEVER
+        start = max(blocked)
+        if start == NEVER:
+            return NEVER
 
 
 def simulate_starts(

@@ -14,13 +14,19 @@ import heapq
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
+from typing import TypeVar
 
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from jobs.models import Job
-from jobs.selectors import PRIORITY_ORDER, after_in_queue, wanting_pools
+from jobs.selectors import PRIORITY_ORDER, QueuedWork, after_in_queue, wanting_pools
 from marketplace.models import NodePool
+
+# What fair share orders: job rows, or the lighter rows the expected-start estimate
+# reads its queue as.
+PoolWork = Job | QueuedWork
+Work = TypeVar("Work", Job, QueuedWork)
 
 WINDOW = timedelta(hours=1)
 # A stream's first page: a pass into a full pool stops at its first job, so it reads a
@@ -28,12 +34,12 @@ WINDOW = timedelta(hours=1)
 FIRST_PAGE = 16
 
 
-def job_pool_nodes(job: Job) -> tuple[tuple[int | None, int], tuple[int | None, int]]:
+def job_pool_nodes(job: PoolWork) -> tuple[tuple[int | None, int], tuple[int | None, int]]:
     """The job's (pool, nodes) pairs: on demand, then spot."""
     return ((job.pool_id, job.on_demand_nodes), (job.spot_pool_id, job.spot_nodes))
 
 
-def pool_units(job: Job, nodes: int) -> int:
+def pool_units(job: PoolWork, nodes: int) -> int:
     """What `nodes` of `job` take from their pool: GPUs, or vCPUs for a CPU job."""
     return nodes * (job.gpus_per_node if job.gpu_type_id else job.cpus)
 
@@ -72,7 +78,7 @@ class FairShare:
                     recent[(job.tenant_id, pool_id)] += average
         return recent
 
-    def share(self, job: Job) -> float:
+    def share(self, job: PoolWork) -> float:
         """`job`'s organisation's share of the pools `job` wants, over its weight: the
         largest of them (its dominant one)."""
         if self._recent is None:
@@ -102,12 +108,13 @@ RECENT_FIELDS = (
 )
 
 
-Lines = dict[tuple[int, int | None, int | None], deque[Job]]
+# Each organisation's line of jobs per (on-demand pool, spot pool).
+Lines = dict[tuple[int, int | None, int | None], deque[Work]]
 
 
 def in_fair_order(
-    jobs: Iterable[Job], fair: FairShare, lines: Lines | None = None
-) -> Iterator[Job]:
+    jobs: Iterable[Work], fair: FairShare, lines: Lines[Work] | None = None
+) -> Iterator[Work]:
     """`jobs` (of one priority, first come first) in fair order: each organisation's jobs
     for one pool (or on-demand and spot pair) form a line, and the line whose head has
     the lowest share goes next; the caller keeps `fair` current between jobs (what it
@@ -116,7 +123,7 @@ def in_fair_order(
     for job in jobs:
         lines[(job.tenant_id, job.pool_id, job.spot_pool_id)].append(job)
 
-    def entry(key: tuple, head: Job) -> tuple:
+    def entry(key: tuple, head: Work) -> tuple:
         return (fair.share(head), head.created_at, head.pk, key)
 
     heap = [entry(key, line[0]) for key, line in lines.items()]
@@ -136,11 +143,11 @@ def in_fair_order(
         yield job
 
 
-def predicted_order(queue: list[Job], fair: FairShare) -> list[Job]:
+def predicted_order(queue: list[Work], fair: FairShare) -> list[Work]:
     """The order admission would take `queue` (priority, then first come, first) in if
     there were room for each job in turn: each one placed adds to its organisation's
     share. What the expected-start estimate (jobs.expectations) simulates."""
-    ordered: list[Job] = []
+    ordered: list[Work] = []
     for priority in PRIORITY_ORDER:
         band = [job for job in queue if job.priority == priority]
         if len({job.tenant_id for job in band}) < 2:
@@ -170,7 +177,7 @@ class FairQueue:
         self.queue, self.bands, self.fair, self.chunk = queue, bands, fair, chunk
         self._priority = PRIORITY_ORDER[0]
         # The lines of a priority read whole (None: it is read in one stream).
-        self._lines: Lines | None = None
+        self._lines: Lines[Job] | None = None
 
     def __iter__(self) -> Iterator[Job]:
         for priority in PRIORITY_ORDER:

@@ -15,7 +15,14 @@ from jobs.expectations.runtime import (
     percentile,
     predict_runtime,
 )
-from jobs.expectations.simulation import Holder, Waiter, simulate_starts
+from jobs.expectations.simulation import (
+    NEVER,
+    Holder,
+    Waiter,
+    _earliest_fit,
+    _Profile,
+    simulate_starts,
+)
 
 POOL = ("pool", 1)
 OTHER_POOL = ("pool", 2)
@@ -208,3 +215,51 @@ def test_one_pool_fifo_matches_a_tick_by_tick_replay(capacity, holders, queue):
         queue=[waiter(i, n, float(runtime)) for i, (n, runtime) in enumerate(queue)],
     )
     assert [starts[i] for i in range(len(queue))] == brute_force(capacity, holders, queue)
+
+
+RESOURCES = [POOL, OTHER_POOL, ("quota_gpus", 3)]
+
+
+def every_change_point(needs, spans, capacity, not_before, runtime):
+    """The earliest fit found the slow way: each change point of a needed resource from
+    `not_before` on, in order, checked at every whole second of the run."""
+
+    def used(resource, t):
+        return sum(n for r, n, start, end in spans if r == resource and start <= t < end)
+
+    points = {not_before} | {t for r, _, s, e in spans if r in needs for t in (s, e)}
+    for start in sorted(t for t in points if t >= not_before):
+        if all(
+            used(resource, t) + amount <= capacity[resource]
+            for resource, amount in needs.items()
+            if amount
+            for t in range(start, start + runtime)
+        ):
+            return start
+    return NEVER
+
+
+@given(
+    capacity=st.lists(st.integers(1, 6), min_size=3, max_size=3),
+    spans=st.lists(
+        st.tuples(
+            st.sampled_from(RESOURCES), st.integers(1, 4), st.integers(0, 40), st.integers(1, 40)
+        ),
+        max_size=10,
+    ),
+    needs=st.dictionaries(st.sampled_from(RESOURCES), st.integers(0, 7), min_size=1),
+    not_before=st.integers(0, 45),
+    runtime=st.integers(1, 30),
+)
+def test_the_earliest_fit_is_the_first_change_point_that_fits(
+    capacity, spans, needs, not_before, runtime
+):
+    """The search jumps past a blocked step to its end instead of trying each change
+    point in between: it still finds the first start that fits every resource."""
+    capacity = dict(zip(RESOURCES, capacity, strict=True))
+    spans = [(r, n, start, start + length) for r, n, start, length in spans]
+    profiles = {resource: _Profile(0) for resource in RESOURCES}
+    for resource, amount, start, end in spans:
+        profiles[resource].add(amount, float(start), float(end))
+    found = _earliest_fit(needs, profiles, capacity, float(not_before), float(runtime))
+    assert found == every_change_point(needs, spans, capacity, not_before, runtime)
