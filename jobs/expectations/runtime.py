@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -43,6 +43,12 @@ class SimilarJob(Protocol):
     image_id: int
     gpu_type_id: int | None
     max_runtime_minutes: int
+
+
+class StoredSimilarJob(SimilarJob, Protocol):
+    """A similar job with its key (predictions of many are returned by it)."""
+
+    pk: int
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,21 @@ def predict_runtime(
                 basis=key[0],  # type: ignore[arg-type]
             )
     return RuntimePrediction(limit, limit, 0, "max_runtime")
+
+
+def predict_runtimes(
+    jobs: Iterable[StoredSimilarJob], history: Mapping[HistoryKey, Sequence[float]]
+) -> dict[int, RuntimePrediction]:
+    """`predict_runtime` of each job by its pk, made once per kind of job (what a
+    prediction reads of it): a queue is mostly a few kinds of job many times over."""
+    by_kind: dict[tuple, RuntimePrediction] = {}
+    predictions: dict[int, RuntimePrediction] = {}
+    for job in jobs:
+        kind = (*similarity_keys(job), job.max_runtime_minutes)
+        if kind not in by_kind:
+            by_kind[kind] = predict_runtime(job, history)
+        predictions[job.pk] = by_kind[kind]
+    return predictions
 
 
 def history_from_rows(rows: Sequence[tuple[int, str, int | None, int, int | None, float]]):

@@ -16,7 +16,7 @@ from console.tenant_admin import suspended_tenant_ids
 from jobs.expectations.runtime import (
     RuntimePrediction,
     history_from_rows,
-    predict_runtime,
+    predict_runtimes,
     similarity_keys,
 )
 from jobs.expectations.simulation import Holder, Resource, Waiter, simulate_starts
@@ -159,19 +159,6 @@ def runtime_history(jobs: Iterable[PoolWork], *, now: datetime) -> dict:
     return history_from_rows(list(rows))
 
 
-def predictions_of(jobs: Iterable[PoolWork], history: dict) -> dict[int, RuntimePrediction]:
-    """Each job's runtime prediction, made once per kind of job (what a prediction reads
-    of it): a queue is mostly a few kinds of job many times over."""
-    by_kind: dict[tuple, RuntimePrediction] = {}
-    predictions: dict[int, RuntimePrediction] = {}
-    for job in jobs:
-        kind = (*similarity_keys(job), job.max_runtime_minutes)
-        if kind not in by_kind:
-            by_kind[kind] = predict_runtime(job, history)
-        predictions[job.pk] = by_kind[kind]
-    return predictions
-
-
 def _in_admission_order(
     queue: list[QueuedWork], holders: list[QueuedWork], pools: dict
 ) -> list[QueuedWork]:
@@ -214,7 +201,7 @@ def job_expectations(jobs: Sequence[Job], *, now: datetime | None = None) -> dic
     # Only queued and holding jobs are predicted: a page of finished jobs reads no history.
     predicted = [job for job in jobs if job.status in PREDICTED_STATUSES]
     history = runtime_history([*predicted, *queue, *holders], now=now)
-    predictions = predictions_of([*queue, *holders, *predicted], history)
+    predictions = predict_runtimes([*queue, *holders, *predicted], history)
 
     starts: dict[int, float | None] = {}
     ahead: dict[int, tuple[int, int]] = {}
