@@ -44,6 +44,9 @@ REVISION_LABEL = "gpugeek.io/revision"
 # Which pod a ReplicaSet removes first when the count goes down: the console sets it on
 # the pods it drained, so a scale-down never removes a pod that still serves.
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+# A deleted pod serves on (its preStop sleep) for this many reconcile intervals: a rollout's
+# Deployment deletes old pods on its own, and the gateway learns of it at the next pass.
+DRAIN_PASSES = 3
 # The pods metric a GPU-scaled service's HPA reads: GPU utilisation in percent per pod.
 GPU_METRIC = "gpu_utilization"
 
@@ -133,6 +136,7 @@ def deployment_manifest(
     if gpu_type is not None:
         resources[gpu_type.resource_name] = str(revision.gpus_per_replica)
     resources["ephemeral-storage"] = str(setting("KUBERNETES_EPHEMERAL_STORAGE", "20Gi"))
+    drain = DRAIN_PASSES * int(setting("SERVICE_RECONCILE_INTERVAL", 5))
     probe = {
         "httpGet": {"path": service.readiness_path, "port": "http"},
         "periodSeconds": 1,
@@ -147,6 +151,9 @@ def deployment_manifest(
         "env": _env(revision, secret),
         "ports": [{"name": "http", "containerPort": revision.port, "protocol": "TCP"}],
         "readinessProbe": probe,
+        # Deleted by the Deployment (a rollout), the pod serves on until a reconcile pass
+        # has seen it terminating and the gateway has stopped sending it requests.
+        "lifecycle": {"preStop": {"sleep": {"seconds": drain}}},
         "resources": {"limits": dict(resources), "requests": dict(resources)},
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -159,7 +166,7 @@ def deployment_manifest(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         # In-flight requests end before the pod does (the gateway drains it first).
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": drain + 30,
         "nodeSelector": node_selector,
         "securityContext": {
             "runAsNonRoot": True,

@@ -39,6 +39,7 @@ def deployment(
     probe: bool = False,
     strategy: client.V1DeploymentStrategy | None = None,
     selector: dict[str, str] | None = None,
+    pre_stop_sleep: int | None = None,
 ) -> client.V1Deployment:
     readiness = None
     if probe:
@@ -53,6 +54,9 @@ def deployment(
         readiness_probe=readiness,
         resources=client.V1ResourceRequirements(requests={"cpu": "100m", "memory": "64Mi"}),
     )
+    if pre_stop_sleep is not None:
+        sleep = client.V1SleepAction(seconds=pre_stop_sleep)
+        container.lifecycle = client.V1Lifecycle(pre_stop=client.V1LifecycleHandler(sleep=sleep))
     return client.V1Deployment(
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1DeploymentSpec(
@@ -308,6 +312,36 @@ def test_deleting_a_deployment_removes_its_pods_and_frees_their_addresses(kube_a
     assert not addresses & LOOPBACK.held()
     with pytest.raises((urllib.error.URLError, ConnectionError, socket.timeout)):
         get(f"http://{pods[0].status.pod_ip}:{PORT}/")
+
+
+def test_a_deleted_pod_with_a_pre_stop_sleep_serves_on_through_it_then_goes(kube_api, apis):
+    core, apps = apis
+    apps.create_namespaced_deployment(NS, deployment("web", replicas=1, pre_stop_sleep=1))
+    (pod,) = kube_api.wait_for(
+        lambda: (found := live_pods(core, "web")) and is_ready(found[0]) and found
+    )
+    url = f"http://{pod.status.pod_ip}:{PORT}/"
+    deleted = core.delete_namespaced_pod(pod.metadata.name, NS)
+    assert deleted.metadata.deletion_timestamp is not None
+    kube_api.tick()
+    # Terminating: still listed (marked), still answering, and already replaced.
+    listed = {p.metadata.name: p for p in core.list_namespaced_pod(NS).items}
+    assert listed[pod.metadata.name].metadata.deletion_timestamp is not None
+    assert listed[pod.metadata.name].metadata.deletion_grace_period_seconds == 30
+    assert len(listed) == 2
+    assert get(url)[0] == 200
+    # A second delete changes nothing; after the sleep the pod and its server go.
+    core.delete_namespaced_pod(pod.metadata.name, NS)
+    kube_api.wait_for(
+        lambda: (
+            pod.metadata.name not in {p.metadata.name for p in core.list_namespaced_pod(NS).items}
+        ),
+        timeout=5,
+    )
+    with pytest.raises((urllib.error.URLError, ConnectionError, socket.timeout)):
+        get(url)
+    (replacement,) = live_pods(core, "web")
+    assert replacement.metadata.name != pod.metadata.name
 
 
 def test_stopping_the_cluster_stops_its_serving_pods():

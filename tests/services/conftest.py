@@ -8,12 +8,19 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from console.launcher import asgi_server_argv, free_loopback_port
 from jobs.backends import host_processes
+from jobs.backends.kubernetes import KubernetesBackend
+from marketplace.demo import seed_catalog
+from marketplace.models import NodePool
+from marketplace.services import capacity_sync
 from services import reconcile
 from services.models import ReplicaState, Service
 from services.services import ServiceSpec
+from tests.servers import served
 from tests.services.echo import COMMAND
 
 
@@ -42,6 +49,41 @@ def replicas_cleanup():
     root = host_processes.run_dir("x").parent
     for directory in root.glob("service-*") if root.exists() else []:
         reconcile.replica_discard(directory.name)
+
+
+REGION = {"topology.kubernetes.io/region": "us-west"}
+H100_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+
+@pytest.fixture
+def cluster(transactional_db, kube_api, settings, tmp_path):
+    """A CPU node in us-west, synced into a Kubernetes pool; the console configured for
+    the cluster."""
+    seed_catalog()
+    NodePool.objects.filter(slug__startswith="demo-").update(is_active=False)
+    kube_api.add_node("cpu-1", labels=REGION, allocatable={"cpu": "32", "memory": "128Gi"})
+    capacity_sync(backend=KubernetesBackend(kube_api.api_client()))
+    settings.KUBECONFIG = str(kube_api.kubeconfig_path(tmp_path))
+    settings.KUBERNETES_REQUEST_TIMEOUT = 2
+    settings.SERVICE_RECONCILE_INTERVAL = 1  # the pods' drain: 3 s (tests run passes often)
+    return kube_api
+
+
+@pytest.fixture
+def apis(cluster):
+    api = cluster.api_client()
+    return client.AppsV1Api(api), client.CoreV1Api(api)
+
+
+@pytest.fixture
+def cluster_gateway(cluster, tmp_path):
+    """The console's ASGI app (uvicorn, as deployed) in front of the cluster's services."""
+    port = free_loopback_port()
+    with (
+        served("uvicorn", asgi_server_argv("127.0.0.1", port), port, tmp_path / "u.log") as server,
+        httpx.Client(base_url=server.url, timeout=20) as http,
+    ):
+        yield http
 
 
 def reconcile_until(

@@ -10,15 +10,12 @@ import base64
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 from kubernetes import client
 
-from console.launcher import asgi_server_argv, free_loopback_port
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.services import tenant_secret_set
-from marketplace.demo import seed_catalog
-from marketplace.models import NodePool, Region
+from marketplace.models import Region
 from marketplace.services import capacity_sync
 from services import services, tasks
 from services.kubernetes import manifests
@@ -27,32 +24,9 @@ from services.services import ServiceSpec
 from storage.services import volume_delete
 from tests.conftest import token_client
 from tests.factories import VolumeFactory
-from tests.servers import served
-from tests.services.conftest import reconcile_until
+from tests.services.conftest import H100_PRODUCT, REGION, reconcile_until
 
 pytestmark = pytest.mark.integration
-
-REGION = {"topology.kubernetes.io/region": "us-west"}
-H100_PRODUCT = "NVIDIA-H100-80GB-HBM3"
-
-
-@pytest.fixture
-def cluster(transactional_db, kube_api, settings, tmp_path):
-    """A CPU node in us-west, synced into a Kubernetes pool; the console configured for
-    the cluster."""
-    seed_catalog()
-    NodePool.objects.filter(slug__startswith="demo-").update(is_active=False)
-    kube_api.add_node("cpu-1", labels=REGION, allocatable={"cpu": "32", "memory": "128Gi"})
-    capacity_sync(backend=KubernetesBackend(kube_api.api_client()))
-    settings.KUBECONFIG = str(kube_api.kubeconfig_path(tmp_path))
-    settings.KUBERNETES_REQUEST_TIMEOUT = 2
-    return kube_api
-
-
-@pytest.fixture
-def apis(cluster):
-    api = cluster.api_client()
-    return client.AppsV1Api(api), client.CoreV1Api(api)
 
 
 def spec(**overrides) -> ServiceSpec:
@@ -85,21 +59,13 @@ def live_pods(core, service) -> list:
     return [p for p in pods if not p.metadata.deletion_timestamp]
 
 
-@pytest.fixture
-def gateway(cluster, tmp_path):
-    port = free_loopback_port()
-    with (
-        served("uvicorn", asgi_server_argv("127.0.0.1", port), port, tmp_path / "u.log") as server,
-        httpx.Client(base_url=server.url, timeout=20) as http,
-    ):
-        yield http
-
-
 def ready(service) -> int:
     return service.replicas.filter(state=ReplicaState.READY).count()
 
 
-def test_a_service_runs_as_a_deployment_and_answers_through_the_gateway(world, apis, gateway):
+def test_a_service_runs_as_a_deployment_and_answers_through_the_gateway(
+    world, apis, cluster_gateway
+):
     apps, core = apis
     service = services.service_create(tenant=world.tenant, user=world.owner, spec=spec())
     assert service.pool.backend == "kubernetes"
@@ -122,15 +88,17 @@ def test_a_service_runs_as_a_deployment_and_answers_through_the_gateway(world, a
     assert rows == {name: (ip, 8000, ReplicaState.READY) for name, ip in pods.items()}
 
     auth = {"Authorization": f"Bearer {raw}"}
-    assert gateway.get("/svc/acme/chat/v1/models").status_code == 401
+    assert cluster_gateway.get("/svc/acme/chat/v1/models").status_code == 401
     seen = set()
     for _ in range(4):
-        answer = gateway.get("/svc/acme/chat/v1/models?x=1", headers=auth)
+        answer = cluster_gateway.get("/svc/acme/chat/v1/models?x=1", headers=auth)
         assert answer.status_code == 200, answer.text
         seen.add(answer.json()["pod"])
     assert seen == set(pods)  # round-robin over both pods
     # Streamed through as the pod streams it.
-    with gateway.stream("POST", "/svc/acme/chat/generate", headers=auth, content=b"{}") as out:
+    with cluster_gateway.stream(
+        "POST", "/svc/acme/chat/generate", headers=auth, content=b"{}"
+    ) as out:
         lines = [line for line in out.iter_lines() if line]
     assert out.status_code == 200 and len(lines) >= 2
     # Each replica's log is its pod's (what the server printed as it started).
@@ -141,7 +109,7 @@ def test_a_service_runs_as_a_deployment_and_answers_through_the_gateway(world, a
         assert answer.json()["lines"] == [f"serving on {row.host}:8000"]
 
 
-def test_a_request_at_zero_waits_for_the_first_pod_and_is_answered(world, apis, gateway):
+def test_a_request_at_zero_waits_for_the_first_pod_and_is_answered(world, apis, cluster_gateway):
     apps, _ = apis
     service = services.service_create(
         tenant=world.tenant,
@@ -151,7 +119,7 @@ def test_a_request_at_zero_waits_for_the_first_pod_and_is_answered(world, apis, 
     service = reconcile_until(service, lambda s: s.status == ServiceStatus.SCALED_TO_ZERO)
     assert deployment(apps, service).spec.replicas == 0
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(gateway.get, "/svc/acme/chat/hello")
+        answer = pool.submit(cluster_gateway.get, "/svc/acme/chat/hello")
         # The worker's part (the gateway queued a pass): passes until the request is served.
         service = reconcile_until(service, lambda s: answer.done())
         assert answer.result().status_code == 200, answer.result().text
@@ -241,7 +209,7 @@ def test_the_pods_mount_the_volumes_claims_read_only(world, apis):
         volume_delete(volume=weights, user=world.owner)
 
 
-def test_cpu_scaling_is_the_clusters_autoscaler(world, apis, cluster, gateway):
+def test_cpu_scaling_is_the_clusters_autoscaler(world, apis, cluster, cluster_gateway):
     apps, _ = apis
     cluster.hpa_sync_seconds, cluster.metrics_window_seconds = 0.2, 1.0
     autoscaling = client.AutoscalingV2Api(apps.api_client)
@@ -268,7 +236,7 @@ def test_cpu_scaling_is_the_clusters_autoscaler(world, apis, cluster, gateway):
     deadline = time.monotonic() + 20
     while deployment(apps, service).spec.replicas < 2 and time.monotonic() < deadline:
         for _ in range(5):
-            assert gateway.get("/svc/acme/chat/work").status_code == 200
+            assert cluster_gateway.get("/svc/acme/chat/work").status_code == 200
         time.sleep(0.1)
     service = reconcile_until(service, lambda s: ready(s) >= 2)
     assert service.desired_replicas >= 2
@@ -288,7 +256,9 @@ def test_cpu_scaling_is_the_clusters_autoscaler(world, apis, cluster, gateway):
     assert gone.value.status == 404
 
 
-def test_gpu_replicas_get_their_gpus_and_scale_on_gpu_utilisation(world, apis, cluster, gateway):
+def test_gpu_replicas_get_their_gpus_and_scale_on_gpu_utilisation(
+    world, apis, cluster, cluster_gateway
+):
     apps, core = apis
     cluster.add_node("h100-1", labels={**REGION, "nvidia.com/gpu.product": H100_PRODUCT})
     capacity_sync(backend=KubernetesBackend(cluster.api_client()))
@@ -322,7 +292,7 @@ def test_gpu_replicas_get_their_gpus_and_scale_on_gpu_utilisation(world, apis, c
     deadline = time.monotonic() + 20
     while deployment(apps, service).spec.replicas < 2 and time.monotonic() < deadline:
         for _ in range(5):
-            assert gateway.get("/svc/acme/chat/work").status_code == 200
+            assert cluster_gateway.get("/svc/acme/chat/work").status_code == 200
         time.sleep(0.1)
     service = reconcile_until(service, lambda s: ready(s) >= 2)
     assert service.scale_events.filter(window=ScaleWindow.HPA, metric="gpu").exists()

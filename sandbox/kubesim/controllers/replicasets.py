@@ -74,10 +74,12 @@ class ReplicaSetsController(Store):
 
     def _live_pods(self, owner: dict) -> list[dict]:
         pods = self._objects(self._by_key["pods"], owner["metadata"]["namespace"])
+        # A terminating pod (deleted, serving out its preStop sleep) is no replica any more.
         return [
             p
             for p in controlled_by(pods, owner["metadata"]["uid"])
             if p["status"].get("phase") not in TERMINAL_PHASES
+            and not p["metadata"].get("deletionTimestamp")
         ]
 
     def _deletion_rank(self, pod: dict) -> tuple:

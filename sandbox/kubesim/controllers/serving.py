@@ -2,7 +2,10 @@
 server (``serving.ServingPod``) on a loopback address of its own, which becomes its
 ``podIP``; its readiness follows its ``readinessProbe.httpGet``, probed over HTTP every
 ``periodSeconds`` (checked at each tick), and its server stops when the pod ends or is
-deleted. Their request counts are the pods' CPU and GPU use (``pod_usage``)."""
+deleted. A pod whose container has a ``preStop`` sleep terminates gracefully, as a
+kubelet runs it: deleting it marks it (``deletionTimestamp``) and it keeps serving for the
+sleep (at most its ``terminationGracePeriodSeconds``) before it goes, so those who route
+to it can stop first. Their request counts are the pods' CPU and GPU use (``pod_usage``)."""
 
 from __future__ import annotations
 
@@ -57,6 +60,16 @@ class _Served:
     probe: _Probe | None
 
 
+def _pre_stop_sleep(pod: dict) -> float:
+    """Seconds the pod serves on once deleted: its first container's preStop sleep,
+    within its termination grace period."""
+    spec = pod.get("spec") or {}
+    container = (spec.get("containers") or [{}])[0]
+    sleep = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+    grace = spec.get("terminationGracePeriodSeconds", 30)
+    return float(max(0, min(int(sleep.get("seconds") or 0), int(grace))))
+
+
 def _plain_env(container: dict) -> dict[str, str]:
     return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
 
@@ -80,7 +93,32 @@ class ServingKubelet(PodsController):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._served: dict[str, _Served] = {}  # by pod uid
+        self._terminating: dict[str, float] = {}  # deleted serving pods' uid: when they go
         self._probing = threading.Lock()
+
+    def _delete(self, rt: ResourceType, obj: dict, policy: str = "Background") -> dict | None:
+        """A serving pod with a preStop sleep is marked and goes later (``_serving_pass``);
+        a second delete while it terminates changes nothing."""
+        meta = obj["metadata"]
+        current = (
+            self._get(rt, meta.get("namespace"), meta["name"]) if rt.plural == "pods" else None
+        )
+        if current is None or current["metadata"]["uid"] != meta["uid"]:
+            return super()._delete(rt, obj, policy)
+        uid = current["metadata"]["uid"]
+        if uid in self._terminating:
+            return current
+        seconds = _pre_stop_sleep(current)
+        if not seconds or uid not in self._served:
+            return super()._delete(rt, obj, policy)
+        self._terminating[uid] = self._now() + seconds
+        grace = current["spec"].get("terminationGracePeriodSeconds", 30)
+
+        def mark(pod: dict) -> None:
+            pod["metadata"]["deletionTimestamp"] = self._ts()
+            pod["metadata"]["deletionGracePeriodSeconds"] = grace
+
+        return self._modify(rt, current, mark)
 
     def _start_serving(self, pod: dict) -> tuple[str, bool] | None:
         meta = pod["metadata"]
@@ -120,6 +158,7 @@ class ServingKubelet(PodsController):
     def _forget(self, rt: ResourceType, obj: dict) -> None:
         super()._forget(rt, obj)
         if rt.plural == "pods":
+            self._terminating.pop(obj["metadata"]["uid"], None)
             served = self._served.pop(obj["metadata"]["uid"], None)
             if served is not None:
                 served.server.stop()
@@ -175,6 +214,13 @@ class ServingKubelet(PodsController):
         ended (failed, evicted) without being deleted."""
         prt = self._by_key["pods"]
         ts = self._ts()
+        for uid, due in list(self._terminating.items()):
+            served = self._served.get(uid)
+            pod = served and self._get(prt, served.namespace, served.name)
+            if not pod or pod["metadata"]["uid"] != uid:
+                self._terminating.pop(uid, None)
+            elif self._now() >= due:  # the sleep is over: the container stops, the pod goes
+                self._remove(prt, pod)
         for uid, served in list(self._served.items()):
             pod = self._get(prt, served.namespace, served.name)
             if pod is None or pod["metadata"]["uid"] != uid:
