@@ -30,7 +30,7 @@ def jobs_for_list_page(*, tenant, status: str | None = None, query: str = "") ->
     return jobs
 
 
-# What a row of the jobs page shows (with the slugs of its GPU type and region).
+# What a row of the jobs page shows.
 LIST_PAGE_COLUMNS = (
     "id", "name", "project", "status", "status_reason", "gpu_type_id", "gpus_per_node",
     "cpus", "nodes", "created_at", "started_at", "status_changed_at", "run_seconds",
@@ -46,20 +46,10 @@ SIMULATED_POOLS = {
 
 def list_page_rows(jobs: QuerySet[Job], *, also: tuple[str, ...] = ()) -> QuerySet[Job, dict]:
     """The jobs page's rows as values (no model instance, no catalog object per row),
-    with the `also` columns (what its costs read)."""
-    return jobs.annotate(
-        gpu_type_slug=F("gpu_type__slug"),
-        gpu_type_model=F("gpu_type__model"),
-        region_slug=F("region__slug"),
-        region_name=F("region__name"),
-        **SIMULATED_POOLS,
-    ).values(
-        *dict.fromkeys((*LIST_PAGE_COLUMNS, *also)),
-        "gpu_type_slug",
-        "gpu_type_model",
-        "region_slug",
-        "region_name",
-        *SIMULATED_POOLS,
+    with the `also` columns (what its costs read). Their GPU types' and regions' names
+    are the catalog's (`catalog_names`), not joined in."""
+    return jobs.annotate(**SIMULATED_POOLS).values(
+        *dict.fromkeys((*LIST_PAGE_COLUMNS, "region_id", *also)), *SIMULATED_POOLS
     )
 
 

@@ -46,7 +46,7 @@ from jobs.logs.reading import tail_lines
 from jobs.models import Job, JobStatus, LaunchTemplate, TenantSecret
 from jobs.state import job_run_seconds
 from marketplace.models import SuspectNode
-from marketplace.price_book_cache import price_book
+from marketplace.price_book_cache import catalog_names, price_book
 from marketplace.selectors import (
     default_region,
     price_currency,
@@ -209,12 +209,17 @@ def job_list_rows(
     time); the `job-row` partial of jobs/list.html writes it."""
     detail = reverse("jobs:detail", args=[0]).removesuffix("0/")
     now = timezone.now()
+    names = catalog_names(
+        gpu_type_ids={job["gpu_type_id"] for job in jobs},
+        region_ids={job["region_id"] for job in jobs},
+    )
     rows = []
     for job in jobs:
+        gpu_type = names.gpu_types.get(job["gpu_type_id"]) if job["gpu_type_id"] else None
         hardware = hardware_text(
             nodes=job["nodes"],
             gpus_per_node=job["gpus_per_node"],
-            gpu_model=job["gpu_type_model"] if job["gpu_type_id"] else None,
+            gpu_model=gpu_type[1] if gpu_type else None,
             cpus=job["cpus"],
         )
         job_id = int(job["id"])
@@ -231,7 +236,7 @@ def job_list_rows(
                 "hardware": hardware,
                 "gpus": bool(job["gpus_per_node"]),
                 "running": job["status"] == JobStatus.RUNNING,
-                "region": job["region_name"],
+                "region": names.regions[job["region_id"]][1],
                 "launched": naturaltime(job["created_at"]),
                 "duration": duration_text(
                     job_run_seconds(selectors.job_from_row(job), now) if job["started_at"] else None

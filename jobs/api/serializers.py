@@ -31,6 +31,7 @@ from jobs.services.spec import (
     MAX_JOB_SECRETS,
     MAX_VOLUME_MOUNTS,
 )
+from marketplace.price_book_cache import catalog_names
 from marketplace.pricing import MAX_NODES, to_cents
 from marketplace.selectors import price_currency
 
@@ -190,10 +191,16 @@ class JobCreateSerializer(serializers.Serializer):
         return services.JobSpec(**values)
 
 
+# Relations whose slug a list takes from the catalog's names kept in memory
+# (`marketplace.price_book_cache.catalog_names`) rather than from a join.
+CATALOG_NAMES = {"gpu_type": "gpu_types", "region": "regions"}
+
+
 class SlugOfField(StrictCharField):
     """The slug of a related catalog row (`source` names the relation): the list's
-    annotation `<relation>_slug` when the job was read with it (`RELATED_SLUGS`: no
-    catalog object per row), else the related row's."""
+    annotation `<relation>_slug` when the job was read with it (`RELATED_SLUGS`), a GPU
+    type's or region's from the catalog's names when the row wasn't read with the job
+    (the parent's `_batch()` holds them), else the related row's."""
 
     def __init__(self, **kwargs):
         super().__init__(read_only=True, **kwargs)
@@ -202,16 +209,19 @@ class SlugOfField(StrictCharField):
         relation = self.source
         if hasattr(instance, f"{relation}_slug"):
             return getattr(instance, f"{relation}_slug")
+        if relation in CATALOG_NAMES and not instance._meta.get_field(relation).is_cached(instance):
+            pk = getattr(instance, f"{relation}_id")
+            if pk is None:
+                return None
+            names = getattr(self.parent._batch()["names"], CATALOG_NAMES[relation])
+            return names[pk][0]
         related = getattr(instance, relation)
         return related.slug if related is not None else None
 
 
-# What a job list reads of its related rows (their slugs, with the job).
-RELATED_SLUGS = {
-    "image_slug": F("image__slug"),
-    "gpu_type_slug": F("gpu_type__slug"),
-    "region_slug": F("region__slug"),
-}
+# What a job list reads of its related rows with the job: the image's slug (the GPU
+# type's and the region's come from the catalog's names).
+RELATED_SLUGS = {"image_slug": F("image__slug")}
 
 
 # How DRF's fields write a value that is written as the model stores it (a string, a
@@ -388,6 +398,10 @@ class JobSerializer(StrictModelSerializer):
                 "expectations": job_expectations(jobs),
                 "currency": price_currency(),
                 "volumes": volume_provider().mounts_for_jobs(jobs),
+                "names": catalog_names(
+                    gpu_type_ids={j.gpu_type_id for j in jobs},
+                    region_ids={j.region_id for j in jobs},
+                ),
             }
         return self.context["_job_batch"]
 

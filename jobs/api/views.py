@@ -39,7 +39,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
                 queryset = queryset.filter(status=status)
             return s.listed_jobs(queryset.select_related(None))
         if self.action == "retrieve":  # its cost's inputs and pools' kind read with the job
-            return job_costs().with_cost_inputs(queryset.annotate(**SIMULATED_POOLS))
+            # (its GPU type's and region's slugs are the catalog's names: fewer joins to plan)
+            related = queryset.select_related(None).select_related("image", "tenant")
+            return job_costs().with_cost_inputs(related.annotate(**SIMULATED_POOLS))
         return queryset
 
     @extend_schema(parameters=[s.JobQuerySerializer])

@@ -13,8 +13,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from marketplace.models import CatalogRevision, GpuType, PriceEntry
-from marketplace.price_book_cache import catalog_revision, price_book
+from marketplace.price_book_cache import catalog_names, catalog_revision, price_book
 from marketplace.selectors import offers
+from tests.factories import GpuTypeFactory
 from tests.marketplace.test_price_book import publish
 
 D = Decimal
@@ -103,3 +104,22 @@ def test_without_a_revision_row_nothing_is_kept(catalog, world):
     gpu.save()  # a catalog change writes the row again
     assert catalog_revision() is not None
     assert price_book() is price_book()
+
+
+def test_job_lists_read_catalog_names_once_and_see_a_rename_and_a_row_made_without_signals(
+    catalog, world
+):
+    h100 = catalog.gpu("h100-80gb")
+    names = catalog_names(gpu_type_ids=[h100.pk])
+    assert names.gpu_types[h100.pk] == ("h100-80gb", h100.model)
+    assert names.regions[catalog.region("us-west").pk][0] == "us-west"
+    with CaptureQueriesContext(connection) as queries:
+        assert catalog_names(gpu_type_ids=[h100.pk, None]) is names  # kept
+    assert [q["sql"] for q in queries if "gputype" in q["sql"]] == []
+    # A rename through the ORM is a new revision: seen on the next read.
+    h100.model = "H100 80GB (renamed)"
+    h100.save()
+    assert catalog_names().gpu_types[h100.pk][1] == "H100 80GB (renamed)"
+    # A row written without signals (bulk_create) is read as soon as it is asked for.
+    (made,) = GpuType.objects.bulk_create([GpuTypeFactory.build(slug="x1", model="X1")])
+    assert catalog_names(gpu_type_ids=[made.pk]).gpu_types[made.pk] == ("x1", "X1")
