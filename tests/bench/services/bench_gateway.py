@@ -39,12 +39,13 @@ from services import reconcile, services, tasks
 from services.models import ReplicaState, Service, ServiceStatus
 from tests.bench.results import bench_size, record
 from tests.servers import celery_worker_process, served  # noqa: F401 (a fixture)
-from tests.services.conftest import (  # noqa: F401 (replicas_cleanup: a fixture)
+from tests.services.conftest import (  # noqa: F401 (cluster, replicas_cleanup: fixtures)
+    cluster,
     echo_spec,
     reconcile_until,
     replicas_cleanup,
 )
-from tests.services.test_kubernetes import cluster, spec  # noqa: F401 (cluster: a fixture)
+from tests.services.test_kubernetes import spec
 
 pytestmark = pytest.mark.usefixtures("replicas_cleanup")
 
