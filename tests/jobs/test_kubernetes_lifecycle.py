@@ -182,6 +182,35 @@ def test_pause_releases_pods_and_resume_restarts_same_job(world, cluster):
     assert [j["metadata"]["name"] for j in cluster.list("jobs", ns(job))] == [f"gg-{job.pk}-a1"]
 
 
+def test_a_pause_is_done_when_the_job_controller_says_suspended_not_when_the_pods_are_gone(
+    world, cluster
+):
+    """Until the Job controller writes `Suspended` it has not cleared `startTime`, and a
+    resume then could not flag the pods as resumed (the template is immutable)."""
+    job = settle(cluster, launch(world, gpu_spec()), JobStatus.RUNNING)
+    job = services.job_pause(job=job, actor=SYSTEM)
+    tasks.job_suspend_task(job.pk)
+    cluster.tick()  # the pods go; then, as if the controller's status write were late:
+    assert live_pods(cluster, job) == []
+
+    def not_yet_written(kube_job: dict) -> None:
+        status = kube_job["status"]
+        status["conditions"] = [c for c in status["conditions"] if c["type"] != "Suspended"]
+        status["startTime"] = timezone.now().isoformat()
+
+    cluster.mutate("jobs", ns(job), f"gg-{job.pk}-a1", not_yet_written)
+    services.jobs_observe(backend_name="kubernetes")
+    job.refresh_from_db()
+    assert job.status == JobStatus.PAUSING
+
+    job = settle(cluster, job, JobStatus.PAUSED)
+    job = services.job_resume(job=job, actor=SYSTEM)
+    tasks.job_resume_task(job.pk)
+    job = settle(cluster, job, JobStatus.RUNNING)
+    (pod,) = live_pods(cluster, job)
+    assert pod["metadata"]["annotations"]["gpugeek.io/resumed"] == "1"
+
+
 def test_a_lone_pod_without_ports_gets_no_service_and_rendezvous_on_itself(world, cluster):
     lone = settle(cluster, launch(world, gpu_spec(gpus_per_node=4)), JobStatus.RUNNING)
     (pod,) = live_pods(cluster, lone)

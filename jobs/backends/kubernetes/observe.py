@@ -109,7 +109,13 @@ class ObserveMixin(ApiCalls):
             # Created (or resumed) suspended: Kueue hasn't admitted it yet.
             return Observation(phase="pending", reason=self._kueue_wait_reason(job, suspended))
         if suspended:
-            if all(kube_job.spec.suspend for kube_job in present.values()) and not live:
+            # The Job controller's Suspended condition, not only `spec.suspend`: it clears
+            # `status.startTime` in the same write, and until then a resume may not
+            # change the pod template (GPUGEEK_RESUMED would be refused).
+            if not live and all(
+                kube_job.spec.suspend and true_condition(kube_job, "Suspended")
+                for kube_job in present.values()
+            ):
                 return Observation(phase="suspended")
             return Observation(phase="pending", reason="stopping")
 
