@@ -81,6 +81,9 @@ function fillFromRecommendation(button) {
     const field = form.elements.namedItem(name);
     if (!field || field.type === "hidden" || value === undefined) continue;
     field.value = value;
+    // `input` is what the estimate form's htmx trigger listens to (not `change`: the
+    // blur of a click on "Launch this" would swap the link away mid-click).
+    field.dispatchEvent(new Event("input", { bubbles: true }));
     field.dispatchEvent(new Event("change", { bubbles: true }));
   }
   const first = form.elements.namedItem("gpu_type");
