@@ -239,8 +239,13 @@ def expect_in_log(page, pattern, *, job: Job, stack: Stack, timeout: int) -> Non
         stored = [line["text"] for line in read_lines(job, limit=1000)["lines"]]
         sources = get_backend(job.backend).log_sources(job)
         socket = page.evaluate("document.documentElement.dataset.jobSocket || 'none'")
+        viewer = page.evaluate(
+            """() => { const l = window.ggJobLive && window.ggJobLive.logs; return l ? {
+                first: l.first, last: l.last, latest: l.latest, following: l.following,
+                paused: l.paused, busy: l.busy } : null; }"""
+        )
         raise AssertionError(
-            f"{error}\n{job.status} attempt {job.attempt}; socket {socket}; "
+            f"{error}\n{job.status} attempt {job.attempt}; socket {socket}; viewer {viewer}; "
             f"followed {is_followed}; log info: {page.locator('[data-log-info]').inner_text()}"
             f"\nstored: {stored[-8:]}\n"
             f"sources: {sources}\nbrowser: {page.problems.all()}\n{stack.logs()}"
